@@ -1,0 +1,122 @@
+"""Typed run configuration, written to Redis once when a run is created.
+
+A role that joins a run needs only the Redis URL and the run name: it reads the algorithm
+and its configuration back with :func:`load_run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import types
+import typing
+from typing import Any, TypeVar
+
+import redis
+
+from qrl import __version__
+from qrl.codec import CodecError, Field, Schema, decode, encode
+from qrl.keys import RunKeys
+
+C = TypeVar("C")
+
+RUN_CONFIG = Schema(
+    "run_config",
+    {
+        "algo": Field(str),
+        "config": Field(dict),
+        "qrl_version": Field(str),
+        "created": Field(float),
+    },
+)
+
+
+class RunExists(ValueError):
+    """A run of that name exists with a different configuration."""
+
+
+class RunNotFound(LookupError):
+    """No run of that name exists in this Redis."""
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin in (tuple, list):
+        return isinstance(value, (list, tuple)) and all(
+            _matches(v, typing.get_args(hint)[0]) for v in value
+        )
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    return isinstance(value, hint)
+
+
+def from_dict(cls: type[C], data: dict[str, Any]) -> C:
+    """Build the dataclass ``cls`` from ``data``, checking every value against the field's
+    type; unknown names are an error, missing ones take their defaults."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
+    kwargs = {}
+    for name, value in data.items():
+        if not _matches(value, hints[name]):
+            raise ValueError(f"{cls.__name__}.{name}={value!r} is not {hints[name]}")
+        if typing.get_origin(hints[name]) is tuple:
+            value = tuple(value)
+        if hints[name] is float and isinstance(value, int):
+            value = float(value)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A dataclass instance as a plain dict (tuples as lists)."""
+    return {
+        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()
+    }
+
+
+def create_run(client: redis.Redis, keys: RunKeys, algo: str, config: Any) -> bool:
+    """Write the run's configuration once. Returns True if the run was created, False if an
+    identical one already existed; raises :class:`RunExists` if it differs."""
+    data = to_dict(config)
+    blob = encode(
+        "run_config",
+        {"algo": algo, "config": data, "qrl_version": __version__, "created": time.time()},
+    )
+    if client.set(keys.config, blob, nx=True):
+        return True
+    old_algo, old = load_run(client, keys)
+    if old_algo != algo or old != data:
+        diff = sorted(k for k in set(old) | set(data) if old.get(k) != data.get(k))
+        raise RunExists(
+            f"run {keys.run!r} already exists as {old_algo} with a different configuration "
+            f"(differs in {diff or 'algo'}); pick another --run name or delete it"
+        )
+    return False
+
+
+def load_run(client: redis.Redis, keys: RunKeys) -> tuple[str, dict[str, Any]]:
+    """The run's ``(algo, config dict)``; raises :class:`RunNotFound` or ``CodecError``."""
+    blob = client.get(keys.config)
+    if blob is None:
+        raise RunNotFound(f"no run {keys.run!r} in this Redis (create it with `qrl train`)")
+    msg = decode(blob, RUN_CONFIG)
+    return msg["algo"], msg["config"]
+
+
+def load_run_config(client: redis.Redis, keys: RunKeys, algo: str, cls: type[C]) -> C:
+    """The run's configuration as ``cls``; checks the run is of algorithm ``algo``."""
+    found, data = load_run(client, keys)
+    if found != algo:
+        raise CodecError(f"run {keys.run!r} is a {found} run, not {algo}")
+    return from_dict(cls, data)

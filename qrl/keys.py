@@ -1,0 +1,115 @@
+"""Every Redis key of a run, in one place.
+
+All keys share the prefix ``qrl:{RUN}:`` where ``{RUN}`` is a Redis Cluster hash tag, so one
+run's keys live on one shard and multi-key Lua scripts stay legal. No other module spells a
+key: they ask a :class:`RunKeys`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+
+
+def check_run_name(run: str) -> str:
+    """Return ``run`` if it is a valid run name (letters, digits, ``_.-``, at most 64)."""
+    if not isinstance(run, str) or not _RUN_NAME.match(run):
+        raise ValueError(
+            f"invalid run name {run!r}: use 1-64 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit"
+        )
+    return run
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """The key names of one run."""
+
+    run: str
+
+    def __post_init__(self) -> None:
+        check_run_name(self.run)
+
+    @property
+    def prefix(self) -> str:
+        """``qrl:{RUN}:`` -- also the pattern for an ACL rule limited to this run."""
+        return f"qrl:{{{self.run}}}:"
+
+    def _k(self, name: str) -> str:
+        return self.prefix + name
+
+    # run metadata
+    @property
+    def config(self) -> str:
+        """The run's configuration, written once (string, codec payload)."""
+        return self._k("config")
+
+    @property
+    def weights(self) -> str:
+        """Learner weights: hash {version, blob} written atomically."""
+        return self._k("weights")
+
+    @property
+    def metrics(self) -> str:
+        """Metrics reported by every role (capped stream)."""
+        return self._k("metrics")
+
+    @property
+    def stats(self) -> str:
+        """Counters (hash): rejected payloads, dropped unrolls, stale results, ..."""
+        return self._k("stats")
+
+    @property
+    def deadletter(self) -> str:
+        """Payloads that failed validation, with the reason (capped stream)."""
+        return self._k("deadletter")
+
+    @property
+    def control(self) -> str:
+        """Run control flags (hash), e.g. ``stop``."""
+        return self._k("control")
+
+    # Ape-X
+    @property
+    def experience(self) -> str:
+        """Ape-X actors' experience stream (n-step transitions with priorities)."""
+        return self._k("experience")
+
+    @property
+    def replay_priorities(self) -> str:
+        """Prioritized replay: sorted set member -> priority."""
+        return self._k("replay:prio")
+
+    @property
+    def replay_data(self) -> str:
+        """Prioritized replay: hash member -> transition payload."""
+        return self._k("replay:data")
+
+    @property
+    def replay_order(self) -> str:
+        """Prioritized replay: insertion order (sorted set member -> sequence) for FIFO eviction."""
+        return self._k("replay:order")
+
+    @property
+    def replay_meta(self) -> str:
+        """Prioritized replay: counters (hash: seq, inserted, evicted, batches seen)."""
+        return self._k("replay:meta")
+
+    # IMPALA
+    @property
+    def trajectories(self) -> str:
+        """IMPALA actors' trajectory stream (unrolls)."""
+        return self._k("trajectories")
+
+    # ES
+    @property
+    def es_params(self) -> str:
+        """ES master's parameters: hash {version (= generation), blob}."""
+        return self._k("es:params")
+
+    @property
+    def es_results(self) -> str:
+        """ES workers' results stream."""
+        return self._k("es:results")

@@ -1,0 +1,255 @@
+"""Redis streams: a producer with backpressure and a consumer-group reader.
+
+Delivery contract (``DESIGN.md``):
+
+* A producer adds an entry only while the stream holds fewer than ``maxlen`` entries (an
+  atomic Lua check-and-XADD); otherwise it backs off and retries. It never trims, so nothing
+  is silently dropped: the cap bounds memory by making producers wait.
+* A consumer reads through the consumer group ``qrl``, acknowledges an entry only after its
+  handler succeeded, and then deletes it (XACK + XDEL in one transaction), so the stream's
+  length is exactly the work not yet done.
+* Entries left pending by a dead consumer are claimed (XAUTOCLAIM) once idle for
+  ``claim_idle_ms``; a restarted consumer with the same name first re-reads its own pending
+  entries.
+* An entry that fails to decode is moved to the run's dead-letter stream with the reason,
+  counted in the run's stats hash, and acknowledged; the consumer keeps running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from qrl.codec import DEFAULT_MAX_BYTES, CodecError, Schema, decode
+from qrl.keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+GROUP = "qrl"
+FIELD = b"d"  # an entry's one field: the encoded payload
+DEADLETTER_MAXLEN = 10_000
+DEADLETTER_MAX_PAYLOAD = 1 << 20
+
+_ADD_IF_ROOM = """
+if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return false end
+return redis.call('XADD', KEYS[1], '*', 'd', ARGV[2])
+"""
+
+
+class StreamFull(TimeoutError):
+    """The stream stayed full for longer than the producer's ``max_wait``."""
+
+
+def _consumer_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class StreamProducer:
+    """Adds encoded payloads to ``stream``, waiting (with backoff) while it holds ``maxlen``
+    entries. ``waited_s`` accumulates the time spent waiting, a measure of backpressure."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        stream: str,
+        maxlen: int = 1000,
+        *,
+        max_wait: float | None = None,
+        max_delay: float = 0.5,
+    ) -> None:
+        if maxlen < 1:
+            raise ValueError("maxlen must be >= 1")
+        self.client = client
+        self.stream = stream
+        self.maxlen = maxlen
+        self.max_wait = max_wait
+        self.max_delay = max_delay
+        self.waited_s = 0.0
+        self._script = client.register_script(_ADD_IF_ROOM)
+
+    def add(self, payload: bytes, should_stop: Callable[[], bool] | None = None) -> str | None:
+        """Add one payload; returns its entry id. Blocks while the stream is full; returns
+        ``None`` without adding if ``should_stop()`` becomes true while waiting, raises
+        :class:`StreamFull` after ``max_wait`` seconds."""
+        delay = 0.001
+        start = time.monotonic()
+        while True:
+            entry_id = self._script(keys=[self.stream], args=[self.maxlen, payload])
+            if entry_id is not None:
+                return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+            waited = time.monotonic() - start
+            if self.max_wait is not None and waited > self.max_wait:
+                raise StreamFull(f"{self.stream} stayed full ({self.maxlen}) for {waited:.1f}s")
+            if should_stop is not None and should_stop():
+                return None
+            time.sleep(delay)
+            self.waited_s += delay
+            delay = min(delay * 2, self.max_delay)
+
+
+@dataclass
+class Entry:
+    """A decoded stream entry."""
+
+    id: str
+    data: dict[str, Any]
+
+
+def dead_letter(
+    pipe: redis.client.Pipeline | redis.Redis,
+    keys: RunKeys,
+    source: str,
+    reason: str,
+    payload: bytes | None,
+    entry_id: str = "",
+) -> None:
+    """Record a rejected payload with its reason in the run's dead-letter stream (capped)
+    and count it in the run's stats hash under ``rejected`` and ``rejected:SOURCE``."""
+    payload = payload or b""
+    fields = {
+        "source": source,
+        "id": entry_id,
+        "reason": reason[:1000],
+        "time": f"{time.time():.3f}",
+        "size": str(len(payload)),
+        "payload": payload[:DEADLETTER_MAX_PAYLOAD],
+    }
+    pipe.xadd(keys.deadletter, fields, maxlen=DEADLETTER_MAXLEN, approximate=True)
+    pipe.hincrby(keys.stats, "rejected", 1)
+    pipe.hincrby(keys.stats, f"rejected:{source}", 1)
+
+
+class StreamConsumer:
+    """Reads ``stream`` through the consumer group ``qrl`` and decodes with ``schema``.
+
+    Use :meth:`read` then :meth:`ack`, or :meth:`process` with a handler. Undecodable
+    entries never reach the caller: they are dead-lettered and acknowledged.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        stream: str,
+        schema: Schema,
+        *,
+        consumer: str | None = None,
+        count: int = 16,
+        block_ms: int = 1000,
+        claim_idle_ms: int = 30_000,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.stream = stream
+        self.source = stream.removeprefix(keys.prefix)
+        self.schema = schema
+        self.consumer = consumer or _consumer_name()
+        self.count = count
+        self.block_ms = block_ms
+        self.claim_idle_ms = claim_idle_ms
+        self.max_bytes = max_bytes
+        self.rejected = 0
+        self._own_pending = True  # first re-read what this consumer name left pending
+        self._claim_cursor = "0-0"
+        self._next_claim = 0.0
+        ensure_group(client, stream)
+
+    # -- reading
+    def _decode(self, raw: Sequence[tuple[Any, dict[bytes, bytes] | None]]) -> list[Entry]:
+        good: list[Entry] = []
+        bad: list[tuple[str, str, bytes | None]] = []
+        for entry_id, fields in raw:
+            eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+            if not fields:  # deleted while pending: nothing to deliver
+                bad.append((eid, "", None))
+                continue
+            payload = fields.get(FIELD)
+            try:
+                if payload is None or len(fields) != 1:
+                    raise CodecError(f"entry fields must be exactly [{FIELD.decode()}]")
+                good.append(Entry(eid, decode(payload, self.schema, max_bytes=self.max_bytes)))
+            except CodecError as e:
+                bad.append((eid, str(e), payload))
+        if bad:
+            pipe = self.client.pipeline(transaction=True)
+            for eid, reason, payload in bad:
+                if reason:
+                    log.warning("rejected %s entry %s: %s", self.source, eid, reason)
+                    dead_letter(pipe, self.keys, self.source, reason, payload, eid)
+                    self.rejected += 1
+                pipe.xack(self.stream, GROUP, eid)
+                pipe.xdel(self.stream, eid)
+            pipe.execute()
+        return good
+
+    def read(self, block_ms: int | None = None) -> list[Entry]:
+        """Up to ``count`` decoded entries: first this consumer's own pending entries (after
+        a restart), then entries claimed from dead consumers, then new ones (blocking up to
+        ``block_ms``). Returns an empty list when there is nothing to do."""
+        if self._own_pending:
+            resp = self.client.xreadgroup(
+                GROUP, self.consumer, {self.stream: "0"}, count=self.count
+            )
+            raw = resp[0][1] if resp else []
+            if raw:
+                return self._decode(raw) or self.read(block_ms)
+            self._own_pending = False
+        now = time.monotonic()
+        if now >= self._next_claim:
+            _cursor, raw, *_ = self.client.xautoclaim(
+                self.stream,
+                GROUP,
+                self.consumer,
+                min_idle_time=self.claim_idle_ms,
+                start_id=self._claim_cursor,
+                count=self.count,
+            )
+            self._claim_cursor = _cursor.decode() if isinstance(_cursor, bytes) else _cursor
+            if self._claim_cursor == "0-0":  # scanned the whole pending list
+                self._next_claim = now + max(self.claim_idle_ms / 4000, 0.05)
+            if raw:
+                log.info("claimed %d pending %s entries", len(raw), self.source)
+                good = self._decode(raw)
+                if good:
+                    return good
+        block = self.block_ms if block_ms is None else block_ms
+        resp = self.client.xreadgroup(
+            GROUP, self.consumer, {self.stream: ">"}, count=self.count, block=block or None
+        )
+        return self._decode(resp[0][1]) if resp else []
+
+    def ack(self, entries: Sequence[Entry]) -> None:
+        """Acknowledge and delete ``entries`` (one transaction)."""
+        if not entries:
+            return
+        ids = [e.id for e in entries]
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xack(self.stream, GROUP, *ids)
+        pipe.xdel(self.stream, *ids)
+        pipe.execute()
+
+    def process(self, handler: Callable[[list[Entry]], None], block_ms: int | None = None) -> int:
+        """Read a batch, pass it to ``handler`` and acknowledge it only if the handler
+        returned. Returns the number of entries handled."""
+        entries = self.read(block_ms)
+        if entries:
+            handler(entries)
+            self.ack(entries)
+        return len(entries)
+
+
+def ensure_group(client: redis.Redis, stream: str) -> None:
+    """Create the consumer group ``qrl`` on ``stream`` (and the stream) if missing."""
+    try:
+        client.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    except redis.ResponseError as e:
+        if "BUSYGROUP" not in str(e):
+            raise

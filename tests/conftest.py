@@ -1,0 +1,34 @@
+"""A real redis-server for the whole test session, on a free port (no mocks)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+import redis
+
+from qrl.embedded import EmbeddedRedis
+from qrl.keys import RunKeys
+
+_runs = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    with EmbeddedRedis() as server:
+        os.environ["QRL_REDIS_URL"] = server.url
+        yield server
+
+
+@pytest.fixture
+def r(redis_server) -> redis.Redis:
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def keys(request) -> RunKeys:
+    """A fresh run name per test, so tests never see each other's keys."""
+    return RunKeys(f"t{next(_runs)}-{request.node.name[:40].replace('[', '-').strip(']')}")
