@@ -1,8 +1,10 @@
 """The wire codec: msgpack inside an LZ4 frame, with numpy arrays as dtype + shape + raw bytes.
 
 Every payload is a msgpack map ``{"v": SCHEMA_VERSION, "k": kind, "d": {field: value}}``
-compressed as one LZ4 frame. An array travels as a msgpack extension (code 1) whose data is
-``[dtype code: u8][ndim: u8][dims: ndim x u32 little-endian][raw C-order bytes]``.
+compressed as one LZ4 frame that records its content size. An array travels as a two-element
+msgpack list: an extension (code 1) holding the header ``[dtype code: u8][ndim: u8][dims:
+ndim x u32 little-endian]``, then the raw C-order bytes as ``bin`` (packed without an extra
+copy, decoded with ``np.frombuffer``: decoded arrays are read-only views).
 
 Decoding trusts nothing: the frame is decompressed with a size cap (no LZ4 bombs), must be
 complete, the top level must carry a known version and the expected kind, the fields must be
@@ -24,7 +26,7 @@ import msgpack
 import numpy as np
 
 SCHEMA_VERSION = 1
-DEFAULT_MAX_BYTES = 256 * 1024 * 1024  # decompressed size cap
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # decompressed size cap
 MAX_NDIM = 8
 _EXT_ARRAY = 1
 
@@ -37,6 +39,7 @@ _DTYPES: tuple[np.dtype, ...] = tuple(
     )
 )  # fmt: skip
 _CODE_OF_NAME = {dt.name: i for i, dt in enumerate(_DTYPES)}
+_CODE_OF_DTYPE = {dt: i for i, dt in enumerate(_DTYPES)}
 ALLOWED_DTYPES: frozenset[str] = frozenset(dt.name for dt in _DTYPES)
 
 
@@ -76,16 +79,30 @@ class Schema:
 # --------------------------------------------------------------------------- encode
 
 
+_LZ4_MAGIC = b"\x04\x22\x4d\x18"
+_U64 = struct.Struct("<Q")
+_HEADERS = [struct.Struct(f"<BB{n}I") for n in range(MAX_NDIM + 1)]
+
+
+def _normalize(obj: np.ndarray) -> tuple[np.ndarray, int]:
+    """``obj`` as a C-ordered little-endian array of an allowed dtype, and the dtype's code."""
+    code = _CODE_OF_NAME.get(obj.dtype.name)
+    if code is None:
+        raise CodecError(f"dtype {obj.dtype} is not on the allow-list {sorted(ALLOWED_DTYPES)}")
+    if obj.ndim > MAX_NDIM:
+        raise CodecError(f"array has {obj.ndim} dimensions, more than {MAX_NDIM}")
+    return np.asarray(obj, dtype=_DTYPES[code], order="C"), code  # 0-d stays 0-d
+
+
 def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
-        code = _CODE_OF_NAME.get(obj.dtype.name)
-        if code is None:
-            raise CodecError(f"dtype {obj.dtype} is not on the allow-list {sorted(ALLOWED_DTYPES)}")
-        if obj.ndim > MAX_NDIM:
-            raise CodecError(f"array has {obj.ndim} dimensions, more than {MAX_NDIM}")
-        arr = np.asarray(obj, dtype=_DTYPES[code], order="C")  # keeps 0-d arrays 0-d
-        header = struct.pack(f"<BB{arr.ndim}I", code, arr.ndim, *arr.shape)
-        return msgpack.ExtType(_EXT_ARRAY, header + arr.tobytes())
+        code = _CODE_OF_DTYPE.get(obj.dtype)  # fast path: little-endian, allowed, contiguous
+        if code is None or obj.ndim > MAX_NDIM or not obj.flags.c_contiguous:
+            obj, code = _normalize(obj)
+        ndim = obj.ndim
+        header = _HEADERS[ndim].pack(code, ndim, *obj.shape)
+        data = memoryview(obj).cast("B") if obj.size else b""
+        return [msgpack.ExtType(_EXT_ARRAY, header), data]
     if isinstance(obj, np.generic):
         return obj.item()
     raise CodecError(f"cannot encode a value of type {type(obj).__name__}")
@@ -110,6 +127,16 @@ def encode(kind: str, data: Mapping[str, Any]) -> bytes:
 # --------------------------------------------------------------------------- decode
 
 
+class _ArrayHeader:
+    """A decoded, validated array header waiting for its bytes (see ``_list_hook``)."""
+
+    __slots__ = ("dtype", "shape", "nbytes")
+
+    def __init__(self, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self.dtype, self.shape = dtype, shape
+        self.nbytes = math.prod(shape) * dtype.itemsize
+
+
 def _ext_hook(code: int, data: bytes) -> Any:
     if code != _EXT_ARRAY:
         raise CodecError(f"unknown msgpack extension type {code}")
@@ -120,34 +147,46 @@ def _ext_hook(code: int, data: bytes) -> Any:
         raise CodecError(f"array dtype code {dcode} is not on the allow-list")
     if ndim > MAX_NDIM:
         raise CodecError(f"array has {ndim} dimensions, more than {MAX_NDIM}")
-    start = 2 + 4 * ndim
-    if len(data) < start:
-        raise CodecError("array shape truncated")
-    shape = struct.unpack_from(f"<{ndim}I", data, 2)
-    dt = _DTYPES[dcode]
-    expected = math.prod(shape) * dt.itemsize
-    if expected != len(data) - start:
-        raise CodecError(
-            f"array of shape {shape} and dtype {dt.name} needs {expected} bytes, "
-            f"payload has {len(data) - start}"
-        )
-    return np.frombuffer(data, dtype=dt, offset=start).reshape(shape)
+    if len(data) != 2 + 4 * ndim:
+        raise CodecError("array shape truncated or overlong")
+    return _ArrayHeader(_DTYPES[dcode], _HEADERS[ndim].unpack(data)[2:])
+
+
+def _list_hook(items: list[Any]) -> Any:
+    if len(items) == 2 and type(items[0]) is _ArrayHeader:
+        head, raw = items
+        if type(raw) is not bytes:
+            raise CodecError("array data is not bytes")
+        if head.nbytes != len(raw):
+            raise CodecError(
+                f"array of shape {head.shape} and dtype {head.dtype.name} needs "
+                f"{head.nbytes} bytes, payload has {len(raw)}"
+            )
+        return np.frombuffer(raw, dtype=head.dtype).reshape(head.shape)
+    return items
 
 
 def _decompress(payload: bytes, max_bytes: int) -> bytes:
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise CodecError(f"payload must be bytes, got {type(payload).__name__}")
-    d = lz4.frame.LZ4FrameDecompressor()
+    # read the declared content size from the frame header (magic, FLG, BD, size u64);
+    # lz4 itself verifies the header checksum and enforces the size while inflating
+    if len(payload) < 15 or payload[:4] != _LZ4_MAGIC:
+        raise CodecError("not an LZ4 frame (bad magic or header too short)")
+    if not payload[4] & 0x08:
+        raise CodecError("LZ4 frame does not record its content size")
+    size = _U64.unpack_from(payload, 6)[0]
+    if size > max_bytes:
+        raise CodecError(f"decompressed payload would be {size} bytes, over the {max_bytes} cap")
     try:
-        out = d.decompress(payload, max_length=max_bytes + 1)
+        # LZ4F enforces the recorded size: a frame that inflates past it fails, it does not grow
+        out, used = lz4.frame.decompress(payload, return_bytes_read=True)
     except RuntimeError as e:
-        raise CodecError(f"corrupt LZ4 frame: {e}") from e
-    if len(out) > max_bytes:
-        raise CodecError(f"decompressed payload exceeds the {max_bytes}-byte cap")
-    if not d.eof:
-        raise CodecError("truncated LZ4 frame")
-    if d.unused_data:
-        raise CodecError(f"{len(d.unused_data)} bytes of trailing data after the LZ4 frame")
+        raise CodecError(f"corrupt or truncated LZ4 frame: {e}") from e
+    if used != len(payload):
+        raise CodecError(f"{len(payload) - used} bytes of trailing data after the LZ4 frame")
+    if len(out) != size:
+        raise CodecError(f"LZ4 frame inflated to {len(out)} bytes, header says {size}")
     return out
 
 
@@ -204,16 +243,21 @@ def decode_any(payload: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[s
     fields; returns ``(kind, data)``. Use :func:`decode` with a schema to validate fields."""
     raw = _decompress(payload, max_bytes)
     try:
-        msg = msgpack.unpackb(raw, ext_hook=_ext_hook, raw=False, strict_map_key=True)
+        msg = msgpack.unpackb(
+            raw, ext_hook=_ext_hook, list_hook=_list_hook, raw=False, strict_map_key=True
+        )
     except CodecError:
         raise
     except Exception as e:  # msgpack raises several types for malformed input
         raise CodecError(f"malformed msgpack: {type(e).__name__}: {e}") from e
-    if not isinstance(msg, dict) or set(msg) != {"v", "k", "d"}:
-        raise CodecError("payload is not a qrl envelope {v, k, d}")
-    if msg["v"] != SCHEMA_VERSION:
-        raise CodecError(f"unknown schema version {msg['v']!r} (this qrl speaks {SCHEMA_VERSION})")
-    kind, data = msg["k"], msg["d"]
+    try:
+        version, kind, data = msg["v"], msg["k"], msg["d"]
+        if len(msg) != 3:
+            raise KeyError
+    except (TypeError, KeyError, IndexError):
+        raise CodecError("payload is not a qrl envelope {v, k, d}") from None
+    if version != SCHEMA_VERSION or type(version) is not int:
+        raise CodecError(f"unknown schema version {version!r} (this qrl speaks {SCHEMA_VERSION})")
     if not isinstance(kind, str):
         raise CodecError("message kind is not a string")
     if not isinstance(data, dict):

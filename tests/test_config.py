@@ -1,0 +1,59 @@
+from dataclasses import dataclass
+
+import pytest
+import redis
+
+from qrl.codec import CodecError
+from qrl.config import RunExists, RunNotFound, create_run, from_dict, load_run_config
+from qrl.keys import RunKeys
+
+
+@dataclass
+class Cfg:
+    env: str = "CartPole-v1"
+    lr: float = 1e-3
+    n_step: int = 3
+    hidden: tuple[int, ...] = (64, 64)
+    device: str | None = None
+
+
+def test_role_joins_with_url_and_run_name_only(r, keys, redis_server):
+    cfg = Cfg(lr=5e-4, hidden=(32,))
+    assert create_run(r, keys, "apex", cfg) is True
+    # another process knows only the URL and the run name
+    joined = redis.Redis.from_url(redis_server.url)
+    assert load_run_config(joined, RunKeys(keys.run), "apex", Cfg) == cfg
+
+
+def test_create_is_once(r, keys):
+    assert create_run(r, keys, "apex", Cfg()) is True
+    assert create_run(r, keys, "apex", Cfg()) is False  # identical: joining is fine
+    with pytest.raises(RunExists, match="lr"):
+        create_run(r, keys, "apex", Cfg(lr=1.0))
+    with pytest.raises(RunExists):
+        create_run(r, keys, "impala", Cfg())
+    with pytest.raises(CodecError, match="apex run, not impala"):
+        load_run_config(r, keys, "impala", Cfg)
+
+
+def test_missing_run(r, keys):
+    with pytest.raises(RunNotFound, match=keys.run):
+        load_run_config(r, keys, "apex", Cfg)
+
+
+def test_from_dict_checks_types():
+    assert from_dict(Cfg, {"lr": 1, "hidden": [8, 8]}) == Cfg(lr=1.0, hidden=(8, 8))
+    for bad in ({"lr": "x"}, {"n_step": 2.5}, {"n_step": True}, {"hidden": ["a"]}, {"zz": 1}):
+        with pytest.raises(ValueError):
+            from_dict(Cfg, bad)
+
+
+def test_run_names_are_checked():
+    RunKeys("ok-name_1.2")
+    for bad in ("", "a b", "x}y", "a" * 65, "-x", "a:b"):
+        with pytest.raises(ValueError):
+            RunKeys(bad)
+    assert RunKeys("r1").experience == "qrl:{r1}:experience"
+    keys = RunKeys("r1")
+    names = [getattr(keys, p) for p in dir(RunKeys) if isinstance(getattr(RunKeys, p), property)]
+    assert all(n.startswith("qrl:{r1}:") for n in names) and len(set(names)) == len(names)

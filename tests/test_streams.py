@@ -1,0 +1,141 @@
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qrl.codec import Field, Schema, encode
+from qrl.streams import GROUP, StreamConsumer, StreamFull, StreamProducer
+
+ITEM = Schema("item", {"seq": Field(int), "x": Field(np.ndarray, dtypes=("float32",))})
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def item(i: int) -> bytes:
+    return encode("item", {"seq": i, "x": np.full(3, i, np.float32)})
+
+
+def test_produce_consume_ack_deletes(r, keys):
+    p = StreamProducer(r, keys.experience, maxlen=100)
+    for i in range(40):
+        p.add(item(i))
+    c = StreamConsumer(r, keys, keys.experience, ITEM, count=16, block_ms=10)
+    got = []
+    xs = []
+    while c.process(lambda es: (got.extend(e.data["seq"] for e in es), xs.extend(es))):
+        pass
+    assert got == list(range(40))
+    np.testing.assert_array_equal(xs[7].data["x"], np.full(3, 7, np.float32))
+    assert r.xlen(keys.experience) == 0  # acknowledged entries are deleted
+    assert r.xpending(keys.experience, GROUP)["pending"] == 0
+
+
+def test_handler_failure_leaves_entries_pending(r, keys):
+    StreamProducer(r, keys.experience).add(item(1))
+    c = StreamConsumer(r, keys, keys.experience, ITEM, block_ms=10)
+
+    def boom(entries):
+        raise RuntimeError("handler failed")
+
+    with pytest.raises(RuntimeError):
+        c.process(boom)
+    assert r.xpending(keys.experience, GROUP)["pending"] == 1
+    # the same consumer name, restarted, re-reads its own pending entry first
+    again = StreamConsumer(r, keys, keys.experience, ITEM, consumer=c.consumer, block_ms=10)
+    assert [e.data["seq"] for e in again.read()] == [1]
+
+
+def test_producer_backs_off_when_full_and_never_drops(r, keys):
+    p = StreamProducer(r, keys.experience, maxlen=5, max_wait=0.2)
+    for i in range(5):
+        p.add(item(i))
+    with pytest.raises(StreamFull):
+        p.add(item(99))
+    assert r.xlen(keys.experience) == 5
+
+    # a blocked producer proceeds as soon as the consumer makes room; the cap is never exceeded
+    p = StreamProducer(r, keys.experience, maxlen=5, max_delay=0.01)
+    lengths = []
+    done = threading.Event()
+
+    def produce():
+        for i in range(5, 30):
+            p.add(item(i))
+        done.set()
+
+    t = threading.Thread(target=produce)
+    t.start()
+    c = StreamConsumer(r, keys, keys.experience, ITEM, count=2, block_ms=50)
+    got = []
+    while not (done.is_set() and r.xlen(keys.experience) == 0):
+        lengths.append(r.xlen(keys.experience))
+        c.process(lambda es: got.extend(e.data["seq"] for e in es))
+        time.sleep(0.005)
+    t.join()
+    assert got == list(range(30))  # nothing dropped, order kept
+    assert max(lengths) <= 5
+    assert p.waited_s > 0
+
+
+def test_should_stop_releases_a_blocked_producer(r, keys):
+    p = StreamProducer(r, keys.experience, maxlen=1)
+    assert p.add(item(0)) is not None
+    assert p.add(item(1), should_stop=lambda: True) is None
+    assert r.xlen(keys.experience) == 1
+
+
+def test_undecodable_entries_go_to_dead_letter(r, keys):
+    s = keys.experience
+    r.xadd(s, {"d": item(0)})
+    r.xadd(s, {"d": b"garbage"})
+    r.xadd(s, {"d": encode("item", {"seq": "not an int", "x": np.zeros(1, np.float32)})})
+    r.xadd(s, {"other": b"x"})
+    r.xadd(s, {"d": item(1)})
+    c = StreamConsumer(r, keys, s, ITEM, count=10, block_ms=10)
+    got = []
+    c.process(lambda es: got.extend(e.data["seq"] for e in es))
+    assert got == [0, 1]
+    dead = r.xrange(keys.deadletter)
+    reasons = [f[b"reason"].decode() for _, f in dead]
+    assert len(reasons) == 3 and c.rejected == 3
+    assert "LZ4" in reasons[0] and "must be int" in reasons[1] and "exactly [d]" in reasons[2]
+    assert dead[0][1][b"payload"] == b"garbage" and dead[0][1][b"source"] == b"experience"
+    assert int(r.hget(keys.stats, "rejected")) == 3
+    assert int(r.hget(keys.stats, "rejected:experience")) == 3
+    assert r.xlen(s) == 0 and r.xpending(s, GROUP)["pending"] == 0
+    r.xadd(s, {"d": item(2)})  # and the consumer keeps going
+    c.process(lambda es: got.extend(e.data["seq"] for e in es))
+    assert got == [0, 1, 2]
+
+
+def test_consumer_killed_mid_batch_loses_nothing(r, keys, redis_server):
+    n = 50
+    p = StreamProducer(r, keys.experience, maxlen=1000)
+    for i in range(n):
+        p.add(item(i))
+    victim = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "_victim_consumer.py"), redis_server.url, keys.run],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        timeout=60,
+    )
+    assert victim.returncode == -9, victim.stderr.decode()
+    acked = [int(x) for x in r.lrange(keys.prefix + "test:victim_acked", 0, -1)]
+    inflight = [int(x) for x in r.lrange(keys.prefix + "test:victim_inflight", 0, -1)]
+    assert acked == list(range(10)) and inflight == list(range(10, 20))
+    assert r.xpending(keys.experience, GROUP)["pending"] == 10  # the dead consumer's batch
+
+    survivor = StreamConsumer(r, keys, keys.experience, ITEM, claim_idle_ms=100, block_ms=10)
+    processed: list[int] = []
+    deadline = time.monotonic() + 10
+    while len(processed) < n - len(acked) and time.monotonic() < deadline:
+        survivor.process(lambda es: processed.extend(e.data["seq"] for e in es))
+    assert sorted(processed) == list(range(10, n))  # the in-flight batch was claimed
+    assert not set(processed) & set(acked)  # nothing acknowledged is processed twice
+    assert len(processed) == len(set(processed))
+    assert r.xlen(keys.experience) == 0 and r.xpending(keys.experience, GROUP)["pending"] == 0
