@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import sys
 import threading
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import click
 
@@ -47,8 +52,13 @@ def main(verbose: int) -> None:
 @click.option("--bind", "host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--password", default=None, help="Require this password (requirepass).")
 @click.option("--appendonly", is_flag=True, help="Persist with an append-only file in --dir.")
-@click.option("--dir", "data_dir", type=click.Path(file_okay=False), default=None,
-              help="Data directory (default: a temporary one, removed on exit).")  # fmt: skip
+@click.option(
+    "--dir",
+    "data_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Data directory (default: a temporary one, removed on exit).",
+)
 def redis_cmd(
     port: int, host: str, password: str | None, appendonly: bool, data_dir: str | None
 ) -> None:
@@ -78,9 +88,82 @@ def redis_cmd(
     click.echo("redis-server stopped", err=True)
 
 
-@main.group()
-def train() -> None:
-    """Run a whole training job: run config, roles and progress, in one command."""
+def redis_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """--redis and --run, shared by every role."""
+    f = click.option(
+        "--run", "run", required=True, help="Run name (all its keys share qrl:{RUN}:)."
+    )(f)
+    return click.option(
+        "--redis", "redis_url", envvar="QRL_REDIS_URL", default=None, help=REDIS_OPTION_HELP
+    )(f)
+
+
+def _join(redis_url: str | None, run: str, algo: str, cls: type) -> tuple[Any, Any, Any]:
+    """Connect and read the run's config: all a joining role needs is the URL and run name."""
+    from qrl.codec import CodecError
+    from qrl.config import RunNotFound, load_run_config
+    from qrl.connection import RedisUnavailable, connect
+    from qrl.keys import RunKeys
+
+    try:
+        keys = RunKeys(run)
+        client = connect(redis_url, wait=30)
+        return client, keys, load_run_config(client, keys, algo, cls)
+    except (RedisUnavailable, RunNotFound, CodecError, ValueError) as e:
+        raise click.ClickException(str(e)) from e
+
+
+def parse_overrides(cls: type, pairs: tuple[str, ...], **direct: Any) -> Any:
+    """A ``cls`` config from ``--set key=value`` pairs (typed by the dataclass) and options."""
+    from qrl.config import from_dict
+
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {k: v for k, v in direct.items() if v is not None}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or key not in hints:
+            names = ", ".join(f.name for f in dataclasses.fields(cls))
+            raise click.BadParameter(
+                f"{pair!r}: expected KEY=VALUE with KEY one of: {names}", param_hint="--set"
+            )
+        hint = hints[key]
+        try:
+            if typing.get_origin(hint) is tuple:
+                values[key] = tuple(int(x) for x in raw.split(",") if x)
+            elif hint is bool:
+                values[key] = raw.lower() in ("1", "true", "yes", "on")
+            elif hint in (int, float):
+                values[key] = hint(float(raw)) if hint is int and "e" in raw.lower() else hint(raw)
+            else:
+                values[key] = raw
+        except ValueError as e:
+            raise click.BadParameter(f"{pair!r}: {e}", param_hint="--set") from e
+    try:
+        return from_dict(cls, values)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--set") from e
+
+
+def _stop_flag(client: Any, keys: Any) -> Any:
+    from qrl.control import StopFlag
+
+    return StopFlag(client, keys)
+
+
+@main.command("replay")
+@redis_options
+@click.option(
+    "--id", "ident", type=int, default=0, show_default=True, help="Replay process number."
+)
+def replay_cmd(redis_url: str | None, run: str, ident: int) -> None:
+    """Drain a run's experience stream into its prioritized replay (several may run)."""
+    from qrl.configs import ApexConfig
+    from qrl.replay.role import ReplayFiller
+
+    client, keys, cfg = _join(redis_url, run, "apex", ApexConfig)
+    filler = ReplayFiller(client, keys, cfg, ident)
+    n = filler.run(_stop_flag(client, keys))
+    log.info("replay %d stopped after inserting %d transitions", ident, n)
 
 
 @main.group()
@@ -88,9 +171,264 @@ def actor() -> None:
     """Start an actor that joins a run (needs --redis and --run)."""
 
 
+@actor.command("apex")
+@redis_options
+@click.option(
+    "--id",
+    "ident",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Actor number (sets its epsilons and seeds).",
+)
+@click.option("--max-steps", type=int, default=None, help="Stop after this many env steps.")
+def actor_apex(redis_url: str | None, run: str, ident: int, max_steps: int | None) -> None:
+    """An Ape-X actor: plays with its own epsilon, pushes n-step transitions."""
+    from qrl.actors.apex import ApexActor
+    from qrl.configs import ApexConfig
+
+    client, keys, cfg = _join(redis_url, run, "apex", ApexConfig)
+    steps = ApexActor(client, keys, cfg, ident).run(_stop_flag(client, keys), max_steps=max_steps)
+    log.info("actor %d stopped after %d env steps", ident, steps)
+
+
 @main.group()
 def learner() -> None:
     """Start a learner for a run (needs --redis and --run)."""
+
+
+DEVICE = click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="Where the learner trains: auto = CUDA if available.",
+)
+
+
+@learner.command("apex")
+@redis_options
+@DEVICE
+@click.option(
+    "--checkpoint",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Checkpoint file: resumed from if it exists, written periodically and on exit.",
+)
+@click.option("--max-updates", type=int, default=None, help="Stop after this many updates.")
+@click.option("--threads", type=int, default=1, show_default=True, help="torch CPU threads.")
+def learner_apex(
+    redis_url: str | None,
+    run: str,
+    device: str,
+    checkpoint: Path | None,
+    max_updates: int | None,
+    threads: int,
+) -> None:
+    """The Ape-X learner: double DQN on prioritized samples from the Redis replay."""
+    from qrl.checkpoint import CheckpointError
+    from qrl.configs import ApexConfig
+    from qrl.connection import connect
+    from qrl.learners.apex import ApexLearner
+
+    client, keys, cfg = _join(redis_url, run, "apex", ApexConfig)
+    try:
+        lrn = ApexLearner(
+            lambda: connect(redis_url), keys, cfg, device, checkpoint=checkpoint, threads=threads
+        )
+    except (CheckpointError, RuntimeError) as e:
+        raise click.ClickException(str(e)) from e
+    log.info("learner on %s", lrn.device)
+    n = lrn.run(_stop_flag(client, keys), max_updates=max_updates)
+    log.info("learner stopped after %d updates", n)
+
+
+@main.group()
+def train() -> None:
+    """Run a whole training job in one command: Redis, roles, progress, evaluation."""
+
+
+def train_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    opts = [
+        click.option(
+            "--env", default=None, help="Gymnasium environment id (default: the config's)."
+        ),
+        click.option("--seed", type=int, default=None, help="Random seed (default 0)."),
+        click.option(
+            "--redis",
+            "redis_url",
+            default=None,
+            help="Join this Redis instead of starting an embedded one.",
+        ),
+        click.option("--run", default=None, help="Run name (default: ALGO-ENV-sSEED-TIME)."),
+        click.option(
+            "--run-dir",
+            type=click.Path(file_okay=False, path_type=Path),
+            default=None,
+            help="Where config, metrics.csv, logs and checkpoint go (default runs/RUN).",
+        ),
+        click.option(
+            "--target-return",
+            type=float,
+            default=None,
+            help="Stop with success once the evaluation mean reaches this "
+            "(default: the env's reward threshold).",
+        ),
+        click.option("--max-time", type=float, default=None, help="Wall-clock budget in seconds."),
+        click.option("--max-steps", type=int, default=None, help="Env-step budget."),
+        click.option(
+            "--eval-every",
+            type=float,
+            default=3.0,
+            show_default=True,
+            help="Seconds between evaluations.",
+        ),
+        click.option("--eval-episodes", type=int, default=10, show_default=True),
+        click.option(
+            "--set",
+            "overrides",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Override any config field, e.g. --set lr=5e-4 --set hidden=128,128.",
+        ),
+        DEVICE,
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _target(env: str, given: float | None) -> float | None:
+    if given is not None:
+        return given
+    import gymnasium as gym
+
+    try:
+        return gym.spec(env).reward_threshold
+    except gym.error.Error:
+        return None
+
+
+@train.command("apex")
+@train_options
+@click.option("--actors", type=int, default=None, help="Actor processes (default 2).")
+@click.option("--replays", type=int, default=1, show_default=True, help="Replay-filling processes.")
+def train_apex(
+    env: str | None,
+    seed: int | None,
+    redis_url: str | None,
+    run: str | None,
+    run_dir: Path | None,
+    target_return: float | None,
+    max_time: float | None,
+    max_steps: int | None,
+    eval_every: float,
+    eval_episodes: int,
+    overrides: tuple[str, ...],
+    device: str,
+    actors: int | None,
+    replays: int,
+) -> None:
+    """Ape-X: replay, learner and actor processes around one Redis; exits 0 iff the target
+    evaluation return was reached.
+
+    \b
+    qrl train apex --env CartPole-v1 --seed 0
+    qrl train apex --env LunarLander-v3 --max-time 1200 --set lr=5e-4
+    """
+    import torch
+
+    from qrl.configs import ApexConfig
+    from qrl.train import Budget, Role, default_run_name, run_training
+
+    torch.set_num_threads(1)  # this process only evaluates; the cores are the roles'
+
+    cfg = parse_overrides(ApexConfig, overrides, env=env, seed=seed, actors=actors)
+    run = run or default_run_name("apex", cfg.env, cfg.seed)
+    run_dir = run_dir or Path("runs") / run
+    roles = [Role(f"replay{i}", ["replay", "--id", str(i)]) for i in range(replays)]
+    roles.append(
+        Role(
+            "learner",
+            ["learner", "apex", "--device", device, "--checkpoint", str(run_dir / "checkpoint.pt")],
+        )
+    )
+    roles += [Role(f"actor{i}", ["actor", "apex", "--id", str(i)]) for i in range(cfg.actors)]
+    budget = Budget(
+        _target(cfg.env, target_return),
+        max_time if max_time is not None else (None if max_steps else 90.0),
+        max_steps,
+        eval_every,
+        eval_episodes,
+    )
+    ok = run_training(
+        "apex",
+        cfg,
+        roles,
+        _apex_evaluator(cfg, eval_episodes),
+        budget,
+        redis_url=redis_url,
+        run=run,
+        run_dir=run_dir,
+    )
+    sys.exit(0 if ok else 1)
+
+
+def _apex_evaluator(cfg: Any, episodes: int) -> Callable[[Any, Any], float | None]:
+    import numpy as np
+
+    from qrl.envs import env_spec
+    from qrl.evaluate import evaluate, greedy
+    from qrl.models import QNetwork
+    from qrl.weights import WeightStore
+
+    obs_shape, _, n_actions = env_spec(cfg.env)
+    net = QNetwork(obs_shape, n_actions, cfg.hidden, cfg.dueling)
+    state = {"version": -1, "score": None}
+
+    def run(client: Any, keys: Any) -> float | None:
+        v = WeightStore(client, keys).load_into(net, newer_than=state["version"])
+        if v is None:
+            return state["score"]  # nothing new to evaluate
+        state["version"] = v
+        state["score"] = float(
+            np.mean(evaluate(cfg.env, greedy(net), episodes, seed=cfg.seed * 1000 + 7))
+        )
+        return state["score"]
+
+    return run
+
+
+@main.command("eval")
+@click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--episodes", type=int, default=10, show_default=True)
+@click.option("--seed", type=int, default=12345, show_default=True)
+def eval_cmd(checkpoint: Path, episodes: int, seed: int) -> None:
+    """Play episodes with a saved policy (greedy) and print the mean return."""
+    import numpy as np
+
+    from qrl.checkpoint import CheckpointError, load_checkpoint
+    from qrl.config import from_dict
+    from qrl.configs import ApexConfig
+    from qrl.envs import env_spec
+    from qrl.evaluate import evaluate, greedy
+    from qrl.models import QNetwork
+
+    try:
+        state = load_checkpoint(checkpoint)
+        if state["algo"] != "apex":
+            raise CheckpointError(f"qrl eval does not know {state['algo']} checkpoints yet")
+        cfg = from_dict(ApexConfig, state["config"])
+    except (CheckpointError, ValueError) as e:
+        raise click.ClickException(str(e)) from e
+    obs_shape, _, n_actions = env_spec(cfg.env)
+    net = QNetwork(obs_shape, n_actions, cfg.hidden, cfg.dueling)
+    net.load_state_dict(state["model"])
+    returns = evaluate(cfg.env, greedy(net), episodes, seed=seed)
+    click.echo(
+        f"{cfg.env}: mean return {np.mean(returns):.2f} over {episodes} episodes "
+        f"(min {np.min(returns):.1f}, max {np.max(returns):.1f}; checkpoint step {state['step']})"
+    )
 
 
 @main.group()

@@ -1,0 +1,240 @@
+"""The Ape-X actor: vector envs, batched epsilon-greedy inference, local n-step returns,
+initial priorities from the actor's own |TD error|, batches pushed to the experience stream.
+
+Follow one batch: ``ApexActor.step`` calls ``env.step``; ``NStep.add`` turns rewards into
+n-step transitions; ``ApexActor.flush`` computes priorities and pushes the batch with
+:class:`qrl.streams.StreamProducer`; the replay role (``qrl/replay/role.py``) inserts it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+import redis
+import torch
+
+from qrl.codec import encode
+from qrl.configs import ApexConfig
+from qrl.envs import env_spec, make_vector_env
+from qrl.keys import RunKeys
+from qrl.metrics import report
+from qrl.models import QNetwork
+from qrl.streams import StreamProducer
+from qrl.weights import WeightStore
+
+log = logging.getLogger(__name__)
+
+
+def epsilons(cfg: ApexConfig, actor_id: int) -> np.ndarray:
+    """Ape-X exploration: env slot i of N = actors x envs_per_actor gets
+    eps_i = eps^(1 + i * alpha / (N - 1)); each env slot plays the role of one paper actor."""
+    n = cfg.actors * cfg.envs_per_actor
+    i = actor_id * cfg.envs_per_actor + np.arange(cfg.envs_per_actor)
+    i = i % n  # extra actors beyond the configured count reuse the schedule
+    return cfg.eps_base ** (1 + i * cfg.eps_alpha / max(n - 1, 1))
+
+
+class NStep:
+    """Per-env n-step return accumulation. ``add`` returns the transitions that became
+    complete: (env, obs, action, n-step return, discount to bootstrap, bootstrap obs)."""
+
+    def __init__(self, num_envs: int, n: int, gamma: float) -> None:
+        self.n, self.gamma = n, gamma
+        self.buf: list[deque[tuple[np.ndarray, int, float]]] = [deque() for _ in range(num_envs)]
+
+    def add(
+        self,
+        obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        next_obs: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+    ) -> list[tuple[np.ndarray, int, float, float, np.ndarray]]:
+        """``next_obs`` must be the true next observation (the final one for ended episodes)."""
+        out = []
+        for j, buf in enumerate(self.buf):
+            buf.append((obs[j], int(actions[j]), float(rewards[j])))
+            ended = terminated[j] or truncated[j]
+            while len(buf) == self.n or (ended and buf):
+                ret = sum(r * self.gamma**k for k, (_, _, r) in enumerate(buf))
+                disc = 0.0 if terminated[j] else self.gamma ** len(buf)
+                o, a, _ = buf.popleft()
+                out.append((o, a, ret, disc, next_obs[j]))
+                if not ended:
+                    break
+        return out
+
+
+class ApexActor:
+    """One actor process's worth of environments. ``run`` until ``should_stop()``."""
+
+    def __init__(
+        self, client: redis.Redis, keys: RunKeys, cfg: ApexConfig, actor_id: int = 0
+    ) -> None:
+        torch.set_num_threads(1)
+        self.client, self.keys, self.cfg, self.actor_id = client, keys, cfg, actor_id
+        self.obs_shape, self.obs_dtype, self.n_actions = env_spec(cfg.env)
+        self.envs = make_vector_env(
+            cfg.env, cfg.envs_per_actor, seed=cfg.seed * 10_000 + actor_id * 100
+        )
+        self.net = QNetwork(self.obs_shape, self.n_actions, cfg.hidden, cfg.dueling)
+        self.net.eval()
+        self.weights = WeightStore(client, keys)
+        self.producer = StreamProducer(client, keys.experience, maxlen=cfg.stream_maxlen)
+        self.eps = epsilons(cfg, actor_id)
+        self.rng = np.random.default_rng(cfg.seed * 10_000 + actor_id)
+        self.nstep = NStep(cfg.envs_per_actor, cfg.n_step, cfg.gamma)
+        self.version = -1
+        self.pending: list[tuple[np.ndarray, int, float, float, np.ndarray]] = []
+        self.steps = 0
+        self.counted = 0  # steps already added to the run's global env-step counter
+        self.throttled_s = 0.0
+        self.ep_return = np.zeros(cfg.envs_per_actor)
+        self.ep_length = np.zeros(cfg.envs_per_actor, dtype=np.int64)
+        self.finished: list[tuple[float, int]] = []
+
+    def wait_for_weights(self, should_stop: Callable[[], bool], timeout: float = 600) -> bool:
+        """Block until the learner published weights (all actors start from the same ones)."""
+        deadline = time.monotonic() + timeout
+        while not should_stop() and time.monotonic() < deadline:
+            if self.refresh_weights():
+                return True
+            time.sleep(0.05)
+        return self.version >= 0
+
+    def refresh_weights(self) -> bool:
+        v = self.weights.load_into(self.net, newer_than=self.version)
+        if v is None:
+            return False
+        self.version = v
+        return True
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        q = self.net(torch.from_numpy(np.asarray(obs)))
+        greedy = q.argmax(dim=1).numpy()
+        explore = self.rng.random(len(greedy)) < self.eps
+        random = self.rng.integers(0, self.n_actions, len(greedy))
+        return np.where(explore, random, greedy)
+
+    @torch.no_grad()
+    def priorities(
+        self, obs: np.ndarray, act: np.ndarray, ret: np.ndarray, disc: np.ndarray, nxt: np.ndarray
+    ) -> np.ndarray:
+        """|TD error| of the n-step double-Q target under the actor's own network."""
+        q = self.net(torch.from_numpy(obs))
+        q_next = self.net(torch.from_numpy(nxt))
+        best = q_next.max(dim=1).values.numpy()
+        q_sa = q.gather(1, torch.from_numpy(act.astype(np.int64))[:, None])[:, 0].numpy()
+        return np.abs(ret + disc * best - q_sa).astype(np.float32)
+
+    def flush(self, should_stop: Callable[[], bool]) -> bool:
+        """Push the pending transitions as one batch; False if stopped while waiting."""
+        if not self.pending:
+            return True
+        obs, act, ret, disc, nxt = zip(*self.pending, strict=True)
+        self.pending = []
+        obs_a = np.stack(obs).astype(self.obs_dtype)
+        nxt_a = np.stack(nxt).astype(self.obs_dtype)
+        act_a = np.asarray(act, np.int32)
+        ret_a, disc_a = np.asarray(ret, np.float32), np.asarray(disc, np.float32)
+        payload = encode(
+            "apex.experience",
+            {
+                "obs": obs_a,
+                "action": act_a,
+                "ret": ret_a,
+                "disc": disc_a,
+                "next_obs": nxt_a,
+                "priority": self.priorities(obs_a, act_a, ret_a, disc_a, nxt_a),
+                "version": self.version,
+                "actor": self.actor_id,
+                "batch": uuid.uuid4().hex,
+            },
+        )
+        if self.producer.add(payload, should_stop=should_stop) is None:
+            return False
+        return self.throttle(should_stop)
+
+    def throttle(self, should_stop: Callable[[], bool]) -> bool:
+        """Count our steps in the run's total and wait while the total is ahead of what the
+        learner's progress (its weights version = its update count) allows."""
+        total = self.client.hincrby(self.keys.stats, "env_steps", self.steps - self.counted)
+        self.counted = self.steps
+        spu = self.cfg.steps_per_update
+        if spu <= 0:
+            return True
+        t0 = time.monotonic()
+        while total > self.cfg.learning_starts + spu * max(self.weights.version(), 0):
+            if should_stop():
+                return False
+            time.sleep(0.005)
+            total = int(self.client.hget(self.keys.stats, "env_steps") or 0)
+        self.throttled_s += time.monotonic() - t0
+        return True
+
+    def run(
+        self,
+        should_stop: Callable[[], bool],
+        max_steps: int | None = None,
+        report_every: float = 1.0,
+    ) -> int:
+        """Act until ``should_stop()`` (or ``max_steps`` env steps); returns env steps taken."""
+        if not self.wait_for_weights(should_stop):
+            return 0
+        obs, _ = self.envs.reset()
+        next_report, last_steps, last_time = time.monotonic() + report_every, 0, time.monotonic()
+        vec_steps = 0
+        while not should_stop() and (max_steps is None or self.steps < max_steps):
+            actions = self.act(obs)
+            next_obs, rewards, term, trunc, info = self.envs.step(actions)
+            ended = term | trunc
+            true_next = next_obs
+            if ended.any():
+                true_next = next_obs.copy()
+                for j in np.flatnonzero(ended):
+                    true_next[j] = info["final_obs"][j]
+            self.pending += self.nstep.add(obs, actions, rewards, true_next, term, trunc)
+            self.ep_return += rewards
+            self.ep_length += 1
+            for j in np.flatnonzero(ended):
+                self.finished.append((float(self.ep_return[j]), int(self.ep_length[j])))
+                self.ep_return[j], self.ep_length[j] = 0.0, 0
+            obs = next_obs
+            self.steps += len(actions)
+            vec_steps += 1
+            if len(self.pending) >= self.cfg.actor_batch and not self.flush(should_stop):
+                break
+            if vec_steps % self.cfg.weight_poll == 0:
+                self.refresh_weights()
+            now = time.monotonic()
+            if now >= next_report:
+                self._report(now - last_time, self.steps - last_steps)
+                next_report, last_steps, last_time = now + report_every, self.steps, now
+        self.flush(should_stop)
+        self._report(max(time.monotonic() - last_time, 1e-9), self.steps - last_steps)
+        return self.steps
+
+    def _report(self, dt: float, steps: int) -> None:
+        returns = [r for r, _ in self.finished]
+        lengths = [n for _, n in self.finished]
+        self.finished = []
+        report(
+            self.client,
+            self.keys,
+            "actor",
+            self.actor_id,
+            steps=self.steps,
+            steps_per_s=steps / dt,
+            episode_returns=returns,
+            episode_lengths=lengths,
+            version=self.version,
+            backpressure_s=self.producer.waited_s,
+            throttled_s=self.throttled_s,
+        )

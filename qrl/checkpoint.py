@@ -1,0 +1,63 @@
+"""Checkpoints: model, optimizer, step and config, written atomically and loaded with
+``weights_only=True`` (no arbitrary pickled objects)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from qrl import __version__
+from qrl.config import to_dict
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used here (other algorithm, other config, corrupt)."""
+
+
+def save_checkpoint(
+    path: Path,
+    algo: str,
+    cfg: Any,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    step: int,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    state = {
+        "algo": algo,
+        "qrl_version": __version__,
+        "config": to_dict(cfg),
+        "step": int(step),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else {},
+        "extra": extra or {},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, algo: str | None = None, cfg: Any = None) -> dict[str, Any]:
+    """Load a checkpoint; with ``algo``/``cfg`` given, check it was written by that
+    algorithm with the same configuration."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for corrupt or unsafe files
+        raise CheckpointError(f"cannot load checkpoint {path}: {e}") from e
+    if not isinstance(state, dict) or "model" not in state or "algo" not in state:
+        raise CheckpointError(f"{path} is not a qrl checkpoint")
+    if algo is not None and state["algo"] != algo:
+        raise CheckpointError(f"{path} is a {state['algo']} checkpoint, not {algo}")
+    if cfg is not None:
+        want, have = to_dict(cfg), state["config"]
+        diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+        if diff:
+            raise CheckpointError(
+                f"{path} was written with a different configuration (differs in {diff}); "
+                "use a new run directory or the same settings"
+            )
+    return state

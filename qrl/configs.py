@@ -1,0 +1,54 @@
+"""Each algorithm's typed configuration. A run's config is written to Redis once
+(:func:`qrl.config.create_run`) and read back by every role that joins."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ApexConfig:
+    """Ape-X (Horgan et al. 2018) with double DQN, a dueling head and n-step returns.
+
+    The defaults solve CartPole-v1 on a 2-core machine; see docs/benchmarks.md."""
+
+    env: str = "CartPole-v1"
+    seed: int = 0
+    # network
+    hidden: tuple[int, ...] = (256, 256)
+    dueling: bool = True
+    # learning
+    gamma: float = 0.99
+    n_step: int = 3
+    lr: float = 1e-3
+    adam_eps: float = 1e-5
+    batch_size: int = 128
+    grad_clip: float = 10.0
+    target_update: int = 250  # learner updates between target-network syncs
+    learning_starts: int = 1000  # transitions in the replay before the first update
+    publish_every: int = 10  # learner updates between weight publications
+    # replay
+    replay_capacity: int = 100_000
+    replay_mode: str = "rank"  # rank | proportional
+    alpha: float = 0.6
+    beta: float = 0.4
+    # actors
+    actors: int = 2  # used for the per-actor epsilon schedule
+    envs_per_actor: int = 8
+    eps_base: float = 0.4
+    eps_alpha: float = 7.0
+    actor_batch: int = 256  # transitions per experience-stream entry
+    weight_poll: int = 10  # vector steps between weight-version checks
+    stream_maxlen: int = 64  # experience-stream entries before actors wait
+    # rate limit: all actors together take at most learning_starts + steps_per_update x
+    # (learner updates) env steps, so cheap envs cannot outrun the learner (0: no limit)
+    steps_per_update: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.replay_mode not in ("rank", "proportional"):
+            raise ValueError(f"replay_mode must be rank or proportional, not {self.replay_mode!r}")
+        for name in ("n_step", "batch_size", "actors", "envs_per_actor", "actor_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if not 0 < self.gamma <= 1:
+            raise ValueError("gamma must be in (0, 1]")

@@ -1,0 +1,60 @@
+"""The environment factory: gymnasium envs by id, Atari with the standard preprocessing."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+
+def is_atari(env_id: str) -> bool:
+    return env_id.startswith("ALE/") or "NoFrameskip" in env_id
+
+
+def make_env(env_id: str, seed: int | None = None) -> gym.Env:
+    """One environment. Atari ids (``ALE/...``) get the standard DQN preprocessing: no-op
+    starts, frame skip 4 with max-pooling, 84x84 grayscale uint8, a stack of 4 frames."""
+    if is_atari(env_id):
+        try:
+            import ale_py
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise RuntimeError("Atari needs `pip install qrl[atari]` (ale-py, opencv)") from e
+        gym.register_envs(ale_py)
+        env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0)
+        env = gym.wrappers.AtariPreprocessing(
+            env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30
+        )
+        env = gym.wrappers.FrameStackObservation(env, 4)
+    else:
+        try:
+            env = gym.make(env_id)
+        except gym.error.Error as e:
+            raise ValueError(f"cannot make environment {env_id!r}: {e}") from e
+    if seed is not None:
+        env.reset(seed=seed)
+        env.action_space.seed(seed)
+    return env
+
+
+def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorEnv:
+    """``num_envs`` copies stepped together in this process (seeds ``seed .. seed+n-1``).
+    Episodes reset in the same step they end; the last observation of an ended episode is in
+    ``info["final_obs"]``."""
+    envs = gym.vector.SyncVectorEnv(
+        [lambda i=i: make_env(env_id) for i in range(num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    envs.reset(seed=seed)
+    envs.action_space.seed(seed)
+    return envs
+
+
+def env_spec(env_id: str) -> tuple[tuple[int, ...], str, int]:
+    """``(observation shape, observation dtype, number of discrete actions)``."""
+    env = make_env(env_id)
+    try:
+        obs, act = env.observation_space, env.action_space
+        if not isinstance(act, gym.spaces.Discrete):
+            raise ValueError(f"{env_id} has {act}, this algorithm needs discrete actions")
+        return tuple(obs.shape), np.dtype(obs.dtype).name, int(act.n)
+    finally:
+        env.close()

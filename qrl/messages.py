@@ -1,0 +1,73 @@
+"""The schemas of every message qrl sends, in one place. Decoding validates against them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from qrl.codec import CodecError, Field, Schema
+
+FLOATS = ("float32",)
+
+
+def _same_length(msg: dict[str, Any], names: tuple[str, ...]) -> int:
+    n = len(msg[names[0]])
+    for name in names[1:]:
+        if len(msg[name]) != n:
+            raise CodecError(f"{name} has {len(msg[name])} rows, {names[0]} has {n}")
+    return n
+
+
+def experience_schema(obs_shape: tuple[int, ...], obs_dtype: str, n_actions: int) -> Schema:
+    """An Ape-X actor's batch of n-step transitions with initial priorities."""
+    obs_shape = tuple(obs_shape)
+
+    def check(msg: dict[str, Any]) -> None:
+        _same_length(msg, ("obs", "action", "ret", "disc", "next_obs", "priority"))
+        for name in ("obs", "next_obs"):
+            if msg[name].shape[1:] != obs_shape:
+                raise CodecError(f"{name} rows have shape {msg[name].shape[1:]}, not {obs_shape}")
+        a = msg["action"]
+        if len(a) and (a.min() < 0 or a.max() >= n_actions):
+            raise CodecError(f"action out of range [0, {n_actions})")
+        d = msg["disc"]
+        if len(d) and (d.min() < 0 or d.max() > 1):
+            raise CodecError("discount out of [0, 1]")
+        if (msg["priority"] < 0).any():
+            raise CodecError("negative priority")
+        if not msg["batch"] or len(msg["batch"]) > 64:
+            raise CodecError("batch id must be 1-64 characters")
+
+    obs = Field(np.ndarray, dtypes=(obs_dtype,), ndim=1 + len(obs_shape), finite=True)
+    return Schema(
+        "apex.experience",
+        {
+            "obs": obs,
+            "action": Field(np.ndarray, dtypes=("int32",), ndim=1),
+            "ret": Field(np.ndarray, dtypes=FLOATS, ndim=1, finite=True),
+            "disc": Field(np.ndarray, dtypes=FLOATS, ndim=1, finite=True),
+            "next_obs": obs,
+            "priority": Field(np.ndarray, dtypes=FLOATS, ndim=1, finite=True),
+            "version": Field(int),
+            "actor": Field(int),
+            "batch": Field(str),
+        },
+        check=check,
+    )
+
+
+def _check_metrics(msg: dict[str, Any]) -> None:
+    for k, v in msg["values"].items():
+        ok = isinstance(v, (int, float)) or (
+            isinstance(v, list) and all(isinstance(x, (int, float)) for x in v)
+        )
+        if not ok:
+            raise CodecError(f"metric {k!r} is not a number or a list of numbers")
+
+
+METRICS = Schema(
+    "metrics",
+    {"role": Field(str), "id": Field(int), "time": Field(float), "values": Field(dict)},
+    check=_check_metrics,
+)

@@ -1,0 +1,50 @@
+"""Metrics: every role appends small reports to the run's capped metrics stream; anyone can
+follow it (no consumer group: metrics are broadcast, old ones are trimmed)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import redis
+
+from qrl.codec import CodecError, decode, encode
+from qrl.keys import RunKeys
+from qrl.messages import METRICS
+from qrl.streams import FIELD, dead_letter
+
+log = logging.getLogger(__name__)
+
+MAXLEN = 10_000
+
+
+def report(client: redis.Redis, keys: RunKeys, role: str, ident: int = 0, **values: Any) -> None:
+    """Append one report ``values`` (numbers or lists of numbers) from ``role`` #``ident``."""
+    payload = encode("metrics", {"role": role, "id": ident, "time": time.time(), "values": values})
+    client.xadd(keys.metrics, {FIELD: payload}, maxlen=MAXLEN, approximate=True)
+
+
+class MetricsReader:
+    """Follows the metrics stream from now (or from the start with ``from_start``)."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys, from_start: bool = False) -> None:
+        self.client, self.keys = client, keys
+        newest = None if from_start else client.xrevrange(keys.metrics, count=1)
+        self.last = newest[0][0] if newest else "0-0"
+
+    def read(self, block_ms: int | None = None) -> list[dict[str, Any]]:
+        resp = self.client.xread({self.keys.metrics: self.last}, count=1000, block=block_ms)
+        out = []
+        for _stream, entries in resp or []:
+            for entry_id, fields in entries:
+                self.last = entry_id
+                payload = fields.get(FIELD)
+                try:
+                    if payload is None:
+                        raise CodecError("metrics entry without payload")
+                    out.append(decode(payload, METRICS))
+                except CodecError as e:
+                    log.warning("rejected metrics entry: %s", e)
+                    dead_letter(self.client, self.keys, "metrics", str(e), payload, entry_id)
+        return out

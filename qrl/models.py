@@ -1,0 +1,63 @@
+"""Networks, chosen from the observation: an MLP for vectors, the Nature-DQN convnet for
+stacked uint8 frames."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def torso(obs_shape: tuple[int, ...], hidden: tuple[int, ...]) -> tuple[nn.Module, int]:
+    """A feature extractor for ``obs_shape`` and its output width."""
+    if len(obs_shape) == 3:  # (C, H, W) frames, uint8
+        c, h, w = obs_shape
+        conv = nn.Sequential(
+            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Flatten(),
+        )  # fmt: skip
+        with torch.no_grad():
+            n = conv(torch.zeros(1, c, h, w)).shape[1]
+        return nn.Sequential(_Scale(1 / 255.0), conv, nn.Linear(n, 512), nn.ReLU()), 512
+    if len(obs_shape) != 1:
+        raise ValueError(f"observations of shape {obs_shape} are not supported (vector or CxHxW)")
+    layers: list[nn.Module] = []
+    width = obs_shape[0]
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    return nn.Sequential(_Scale(1.0), *layers), width
+
+
+class _Scale(nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float() * self.scale
+
+
+class QNetwork(nn.Module):
+    """Q-values for discrete actions, with a dueling head (Wang et al. 2016) by default."""
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        n_actions: int,
+        hidden: tuple[int, ...] = (256, 256),
+        dueling: bool = True,
+    ) -> None:
+        super().__init__()
+        self.features, width = torso(obs_shape, hidden)
+        self.dueling = dueling
+        self.advantage = nn.Linear(width, n_actions)
+        self.value = nn.Linear(width, 1) if dueling else None
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self.features(obs)
+        a = self.advantage(x)
+        if self.value is None:
+            return a
+        return self.value(x) + a - a.mean(dim=1, keepdim=True)

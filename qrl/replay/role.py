@@ -1,0 +1,80 @@
+"""The replay role: drains the experience stream through the consumer group into the
+prioritized replay, acknowledging each entry only after its insert. Several can run side by
+side; a re-delivered batch is not inserted twice (the insert is idempotent by batch id)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import redis
+
+from qrl.configs import ApexConfig
+from qrl.envs import env_spec
+from qrl.keys import RunKeys
+from qrl.messages import experience_schema
+from qrl.metrics import report
+from qrl.replay.store import PrioritizedReplay, RecordLayout
+from qrl.streams import Entry, StreamConsumer
+
+log = logging.getLogger(__name__)
+
+
+def make_replay(
+    client: redis.Redis, keys: RunKeys, cfg: ApexConfig, seed: int | None = None
+) -> PrioritizedReplay:
+    obs_shape, obs_dtype, _ = env_spec(cfg.env)
+    return PrioritizedReplay(
+        client,
+        keys,
+        RecordLayout(obs_shape, obs_dtype),
+        cfg.replay_capacity,
+        mode=cfg.replay_mode,  # type: ignore[arg-type]
+        alpha=cfg.alpha,
+        seed=seed,
+    )
+
+
+class ReplayFiller:
+    def __init__(self, client: redis.Redis, keys: RunKeys, cfg: ApexConfig, ident: int = 0) -> None:
+        self.client, self.keys, self.ident = client, keys, ident
+        self.replay = make_replay(client, keys, cfg)
+        obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
+        self.consumer = StreamConsumer(
+            client,
+            keys,
+            keys.experience,
+            experience_schema(obs_shape, obs_dtype, n_actions),
+            count=8,
+        )
+        self.inserted = 0
+        self.lag: list[int] = []
+
+    def handle(self, entries: list[Entry]) -> None:
+        layout = self.replay.layout
+        for e in entries:
+            d = e.data
+            records = layout.pack(d["obs"], d["action"], d["ret"], d["disc"], d["next_obs"])
+            if self.replay.insert(records, d["priority"], batch_id=d["batch"]) >= 0:
+                self.inserted += len(records)
+
+    def run(self, should_stop: Callable[[], bool], report_every: float = 1.0) -> int:
+        next_report, last, last_t = time.monotonic() + report_every, 0, time.monotonic()
+        while not should_stop():
+            self.consumer.process(self.handle, block_ms=200)
+            now = time.monotonic()
+            if now >= next_report:
+                stats = self.replay.stats()
+                report(
+                    self.client,
+                    self.keys,
+                    "replay",
+                    self.ident,
+                    inserted=self.inserted,
+                    inserted_per_s=(self.inserted - last) / (now - last_t),
+                    size=stats["size"],
+                    rejected=self.consumer.rejected,
+                )
+                next_report, last, last_t = now + report_every, self.inserted, now
+        return self.inserted

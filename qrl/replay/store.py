@@ -1,0 +1,322 @@
+"""The prioritized replay, kept in Redis.
+
+Layout (keys from :class:`qrl.keys.RunKeys`):
+
+* ``replay:prio``  sorted set, member = transition id, score = priority ``p_i`` (> 0)
+* ``replay:data``  hash, transition id -> fixed-size record (see :class:`RecordLayout`)
+* ``replay:meta``  hash: ``hi`` (next id), ``lo`` (oldest id still present), ``inserted``,
+  ``evicted``, and ``batch:<id>`` markers of inserted producer batches (idempotence)
+
+Ids are consecutive integers, so FIFO eviction (oldest first, as in Ape-X) deletes the range
+``[lo, hi - capacity)``. Every multi-step operation is one Lua script, so readers never see
+half an insert or an eviction.
+
+Sampling, with ``N`` transitions present:
+
+* ``rank`` (default): order by priority, highest first; ``P(i) = r_i^-a / sum_{r<=N} r^-a``.
+  The batch is stratified: the CDF is cut into ``B`` equal-mass segments and one rank is drawn
+  in each (inverse CDF over exact cumulative sums of ``r^-a``).
+* ``proportional``: priorities are quantized into log-spaced buckets (edges ``LO * 2^(k/4)``,
+  so a bucket spans 19%); every transition in bucket ``k`` has weight ``v_k^a`` with ``v_k``
+  the bucket's geometric mid-point, so ``P(i) = v_{k(i)}^a / sum_k n_k v_k^a`` exactly,
+  which is within +-9% of ``p_i^a`` per unit of ``a``. One script counts the buckets
+  (ZCOUNT), draws the stratified positions passed in, and maps each to a bucket and a rank
+  inside it: O(K log N + B log N).
+
+Importance-sampling weights are ``(N P(i))^-b`` divided by the batch's largest weight,
+computed from the probability the sampler actually used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import redis
+
+from qrl.keys import RunKeys
+
+P_LO = 1e-6  # priorities are clipped to [P_LO, P_HI]
+P_HI = 1e4
+BUCKETS_PER_OCTAVE = 4
+N_BUCKETS = math.ceil(math.log2(P_HI / P_LO) * BUCKETS_PER_OCTAVE)
+
+_INSERT = """
+-- KEYS: prio, data, meta; ARGV: capacity, batch_id, p1, rec1, p2, rec2, ...
+-- ids are formatted once with %d: a Lua number passed to redis.call costs a %.17g each time
+local cap = tonumber(ARGV[1])
+if ARGV[2] ~= '' and redis.call('HSETNX', KEYS[3], 'batch:' .. ARGV[2], 1) == 0 then
+  return -1
+end
+local n = (#ARGV - 2) / 2
+local hi = redis.call('HINCRBY', KEYS[3], 'hi', n)
+local first = hi - n
+local fmt = string.format
+local z, h = {}, {}
+for i = 1, n do
+  local id = fmt('%d', first + i - 1)
+  z[2 * i - 1] = ARGV[2 * i + 1]; z[2 * i] = id
+  h[2 * i - 1] = id; h[2 * i] = ARGV[2 * i + 2]
+end
+for s = 1, #z, 4000 do
+  redis.call('ZADD', KEYS[1], unpack(z, s, math.min(s + 3999, #z)))
+  redis.call('HSET', KEYS[2], unpack(h, s, math.min(s + 3999, #h)))
+end
+redis.call('HINCRBY', KEYS[3], 'inserted', n)
+local lo = tonumber(redis.call('HGET', KEYS[3], 'lo') or '0')
+local evicted = 0
+if hi - lo > cap then
+  local ids = {}
+  for id = lo, hi - cap - 1 do ids[#ids + 1] = fmt('%d', id) end
+  for s = 1, #ids, 4000 do
+    local e = math.min(s + 3999, #ids)
+    redis.call('ZREM', KEYS[1], unpack(ids, s, e))
+    redis.call('HDEL', KEYS[2], unpack(ids, s, e))
+  end
+  evicted = #ids
+  redis.call('HSET', KEYS[3], 'lo', hi - cap)
+  redis.call('HINCRBY', KEYS[3], 'evicted', evicted)
+end
+return evicted
+"""
+
+_FETCH_RANKS = """
+-- KEYS: prio, data; ARGV: 'desc'|'asc', rank1, rank2, ... (0-based)
+-- returns {n_present, {id, score, record}...}
+local desc = ARGV[1] == 'desc'
+local out = {}
+for i = 2, #ARGV do
+  local r = ARGV[i]  -- passed on as the string it came as (no number formatting)
+  local m
+  if desc then m = redis.call('ZRANGE', KEYS[1], r, r, 'REV', 'WITHSCORES')
+  else m = redis.call('ZRANGE', KEYS[1], r, r, 'WITHSCORES') end
+  if m[1] then
+    out[#out + 1] = m[1]; out[#out + 1] = m[2]
+    out[#out + 1] = redis.call('HGET', KEYS[2], m[1])
+  end
+end
+return {redis.call('ZCARD', KEYS[1]), out}
+"""
+
+_SAMPLE_PROPORTIONAL = """
+-- KEYS: prio, data; ARGV: alpha, lo, ratio, n_buckets, u1, u2, ... (u in [0, 1))
+-- returns {n_present, {id, score, record, prob}...}
+local alpha, lo, ratio, k = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local counts, mass, starts = {}, {}, {}
+local total, rank = 0, 0
+-- bucket b is [edge(b), edge(b + 1)) with edge(b) = lo * ratio^b; both ends are written
+-- from the same number with %.17g (exact), so the buckets tile the line: no priority
+-- falls between two buckets or into two (tostring, used by '..', keeps only 14 digits)
+local edge = string.format('%.17g', lo)
+for b = 0, k - 1 do
+  local lower = lo * ratio ^ b
+  local next_edge = string.format('%.17g', lo * ratio ^ (b + 1))
+  local lower_s = (b == 0) and '-inf' or edge
+  local upper_s = (b == k - 1) and '+inf' or ('(' .. next_edge)
+  edge = next_edge
+  local c = redis.call('ZCOUNT', KEYS[1], lower_s, upper_s)
+  local w = (lower * math.sqrt(ratio)) ^ alpha
+  counts[b] = c; mass[b] = c * w; starts[b] = rank
+  rank = rank + c; total = total + c * w
+end
+local out = {}
+if total <= 0 then return {rank, out} end
+-- the u are increasing (stratified), so one walk over the buckets serves every draw
+local b, acc = 0, 0
+for i = 5, #ARGV do
+  local target = tonumber(ARGV[i]) * total
+  while b < k - 1 and (counts[b] == 0 or acc + mass[b] <= target) do
+    acc = acc + mass[b]; b = b + 1
+  end
+  local bb = b
+  while counts[bb] == 0 and bb > 0 do bb = bb - 1 end
+  local j = math.floor((target - acc) / mass[bb] * counts[bb])
+  if j >= counts[bb] then j = counts[bb] - 1 end
+  if j < 0 then j = 0 end
+  local pos = string.format('%d', starts[bb] + j)
+  local m = redis.call('ZRANGE', KEYS[1], pos, pos, 'WITHSCORES')
+  if m[1] then
+    out[#out + 1] = m[1]; out[#out + 1] = m[2]
+    out[#out + 1] = redis.call('HGET', KEYS[2], m[1])
+    out[#out + 1] = tostring(mass[bb] / counts[bb] / total)
+  end
+end
+return {rank, out}
+"""
+
+
+@dataclass
+class RecordLayout:
+    """The fixed-size binary record of one n-step transition: observation, action, n-step
+    return, discount to the bootstrap state (``gamma^k``, 0 at a terminal) and the bootstrap
+    observation. Built from the observation shape and dtype, so records can be decoded for a
+    whole batch at once with ``np.frombuffer``."""
+
+    obs_shape: tuple[int, ...]
+    obs_dtype: str
+
+    def __post_init__(self) -> None:
+        self.obs_shape = tuple(self.obs_shape)
+        self.dtype = np.dtype(
+            [
+                ("obs", np.dtype(self.obs_dtype).newbyteorder("<"), self.obs_shape),
+                ("action", "<i4"),
+                ("ret", "<f4"),
+                ("disc", "<f4"),
+                ("next_obs", np.dtype(self.obs_dtype).newbyteorder("<"), self.obs_shape),
+            ]
+        )
+
+    @property
+    def size(self) -> int:
+        return self.dtype.itemsize
+
+    def pack(
+        self,
+        obs: np.ndarray,
+        action: np.ndarray,
+        ret: np.ndarray,
+        disc: np.ndarray,
+        next_obs: np.ndarray,
+    ) -> list[bytes]:
+        """One record (bytes) per transition."""
+        n = len(action)
+        rec = np.empty(n, self.dtype)
+        rec["obs"], rec["action"], rec["ret"] = obs, action, ret
+        rec["disc"], rec["next_obs"] = disc, next_obs
+        buf = rec.tobytes()
+        s = self.size
+        return [buf[i * s : (i + 1) * s] for i in range(n)]
+
+    def unpack(self, records: list[bytes]) -> np.ndarray:
+        """A structured array from records; raises ``ValueError`` on a record of wrong size."""
+        if any(len(r) != self.size for r in records):
+            raise ValueError(f"replay record of wrong size (expected {self.size} bytes)")
+        return np.frombuffer(b"".join(records), self.dtype)
+
+
+@dataclass
+class Sample:
+    """A sampled batch: ids (for priority updates), records, IS weights and the
+    probabilities used."""
+
+    ids: list[bytes]
+    batch: np.ndarray
+    weights: np.ndarray
+    probs: np.ndarray
+    size: int  # transitions present when sampled
+
+
+class PrioritizedReplay:
+    """The replay of one run. ``mode`` is ``rank`` or ``proportional``."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        layout: RecordLayout,
+        capacity: int,
+        *,
+        mode: Literal["rank", "proportional"] = "rank",
+        alpha: float = 0.6,
+        seed: int | None = None,
+    ) -> None:
+        if mode not in ("rank", "proportional"):
+            raise ValueError(f"unknown sampling mode {mode!r} (rank or proportional)")
+        self.client, self.keys, self.layout = client, keys, layout
+        self.capacity, self.mode, self.alpha = int(capacity), mode, float(alpha)
+        self.rng = np.random.default_rng(seed)
+        self._insert = client.register_script(_INSERT)
+        self._fetch = client.register_script(_FETCH_RANKS)
+        self._proportional = client.register_script(_SAMPLE_PROPORTIONAL)
+        self._rank_cdf: np.ndarray | None = None
+        self._n = 0  # size seen at the last call; the replay never shrinks
+
+    # -- writing
+    def insert(self, records: list[bytes], priorities: np.ndarray, batch_id: str = "") -> int:
+        """Insert records with their priorities; evicts the oldest beyond capacity. A
+        non-empty ``batch_id`` already inserted is skipped (returns -1), so a re-delivered
+        producer batch is not inserted twice. Returns the number evicted."""
+        if len(records) != len(priorities):
+            raise ValueError("records and priorities differ in length")
+        p = np.clip(np.nan_to_num(priorities, nan=P_HI, posinf=P_HI), P_LO, P_HI)
+        args: list[object] = [None] * (2 * len(records) + 2)
+        args[0], args[1] = self.capacity, batch_id
+        args[2::2] = map(repr, p.tolist())  # repr: the shortest exact decimal
+        args[3::2] = records
+        return int(
+            self._insert(
+                keys=[self.keys.replay_priorities, self.keys.replay_data, self.keys.replay_meta],
+                args=args,
+            )
+        )
+
+    def update_priorities(self, ids: list[bytes], priorities: np.ndarray) -> None:
+        """Set new priorities, only for transitions still present (ZADD XX)."""
+        if not ids:
+            return
+        p = np.clip(np.nan_to_num(priorities, nan=P_HI, posinf=P_HI), P_LO, P_HI)
+        mapping = dict(zip(ids, p.tolist(), strict=True))
+        self.client.zadd(self.keys.replay_priorities, mapping, xx=True)
+
+    # -- reading
+    def size(self) -> int:
+        self._n = int(self.client.zcard(self.keys.replay_priorities))
+        return self._n
+
+    def stats(self) -> dict[str, int]:
+        meta = self.client.hmget(self.keys.replay_meta, ["inserted", "evicted"])
+        return {
+            "size": self.size(),
+            "inserted": int(meta[0] or 0),
+            "evicted": int(meta[1] or 0),
+        }
+
+    def rank_probabilities(self, n: int) -> np.ndarray:
+        """P(rank r), r = 1..n, for the rank mode."""
+        w = np.arange(1, n + 1, dtype=np.float64) ** -self.alpha
+        return w / w.sum()
+
+    def _cdf(self) -> np.ndarray:
+        if self._rank_cdf is None:
+            self._rank_cdf = np.cumsum(
+                np.arange(1, self.capacity + 1, dtype=np.float64) ** -self.alpha
+            )
+        return self._rank_cdf
+
+    def _stratified(self, batch_size: int) -> np.ndarray:
+        return (np.arange(batch_size) + self.rng.random(batch_size)) / batch_size
+
+    def sample(self, batch_size: int, beta: float = 0.4) -> Sample | None:
+        """A stratified prioritized batch, or ``None`` while the replay is empty."""
+        u = self._stratified(batch_size)
+        if self.mode == "rank":
+            n = self._n or self.size()
+            if n == 0:
+                return None
+            cdf = self._cdf()[: min(n, self.capacity)]
+            ranks = np.minimum(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1)
+            probs_all = (ranks + 1.0) ** -self.alpha / cdf[-1]
+            n_now, flat = self._fetch(
+                keys=[self.keys.replay_priorities, self.keys.replay_data],
+                args=["desc", *ranks.tolist()],
+            )
+            self._n = int(n_now)
+            ids, recs = flat[0::3], flat[2::3]
+            probs = probs_all[: len(ids)]
+        else:
+            n_now, flat = self._proportional(
+                keys=[self.keys.replay_priorities, self.keys.replay_data],
+                args=[self.alpha, P_LO, 2 ** (1 / BUCKETS_PER_OCTAVE), N_BUCKETS, *u.tolist()],
+            )
+            n = self._n = int(n_now)
+            ids, recs = flat[0::4], flat[2::4]
+            probs = np.array([float(x) for x in flat[3::4]])
+        if not ids:
+            return None
+        w = (n * probs) ** -beta
+        return Sample(
+            list(ids), self.layout.unpack(list(recs)), (w / w.max()).astype(np.float32), probs, n
+        )

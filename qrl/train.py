@@ -1,0 +1,274 @@
+"""``qrl train``: one command that runs a whole job on one machine.
+
+It starts an embedded Redis (unless given a URL), writes the run's config, starts every role
+as its own process (``qrl replay``, ``qrl learner ...``, ``qrl actor ...``), follows the
+metrics stream with a live display, evaluates the latest published weights periodically,
+stops at the target return or the time/step budget, shuts every process down and leaves a
+run directory: ``config.json``, ``metrics.csv``, ``logs/`` and the learner's checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from qrl.config import create_run, to_dict
+from qrl.connection import connect
+from qrl.control import StopFlag, request_stop
+from qrl.embedded import EmbeddedRedis
+from qrl.keys import RunKeys
+from qrl.metrics import MetricsReader
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Role:
+    """A role process: its name (for logs) and its ``qrl`` arguments."""
+
+    name: str
+    args: list[str]
+
+
+@dataclass
+class Budget:
+    target_return: float | None = 475.0
+    max_time: float | None = 90.0
+    max_steps: int | None = None
+    eval_every: float = 3.0
+    eval_episodes: int = 10
+
+
+@dataclass
+class Progress:
+    """What the display shows, folded from the metrics stream."""
+
+    start: float = field(default_factory=time.monotonic)
+    actor_steps: dict[int, int] = field(default_factory=dict)
+    actor_rate: dict[int, float] = field(default_factory=dict)
+    updates: int = 0
+    updates_per_s: float = 0.0
+    replay_size: int = 0
+    returns: deque[float] = field(default_factory=lambda: deque(maxlen=50))
+    episodes: int = 0
+    eval_return: float | None = None
+    best_eval: float | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def env_steps(self) -> int:
+        return sum(self.actor_steps.values())
+
+    @property
+    def recent_return(self) -> float | None:
+        return sum(self.returns) / len(self.returns) if self.returns else None
+
+    def fold(self, msg: dict[str, Any]) -> None:
+        v, role = msg["values"], msg["role"]
+        if role in ("actor", "worker"):
+            self.actor_steps[msg["id"]] = int(v.get("steps", 0))
+            self.actor_rate[msg["id"]] = float(v.get("steps_per_s", 0.0))
+            self.returns.extend(v.get("episode_returns", []))
+            self.episodes += len(v.get("episode_returns", []))
+        elif role in ("learner", "master"):
+            self.updates = int(v.get("updates", self.updates))
+            self.updates_per_s = float(v.get("updates_per_s", 0.0))
+            if "replay_size" in v:
+                self.replay_size = int(v["replay_size"])
+            for k in ("policy_lag", "dropped", "generation", "stale"):
+                if k in v:
+                    self.extra[k] = float(v[k])
+        elif role == "replay":
+            self.replay_size = int(v.get("size", self.replay_size))
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "time_s": round(time.monotonic() - self.start, 2),
+            "env_steps": self.env_steps,
+            "env_steps_per_s": round(sum(self.actor_rate.values()), 1),
+            "updates": self.updates,
+            "updates_per_s": round(self.updates_per_s, 1),
+            "replay_size": self.replay_size,
+            "episodes": self.episodes,
+            "recent_return": _r(self.recent_return),
+            "eval_return": _r(self.eval_return),
+        }
+
+    def table(self, title: str) -> Table:
+        t = Table(title=title, show_header=False, box=None)
+        for k, val in self.row().items():
+            t.add_row(k.replace("_", " "), "-" if val is None else str(val))
+        for k, val in self.extra.items():
+            t.add_row(k.replace("_", " "), f"{val:g}")
+        return t
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
+def default_run_name(algo: str, env: str, seed: int) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in env)
+    return f"{algo}-{safe}-s{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _spawn(role: Role, url: str, run: str, log_dir: Path) -> subprocess.Popen[bytes]:
+    logfile = open(log_dir / f"{role.name}.log", "ab")  # noqa: SIM115 - owned by the child
+    env = {**os.environ, "QRL_REDIS_URL": url}
+    cmd = [sys.executable, "-m", "qrl.cli", *role.args[:1], *role.args[1:], "--run", run]
+    try:
+        return subprocess.Popen(
+            cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
+    finally:
+        logfile.close()
+
+
+def _shutdown(
+    client: redis.Redis | None,
+    keys: RunKeys,
+    procs: dict[str, subprocess.Popen[bytes]],
+    grace: float,
+) -> None:
+    if client is not None:
+        with contextlib.suppress(redis.RedisError):
+            request_stop(client, keys)
+    deadline = time.monotonic() + grace
+    for p in procs.values():
+        try:
+            p.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.terminate()
+    for p in procs.values():
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run_training(
+    algo: str,
+    cfg: Any,
+    roles: list[Role],
+    evaluator: Callable[[redis.Redis, RunKeys], float | None],
+    budget: Budget,
+    *,
+    redis_url: str | None,
+    run: str,
+    run_dir: Path,
+    console: Console | None = None,
+) -> bool:
+    """Run a whole job; returns True if the target return was reached."""
+    console = console or Console(stderr=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    (run_dir / "config.json").write_text(
+        json.dumps({"algo": algo, "run": run, "config": to_dict(cfg)}, indent=2)
+    )
+    keys = RunKeys(run)
+    server = None if redis_url else EmbeddedRedis().start()
+    url = redis_url or server.url  # type: ignore[union-attr]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    client = None
+    reached = False
+    progress = Progress()
+    stop = None
+    try:
+        client = connect(url)
+        create_run(client, keys, algo, cfg)
+        stop = StopFlag(client, keys)
+        reader = MetricsReader(client, keys, from_start=True)
+        for role in roles:
+            procs[role.name] = _spawn(role, url, run, run_dir / "logs")
+        console.print(
+            f"[bold]qrl[/] {algo} on {getattr(cfg, 'env', '?')}: run {run!r}, "
+            f"Redis {url if redis_url else 'embedded'}, "
+            f"{len(roles)} processes, logs in {run_dir / 'logs'}"
+        )
+        next_eval = time.monotonic() + budget.eval_every
+        interactive = console.is_terminal
+        next_line = time.monotonic() + 5
+        with (
+            (run_dir / "metrics.csv").open("w", newline="") as f,
+            Live(progress.table(run), console=console, refresh_per_second=2, transient=False)
+            if interactive
+            else _Null() as live,
+        ):
+            writer = csv.DictWriter(f, fieldnames=list(progress.row()))
+            writer.writeheader()
+            while not stop():
+                for msg in reader.read(block_ms=500):
+                    progress.fold(msg)
+                now = time.monotonic()
+                elapsed = now - progress.start
+                if now >= next_eval:
+                    score = evaluator(client, keys)
+                    if score is not None:
+                        progress.eval_return = score
+                        progress.best_eval = max(score, progress.best_eval or score)
+                        reached = budget.target_return is not None and score >= budget.target_return
+                    next_eval = time.monotonic() + budget.eval_every
+                writer.writerow(progress.row())
+                f.flush()
+                if interactive:
+                    live.update(progress.table(run))
+                elif now >= next_line:
+                    console.print(" ".join(f"{k}={v}" for k, v in progress.row().items()))
+                    next_line = now + 5
+                dead = [n for n, p in procs.items() if p.poll() not in (None, 0)]
+                if dead:
+                    console.print(
+                        f"[red]role(s) {dead} exited with an error; see {run_dir / 'logs'}[/]"
+                    )
+                    break
+                if reached:
+                    break
+                if budget.max_time is not None and elapsed >= budget.max_time:
+                    break
+                if budget.max_steps is not None and progress.env_steps >= budget.max_steps:
+                    break
+    except KeyboardInterrupt:
+        console.print("interrupted")
+    finally:
+        _shutdown(client, keys, procs, grace=15)
+        if server is not None:
+            server.stop()
+    row = progress.row()
+    verdict = "reached" if reached else "did not reach"
+    console.print(
+        f"{verdict} target {budget.target_return} in {row['time_s']:.1f}s: "
+        f"eval {row['eval_return']}, "
+        f"{row['env_steps']} env steps, {row['updates']} updates; run dir {run_dir}"
+    )
+    (run_dir / "result.json").write_text(
+        json.dumps({**row, "reached": reached, "target": budget.target_return}, indent=2)
+    )
+    return reached
+
+
+class _Null:
+    def __enter__(self) -> _Null:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, *_: object) -> None:
+        return None
