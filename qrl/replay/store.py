@@ -44,21 +44,27 @@ BUCKETS_PER_OCTAVE = 4
 N_BUCKETS = math.ceil(math.log2(P_HI / P_LO) * BUCKETS_PER_OCTAVE)
 
 _INSERT = """
--- KEYS: prio, data, meta; ARGV: capacity, batch_id, p1, rec1, p2, rec2, ...
+-- KEYS: prio, data, meta
+-- ARGV: capacity, batch_id, n, record size, the n priorities (decimal, space-separated),
+--       the n records (each of the record size) concatenated
 -- ids are formatted once with %d: a Lua number passed to redis.call costs a %.17g each time
-local cap = tonumber(ARGV[1])
+local cap, n, size, blob = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[6]
+local prio = {}
+for p in string.gmatch(ARGV[5], '%S+') do prio[#prio + 1] = p end
+if #prio ~= n or #blob ~= n * size then
+  return redis.error_reply('replay insert: priorities or records do not match n')
+end
 if ARGV[2] ~= '' and redis.call('HSETNX', KEYS[3], 'batch:' .. ARGV[2], 1) == 0 then
   return -1
 end
-local n = (#ARGV - 2) / 2
 local hi = redis.call('HINCRBY', KEYS[3], 'hi', n)
 local first = hi - n
-local fmt = string.format
+local fmt, sub = string.format, string.sub
 local z, h = {}, {}
 for i = 1, n do
   local id = fmt('%d', first + i - 1)
-  z[2 * i - 1] = ARGV[2 * i + 1]; z[2 * i] = id
-  h[2 * i - 1] = id; h[2 * i] = ARGV[2 * i + 2]
+  z[2 * i - 1] = prio[i]; z[2 * i] = id
+  h[2 * i - 1] = id; h[2 * i] = sub(blob, (i - 1) * size + 1, i * size)
 end
 for s = 1, #z, 4000 do
   redis.call('ZADD', KEYS[1], unpack(z, s, math.min(s + 3999, #z)))
@@ -83,36 +89,48 @@ return evicted
 """
 
 _FETCH_RANKS = """
--- KEYS: prio, data; ARGV: 'desc'|'asc', rank1, rank2, ... (0-based)
+-- KEYS: prio, data; ARGV: 'desc'|'asc', the ranks (0-based, space-separated)
 -- returns {n_present, {id, score, record}...}
+-- each rank goes on to ZRANGE as the string it came as (a Lua number would be formatted
+-- with %.17g per call), a repeated rank reuses the last lookup, and one HMGET fetches
+-- the records
 local desc = ARGV[1] == 'desc'
+local ids, scores, last, m = {}, {}, nil, nil
+for r in string.gmatch(ARGV[2], '%d+') do
+  if r ~= last then
+    if desc then m = redis.call('ZRANGE', KEYS[1], r, r, 'REV', 'WITHSCORES')
+    else m = redis.call('ZRANGE', KEYS[1], r, r, 'WITHSCORES') end
+    last = r
+  end
+  if m[1] then ids[#ids + 1] = m[1]; scores[#scores + 1] = m[2] end
+end
 local out = {}
-for i = 2, #ARGV do
-  local r = ARGV[i]  -- passed on as the string it came as (no number formatting)
-  local m
-  if desc then m = redis.call('ZRANGE', KEYS[1], r, r, 'REV', 'WITHSCORES')
-  else m = redis.call('ZRANGE', KEYS[1], r, r, 'WITHSCORES') end
-  if m[1] then
-    out[#out + 1] = m[1]; out[#out + 1] = m[2]
-    out[#out + 1] = redis.call('HGET', KEYS[2], m[1])
+for s = 1, #ids, 4000 do
+  local recs = redis.call('HMGET', KEYS[2], unpack(ids, s, math.min(s + 3999, #ids)))
+  for j = 1, #recs do
+    local i = s + j - 1
+    out[3 * i - 2] = ids[i]; out[3 * i - 1] = scores[i]; out[3 * i] = recs[j]
   end
 end
 return {redis.call('ZCARD', KEYS[1]), out}
 """
 
 _SAMPLE_PROPORTIONAL = """
--- KEYS: prio, data; ARGV: alpha, lo, ratio, n_buckets, u1, u2, ... (u in [0, 1))
+-- KEYS: prio, data; ARGV: alpha, lo, ratio, n_buckets, u (increasing, in [0, 1): float64
+-- little-endian, concatenated)
 -- returns {n_present, {id, score, record, prob}...}
-local alpha, lo, ratio, k = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local alpha, lo = tonumber(ARGV[1]), tonumber(ARGV[2])
+local ratio, k = tonumber(ARGV[3]), tonumber(ARGV[4])
+local fmt = string.format
 local counts, mass, starts = {}, {}, {}
 local total, rank = 0, 0
 -- bucket b is [edge(b), edge(b + 1)) with edge(b) = lo * ratio^b; both ends are written
 -- from the same number with %.17g (exact), so the buckets tile the line: no priority
 -- falls between two buckets or into two (tostring, used by '..', keeps only 14 digits)
-local edge = string.format('%.17g', lo)
+local edge = fmt('%.17g', lo)
 for b = 0, k - 1 do
   local lower = lo * ratio ^ b
-  local next_edge = string.format('%.17g', lo * ratio ^ (b + 1))
+  local next_edge = fmt('%.17g', lo * ratio ^ (b + 1))
   local lower_s = (b == 0) and '-inf' or edge
   local upper_s = (b == k - 1) and '+inf' or ('(' .. next_edge)
   edge = next_edge
@@ -124,9 +142,10 @@ end
 local out = {}
 if total <= 0 then return {rank, out} end
 -- the u are increasing (stratified), so one walk over the buckets serves every draw
+local ids, scores, probs, last, m = {}, {}, {}, nil, nil
 local b, acc = 0, 0
-for i = 5, #ARGV do
-  local target = tonumber(ARGV[i]) * total
+for i = 1, #ARGV[5] / 8 do
+  local target = struct.unpack('<d', ARGV[5], 8 * i - 7) * total
   while b < k - 1 and (counts[b] == 0 or acc + mass[b] <= target) do
     acc = acc + mass[b]; b = b + 1
   end
@@ -135,12 +154,19 @@ for i = 5, #ARGV do
   local j = math.floor((target - acc) / mass[bb] * counts[bb])
   if j >= counts[bb] then j = counts[bb] - 1 end
   if j < 0 then j = 0 end
-  local pos = string.format('%d', starts[bb] + j)
-  local m = redis.call('ZRANGE', KEYS[1], pos, pos, 'WITHSCORES')
+  local pos = fmt('%d', starts[bb] + j)
+  if pos ~= last then m = redis.call('ZRANGE', KEYS[1], pos, pos, 'WITHSCORES'); last = pos end
   if m[1] then
-    out[#out + 1] = m[1]; out[#out + 1] = m[2]
-    out[#out + 1] = redis.call('HGET', KEYS[2], m[1])
-    out[#out + 1] = tostring(mass[bb] / counts[bb] / total)
+    ids[#ids + 1] = m[1]; scores[#scores + 1] = m[2]
+    probs[#probs + 1] = fmt('%.17g', mass[bb] / counts[bb] / total)
+  end
+end
+for s = 1, #ids, 4000 do
+  local recs = redis.call('HMGET', KEYS[2], unpack(ids, s, math.min(s + 3999, #ids)))
+  for j = 1, #recs do
+    local i = s + j - 1
+    out[4 * i - 3] = ids[i]; out[4 * i - 2] = scores[i]; out[4 * i - 1] = recs[j]
+    out[4 * i] = probs[i]
   end
 end
 return {rank, out}
@@ -192,7 +218,7 @@ class RecordLayout:
 
     def unpack(self, records: list[bytes]) -> np.ndarray:
         """A structured array from records; raises ``ValueError`` on a record of wrong size."""
-        if any(len(r) != self.size for r in records):
+        if set(map(len, records)) - {self.size}:
             raise ValueError(f"replay record of wrong size (expected {self.size} bytes)")
         return np.frombuffer(b"".join(records), self.dtype)
 
@@ -241,11 +267,18 @@ class PrioritizedReplay:
         producer batch is not inserted twice. Returns the number evicted."""
         if len(records) != len(priorities):
             raise ValueError("records and priorities differ in length")
+        if set(map(len, records)) - {self.layout.size}:
+            raise ValueError(f"replay record of wrong size (expected {self.layout.size} bytes)")
         p = np.clip(np.nan_to_num(priorities, nan=P_HI, posinf=P_HI), P_LO, P_HI)
-        args: list[object] = [None] * (2 * len(records) + 2)
-        args[0], args[1] = self.capacity, batch_id
-        args[2::2] = map(repr, p.tolist())  # repr: the shortest exact decimal
-        args[3::2] = records
+        # two arguments instead of 2n: redis-py and the script pay per argument
+        args = [
+            self.capacity,
+            batch_id,
+            len(records),
+            self.layout.size,
+            " ".join(map(repr, p.tolist())),  # repr: the shortest exact decimal
+            b"".join(records),
+        ]
         return int(
             self._insert(
                 keys=[self.keys.replay_priorities, self.keys.replay_data, self.keys.replay_meta],
@@ -301,7 +334,7 @@ class PrioritizedReplay:
             probs_all = (ranks + 1.0) ** -self.alpha / cdf[-1]
             n_now, flat = self._fetch(
                 keys=[self.keys.replay_priorities, self.keys.replay_data],
-                args=["desc", *ranks.tolist()],
+                args=["desc", " ".join(map(str, ranks.tolist()))],
             )
             self._n = int(n_now)
             ids, recs = flat[0::3], flat[2::3]
@@ -309,7 +342,13 @@ class PrioritizedReplay:
         else:
             n_now, flat = self._proportional(
                 keys=[self.keys.replay_priorities, self.keys.replay_data],
-                args=[self.alpha, P_LO, 2 ** (1 / BUCKETS_PER_OCTAVE), N_BUCKETS, *u.tolist()],
+                args=[
+                    self.alpha,
+                    P_LO,
+                    2 ** (1 / BUCKETS_PER_OCTAVE),
+                    N_BUCKETS,
+                    u.astype("<f8").tobytes(),
+                ],
             )
             n = self._n = int(n_now)
             ids, recs = flat[0::4], flat[2::4]
