@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from qrl import __version__
+from qrl.algos import ALGOS, Algo
 
 log = logging.getLogger("qrl")
 
@@ -171,30 +172,14 @@ def actor() -> None:
     """Start an actor that joins a run (needs --redis and --run)."""
 
 
-@actor.command("apex")
-@redis_options
-@click.option(
-    "--id",
-    "ident",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Actor number (sets its epsilons and seeds).",
-)
-@click.option("--max-steps", type=int, default=None, help="Stop after this many env steps.")
-def actor_apex(redis_url: str | None, run: str, ident: int, max_steps: int | None) -> None:
-    """An Ape-X actor: plays with its own epsilon, pushes n-step transitions."""
-    from qrl.actors.apex import ApexActor
-    from qrl.configs import ApexConfig
-
-    client, keys, cfg = _join(redis_url, run, "apex", ApexConfig)
-    steps = ApexActor(client, keys, cfg, ident).run(_stop_flag(client, keys), max_steps=max_steps)
-    log.info("actor %d stopped after %d env steps", ident, steps)
-
-
 @main.group()
 def learner() -> None:
     """Start a learner for a run (needs --redis and --run)."""
+
+
+@main.group()
+def train() -> None:
+    """Run a whole training job in one command: Redis, roles, progress, evaluation."""
 
 
 DEVICE = click.option(
@@ -206,46 +191,64 @@ DEVICE = click.option(
 )
 
 
-@learner.command("apex")
-@redis_options
-@DEVICE
-@click.option(
-    "--checkpoint",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Checkpoint file: resumed from if it exists, written periodically and on exit.",
-)
-@click.option("--max-updates", type=int, default=None, help="Stop after this many updates.")
-@click.option("--threads", type=int, default=1, show_default=True, help="torch CPU threads.")
-def learner_apex(
-    redis_url: str | None,
-    run: str,
-    device: str,
-    checkpoint: Path | None,
-    max_updates: int | None,
-    threads: int,
-) -> None:
-    """The Ape-X learner: double DQN on prioritized samples from the Redis replay."""
-    from qrl.checkpoint import CheckpointError
-    from qrl.configs import ApexConfig
-    from qrl.connection import connect
-    from qrl.learners.apex import ApexLearner
-
-    client, keys, cfg = _join(redis_url, run, "apex", ApexConfig)
-    try:
-        lrn = ApexLearner(
-            lambda: connect(redis_url), keys, cfg, device, checkpoint=checkpoint, threads=threads
+def _actor_command(algo: Algo) -> None:
+    @actor.command(algo.name, help=f"A {algo.name} actor: joins the run, plays, pushes experience.")
+    @redis_options
+    @click.option(
+        "--id",
+        "ident",
+        type=int,
+        default=0,
+        show_default=True,
+        help="Actor number (sets its seeds, and for Ape-X its epsilons).",
+    )
+    @click.option("--max-steps", type=int, default=None, help="Stop after this many env steps.")
+    def cmd(redis_url: str | None, run: str, ident: int, max_steps: int | None) -> None:
+        client, keys, cfg = _join(redis_url, run, algo.name, algo.config)
+        steps = algo.actor_cls()(client, keys, cfg, ident).run(
+            _stop_flag(client, keys), max_steps=max_steps
         )
-    except (CheckpointError, RuntimeError) as e:
-        raise click.ClickException(str(e)) from e
-    log.info("learner on %s", lrn.device)
-    n = lrn.run(_stop_flag(client, keys), max_updates=max_updates)
-    log.info("learner stopped after %d updates", n)
+        log.info("actor %d stopped after %d env steps", ident, steps)
 
 
-@main.group()
-def train() -> None:
-    """Run a whole training job in one command: Redis, roles, progress, evaluation."""
+def _learner_command(algo: Algo) -> None:
+    @learner.command(algo.name, help=f"The {algo.name} learner of a run.")
+    @redis_options
+    @DEVICE
+    @click.option(
+        "--checkpoint",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="Checkpoint file: resumed from if it exists, written every minute and on exit.",
+    )
+    @click.option("--max-updates", type=int, default=None, help="Stop after this many updates.")
+    @click.option("--threads", type=int, default=1, show_default=True, help="torch CPU threads.")
+    def cmd(
+        redis_url: str | None,
+        run: str,
+        device: str,
+        checkpoint: Path | None,
+        max_updates: int | None,
+        threads: int,
+    ) -> None:
+        from qrl.checkpoint import CheckpointError
+        from qrl.connection import connect
+
+        client, keys, cfg = _join(redis_url, run, algo.name, algo.config)
+        try:
+            lrn = algo.learner_cls()(
+                lambda: connect(redis_url),
+                keys,
+                cfg,
+                device,
+                checkpoint=checkpoint,
+                threads=threads,
+            )
+        except (CheckpointError, RuntimeError) as e:
+            raise click.ClickException(str(e)) from e
+        log.info("%s learner on %s", algo.name, lrn.device)
+        n = lrn.run(_stop_flag(client, keys), max_updates=max_updates)
+        log.info("learner stopped after %d updates", n)
 
 
 def train_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -254,6 +257,7 @@ def train_options(f: Callable[..., Any]) -> Callable[..., Any]:
             "--env", default=None, help="Gymnasium environment id (default: the config's)."
         ),
         click.option("--seed", type=int, default=None, help="Random seed (default 0)."),
+        click.option("--actors", type=int, default=None, help="Actor processes (default 2)."),
         click.option(
             "--redis",
             "redis_url",
@@ -274,7 +278,12 @@ def train_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="Stop with success once the evaluation mean reaches this "
             "(default: the env's reward threshold).",
         ),
-        click.option("--max-time", type=float, default=None, help="Wall-clock budget in seconds."),
+        click.option(
+            "--max-time",
+            type=float,
+            default=None,
+            help="Wall-clock budget in seconds (default 90 unless --max-steps).",
+        ),
         click.option("--max-steps", type=int, default=None, help="Env-step budget."),
         click.option(
             "--eval-every",
@@ -309,94 +318,105 @@ def _target(env: str, given: float | None) -> float | None:
         return None
 
 
-@train.command("apex")
-@train_options
-@click.option("--actors", type=int, default=None, help="Actor processes (default 2).")
-@click.option("--replays", type=int, default=1, show_default=True, help="Replay-filling processes.")
-def train_apex(
-    env: str | None,
-    seed: int | None,
-    redis_url: str | None,
-    run: str | None,
-    run_dir: Path | None,
-    target_return: float | None,
-    max_time: float | None,
-    max_steps: int | None,
-    eval_every: float,
-    eval_episodes: int,
-    overrides: tuple[str, ...],
-    device: str,
-    actors: int | None,
-    replays: int,
-) -> None:
-    """Ape-X: replay, learner and actor processes around one Redis; exits 0 iff the target
-    evaluation return was reached.
+def _train_command(algo: Algo, doc: str) -> None:
+    @train.command(algo.name, help=doc)
+    @train_options
+    @click.option(
+        "--replays",
+        type=int,
+        default=1,
+        show_default=True,
+        hidden=algo.stream_role is None,
+        help="Replay-filling processes.",
+    )
+    def cmd(
+        env: str | None,
+        seed: int | None,
+        actors: int | None,
+        redis_url: str | None,
+        run: str | None,
+        run_dir: Path | None,
+        target_return: float | None,
+        max_time: float | None,
+        max_steps: int | None,
+        eval_every: float,
+        eval_episodes: int,
+        overrides: tuple[str, ...],
+        device: str,
+        replays: int,
+    ) -> None:
+        import torch
 
-    \b
-    qrl train apex --env CartPole-v1 --seed 0
-    qrl train apex --env LunarLander-v3 --max-time 1200 --set lr=5e-4
-    """
-    import torch
+        from qrl.train import Budget, default_run_name, run_training
 
-    from qrl.configs import ApexConfig
-    from qrl.train import Budget, Role, default_run_name, run_training
-
-    torch.set_num_threads(1)  # this process only evaluates; the cores are the roles'
-
-    cfg = parse_overrides(ApexConfig, overrides, env=env, seed=seed, actors=actors)
-    run = run or default_run_name("apex", cfg.env, cfg.seed)
-    run_dir = run_dir or Path("runs") / run
-    roles = [Role(f"replay{i}", ["replay", "--id", str(i)]) for i in range(replays)]
-    roles.append(
-        Role(
-            "learner",
-            ["learner", "apex", "--device", device, "--checkpoint", str(run_dir / "checkpoint.pt")],
+        torch.set_num_threads(1)  # this process only evaluates; the cores are the roles'
+        cfg = parse_overrides(algo.config, overrides, env=env, seed=seed, actors=actors)
+        run = run or default_run_name(algo.name, cfg.env, cfg.seed)
+        run_dir = run_dir or Path("runs") / run
+        budget = Budget(
+            _target(cfg.env, target_return),
+            max_time if max_time is not None else (None if max_steps else 90.0),
+            max_steps,
+            eval_every,
+            eval_episodes,
         )
-    )
-    roles += [Role(f"actor{i}", ["actor", "apex", "--id", str(i)]) for i in range(cfg.actors)]
-    budget = Budget(
-        _target(cfg.env, target_return),
-        max_time if max_time is not None else (None if max_steps else 90.0),
-        max_steps,
-        eval_every,
-        eval_episodes,
-    )
-    ok = run_training(
-        "apex",
-        cfg,
-        roles,
-        _apex_evaluator(cfg, eval_episodes),
-        budget,
-        redis_url=redis_url,
-        run=run,
-        run_dir=run_dir,
-    )
-    sys.exit(0 if ok else 1)
+        code = run_training(
+            algo.name,
+            cfg,
+            algo.roles(cfg, device, run_dir, replays),
+            _evaluator(algo, cfg, eval_episodes),
+            budget,
+            redis_url=redis_url,
+            run=run,
+            run_dir=run_dir,
+        )
+        sys.exit(code)
 
 
-def _apex_evaluator(cfg: Any, episodes: int) -> Callable[[Any, Any], float | None]:
+def _evaluator(algo: Algo, cfg: Any, episodes: int) -> Callable[[Any, Any], float | None]:
+    """Greedy evaluation of the latest published weights (only when they changed)."""
     import numpy as np
 
-    from qrl.envs import env_spec
-    from qrl.evaluate import evaluate, greedy
-    from qrl.models import QNetwork
+    from qrl.algos import greedy_action
+    from qrl.evaluate import evaluate
     from qrl.weights import WeightStore
 
-    obs_shape, _, n_actions = env_spec(cfg.env)
-    net = QNetwork(obs_shape, n_actions, cfg.hidden, cfg.dueling)
-    state = {"version": -1, "score": None}
+    net = algo.policy(cfg)
+    state: dict[str, Any] = {"version": -1, "score": None}
 
     def run(client: Any, keys: Any) -> float | None:
         v = WeightStore(client, keys).load_into(net, newer_than=state["version"])
-        if v is None:
-            return state["score"]  # nothing new to evaluate
-        state["version"] = v
-        state["score"] = float(
-            np.mean(evaluate(cfg.env, greedy(net), episodes, seed=cfg.seed * 1000 + 7))
-        )
+        if v is not None:
+            state["version"] = v
+            returns = evaluate(cfg.env, greedy_action(net), episodes, seed=cfg.seed * 1000 + 7)
+            state["score"] = float(np.mean(returns))
         return state["score"]
 
     return run
+
+
+TRAIN_DOCS = {
+    "apex": """Ape-X: replay, learner and actor processes around one Redis; exits 0 iff the
+    greedy evaluation reached the target return (1: budget ran out, 2: a role failed).
+
+    \b
+    qrl train apex --env CartPole-v1 --seed 0
+    qrl train apex --env LunarLander-v3 --max-time 1200 --eval-every 30 --set lr=5e-4
+    """,
+    "impala": """IMPALA: learner and actor processes around one Redis, V-trace off-policy
+    correction; exits 0 iff the greedy evaluation reached the target return (1: budget ran
+    out, 2: a role failed).
+
+    \b
+    qrl train impala --env CartPole-v1 --seed 0
+    qrl train impala --env LunarLander-v3 --max-time 1200 --eval-every 30
+    """,
+}
+
+for _algo in ALGOS.values():
+    _actor_command(_algo)
+    _learner_command(_algo)
+    _train_command(_algo, TRAIN_DOCS[_algo.name])
 
 
 @main.command("eval")
@@ -407,27 +427,25 @@ def eval_cmd(checkpoint: Path, episodes: int, seed: int) -> None:
     """Play episodes with a saved policy (greedy) and print the mean return."""
     import numpy as np
 
+    from qrl.algos import greedy_action
     from qrl.checkpoint import CheckpointError, load_checkpoint
     from qrl.config import from_dict
-    from qrl.configs import ApexConfig
-    from qrl.envs import env_spec
-    from qrl.evaluate import evaluate, greedy
-    from qrl.models import QNetwork
+    from qrl.evaluate import evaluate
 
     try:
         state = load_checkpoint(checkpoint)
-        if state["algo"] != "apex":
-            raise CheckpointError(f"qrl eval does not know {state['algo']} checkpoints yet")
-        cfg = from_dict(ApexConfig, state["config"])
-    except (CheckpointError, ValueError) as e:
+        algo = ALGOS.get(state["algo"])
+        if algo is None:
+            raise CheckpointError(f"unknown algorithm {state['algo']!r} in {checkpoint}")
+        cfg = from_dict(algo.config, state["config"])
+        net = algo.policy(cfg)
+        net.load_state_dict(state["model"])
+    except (CheckpointError, ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from e
-    obs_shape, _, n_actions = env_spec(cfg.env)
-    net = QNetwork(obs_shape, n_actions, cfg.hidden, cfg.dueling)
-    net.load_state_dict(state["model"])
-    returns = evaluate(cfg.env, greedy(net), episodes, seed=seed)
+    returns = evaluate(cfg.env, greedy_action(net), episodes, seed=seed)
     click.echo(
         f"{cfg.env}: mean return {np.mean(returns):.2f} over {episodes} episodes "
-        f"(min {np.min(returns):.1f}, max {np.max(returns):.1f}; checkpoint step {state['step']})"
+        f"(min {np.min(returns):.1f}, max {np.max(returns):.1f}; {algo.name} step {state['step']})"
     )
 
 

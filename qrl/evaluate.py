@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 from qrl.envs import make_env
 
@@ -37,13 +36,3 @@ def evaluate(
         return returns.tolist()
     finally:
         envs.close()
-
-
-def greedy(net: torch.nn.Module) -> Callable[[np.ndarray], np.ndarray]:
-    """The greedy policy of a Q-network (argmax over its outputs)."""
-
-    @torch.no_grad()
-    def act(obs: np.ndarray) -> np.ndarray:
-        return net(torch.as_tensor(np.asarray(obs))).argmax(dim=1).numpy()
-
-    return act

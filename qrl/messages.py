@@ -71,3 +71,57 @@ METRICS = Schema(
     {"role": Field(str), "id": Field(int), "time": Field(float), "values": Field(dict)},
     check=_check_metrics,
 )
+
+
+def unroll_schema(
+    obs_shape: tuple[int, ...], obs_dtype: str, n_actions: int, unroll: int
+) -> Schema:
+    """An IMPALA actor's batch of B unrolls of length T, time-major: observations ``[T+1, B]``
+    (the last one bootstraps), actions, rewards, terminations and truncations ``[T, B]``,
+    behaviour logits ``[T, B, A]``, and for truncated steps the episode's final observation
+    (``trunc_obs[k]`` belongs to step ``trunc_idx[k] = (t, b)``) so the learner can bootstrap."""
+    obs_shape = tuple(obs_shape)
+
+    def check(msg: dict[str, Any]) -> None:
+        obs = msg["obs"]
+        if obs.shape[0] != unroll + 1 or obs.shape[2:] != obs_shape:
+            raise CodecError(f"obs has shape {obs.shape}, expected ({unroll + 1}, B, *{obs_shape})")
+        tb = (unroll, obs.shape[1])
+        for name in ("action", "reward", "terminated", "truncated"):
+            if msg[name].shape != tb:
+                raise CodecError(f"{name} has shape {msg[name].shape}, expected {tb}")
+        if msg["logits"].shape != (*tb, n_actions):
+            raise CodecError(
+                f"logits have shape {msg['logits'].shape}, expected {(*tb, n_actions)}"
+            )
+        a = msg["action"]
+        if a.size and (a.min() < 0 or a.max() >= n_actions):
+            raise CodecError(f"action out of range [0, {n_actions})")
+        idx, tobs = msg["trunc_idx"], msg["trunc_obs"]
+        if idx.shape != (len(tobs), 2) or tobs.shape[1:] != obs_shape:
+            raise CodecError("trunc_idx and trunc_obs disagree")
+        if len(idx) and (idx.min() < 0 or idx[:, 0].max() >= tb[0] or idx[:, 1].max() >= tb[1]):
+            raise CodecError("trunc_idx out of range")
+        if int(msg["truncated"].sum()) != len(idx):
+            raise CodecError("every truncated step needs its final observation")
+        if msg["version"] < 0:
+            raise CodecError("negative policy version")
+
+    obs = Field(np.ndarray, dtypes=(obs_dtype,), finite=True)
+    return Schema(
+        "impala.unrolls",
+        {
+            "obs": obs,
+            "action": Field(np.ndarray, dtypes=("int32",), ndim=2),
+            "reward": Field(np.ndarray, dtypes=FLOATS, ndim=2, finite=True),
+            "terminated": Field(np.ndarray, dtypes=("bool",), ndim=2),
+            "truncated": Field(np.ndarray, dtypes=("bool",), ndim=2),
+            "logits": Field(np.ndarray, dtypes=FLOATS, ndim=3, finite=True),
+            "trunc_obs": obs,
+            "trunc_idx": Field(np.ndarray, dtypes=("int32",), ndim=2),
+            "version": Field(int),
+            "actor": Field(int),
+            "batch": Field(str),
+        },
+        check=check,
+    )

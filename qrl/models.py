@@ -61,3 +61,19 @@ class QNetwork(nn.Module):
         if self.value is None:
             return a
         return self.value(x) + a - a.mean(dim=1, keepdim=True)
+
+
+class PolicyValueNet(nn.Module):
+    """Policy logits and a state value from one shared torso (IMPALA, ES)."""
+
+    def __init__(
+        self, obs_shape: tuple[int, ...], n_actions: int, hidden: tuple[int, ...] = (64, 64)
+    ) -> None:
+        super().__init__()
+        self.features, width = torso(obs_shape, hidden)
+        self.policy = nn.Linear(width, n_actions)
+        self.value = nn.Linear(width, 1)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.features(obs)
+        return self.policy(x), self.value(x)[..., 0]

@@ -174,8 +174,9 @@ def run_training(
     run: str,
     run_dir: Path,
     console: Console | None = None,
-) -> bool:
-    """Run a whole job; returns True if the target return was reached."""
+) -> int:
+    """Run a whole job; returns the exit code: 0 if the target return was reached, 1 if the
+    budget ran out first, 2 if a role failed or the job was interrupted."""
     console = console or Console(stderr=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
@@ -188,6 +189,7 @@ def run_training(
     procs: dict[str, subprocess.Popen[bytes]] = {}
     client = None
     reached = False
+    failed = False
     progress = Progress()
     stop = None
     try:
@@ -234,9 +236,8 @@ def run_training(
                     next_line = now + 5
                 dead = [n for n, p in procs.items() if p.poll() not in (None, 0)]
                 if dead:
-                    console.print(
-                        f"[red]role(s) {dead} exited with an error; see {run_dir / 'logs'}[/]"
-                    )
+                    console.print(f"[red]{', '.join(dead)} failed; see {run_dir / 'logs'}[/]")
+                    failed = True
                     break
                 if reached:
                     break
@@ -246,6 +247,7 @@ def run_training(
                     break
     except KeyboardInterrupt:
         console.print("interrupted")
+        failed = True
     finally:
         _shutdown(client, keys, procs, grace=15)
         if server is not None:
@@ -257,10 +259,12 @@ def run_training(
         f"eval {row['eval_return']}, "
         f"{row['env_steps']} env steps, {row['updates']} updates; run dir {run_dir}"
     )
-    (run_dir / "result.json").write_text(
-        json.dumps({**row, "reached": reached, "target": budget.target_return}, indent=2)
-    )
-    return reached
+    if stop is not None and stop.local.is_set() and not reached:
+        failed = True  # Ctrl-C / SIGTERM
+    code = 0 if reached else 2 if failed else 1
+    result = {**row, "reached": reached, "target": budget.target_return, "exit_code": code}
+    (run_dir / "result.json").write_text(json.dumps(result, indent=2))
+    return code
 
 
 class _Null:

@@ -18,14 +18,11 @@ import numpy as np
 import redis
 import torch
 
+from qrl.actors.base import VectorActor
 from qrl.codec import encode
 from qrl.configs import ApexConfig
-from qrl.envs import env_spec, make_vector_env
 from qrl.keys import RunKeys
-from qrl.metrics import report
 from qrl.models import QNetwork
-from qrl.streams import StreamProducer
-from qrl.weights import WeightStore
 
 log = logging.getLogger(__name__)
 
@@ -71,49 +68,20 @@ class NStep:
         return out
 
 
-class ApexActor:
+class ApexActor(VectorActor):
     """One actor process's worth of environments. ``run`` until ``should_stop()``."""
 
     def __init__(
         self, client: redis.Redis, keys: RunKeys, cfg: ApexConfig, actor_id: int = 0
     ) -> None:
-        torch.set_num_threads(1)
-        self.client, self.keys, self.cfg, self.actor_id = client, keys, cfg, actor_id
-        self.obs_shape, self.obs_dtype, self.n_actions = env_spec(cfg.env)
-        self.envs = make_vector_env(
-            cfg.env, cfg.envs_per_actor, seed=cfg.seed * 10_000 + actor_id * 100
-        )
+        super().__init__(client, keys, cfg, actor_id, keys.experience)
         self.net = QNetwork(self.obs_shape, self.n_actions, cfg.hidden, cfg.dueling)
         self.net.eval()
-        self.weights = WeightStore(client, keys)
-        self.producer = StreamProducer(client, keys.experience, maxlen=cfg.stream_maxlen)
         self.eps = epsilons(cfg, actor_id)
-        self.rng = np.random.default_rng(cfg.seed * 10_000 + actor_id)
         self.nstep = NStep(cfg.envs_per_actor, cfg.n_step, cfg.gamma)
-        self.version = -1
         self.pending: list[tuple[np.ndarray, int, float, float, np.ndarray]] = []
-        self.steps = 0
         self.counted = 0  # steps already added to the run's global env-step counter
         self.throttled_s = 0.0
-        self.ep_return = np.zeros(cfg.envs_per_actor)
-        self.ep_length = np.zeros(cfg.envs_per_actor, dtype=np.int64)
-        self.finished: list[tuple[float, int]] = []
-
-    def wait_for_weights(self, should_stop: Callable[[], bool], timeout: float = 600) -> bool:
-        """Block until the learner published weights (all actors start from the same ones)."""
-        deadline = time.monotonic() + timeout
-        while not should_stop() and time.monotonic() < deadline:
-            if self.refresh_weights():
-                return True
-            time.sleep(0.05)
-        return self.version >= 0
-
-    def refresh_weights(self) -> bool:
-        v = self.weights.load_into(self.net, newer_than=self.version)
-        if v is None:
-            return False
-        self.version = v
-        return True
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:
@@ -189,52 +157,21 @@ class ApexActor:
         if not self.wait_for_weights(should_stop):
             return 0
         obs, _ = self.envs.reset()
-        next_report, last_steps, last_time = time.monotonic() + report_every, 0, time.monotonic()
+        next_report = time.monotonic() + report_every
         vec_steps = 0
         while not should_stop() and (max_steps is None or self.steps < max_steps):
             actions = self.act(obs)
-            next_obs, rewards, term, trunc, info = self.envs.step(actions)
-            ended = term | trunc
-            true_next = next_obs
-            if ended.any():
-                true_next = next_obs.copy()
-                for j in np.flatnonzero(ended):
-                    true_next[j] = info["final_obs"][j]
+            next_obs, true_next, rewards, term, trunc = self.step_envs(actions)
             self.pending += self.nstep.add(obs, actions, rewards, true_next, term, trunc)
-            self.ep_return += rewards
-            self.ep_length += 1
-            for j in np.flatnonzero(ended):
-                self.finished.append((float(self.ep_return[j]), int(self.ep_length[j])))
-                self.ep_return[j], self.ep_length[j] = 0.0, 0
             obs = next_obs
-            self.steps += len(actions)
             vec_steps += 1
             if len(self.pending) >= self.cfg.actor_batch and not self.flush(should_stop):
                 break
             if vec_steps % self.cfg.weight_poll == 0:
                 self.refresh_weights()
-            now = time.monotonic()
-            if now >= next_report:
-                self._report(now - last_time, self.steps - last_steps)
-                next_report, last_steps, last_time = now + report_every, self.steps, now
+            if time.monotonic() >= next_report:
+                self.report(throttled_s=self.throttled_s)
+                next_report = time.monotonic() + report_every
         self.flush(should_stop)
-        self._report(max(time.monotonic() - last_time, 1e-9), self.steps - last_steps)
+        self.report(throttled_s=self.throttled_s)
         return self.steps
-
-    def _report(self, dt: float, steps: int) -> None:
-        returns = [r for r, _ in self.finished]
-        lengths = [n for _, n in self.finished]
-        self.finished = []
-        report(
-            self.client,
-            self.keys,
-            "actor",
-            self.actor_id,
-            steps=self.steps,
-            steps_per_s=steps / dt,
-            episode_returns=returns,
-            episode_lengths=lengths,
-            version=self.version,
-            backpressure_s=self.producer.waited_s,
-            throttled_s=self.throttled_s,
-        )

@@ -1,0 +1,97 @@
+"""Ape-X learner throughput: fed from the Redis replay vs fed from in-memory batches.
+
+    python benchmarks/learner.py [--updates 2000] [--rounds 3] [--device cpu]
+
+Both sides run the same ``ApexLearner.update`` (double DQN, dueling, Adam, publishing weights
+every 10 updates). "redis" samples prioritized batches from a filled Redis replay in the
+learner's prefetch thread and writes priorities back from its writer thread; "memory" cycles
+through batches already on the device. Rounds alternate; the ratio is redis / memory
+(goal >= 0.9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import queue
+import statistics
+import threading
+import time
+
+import numpy as np
+
+from qrl.config import create_run
+from qrl.configs import ApexConfig
+from qrl.connection import connect
+from qrl.embedded import EmbeddedRedis
+from qrl.keys import RunKeys
+from qrl.learners.apex import ApexLearner, Batch
+from qrl.replay.role import make_replay
+
+
+def fill(replay, n: int, rng: np.random.Generator) -> None:
+    for start in range(0, n, 1000):
+        k = min(1000, n - start)
+        obs = rng.standard_normal((k, 4)).astype(np.float32)
+        recs = replay.layout.pack(
+            obs, rng.integers(0, 2, k), rng.standard_normal(k), np.full(k, 0.97), obs + 0.1
+        )
+        replay.insert(recs, rng.random(k) + 0.01)
+
+
+def redis_round(lrn: ApexLearner, updates: int) -> float:
+    t = time.perf_counter()
+    lrn.stopping.clear()
+    lrn.run(lambda: False, max_updates=updates, report_every=1e9, checkpoint_every=1e9)
+    return updates / (time.perf_counter() - t)
+
+
+def memory_round(lrn: ApexLearner, pool: list[Batch], updates: int) -> float:
+    drained = threading.Event()
+
+    def drain() -> None:  # no Redis on this side: priorities are dropped
+        while not drained.is_set():
+            with contextlib.suppress(queue.Empty):
+                lrn.priorities.get(timeout=0.05)
+
+    th = threading.Thread(target=drain, daemon=True)
+    th.start()
+    t = time.perf_counter()
+    for i in range(updates):
+        lrn.update(pool[i % len(pool)])
+    rate = updates / (time.perf_counter() - t)
+    drained.set()
+    th.join()
+    return rate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--updates", type=int, default=2000, help="updates per round and side")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--transitions", type=int, default=100_000, help="replay fill")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    ap.add_argument("--mode", default="rank", choices=["rank", "proportional"])
+    args = ap.parse_args()
+    cfg = ApexConfig(replay_mode=args.mode, learning_starts=1000)
+    rng = np.random.default_rng(0)
+    with EmbeddedRedis() as server:
+        keys = RunKeys("bench-learner")
+        client = connect(server.url)
+        create_run(client, keys, "apex", cfg)
+        replay = make_replay(client, keys, cfg, seed=0)
+        fill(replay, args.transitions, rng)
+        lrn = ApexLearner(lambda: connect(server.url), keys, cfg, device=args.device)
+        pool = [Batch(replay.sample(cfg.batch_size, cfg.beta), lrn.device) for _ in range(64)]
+        ours, mem = [], []
+        for _ in range(args.rounds):
+            ours.append(redis_round(lrn, args.updates))
+            mem.append(memory_round(lrn, pool, args.updates))
+        r, m = statistics.median(ours), statistics.median(mem)
+        print(f"device {lrn.device}, batch {cfg.batch_size}, {args.mode} replay of {replay.size()}")
+        print(f"{'fed from':<10} {'updates/s':>10}")
+        print(f"{'redis':<10} {r:>10.0f}\n{'memory':<10} {m:>10.0f}\nratio {r / m:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Time to solve CartPole-v1: `qrl train ALGO` against Stable-Baselines3, one after the other.
+
+    pip install -e ".[bench]"
+    python benchmarks/solve_time.py --algo apex --seeds 0 1 2
+
+Both sides must reach a greedy evaluation mean >= 475 over 10 episodes. Each is timed as a
+whole process, from its start (imports included) to its exit: qrl by the `qrl train`
+command, exiting 0 once its evaluation passes; the baseline by an SB3 run with the
+rl-baselines3-zoo CartPole-v1 hyperparameters, evaluated every 2,000 steps by an
+`EvalCallback` that stops training at the threshold. A run that does not solve within the
+budget counts as its budget (so medians stay honest). Prints every time and the ratio of
+medians qrl / baseline (goal <= 1.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TARGET = 475.0
+
+# rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1
+SB3_DQN = dict(
+    learning_rate=2.3e-3,
+    batch_size=64,
+    buffer_size=100_000,
+    learning_starts=1000,
+    gamma=0.99,
+    target_update_interval=10,
+    train_freq=256,
+    gradient_steps=128,
+    exploration_fraction=0.16,
+    exploration_final_eps=0.04,
+    policy_kwargs=dict(net_arch=[256, 256]),
+)
+BASELINES = {"apex": ("SB3 DQN", "DQN", SB3_DQN, 50_000)}
+
+
+def baseline_worker(algo: str, seed: int, max_steps: int) -> None:
+    """Runs in a child process: train the baseline until the eval threshold."""
+    import gymnasium as gym
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
+    from stable_baselines3.common.monitor import Monitor
+
+    _, cls, hp, _ = BASELINES[algo]
+    model = getattr(sb3, cls)("MlpPolicy", gym.make("CartPole-v1"), seed=seed, verbose=0, **hp)
+    stop = StopTrainingOnRewardThreshold(reward_threshold=TARGET, verbose=0)
+    cb = EvalCallback(
+        Monitor(gym.make("CartPole-v1")),
+        callback_on_new_best=stop,
+        eval_freq=2000,
+        n_eval_episodes=10,
+        deterministic=True,
+        verbose=0,
+    )
+    model.learn(total_timesteps=max_steps, callback=cb)
+    print(
+        json.dumps(
+            {
+                "solved": bool(cb.best_mean_reward >= TARGET),
+                "steps": model.num_timesteps,
+                "best": float(cb.best_mean_reward),
+            }
+        )
+    )
+
+
+def timed(cmd: list[str], budget: float) -> tuple[float, int, str]:
+    t = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=budget + 60)
+        return time.perf_counter() - t, p.returncode, p.stdout
+    except subprocess.TimeoutExpired:
+        return time.perf_counter() - t, -1, "timeout"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--algo", default="apex", choices=sorted(BASELINES))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--budget", type=float, default=90.0, help="seconds allowed per qrl run")
+    ap.add_argument(
+        "--baseline-steps",
+        type=int,
+        default=None,
+        help="baseline step budget (default: twice the zoo's n_timesteps)",
+    )
+    ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--worker", nargs=2, metavar=("SEED", "STEPS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        baseline_worker(args.algo, int(args.worker[0]), int(args.worker[1]))
+        return
+    name, _, _, zoo_steps = BASELINES[args.algo]
+    steps = args.baseline_steps or 2 * zoo_steps
+    ours, theirs = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            cmd = [
+                sys.executable,
+                "-m",
+                "qrl.cli",
+                "train",
+                args.algo,
+                "--env",
+                "CartPole-v1",
+                "--seed",
+                str(seed),
+                "--max-time",
+                str(args.budget),
+                "--run-dir",
+                str(Path(tmp) / f"{args.algo}-{seed}"),
+            ]
+            secs, code, _ = timed(cmd, args.budget)
+            ours.append(secs if code == 0 else max(secs, args.budget))
+            verdict = "solved" if code == 0 else "FAILED"
+            print(f"seed {seed}: qrl {args.algo} {verdict} in {secs:.1f}s", flush=True)
+            if args.skip_baseline:
+                continue
+            cmd = [sys.executable, __file__, "--algo", args.algo, "--worker", str(seed), str(steps)]
+            secs, code, out = timed(cmd, 600)
+            try:
+                res = json.loads(out.strip().splitlines()[-1])
+            except (json.JSONDecodeError, IndexError):
+                res = {"solved": False, "steps": None, "best": None}
+            theirs.append(secs if res["solved"] else float("inf"))
+            print(
+                f"seed {seed}: {name} {'solved' if res['solved'] else 'FAILED'} in {secs:.1f}s "
+                f"({res['steps']} steps, best eval {res['best']})",
+                flush=True,
+            )
+    mo = statistics.median(ours)
+    print(f"qrl {args.algo}: median {mo:.1f}s over seeds {args.seeds}")
+    if theirs:
+        mt = statistics.median(theirs)
+        print(f"{name}: median {mt:.1f}s; ratio qrl/{name} = {mo / mt:.2f}")
+
+
+if __name__ == "__main__":
+    main()

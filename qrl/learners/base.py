@@ -1,0 +1,172 @@
+"""What every learner shares: device choice, checkpoint resume, the guarded optimizer step,
+weight publication, and the run loop with metrics and periodic checkpoints.
+
+A subclass builds its network and optimizer, starts its data-loading threads, and turns a
+batch into a loss; the loop here does the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+import torch
+
+from qrl.checkpoint import load_checkpoint, save_checkpoint
+from qrl.keys import RunKeys
+from qrl.metrics import report
+from qrl.weights import WeightStore
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(device: str) -> torch.device:
+    """``auto`` is CUDA when available, else CPU; ``cuda`` without a GPU is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda asked for, but torch sees no CUDA device")
+    return torch.device(device)
+
+
+class Learner:
+    """Base learner. Subclasses set ``algo`` and implement ``build``, ``next_batch`` and
+    ``loss``; they may override ``start_threads``/``stop_threads`` and ``after_step``."""
+
+    algo = ""
+
+    def __init__(
+        self,
+        client_factory: Callable[[], redis.Redis],
+        keys: RunKeys,
+        cfg: Any,
+        device: str = "auto",
+        checkpoint: Path | None = None,
+        threads: int = 1,
+    ) -> None:
+        self.client_factory, self.keys, self.cfg = client_factory, keys, cfg
+        self.client = client_factory()
+        self.device = pick_device(device)
+        torch.set_num_threads(threads)  # actors share the cores: one compute thread by default
+        torch.manual_seed(cfg.seed)
+        self.net, self.opt = self.build()
+        self.updates = 0
+        self.skipped = 0  # updates skipped for a non-finite loss
+        self.wait_s = 0.0  # time the gradient loop waited for data
+        self.checkpoint = checkpoint
+        if checkpoint is not None and checkpoint.exists():
+            state = load_checkpoint(checkpoint, self.algo, cfg)
+            self.net.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optimizer"])
+            self.updates = int(state["step"])
+            log.info("resumed from %s at update %d", checkpoint, self.updates)
+        self.weights = WeightStore(self.client, keys)
+        self.stopping = threading.Event()
+
+    # -- for subclasses
+    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        raise NotImplementedError
+
+    def next_batch(self, timeout: float) -> Any | None:
+        """The next batch, or ``None`` if none came within ``timeout`` seconds."""
+        raise NotImplementedError
+
+    def loss(self, batch: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+    def after_step(self, batch: Any) -> None:
+        """Called after a successful optimizer step (priorities, acks, target sync)."""
+
+    def start_threads(self) -> None:
+        pass
+
+    def stop_threads(self) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    # -- shared
+    def update(self, batch: Any) -> float:
+        """One guarded gradient step; returns the loss (NaN if skipped as non-finite: then
+        no step is taken and nothing is published)."""
+        loss = self.loss(batch)
+        if not torch.isfinite(loss):
+            self.skipped += 1
+            log.warning(
+                "non-finite loss at update %d: skipped, weights not published", self.updates
+            )
+            return float("nan")
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.net.parameters(), self.cfg.grad_clip)
+        self.opt.step()
+        self.updates += 1
+        self.after_step(batch)
+        if self.updates % self.cfg.publish_every == 0:
+            self.publish()
+        return loss.item()
+
+    def publish(self) -> None:
+        self.weights.publish(self.net, version=self.updates)
+
+    def save(self) -> None:
+        if self.checkpoint is not None:
+            save_checkpoint(self.checkpoint, self.algo, self.cfg, self.net, self.opt, self.updates)
+
+    def run(
+        self,
+        should_stop: Callable[[], bool],
+        max_updates: int | None = None,
+        report_every: float = 1.0,
+        checkpoint_every: float = 60.0,
+    ) -> int:
+        """Train until ``should_stop()``; returns the number of updates done."""
+        if self.weights.version() < self.updates or self.weights.version() < 0:
+            self.publish()  # actors start from the learner's initial (or resumed) weights
+        self.stopping.clear()
+        self.start_threads()
+        now = time.monotonic()
+        next_report, next_ckpt, last, last_t = now + report_every, now + checkpoint_every, 0, now
+        losses: list[float] = []
+        start = self.updates
+        try:
+            while not should_stop() and not self.stopping.is_set():
+                if max_updates is not None and self.updates - start >= max_updates:
+                    break
+                t0 = time.monotonic()
+                batch = self.next_batch(0.2)
+                self.wait_s += time.monotonic() - t0
+                if batch is not None:
+                    losses.append(self.update(batch))
+                now = time.monotonic()
+                if now >= next_report:
+                    report(
+                        self.client,
+                        self.keys,
+                        "learner",
+                        0,
+                        updates=self.updates,
+                        updates_per_s=(self.updates - last) / (now - last_t),
+                        loss=float(np.nanmean(losses)) if losses else 0.0,
+                        wait_s=self.wait_s,
+                        skipped=self.skipped,
+                        **self.metrics(),
+                    )
+                    losses, last, last_t, next_report = [], self.updates, now, now + report_every
+                if now >= next_ckpt:
+                    self.save()
+                    next_ckpt = now + checkpoint_every
+        finally:
+            self.stopping.set()
+            self.stop_threads()
+            if self.weights.version() < self.updates:
+                self.publish()
+            self.save()
+        return self.updates - start

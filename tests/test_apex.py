@@ -1,0 +1,257 @@
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from qrl.actors.apex import NStep, epsilons
+from qrl.checkpoint import CheckpointError, load_checkpoint
+from qrl.config import create_run
+from qrl.configs import ApexConfig
+from qrl.control import request_stop
+from qrl.replay.role import make_replay
+from qrl.weights import WeightStore
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def qrl(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "qrl.cli", *args], capture_output=True, text=True, cwd=ROOT, **kw
+    )
+
+
+def test_nstep_returns_match_the_definition():
+    gamma, n = 0.9, 3
+    ns = NStep(1, n, gamma)
+    rewards = [1.0, 2.0, 3.0, 4.0, 5.0]
+    out = []
+    for t, r in enumerate(rewards):
+        term = np.array([t == len(rewards) - 1])
+        out += ns.add(
+            np.array([[t]]),
+            np.array([t % 2]),
+            np.array([r]),
+            np.array([[t + 1]]),
+            term,
+            np.array([False]),
+        )
+    assert [int(o[0][0]) for o in out] == [0, 1, 2, 3, 4]
+    for o, a, ret, disc, nxt in out:
+        t = int(o[0])
+        horizon = min(n, len(rewards) - t)
+        assert ret == pytest.approx(sum(gamma**k * rewards[t + k] for k in range(horizon)))
+        assert int(nxt[0]) == t + horizon
+        terminal = t + horizon == len(rewards)
+        assert disc == pytest.approx(0.0 if terminal else gamma**horizon)
+        assert a == t % 2
+
+
+def test_nstep_truncation_bootstraps():
+    ns = NStep(2, 3, 0.5)
+    out = ns.add(
+        np.zeros((2, 1)),
+        np.zeros(2),
+        np.ones(2),
+        np.ones((2, 1)),
+        np.array([False, True]),
+        np.array([True, False]),
+    )
+    by_disc = sorted(o[3] for o in out)
+    assert by_disc == [0.0, 0.5]  # terminated: no bootstrap; truncated: gamma^1
+
+
+def test_per_actor_epsilons_follow_the_paper():
+    cfg = ApexConfig(actors=2, envs_per_actor=4)
+    eps = np.concatenate([epsilons(cfg, 0), epsilons(cfg, 1)])
+    n = 8
+    expected = 0.4 ** (1 + np.arange(n) * 7 / (n - 1))
+    np.testing.assert_allclose(eps, expected)
+    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4**8)
+
+
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("apex") / "run"
+    t = time.monotonic()
+    proc = qrl(
+        "train",
+        "apex",
+        "--env",
+        "CartPole-v1",
+        "--seed",
+        "0",
+        "--target-return",
+        "200",
+        "--max-time",
+        "120",
+        "--eval-every",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        timeout=240,
+    )
+    return proc, run_dir, time.monotonic() - t
+
+
+def test_train_apex_cli_learns_cartpole(cartpole_run):
+    proc, run_dir, wall = cartpole_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["reached"] and result["eval_return"] >= 200  # random play scores ~22
+    assert result["updates"] > 0 and result["env_steps"] > 0
+    rows = (run_dir / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("time_s,env_steps") and len(rows) > 3
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["algo"] == "apex" and config["config"]["env"] == "CartPole-v1"
+    assert {p.name for p in (run_dir / "logs").iterdir()} >= {
+        "learner.log",
+        "replay0.log",
+        "actor0.log",
+    }
+
+
+def test_eval_plays_the_saved_checkpoint(cartpole_run):
+    _, run_dir, _ = cartpole_run
+    ckpt = run_dir / "checkpoint.pt"
+    state = load_checkpoint(ckpt, "apex", ApexConfig(seed=0))
+    assert state["step"] > 0
+    out = qrl("eval", str(ckpt), "--episodes", "5", timeout=120)
+    assert out.returncode == 0, out.stderr
+    mean = float(out.stdout.split("mean return ")[1].split()[0])
+    assert mean > 100, out.stdout
+    with pytest.raises(CheckpointError, match="different configuration"):
+        load_checkpoint(ckpt, "apex", ApexConfig(seed=0, lr=0.5))
+    with pytest.raises(CheckpointError, match="not impala"):
+        load_checkpoint(ckpt, "impala")
+
+
+def test_a_hand_started_actor_joins_a_running_run(r, keys, redis_server, tmp_path):
+    cfg = ApexConfig(actors=1, envs_per_actor=4, learning_starts=200, replay_capacity=50_000)
+    create_run(r, keys, "apex", cfg)
+    env = {**os.environ, "QRL_REDIS_URL": redis_server.url}
+    common = {"cwd": ROOT, "env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
+    roles = [
+        subprocess.Popen([sys.executable, "-m", "qrl.cli", "replay", "--run", keys.run], **common),
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "qrl.cli",
+                "learner",
+                "apex",
+                "--run",
+                keys.run,
+                "--checkpoint",
+                str(tmp_path / "c.pt"),
+            ],
+            **common,
+        ),
+    ]
+    try:
+        # only the URL (from the environment) and the run name: the config comes from Redis
+        actor = qrl(
+            "actor",
+            "apex",
+            "--run",
+            keys.run,
+            "--id",
+            "3",
+            "--max-steps",
+            "2000",
+            env=env,
+            timeout=180,
+        )
+        assert actor.returncode == 0, actor.stderr[-2000:]
+        replay = make_replay(r, keys, cfg)
+        deadline = time.monotonic() + 30
+        while replay.stats()["inserted"] < 1900 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stats = replay.stats()
+        assert stats["inserted"] >= 1900 and stats["size"] == stats["inserted"]
+        deadline = time.monotonic() + 30
+        while WeightStore(r, keys).version() <= 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert WeightStore(r, keys).version() > 0  # the learner trained on them
+        assert int(r.hget(keys.stats, "env_steps")) >= 2000
+    finally:
+        request_stop(r, keys)
+        for p in roles:
+            assert p.wait(30) == 0, p.stderr.read().decode()[-2000:]
+    assert (tmp_path / "c.pt").exists()  # the learner checkpoints on exit
+
+
+def test_atari_smoke_uint8_frames_end_to_end(tmp_path):
+    pytest.importorskip("ale_py")
+    run_dir = tmp_path / "pong"
+    proc = qrl(
+        "train",
+        "apex",
+        "--env",
+        "ALE/Pong-v5",
+        "--actors",
+        "1",
+        "--max-time",
+        "40",
+        "--target-return",
+        "21",
+        "--eval-every",
+        "15",
+        "--eval-episodes",
+        "1",
+        "--set",
+        "envs_per_actor=2",
+        "--set",
+        "replay_capacity=2000",
+        "--set",
+        "learning_starts=64",
+        "--set",
+        "batch_size=8",
+        "--set",
+        "actor_batch=32",
+        "--set",
+        "steps_per_update=8",
+        "--run-dir",
+        str(run_dir),
+        timeout=240,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]  # budget ran out (not an error: 2)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["updates"] > 0 and result["replay_size"] > 64
+    state = load_checkpoint(run_dir / "checkpoint.pt", "apex")
+    assert state["model"]["features.1.0.weight"].shape == torch.Size([32, 4, 8, 8])  # Nature conv
+
+
+def test_restarted_learner_resumes_from_its_checkpoint(r, keys, redis_server, tmp_path):
+    cfg = ApexConfig(learning_starts=100, publish_every=5)
+    create_run(r, keys, "apex", cfg)
+    replay = make_replay(r, keys, cfg)
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((500, 4)).astype(np.float32)
+    replay.insert(
+        replay.layout.pack(obs, rng.integers(0, 2, 500), np.ones(500), np.full(500, 0.97), obs),
+        np.ones(500),
+    )
+    ckpt = tmp_path / "learner.pt"
+    env = {**os.environ, "QRL_REDIS_URL": redis_server.url}
+    for expected in (30, 60):
+        out = qrl(
+            "learner",
+            "apex",
+            "--run",
+            keys.run,
+            "--checkpoint",
+            str(ckpt),
+            "--max-updates",
+            "30",
+            env=env,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert load_checkpoint(ckpt, "apex", cfg)["step"] == expected
+        assert WeightStore(r, keys).version() == expected  # versions continue, never repeat
