@@ -141,7 +141,7 @@ class ImpalaLearner(Learner):
     @staticmethod
     def _select(b: UnrollBatch, keep: torch.Tensor) -> UnrollBatch:
         """Only the unrolls (batch columns) in ``keep``."""
-        cols = torch.flatnonzero(keep)
+        cols = torch.nonzero(keep)[:, 0]
         new_col = torch.full((len(keep),), -1, dtype=torch.long, device=keep.device)
         new_col[cols] = torch.arange(len(cols), device=keep.device)
         tmask = keep[b.trunc_idx[:, 1]] if len(b.trunc_idx) else keep[:0]

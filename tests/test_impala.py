@@ -1,0 +1,190 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from qrl.actors.impala import ImpalaActor
+from qrl.codec import CodecError, decode, encode
+from qrl.config import create_run
+from qrl.configs import ImpalaConfig
+from qrl.connection import connect
+from qrl.learners.impala import ImpalaLearner, stack_unrolls
+from qrl.messages import unroll_schema
+from qrl.streams import GROUP, Entry
+from qrl.vtrace import vtrace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def random_inputs(t=12, b=5, seed=0, gamma=0.9):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    done = torch.rand(t, b, generator=g) < 0.2  # episode ends inside the unroll
+    return dict(
+        behaviour_logp=-torch.rand(t, b, generator=g, dtype=torch.float64) * 2,
+        target_logp=-torch.rand(t, b, generator=g, dtype=torch.float64) * 2,
+        rewards=r(t, b),
+        discounts=gamma * (~done).double(),
+        values=r(t, b),
+        bootstrap=r(b),
+    )
+
+
+def vtrace_by_definition(
+    behaviour_logp, target_logp, rewards, discounts, values, bootstrap, rho_bar, c_bar
+):
+    """v_s = V(x_s) + sum_{t>=s} (prod_{i=s}^{t-1} d_i c_i) rho_t (r_t + d_t V(x_{t+1}) - V(x_t)),
+    a direct double loop, and the policy-gradient advantage rho_s (r_s + d_s v_{s+1} - V(x_s))."""
+    t_len, b = rewards.shape
+    rho = torch.exp(target_logp - behaviour_logp)
+    v_next = lambda t, j: values[t + 1, j] if t + 1 < t_len else bootstrap[j]  # noqa: E731
+    vs = torch.zeros(t_len, b, dtype=torch.float64)
+    for j in range(b):
+        for s in range(t_len):
+            total, coef = 0.0, 1.0
+            for t in range(s, t_len):
+                delta = min(rho_bar, rho[t, j]) * (
+                    rewards[t, j] + discounts[t, j] * v_next(t, j) - values[t, j]
+                )
+                total += coef * delta
+                coef *= discounts[t, j] * min(c_bar, rho[t, j])
+            vs[s, j] = values[s, j] + total
+    adv = torch.zeros(t_len, b, dtype=torch.float64)
+    for j in range(b):
+        for s in range(t_len):
+            nxt = vs[s + 1, j] if s + 1 < t_len else bootstrap[j]
+            adv[s, j] = min(rho_bar, rho[s, j]) * (
+                rewards[s, j] + discounts[s, j] * nxt - values[s, j]
+            )
+    return vs, adv
+
+
+@pytest.mark.parametrize("rho_bar, c_bar", [(1.0, 1.0), (2.0, 0.5), (float("inf"), float("inf"))])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_vtrace_matches_the_definition(seed, rho_bar, c_bar):
+    x = random_inputs(seed=seed)
+    vs, adv = vtrace(**x, rho_bar=rho_bar, c_bar=c_bar)
+    ref_vs, ref_adv = vtrace_by_definition(**x, rho_bar=rho_bar, c_bar=c_bar)
+    torch.testing.assert_close(vs, ref_vs)
+    torch.testing.assert_close(adv, ref_adv)
+
+
+def test_on_policy_untruncated_vtrace_is_the_n_step_return():
+    x = random_inputs(seed=3)
+    x["target_logp"] = x["behaviour_logp"].clone()  # pi = mu
+    vs, _ = vtrace(**x, rho_bar=float("inf"), c_bar=float("inf"))
+    r, d, boot = x["rewards"], x["discounts"], x["bootstrap"]
+    t_len, b = r.shape
+    for j in range(b):
+        for s in range(t_len):
+            ret, disc = 0.0, 1.0  # sum_t gamma^(t-s) r_t up to the episode end or T
+            for t in range(s, t_len):
+                ret += disc * r[t, j]
+                disc *= d[t, j]
+            ret += disc * boot[j]  # bootstraps only if no episode ended
+            assert vs[s, j].item() == pytest.approx(ret.item(), rel=1e-9, abs=1e-9)
+
+
+def _actor_message(cfg, r, keys, version=0):
+    actor = ImpalaActor(r, keys, cfg, actor_id=0)
+    actor.version = version
+    obs, _ = actor.envs.reset()
+    msg, _ = actor.unroll(obs)
+    return msg
+
+
+def test_unroll_messages_validate_and_stack(r, keys):
+    cfg = ImpalaConfig(unroll=30, envs_per_actor=3)
+    msg = _actor_message(cfg, r, keys)
+    schema = unroll_schema((4,), "float32", 2, 30)
+    out = decode(encode("impala.unrolls", msg), schema)
+    assert out["obs"].shape == (31, 3, 4) and out["logits"].shape == (30, 3, 2)
+    for name, bad, reason in [
+        ("action", np.full((30, 3), 2, np.int32), "action out of range"),
+        ("reward", np.zeros((29, 3), np.float32), "reward has shape"),
+        ("obs", np.zeros((30, 3, 4), np.float32), "obs has shape"),
+        ("truncated", np.ones((30, 3), bool), "final observation"),
+        ("version", -1, "negative"),
+    ]:
+        with pytest.raises(CodecError, match=reason):
+            decode(encode("impala.unrolls", {**msg, name: bad}), schema)
+    # two entries stacked: truncation indices move to the second entry's columns
+    m2 = {
+        **msg,
+        "trunc_idx": np.array([[4, 1]], np.int32),
+        "trunc_obs": np.ones((1, 4), np.float32),
+        "truncated": np.zeros((30, 3), bool),
+    }
+    m2["truncated"][4, 1] = True
+    b = stack_unrolls([Entry("1-0", msg), Entry("2-0", m2)], torch.device("cpu"))
+    assert b.obs.shape == (31, 6, 4) and b.action.shape == (30, 6)
+    assert b.trunc_idx.tolist()[-1] == [4, 4] and b.done[4, 4]
+
+
+def test_learner_drops_unrolls_beyond_max_policy_lag(r, keys, redis_server):
+    cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=8, max_policy_lag=5, unroll=10)
+    create_run(r, keys, "impala", cfg)
+    lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+    lrn.updates = 100
+    lrn.weights.publish(lrn.net, version=100)
+    for version in (10, 98):  # one entry far too old, one fresh
+        r.xadd(
+            keys.trajectories,
+            {"d": encode("impala.unrolls", _actor_message(cfg, r, keys, version))},
+        )
+    assert lrn.run(lambda: False, max_updates=1) == 1
+    assert lrn.dropped == 4  # the old entry's 4 unrolls
+    assert r.xlen(keys.trajectories) == 0 and r.xpending(keys.trajectories, GROUP)["pending"] == 0
+    assert lrn.weights.version() == 101
+
+
+def test_train_impala_cli_learns_cartpole(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qrl.cli",
+            "train",
+            "impala",
+            "--env",
+            "CartPole-v1",
+            "--seed",
+            "0",
+            "--target-return",
+            "200",
+            "--max-time",
+            "120",
+            "--eval-every",
+            "2",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["reached"] and result["eval_return"] >= 200  # random play scores ~22
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qrl.cli",
+            "eval",
+            str(run_dir / "checkpoint.pt"),
+            "--episodes",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "impala step" in out.stdout, out.stderr
