@@ -39,7 +39,22 @@ SB3_DQN = dict(
     exploration_final_eps=0.04,
     policy_kwargs=dict(net_arch=[256, 256]),
 )
-BASELINES = {"apex": ("SB3 DQN", "DQN", SB3_DQN, 50_000)}
+# rl-baselines3-zoo hyperparams/ppo.yml, CartPole-v1 (n_envs 8; lin_X = linear decay from X)
+SB3_PPO = dict(
+    n_steps=32,
+    batch_size=256,
+    gae_lambda=0.8,
+    gamma=0.98,
+    n_epochs=20,
+    ent_coef=0.0,
+    learning_rate=lambda progress: 0.001 * progress,
+    clip_range=lambda progress: 0.2 * progress,
+)
+# algo -> (baseline name, SB3 class, hyperparameters, n_envs, zoo n_timesteps)
+BASELINES = {
+    "apex": ("SB3 DQN", "DQN", SB3_DQN, 1, 50_000),
+    "impala": ("SB3 PPO", "PPO", SB3_PPO, 8, 100_000),
+}
 
 
 def baseline_worker(algo: str, seed: int, max_steps: int) -> None:
@@ -47,15 +62,17 @@ def baseline_worker(algo: str, seed: int, max_steps: int) -> None:
     import gymnasium as gym
     import stable_baselines3 as sb3
     from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
+    from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.monitor import Monitor
 
-    _, cls, hp, _ = BASELINES[algo]
-    model = getattr(sb3, cls)("MlpPolicy", gym.make("CartPole-v1"), seed=seed, verbose=0, **hp)
+    _, cls, hp, n_envs, _ = BASELINES[algo]
+    env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=seed)
+    model = getattr(sb3, cls)("MlpPolicy", env, seed=seed, verbose=0, **hp)
     stop = StopTrainingOnRewardThreshold(reward_threshold=TARGET, verbose=0)
     cb = EvalCallback(
         Monitor(gym.make("CartPole-v1")),
         callback_on_new_best=stop,
-        eval_freq=2000,
+        eval_freq=max(2000 // n_envs, 1),
         n_eval_episodes=10,
         deterministic=True,
         verbose=0,
@@ -98,7 +115,7 @@ def main() -> None:
     if args.worker:
         baseline_worker(args.algo, int(args.worker[0]), int(args.worker[1]))
         return
-    name, _, _, zoo_steps = BASELINES[args.algo]
+    name, _, _, _, zoo_steps = BASELINES[args.algo]
     steps = args.baseline_steps or 2 * zoo_steps
     ours, theirs = [], []
     with tempfile.TemporaryDirectory() as tmp:

@@ -21,7 +21,7 @@ def save_checkpoint(
     path: Path,
     algo: str,
     cfg: Any,
-    model: torch.nn.Module,
+    model: torch.nn.Module | dict[str, torch.Tensor],
     optimizer: torch.optim.Optimizer | None,
     step: int,
     extra: dict[str, Any] | None = None,
@@ -31,7 +31,7 @@ def save_checkpoint(
         "qrl_version": __version__,
         "config": to_dict(cfg),
         "step": int(step),
-        "model": model.state_dict(),
+        "model": model.state_dict() if isinstance(model, torch.nn.Module) else model,
         "optimizer": optimizer.state_dict() if optimizer is not None else {},
         "extra": extra or {},
     }

@@ -182,6 +182,14 @@ def train() -> None:
     """Run a whole training job in one command: Redis, roles, progress, evaluation."""
 
 
+@main.group()
+def es() -> None:
+    """Evolution Strategies roles: master and workers (needs --redis and --run)."""
+
+
+GROUPS = {"actor": actor, "learner": learner, "es": es}
+
+
 DEVICE = click.option(
     "--device",
     type=click.Choice(["auto", "cpu", "cuda"]),
@@ -192,7 +200,11 @@ DEVICE = click.option(
 
 
 def _actor_command(algo: Algo) -> None:
-    @actor.command(algo.name, help=f"A {algo.name} actor: joins the run, plays, pushes experience.")
+    group, name = algo.actor_cmd
+
+    @GROUPS[group].command(
+        name, help=f"A {algo.name} {name}: joins the run, plays, pushes results."
+    )
     @redis_options
     @click.option(
         "--id",
@@ -212,43 +224,48 @@ def _actor_command(algo: Algo) -> None:
 
 
 def _learner_command(algo: Algo) -> None:
-    @learner.command(algo.name, help=f"The {algo.name} learner of a run.")
+    group, name = algo.learner_cmd
+    torch_opts = [
+        DEVICE,
+        click.option(
+            "--threads", type=int, default=1, show_default=True, help="torch CPU threads."
+        ),
+    ]
+
+    @GROUPS[group].command(name, help=f"The {algo.name} {name} of a run.")
     @redis_options
-    @DEVICE
     @click.option(
         "--checkpoint",
         type=click.Path(dir_okay=False, path_type=Path),
         default=None,
-        help="Checkpoint file: resumed from if it exists, written every minute and on exit.",
+        help="Checkpoint file: resumed from if it exists, written periodically and on exit.",
     )
     @click.option("--max-updates", type=int, default=None, help="Stop after this many updates.")
-    @click.option("--threads", type=int, default=1, show_default=True, help="torch CPU threads.")
     def cmd(
         redis_url: str | None,
         run: str,
-        device: str,
         checkpoint: Path | None,
         max_updates: int | None,
-        threads: int,
+        device: str = "cpu",
+        threads: int = 1,
     ) -> None:
         from qrl.checkpoint import CheckpointError
         from qrl.connection import connect
 
         client, keys, cfg = _join(redis_url, run, algo.name, algo.config)
+        extra = {"device": device, "threads": threads} if algo.torch_learner else {}
         try:
             lrn = algo.learner_cls()(
-                lambda: connect(redis_url),
-                keys,
-                cfg,
-                device,
-                checkpoint=checkpoint,
-                threads=threads,
+                lambda: connect(redis_url), keys, cfg, checkpoint=checkpoint, **extra
             )
-        except (CheckpointError, RuntimeError) as e:
+        except (CheckpointError, RuntimeError, ValueError) as e:
             raise click.ClickException(str(e)) from e
-        log.info("%s learner on %s", algo.name, lrn.device)
-        n = lrn.run(_stop_flag(client, keys), max_updates=max_updates)
-        log.info("learner stopped after %d updates", n)
+        n = lrn.run(_stop_flag(client, keys), max_updates)
+        log.info("%s %s stopped after %d updates", algo.name, name, n)
+
+    if algo.torch_learner:
+        for opt in torch_opts:
+            cmd = opt(cmd)
 
 
 def train_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -257,7 +274,6 @@ def train_options(f: Callable[..., Any]) -> Callable[..., Any]:
             "--env", default=None, help="Gymnasium environment id (default: the config's)."
         ),
         click.option("--seed", type=int, default=None, help="Random seed (default 0)."),
-        click.option("--actors", type=int, default=None, help="Actor processes (default 2)."),
         click.option(
             "--redis",
             "redis_url",
@@ -319,8 +335,17 @@ def _target(env: str, given: float | None) -> float | None:
 
 
 def _train_command(algo: Algo, doc: str) -> None:
+    count = algo.count_field
+
     @train.command(algo.name, help=doc)
     @train_options
+    @click.option(
+        f"--{count}",
+        "actors",
+        type=int,
+        default=None,
+        help=f"{count.capitalize()} processes (default 2).",
+    )
     @click.option(
         "--replays",
         type=int,
@@ -350,7 +375,7 @@ def _train_command(algo: Algo, doc: str) -> None:
         from qrl.train import Budget, default_run_name, run_training
 
         torch.set_num_threads(1)  # this process only evaluates; the cores are the roles'
-        cfg = parse_overrides(algo.config, overrides, env=env, seed=seed, actors=actors)
+        cfg = parse_overrides(algo.config, overrides, env=env, seed=seed, **{count: actors})
         run = run or default_run_name(algo.name, cfg.env, cfg.seed)
         run_dir = run_dir or Path("runs") / run
         budget = Budget(
@@ -374,22 +399,22 @@ def _train_command(algo: Algo, doc: str) -> None:
 
 
 def _evaluator(algo: Algo, cfg: Any, episodes: int) -> Callable[[Any, Any], float | None]:
-    """Greedy evaluation of the latest published weights (only when they changed)."""
+    """Evaluation of the latest published parameters (only when they changed)."""
     import numpy as np
 
-    from qrl.algos import greedy_action
     from qrl.evaluate import evaluate
     from qrl.weights import WeightStore
 
-    net = algo.policy(cfg)
     state: dict[str, Any] = {"version": -1, "score": None}
 
     def run(client: Any, keys: Any) -> float | None:
-        v = WeightStore(client, keys).load_into(net, newer_than=state["version"])
-        if v is not None:
-            state["version"] = v
-            returns = evaluate(cfg.env, greedy_action(net), episodes, seed=cfg.seed * 1000 + 7)
-            state["score"] = float(np.mean(returns))
+        w = WeightStore(client, keys, getattr(keys, algo.weights_key)).fetch(state["version"])
+        if w is not None:
+            state["version"] = w.version
+            act = algo.policy(cfg, w.params)
+            state["score"] = float(
+                np.mean(evaluate(cfg.env, act, episodes, seed=cfg.seed * 1000 + 7))
+            )
         return state["score"]
 
     return run
@@ -411,6 +436,14 @@ TRAIN_DOCS = {
     qrl train impala --env CartPole-v1 --seed 0
     qrl train impala --env LunarLander-v3 --max-time 1200 --eval-every 30
     """,
+    "es": """Evolution Strategies: a master and --workers worker processes around one Redis;
+    exits 0 iff the center policy's evaluation reached the target return (1: budget ran out,
+    2: a role failed).
+
+    \b
+    qrl train es --env CartPole-v1 --workers 2
+    qrl train es --env Pendulum-v1 --target-return -250 --max-time 1200 --eval-every 30
+    """,
 }
 
 for _algo in ALGOS.values():
@@ -427,7 +460,6 @@ def eval_cmd(checkpoint: Path, episodes: int, seed: int) -> None:
     """Play episodes with a saved policy (greedy) and print the mean return."""
     import numpy as np
 
-    from qrl.algos import greedy_action
     from qrl.checkpoint import CheckpointError, load_checkpoint
     from qrl.config import from_dict
     from qrl.evaluate import evaluate
@@ -438,20 +470,14 @@ def eval_cmd(checkpoint: Path, episodes: int, seed: int) -> None:
         if algo is None:
             raise CheckpointError(f"unknown algorithm {state['algo']!r} in {checkpoint}")
         cfg = from_dict(algo.config, state["config"])
-        net = algo.policy(cfg)
-        net.load_state_dict(state["model"])
+        act = algo.policy(cfg, {k: v.numpy() for k, v in state["model"].items()})
     except (CheckpointError, ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from e
-    returns = evaluate(cfg.env, greedy_action(net), episodes, seed=seed)
+    returns = evaluate(cfg.env, act, episodes, seed=seed)
     click.echo(
         f"{cfg.env}: mean return {np.mean(returns):.2f} over {episodes} episodes "
         f"(min {np.min(returns):.1f}, max {np.max(returns):.1f}; {algo.name} step {state['step']})"
     )
-
-
-@main.group()
-def es() -> None:
-    """Evolution Strategies roles: master and workers."""
 
 
 if __name__ == "__main__":

@@ -87,3 +87,32 @@ class ImpalaConfig:
         for name in ("batch_unrolls", "actors", "envs_per_actor", "unroll", "publish_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+
+
+@dataclass
+class ESConfig:
+    """Evolution Strategies (Salimans et al. 2017) with Redis as the only coordinator."""
+
+    env: str = "CartPole-v1"
+    seed: int = 0
+    hidden: tuple[int, ...] = (16,)
+    population: int = 48  # episodes per generation (antithetic pairs = population / 2)
+    sigma: float = 0.1
+    lr: float = 0.05
+    l2: float = 0.005
+    noise_size: int = 5_000_000  # float32 values in the shared noise table
+    noise_seed: int = 7
+    obs_norm: bool = True
+    workers: int = 2
+    envs_per_worker: int = 16  # episodes a worker runs side by side
+    batch_pairs: int = 4  # antithetic pairs per results message
+    stream_maxlen: int = 256
+
+    def __post_init__(self) -> None:
+        if self.population < 2 or self.population % 2:
+            raise ValueError("population must be an even number >= 2")
+        if self.sigma <= 0 or self.noise_size < 1000:
+            raise ValueError("sigma must be > 0 and noise_size >= 1000")
+        for name in ("workers", "envs_per_worker", "batch_pairs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")

@@ -125,3 +125,41 @@ def unroll_schema(
         },
         check=check,
     )
+
+
+def es_results_schema(obs_dim: int, noise_size: int) -> Schema:
+    """An ES worker's batch of antithetic pair results for one generation, with the sums of
+    the raw observations it saw (for the master's observation normalization)."""
+
+    def check(msg: dict[str, Any]) -> None:
+        n = _same_length(msg, ("index", "return_pos", "return_neg", "length_pos", "length_neg"))
+        if n == 0:
+            raise CodecError("empty results batch")
+        if msg["index"].min() < 0 or msg["index"].max() >= noise_size:
+            raise CodecError(f"noise index out of [0, {noise_size})")
+        for name in ("obs_sum", "obs_sumsq"):
+            if msg[name].shape != (obs_dim,):
+                raise CodecError(f"{name} has shape {msg[name].shape}, expected ({obs_dim},)")
+        if msg["obs_count"] < 0 or msg["generation"] < 0:
+            raise CodecError("negative count or generation")
+
+    def vec(dtype: str) -> Field:
+        return Field(np.ndarray, dtypes=(dtype,), ndim=1, finite=True)
+
+    return Schema(
+        "es.results",
+        {
+            "generation": Field(int),
+            "index": vec("int64"),
+            "return_pos": vec("float32"),
+            "return_neg": vec("float32"),
+            "length_pos": vec("int32"),
+            "length_neg": vec("int32"),
+            "obs_sum": vec("float64"),
+            "obs_sumsq": vec("float64"),
+            "obs_count": Field(float, finite=True),
+            "worker": Field(int),
+            "batch": Field(str),
+        },
+        check=check,
+    )

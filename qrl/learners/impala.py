@@ -89,15 +89,27 @@ class ImpalaLearner(Learner):
             block_ms=100,
         )
         self.batches: queue.Queue[UnrollBatch] = queue.Queue(maxsize=2)
+        self.done: queue.SimpleQueue[list[Entry]] = queue.SimpleQueue()  # used: to acknowledge
         self._thread: threading.Thread | None = None
         self.dropped = 0  # unrolls dropped for exceeding max_policy_lag
         self.lag: list[float] = []
         return net, opt
 
+    def _ack_done(self) -> None:
+        """Acknowledge the entries of every batch the gradient loop has finished with."""
+        used: list[Entry] = []
+        while True:
+            try:
+                used += self.done.get_nowait()
+            except queue.Empty:
+                break
+        self.consumer.ack(used)
+
     def _load(self) -> None:
         pending: list[Entry] = []
         try:
             while not self.stopping.is_set():
+                self._ack_done()
                 pending += self.consumer.read()
                 if sum(e.data["obs"].shape[1] for e in pending) < self.cfg.batch_unrolls:
                     continue
@@ -120,6 +132,7 @@ class ImpalaLearner(Learner):
     def stop_threads(self) -> None:
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self._ack_done()
 
     def next_batch(self, timeout: float) -> UnrollBatch | None:
         try:
@@ -133,7 +146,7 @@ class ImpalaLearner(Learner):
             keep = torch.from_numpy(lag <= limit).to(self.device)
             self.dropped += int((~keep).sum())
             if not keep.any():
-                self.consumer.ack(b.entries)
+                self.done.put(b.entries)
                 return None
             b = self._select(b, keep)
         return b
@@ -192,7 +205,7 @@ class ImpalaLearner(Learner):
         return pg_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy
 
     def after_step(self, b: UnrollBatch) -> None:
-        self.consumer.ack(b.entries)
+        self.done.put(b.entries)  # the loader thread acknowledges them, off the gradient path
 
     def metrics(self) -> dict[str, float]:
         lag, self.lag = self.lag, []

@@ -1,0 +1,188 @@
+"""The ES master: publishes the parameters with their generation, gathers that generation's
+results from the results stream (older ones are counted as stale and dropped), and once it
+has a population's worth computes the update: centered ranks over the antithetic returns,
+the gradient from the shared noise, L2 weight decay, Adam. A restarted master resumes from
+the last generation it published (the blob carries the optimizer and observation stats).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+import torch
+
+from qrl.checkpoint import save_checkpoint
+from qrl.configs import ESConfig
+from qrl.es import Adam, NoiseTable, PolicySpec, es_gradient
+from qrl.keys import RunKeys
+from qrl.messages import es_results_schema
+from qrl.metrics import report
+from qrl.streams import Entry, StreamConsumer
+from qrl.weights import WeightStore
+
+log = logging.getLogger(__name__)
+
+
+class ESMaster:
+    algo = "es"
+
+    def __init__(
+        self,
+        client_factory: Callable[[], redis.Redis],
+        keys: RunKeys,
+        cfg: ESConfig,
+        checkpoint: Path | None = None,
+    ) -> None:
+        self.client, self.keys, self.cfg = client_factory(), keys, cfg
+        self.spec = PolicySpec.for_env(cfg.env, cfg.hidden)
+        self.noise = NoiseTable(cfg.noise_seed, cfg.noise_size)
+        self.store = WeightStore(self.client, keys, keys.es_params)
+        self.consumer = StreamConsumer(
+            self.client,
+            keys,
+            keys.es_results,
+            es_results_schema(self.spec.obs_dim, cfg.noise_size),
+            count=64,
+            block_ms=100,
+        )
+        self.checkpoint = checkpoint
+        self.adam = Adam(self.spec.dim, cfg.lr)
+        self.theta = self.spec.init(np.random.default_rng(cfg.seed))
+        self.generation = 0
+        d = self.spec.obs_dim
+        self.obs_count, self.obs_sum, self.obs_sumsq = 1e-2, np.zeros(d), np.full(d, 1e-2)
+        self.stale = 0  # result pairs of older generations, dropped
+        self.resumed = self._resume()
+
+    # -- state in the published blob
+    def _resume(self) -> bool:
+        w = self.store.fetch()
+        if w is None:
+            return False
+        p = w.params
+        if p.get("theta") is None or p["theta"].shape != (self.spec.dim,):
+            raise ValueError("published ES parameters do not fit this run's policy")
+        self.generation = w.version
+        self.theta = p["theta"].astype(np.float32)
+        self.adam.m, self.adam.v = p["adam_m"].copy(), p["adam_v"].copy()
+        self.adam.t = int(w.meta.get("adam_t", 0))
+        self.obs_count = float(w.meta.get("obs_count", self.obs_count))
+        self.obs_sum, self.obs_sumsq = p["obs_sum"].copy(), p["obs_sumsq"].copy()
+        log.info("resumed at generation %d", self.generation)
+        return True
+
+    def obs_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        mean = self.obs_sum / self.obs_count
+        var = np.maximum(self.obs_sumsq / self.obs_count - mean**2, 1e-4)
+        return mean.astype(np.float32), np.sqrt(var).astype(np.float32)
+
+    def params(self) -> dict[str, np.ndarray]:
+        mean, std = self.obs_stats()
+        return {
+            "theta": self.theta,
+            "obs_mean": mean,
+            "obs_std": std,
+            "adam_m": self.adam.m,
+            "adam_v": self.adam.v,
+            "obs_sum": self.obs_sum,
+            "obs_sumsq": self.obs_sumsq,
+        }
+
+    def publish(self) -> None:
+        meta = {"adam_t": self.adam.t, "obs_count": self.obs_count}
+        self.store.publish(self.params(), version=self.generation, meta=meta)
+
+    def save(self) -> None:
+        if self.checkpoint is not None:
+            model = {k: torch.from_numpy(np.asarray(v)) for k, v in self.params().items()}
+            save_checkpoint(self.checkpoint, "es", self.cfg, model, None, self.generation)
+
+    # -- one generation
+    def update(self, pairs: list[tuple[np.ndarray, ...]]) -> dict[str, float]:
+        """Apply the ES update for the collected ``(index, return_pos, return_neg)`` arrays."""
+        idx = np.concatenate([p[0] for p in pairs])
+        rp = np.concatenate([p[1] for p in pairs])
+        rn = np.concatenate([p[2] for p in pairs])
+        eps = np.stack([self.noise.get(int(i), self.spec.dim) for i in idx])
+        grad = es_gradient(eps, rp, rn, self.cfg.sigma) - self.cfg.l2 * self.theta
+        self.theta = self.theta + self.adam.step(grad)
+        self.generation += 1
+        both = np.concatenate([rp, rn])
+        return {"population_mean": float(both.mean()), "population_max": float(both.max())}
+
+    def run(
+        self,
+        should_stop: Callable[[], bool],
+        max_generations: int | None = None,
+        checkpoint_every: float = 30.0,
+    ) -> int:
+        """Run generations until ``should_stop()``; returns the number completed."""
+        if self.store.version() < self.generation or not self.resumed:
+            self.publish()
+        start, pairs_needed = self.generation, self.cfg.population // 2
+        pairs: list[tuple[np.ndarray, ...]] = []
+        used: list[Entry] = []
+        obs_new = [0.0, np.zeros_like(self.obs_sum), np.zeros_like(self.obs_sumsq)]
+        t_gen, next_ckpt = time.monotonic(), time.monotonic() + checkpoint_every
+        try:
+            while not should_stop():
+                if max_generations is not None and self.generation - start >= max_generations:
+                    break
+                entries = self.consumer.read()
+                for e in entries:
+                    d = e.data
+                    if d["generation"] != self.generation:
+                        self.stale += len(d["index"])
+                        self.consumer.ack([e])
+                        continue
+                    used.append(e)
+                    pairs.append((d["index"], d["return_pos"], d["return_neg"]))
+                    obs_new[0] += d["obs_count"]
+                    obs_new[1] += d["obs_sum"]
+                    obs_new[2] += d["obs_sumsq"]
+                if sum(len(p[0]) for p in pairs) < pairs_needed:
+                    continue
+                stats = self.update(pairs)
+                if self.cfg.obs_norm:
+                    self.obs_count += obs_new[0]
+                    self.obs_sum += obs_new[1]
+                    self.obs_sumsq += obs_new[2]
+                self.publish()
+                self.consumer.ack(used)  # consumed into the published generation
+                now = time.monotonic()
+                report(
+                    self.client,
+                    self.keys,
+                    "master",
+                    0,
+                    updates=self.generation,
+                    generation=self.generation,
+                    gens_per_s=1 / max(now - t_gen, 1e-9),
+                    stale=self.stale,
+                    **stats,
+                )
+                pairs, used, t_gen = [], [], now
+                obs_new = [0.0, np.zeros_like(self.obs_sum), np.zeros_like(self.obs_sumsq)]
+                if now >= next_ckpt:
+                    self.save()
+                    next_ckpt = now + checkpoint_every
+        finally:
+            self.save()
+        return self.generation - start
+
+
+def policy_from_params(cfg: ESConfig, params: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:
+    """The center policy (no noise) of published or checkpointed ES parameters."""
+    from qrl.es import normalize
+
+    spec = PolicySpec.for_env(cfg.env, cfg.hidden)
+    theta = np.asarray(params["theta"], np.float32)
+    mean = np.asarray(params["obs_mean"]) if cfg.obs_norm else np.zeros(spec.obs_dim)
+    std = np.asarray(params["obs_std"]) if cfg.obs_norm else np.ones(spec.obs_dim)
+    return lambda obs: spec.act(theta, normalize(np.asarray(obs), mean, std))
