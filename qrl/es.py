@@ -97,11 +97,8 @@ class PolicySpec:
         """Initial parameters: scaled normal weights (1/sqrt(fan-in)), zero biases."""
         parts = []
         for i, o in self.layers:
-            parts += [
-                rng.standard_normal(i * o).astype(np.float32) / np.sqrt(i),
-                np.zeros(o, np.float32),
-            ]
-        return np.concatenate(parts)
+            parts += [rng.standard_normal(i * o) / np.sqrt(i), np.zeros(o)]
+        return np.concatenate(parts).astype(np.float32)
 
     def act(self, params: np.ndarray, obs: np.ndarray) -> np.ndarray:
         """Actions for a batch: ``params`` is ``[K, dim]`` (one vector per row of ``obs``,

@@ -111,7 +111,7 @@ class ESMaster:
         rn = np.concatenate([p[2] for p in pairs])
         eps = np.stack([self.noise.get(int(i), self.spec.dim) for i in idx])
         grad = es_gradient(eps, rp, rn, self.cfg.sigma) - self.cfg.l2 * self.theta
-        self.theta = self.theta + self.adam.step(grad)
+        self.theta = (self.theta + self.adam.step(grad)).astype(np.float32)
         self.generation += 1
         both = np.concatenate([rp, rn])
         return {"population_mean": float(both.mean()), "population_max": float(both.max())}
@@ -123,7 +123,7 @@ class ESMaster:
         checkpoint_every: float = 30.0,
     ) -> int:
         """Run generations until ``should_stop()``; returns the number completed."""
-        if self.store.version() < self.generation or not self.resumed:
+        if self.store.version() < self.generation or self.store.version() < 0:
             self.publish()
         start, pairs_needed = self.generation, self.cfg.population // 2
         pairs: list[tuple[np.ndarray, ...]] = []
@@ -163,7 +163,7 @@ class ESMaster:
                     0,
                     updates=self.generation,
                     generation=self.generation,
-                    gens_per_s=1 / max(now - t_gen, 1e-9),
+                    updates_per_s=1 / max(now - t_gen, 1e-9),
                     stale=self.stale,
                     **stats,
                 )

@@ -1,0 +1,178 @@
+import hashlib
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qrl.codec import encode
+from qrl.config import create_run
+from qrl.configs import ESConfig
+from qrl.connection import connect
+from qrl.es import Adam, NoiseTable, PolicySpec, centered_ranks, es_gradient
+from qrl.learners.es import ESMaster
+from qrl.streams import FIELD, GROUP
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_centered_ranks():
+    x = np.array([3.0, -1.0, 10.0, 0.0, 3.0])
+    r = centered_ranks(x)
+    np.testing.assert_allclose(r, [0.0, -0.5, 0.5, -0.25, 0.25])  # ties get distinct ranks
+    m = centered_ranks(np.array([[1.0, 5.0], [2.0, 0.0]]))
+    assert m.shape == (2, 2) and m.min() == -0.5 and m.max() == 0.5
+    assert centered_ranks(np.array([7.0])).tolist() == [0.0]
+    big = centered_ranks(np.random.default_rng(0).standard_normal(1001))
+    assert big.sum() == pytest.approx(0.0, abs=1e-4)
+
+
+def _digest(seed: int, size: int) -> str:
+    return hashlib.sha256(NoiseTable(seed, size).noise.tobytes()).hexdigest()
+
+
+def test_noise_table_is_identical_across_processes():
+    code = "import sys; from tests.test_es import _digest; print(_digest(5, 100_000))"
+    others = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+        ).stdout.strip()
+        for _ in range(2)
+    }
+    assert others == {_digest(5, 100_000)}
+    assert _digest(6, 100_000) != _digest(5, 100_000)
+    t = NoiseTable(5, 1000)
+    assert t.noise.dtype == np.float32 and abs(t.noise.std() - 1) < 0.1
+    i = t.sample_index(np.random.default_rng(0), 10)
+    assert 0 <= i <= 990 and t.get(i, 10).shape == (10,)
+
+
+def test_es_update_converges_on_a_quadratic():
+    dim, sigma, pairs = 10, 0.1, 25
+    target = np.linspace(-1, 1, dim).astype(np.float32)
+    f = lambda th: -np.sum((th - target) ** 2, axis=-1)  # noqa: E731
+    noise, rng = NoiseTable(0, 100_000), np.random.default_rng(0)
+    theta, adam = np.zeros(dim, np.float32), Adam(dim, lr=0.05)
+    start = np.linalg.norm(theta - target)
+    for _ in range(300):
+        idx = [noise.sample_index(rng, dim) for _ in range(pairs)]
+        eps = np.stack([noise.get(i, dim) for i in idx])
+        grad = es_gradient(eps, f(theta + sigma * eps), f(theta - sigma * eps), sigma)
+        theta = theta + adam.step(grad)
+    assert np.linalg.norm(theta - target) < 0.05 * start
+
+
+def test_policy_spec_acts_for_discrete_and_continuous():
+    spec = PolicySpec.for_env("CartPole-v1", (8,))
+    assert spec.discrete and spec.dim == 4 * 8 + 8 + 8 * 2 + 2
+    theta = spec.init(np.random.default_rng(0))
+    obs = np.random.default_rng(1).standard_normal((5, 4)).astype(np.float32)
+    a = spec.act(theta, obs)
+    assert a.shape == (5,) and set(a.tolist()) <= {0, 1}
+    # a batch of parameter vectors, one per row, equals acting row by row
+    many = np.stack([theta + 0.1 * k for k in range(5)])
+    np.testing.assert_array_equal(
+        spec.act(many, obs), [spec.act(many[k], obs[k : k + 1])[0] for k in range(5)]
+    )
+    pend = PolicySpec.for_env("Pendulum-v1", (8,))
+    act = pend.act(pend.init(np.random.default_rng(0)) * 50, np.ones((3, 3), np.float32))
+    assert act.shape == (3, 1) and (np.abs(act) <= 2.0).all()
+
+
+def _results(gen: int, idx: list[int], rp: list[float], rn: list[float]) -> bytes:
+    n = len(idx)
+    return encode(
+        "es.results",
+        {
+            "generation": gen,
+            "index": np.array(idx, np.int64),
+            "return_pos": np.array(rp, np.float32),
+            "return_neg": np.array(rn, np.float32),
+            "length_pos": np.ones(n, np.int32),
+            "length_neg": np.ones(n, np.int32),
+            "obs_sum": np.zeros(4),
+            "obs_sumsq": np.zeros(4),
+            "obs_count": 0.0,
+            "worker": 0,
+            "batch": uuid.uuid4().hex,
+        },
+    )
+
+
+def test_master_ignores_stale_results_and_resumes(r, keys, redis_server):
+    cfg = ESConfig(population=4, noise_size=10_000, obs_norm=False)
+    create_run(r, keys, "es", cfg)
+    master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+    master.generation = 3
+    master.publish()
+    theta0 = master.theta.copy()
+    # two stale pairs (generation 2) that would pull theta elsewhere, then the real ones
+    r.xadd(keys.es_results, {FIELD: _results(2, [5, 6], [100.0, 100.0], [-100.0, -100.0])})
+    r.xadd(keys.es_results, {FIELD: _results(3, [10, 20], [1.0, 0.0], [0.0, 2.0])})
+    assert master.run(lambda: False, max_generations=1) == 1
+    assert master.stale == 2 and master.generation == 4
+    # the update used exactly the current generation's pairs
+    spec_dim = master.spec.dim
+    eps = np.stack([master.noise.get(10, spec_dim), master.noise.get(20, spec_dim)])
+    adam = Adam(spec_dim, cfg.lr)
+    grad = es_gradient(eps, np.array([1.0, 0.0]), np.array([0.0, 2.0]), cfg.sigma) - cfg.l2 * theta0
+    np.testing.assert_allclose(master.theta, theta0 + adam.step(grad), rtol=1e-5, atol=1e-7)
+    assert r.xlen(keys.es_results) == 0 and r.xpending(keys.es_results, GROUP)["pending"] == 0
+    # a restarted master resumes from the last published generation
+    again = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+    assert again.resumed and again.generation == 4
+    np.testing.assert_array_equal(again.theta, master.theta)
+    np.testing.assert_array_equal(again.adam.m, master.adam.m)
+    assert again.adam.t == 1
+
+
+def test_train_es_cli_learns_cartpole(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qrl.cli",
+            "train",
+            "es",
+            "--env",
+            "CartPole-v1",
+            "--seed",
+            "1",
+            "--target-return",
+            "300",
+            "--max-time",
+            "90",
+            "--eval-every",
+            "2",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=200,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["reached"] and result["eval_return"] >= 300  # random play scores ~22
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "qrl.cli",
+            "eval",
+            str(run_dir / "checkpoint.pt"),
+            "--episodes",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "es step" in out.stdout, out.stderr
+    assert float(out.stdout.split("mean return ")[1].split()[0]) > 100
