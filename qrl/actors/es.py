@@ -2,8 +2,11 @@
 parameters, one episode each, ``envs_per_worker`` episodes side by side, and pushes the
 results (generation, noise index, both returns and lengths, observation sums) in batches.
 
-A new generation is picked up as soon as it appears: episodes of the old one are abandoned
-(their results could only be stale) and every slot starts on the new parameters.
+Both halves of an antithetic pair start from the same initial state (the env is reset with
+a seed drawn for the pair: common random numbers), so their difference measures the
+perturbation, not the luck of the start. A new generation is picked up as soon as it
+appears: episodes of the old one are abandoned (their results could only be stale) and
+every slot starts on the new parameters.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import redis
 
 from qrl.codec import encode
 from qrl.configs import ESConfig
-from qrl.envs import make_vector_env
+from qrl.envs import make_env
 from qrl.es import NoiseTable, PolicySpec, normalize
 from qrl.keys import RunKeys
 from qrl.metrics import report
@@ -37,7 +40,8 @@ class ESWorker:
         self.spec = PolicySpec.for_env(cfg.env, cfg.hidden)
         self.noise = NoiseTable(cfg.noise_seed, cfg.noise_size)
         self.n = cfg.envs_per_worker
-        self.envs = make_vector_env(cfg.env, self.n, seed=cfg.seed * 10_000 + worker_id * 100)
+        self.envs = [make_env(cfg.env) for _ in range(self.n)]
+        self.obs = np.zeros((self.n, self.spec.obs_dim), np.float32)
         self.rng = np.random.default_rng(cfg.seed * 10_000 + worker_id)
         self.store = WeightStore(client, keys, keys.es_params)
         self.producer = StreamProducer(client, keys.es_results, maxlen=cfg.stream_maxlen)
@@ -64,8 +68,8 @@ class ESWorker:
     def _reset_generation(self) -> None:
         """Start every slot on the current generation's parameters."""
         dim = self.spec.dim
-        self.jobs: deque[tuple[int, int]] = deque()  # (noise index, sign) not yet started
-        self.slot_job: list[tuple[int, int]] = [(0, 0)] * self.n
+        self.jobs: deque[tuple[int, int, int]] = deque()  # (noise index, sign, env seed)
+        self.slot_job: list[tuple[int, int, int]] = [(0, 0, 0)] * self.n
         self.params = np.empty((self.n, dim), np.float32)
         self.ret = np.zeros(self.n)
         self.length = np.zeros(self.n, np.int64)
@@ -80,14 +84,16 @@ class ESWorker:
     def _assign(self, j: int) -> None:
         if not self.jobs:
             i = self.noise.sample_index(self.rng, self.spec.dim)
-            self.jobs.extend([(i, 1), (i, -1)])
-        i, sign = self.jobs.popleft()
-        self.slot_job[j] = (i, sign)
+            env_seed = int(self.rng.integers(2**31))
+            self.jobs.extend([(i, 1, env_seed), (i, -1, env_seed)])
+        i, sign, env_seed = self.jobs.popleft()
+        self.slot_job[j] = (i, sign, env_seed)
         self.params[j] = self.theta + sign * self.cfg.sigma * self.noise.get(i, self.spec.dim)
         self.ret[j], self.length[j] = 0.0, 0
+        self.obs[j] = self.envs[j].reset(seed=env_seed)[0]
 
     def _finish(self, j: int) -> None:
-        i, sign = self.slot_job[j]
+        i, sign, _ = self.slot_job[j]
         self.episodes += 1
         self.returns.append(float(self.ret[j]))
         half = self.halves.setdefault(i, {})
@@ -134,32 +140,34 @@ class ESWorker:
                 return 0
             time.sleep(0.05)
         self._reset_generation()
-        obs, _ = self.envs.reset()
         next_report, last = time.monotonic() + report_every, (time.monotonic(), 0)
         vec_steps = 0
         while not should_stop() and (max_steps is None or self.steps < max_steps):
-            actions = self.spec.act(self.params, normalize(obs, self.obs_mean, self.obs_std))
-            obs, rewards, term, trunc, _ = self.envs.step(actions)
-            self.obs_sum += obs.sum(axis=0)
-            self.obs_sumsq += (obs.astype(np.float64) ** 2).sum(axis=0)
-            self.obs_count += len(obs)
-            self.ret += rewards
+            actions = self.spec.act(self.params, normalize(self.obs, self.obs_mean, self.obs_std))
+            ended = []
+            for j, env in enumerate(self.envs):
+                obs, reward, term, trunc, _ = env.step(actions[j])
+                self.obs[j] = obs
+                self.ret[j] += reward
+                if term or trunc:
+                    ended.append(j)
+            self.obs_sum += self.obs.sum(axis=0)
+            self.obs_sumsq += (self.obs.astype(np.float64) ** 2).sum(axis=0)
+            self.obs_count += self.n
             self.length += 1
             self.steps += self.n
             vec_steps += 1
-            for j in np.flatnonzero(term | trunc):  # obs[j] already starts the next episode
+            for j in ended:
                 self._finish(j)
-                self._assign(j)
+                self._assign(j)  # resets the env with the next job's seed
             if len(self.done_pairs) >= self.cfg.batch_pairs and not self.push(should_stop):
                 break
             if vec_steps % poll_every == 0 and self.store.version() > self.generation:
-                self.push(
-                    should_stop
-                )  # finished pairs of the old generation (the master counts them)
+                # finished pairs of the old generation go out (the master counts them stale)
+                self.push(should_stop)
                 self.abandoned += self.n  # episodes in flight on the old parameters
                 self.refresh()
                 self._reset_generation()
-                obs, _ = self.envs.reset()
             now = time.monotonic()
             if now >= next_report:
                 t0, s0 = last
