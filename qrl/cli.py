@@ -92,7 +92,11 @@ def redis_cmd(
 def redis_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """--redis and --run, shared by every role."""
     f = click.option(
-        "--run", "run", required=True, help="Run name (all its keys share qrl:{RUN}:)."
+        "--run",
+        "run",
+        envvar="QRL_RUN",
+        required=True,
+        help="Run name (all its keys share qrl:{RUN}:). Default: $QRL_RUN.",
     )(f)
     return click.option(
         "--redis", "redis_url", envvar="QRL_REDIS_URL", default=None, help=REDIS_OPTION_HELP

@@ -176,3 +176,17 @@ def test_train_es_cli_learns_cartpole(tmp_path):
     )
     assert out.returncode == 0 and "es step" in out.stdout, out.stderr
     assert float(out.stdout.split("mean return ")[1].split()[0]) > 100
+
+
+def test_master_resumes_from_its_checkpoint_when_redis_has_nothing(r, keys, redis_server, tmp_path):
+    cfg = ESConfig(population=4, noise_size=10_000)
+    create_run(r, keys, "es", cfg)
+    ckpt = tmp_path / "es.pt"
+    master = ESMaster(lambda: connect(redis_server.url), keys, cfg, checkpoint=ckpt)
+    master.generation, master.adam.t = 7, 3
+    master.theta = master.theta + 1.0
+    master.save()
+    r.delete(keys.es_params)  # e.g. a Redis without persistence was restarted
+    again = ESMaster(lambda: connect(redis_server.url), keys, cfg, checkpoint=ckpt)
+    assert again.resumed and again.generation == 7 and again.adam.t == 3
+    np.testing.assert_array_equal(again.theta, master.theta)

@@ -17,7 +17,7 @@ import numpy as np
 import redis
 import torch
 
-from qrl.checkpoint import save_checkpoint
+from qrl.checkpoint import load_checkpoint, save_checkpoint
 from qrl.configs import ESConfig
 from qrl.es import Adam, NoiseTable, PolicySpec, es_gradient
 from qrl.keys import RunKeys
@@ -62,17 +62,23 @@ class ESMaster:
 
     # -- state in the published blob
     def _resume(self) -> bool:
+        """Resume from the last published generation in Redis, else from the checkpoint."""
         w = self.store.fetch()
-        if w is None:
+        if w is not None:
+            generation, p, meta = w.version, w.params, w.meta
+        elif self.checkpoint is not None and self.checkpoint.exists():
+            state = load_checkpoint(self.checkpoint, "es", self.cfg)
+            generation, meta = state["step"], state["extra"]
+            p = {k: v.numpy() for k, v in state["model"].items()}
+        else:
             return False
-        p = w.params
         if p.get("theta") is None or p["theta"].shape != (self.spec.dim,):
-            raise ValueError("published ES parameters do not fit this run's policy")
-        self.generation = w.version
+            raise ValueError("saved ES parameters do not fit this run's policy")
+        self.generation = generation
         self.theta = p["theta"].astype(np.float32)
         self.adam.m, self.adam.v = p["adam_m"].copy(), p["adam_v"].copy()
-        self.adam.t = int(w.meta.get("adam_t", 0))
-        self.obs_count = float(w.meta.get("obs_count", self.obs_count))
+        self.adam.t = int(meta.get("adam_t", 0))
+        self.obs_count = float(meta.get("obs_count", self.obs_count))
         self.obs_sum, self.obs_sumsq = p["obs_sum"].copy(), p["obs_sumsq"].copy()
         log.info("resumed at generation %d", self.generation)
         return True
@@ -94,14 +100,18 @@ class ESMaster:
             "obs_sumsq": self.obs_sumsq,
         }
 
+    def meta(self) -> dict[str, float]:
+        return {"adam_t": self.adam.t, "obs_count": self.obs_count}
+
     def publish(self) -> None:
-        meta = {"adam_t": self.adam.t, "obs_count": self.obs_count}
-        self.store.publish(self.params(), version=self.generation, meta=meta)
+        self.store.publish(self.params(), version=self.generation, meta=self.meta())
 
     def save(self) -> None:
         if self.checkpoint is not None:
             model = {k: torch.from_numpy(np.asarray(v)) for k, v in self.params().items()}
-            save_checkpoint(self.checkpoint, "es", self.cfg, model, None, self.generation)
+            save_checkpoint(
+                self.checkpoint, "es", self.cfg, model, None, self.generation, extra=self.meta()
+            )
 
     # -- one generation
     def update(self, pairs: list[tuple[np.ndarray, ...]]) -> dict[str, float]:
