@@ -71,6 +71,7 @@ class ImpalaConfig:
     c_bar: float = 1.0
     entropy_cost: float = 0.01
     baseline_cost: float = 0.5
+    reward_scale: float = 1.0  # rewards are multiplied by this for learning (not for reports)
     batch_unrolls: int = 32  # unrolls per learner update
     publish_every: int = 1
     max_policy_lag: int = 0  # drop unrolls older than this many updates (0: keep all)

@@ -179,11 +179,10 @@ class ImpalaLearner(Learner):
         logits, values = self.net(b.obs.reshape(t1 * bsz, *self.obs_shape))
         logits = logits.reshape(t1, bsz, -1)[:-1]
         values = values.reshape(t1, bsz)
-        reward = b.reward
+        reward = b.reward * cfg.reward_scale
         if len(b.trunc_idx):  # a truncated episode bootstraps from its final observation
             with torch.no_grad():
                 _, v_final = self.net(b.trunc_obs)
-            reward = reward.clone()
             reward[b.trunc_idx[:, 0], b.trunc_idx[:, 1]] += cfg.gamma * v_final
         discounts = cfg.gamma * (~b.done).float()
         logp = F.log_softmax(logits, dim=-1)
