@@ -54,11 +54,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """For ``preexec_fn``: the child gets SIGTERM when its parent dies (Linux) and has its own
+    process group, so a terminal's Ctrl-C reaches the parent, which stops it in order."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    os.setpgrp()  # Ctrl-C goes to us, we stop the server in order
+    os.setpgrp()
 
 
 class EmbeddedRedis:
@@ -120,7 +122,7 @@ class EmbeddedRedis:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509
+            preexec_fn=die_with_parent,  # noqa: PLW1509
         )
         atexit.register(self.stop)
         client = redis.Redis(

@@ -88,9 +88,9 @@ class RunKeys:
         return self._k("replay:data")
 
     @property
-    def replay_order(self) -> str:
-        """Prioritized replay: insertion order (sorted set member -> sequence) for FIFO eviction."""
-        return self._k("replay:order")
+    def replay_batches(self) -> str:
+        """Prioritized replay: ids of the producer batches inserted (sorted set, trimmed)."""
+        return self._k("replay:batches")
 
     @property
     def replay_meta(self) -> str:

@@ -102,8 +102,10 @@ def unroll_schema(
             raise CodecError("trunc_idx and trunc_obs disagree")
         if len(idx) and (idx.min() < 0 or idx[:, 0].max() >= tb[0] or idx[:, 1].max() >= tb[1]):
             raise CodecError("trunc_idx out of range")
-        if int(msg["truncated"].sum()) != len(idx):
-            raise CodecError("every truncated step needs its final observation")
+        if int(msg["truncated"].sum()) != len(idx) or (
+            len(idx) and not msg["truncated"][idx[:, 0], idx[:, 1]].all()
+        ):
+            raise CodecError("every truncated step needs exactly one final observation")
         if msg["version"] < 0:
             raise CodecError("negative policy version")
 
@@ -127,7 +129,7 @@ def unroll_schema(
     )
 
 
-def es_results_schema(obs_dim: int, noise_size: int) -> Schema:
+def es_results_schema(obs_dim: int, noise_size: int, dim: int) -> Schema:
     """An ES worker's batch of antithetic pair results for one generation, with the sums of
     the raw observations it saw (for the master's observation normalization)."""
 
@@ -135,8 +137,8 @@ def es_results_schema(obs_dim: int, noise_size: int) -> Schema:
         n = _same_length(msg, ("index", "return_pos", "return_neg", "length_pos", "length_neg"))
         if n == 0:
             raise CodecError("empty results batch")
-        if msg["index"].min() < 0 or msg["index"].max() >= noise_size:
-            raise CodecError(f"noise index out of [0, {noise_size})")
+        if msg["index"].min() < 0 or msg["index"].max() > noise_size - dim:
+            raise CodecError(f"noise index out of [0, {noise_size - dim}]")
         for name in ("obs_sum", "obs_sumsq"):
             if msg[name].shape != (obs_dim,):
                 raise CodecError(f"{name} has shape {msg[name].shape}, expected ({obs_dim},)")

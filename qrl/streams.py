@@ -2,15 +2,17 @@
 
 Delivery contract (``DESIGN.md``):
 
-* A producer adds an entry only while the stream holds fewer than ``maxlen`` entries (an
+* A producer adds an entry only while fewer than ``maxlen`` entries wait undelivered (an
   atomic Lua check-and-XADD); otherwise it backs off and retries. It never trims, so nothing
-  is silently dropped: the cap bounds memory by making producers wait.
+  is silently dropped: the cap bounds memory by making producers wait. Entries already
+  delivered but not yet acknowledged (a consumer assembling a batch) do not count, so a
+  consumer that needs more than ``maxlen`` entries for one batch still gets them.
 * A consumer reads through the consumer group ``qrl``, acknowledges an entry only after its
   handler succeeded, and then deletes it (XACK + XDEL in one transaction), so the stream's
   length is exactly the work not yet done.
 * Entries left pending by a dead consumer are claimed (XAUTOCLAIM) once idle for
   ``claim_idle_ms``; a restarted consumer with the same name first re-reads its own pending
-  entries.
+  entries, once each. Entries a consumer still holds are never handed to it a second time.
 * An entry that fails to decode is moved to the run's dead-letter stream with the reason,
   counted in the run's stats hash, and acknowledged; the consumer keeps running.
 """
@@ -38,7 +40,12 @@ DEADLETTER_MAXLEN = 10_000
 DEADLETTER_MAX_PAYLOAD = 1 << 20
 
 _ADD_IF_ROOM = """
-if redis.call('XLEN', KEYS[1]) >= tonumber(ARGV[1]) then return false end
+-- entries waiting = in the stream and not yet delivered to a consumer (XLEN - pending):
+-- what consumers hold while assembling a batch must not count, or they could wait forever
+local waiting = redis.call('XLEN', KEYS[1])
+local pending = redis.pcall('XPENDING', KEYS[1], 'qrl')
+if type(pending) == 'table' and pending.err == nil then waiting = waiting - pending[1] end
+if waiting >= tonumber(ARGV[1]) then return false end
 return redis.call('XADD', KEYS[1], '*', 'd', ARGV[2])
 """
 
@@ -157,7 +164,8 @@ class StreamConsumer:
         self.claim_idle_ms = claim_idle_ms
         self.max_bytes = max_bytes
         self.rejected = 0
-        self._own_pending = True  # first re-read what this consumer name left pending
+        self._own_pending: str | None = "0"  # cursor through what this name left pending
+        self._held: set[str] = set()  # delivered to us, not yet acknowledged
         self._claim_cursor = "0-0"
         self._next_claim = 0.0
         ensure_group(client, stream)
@@ -190,18 +198,31 @@ class StreamConsumer:
             pipe.execute()
         return good
 
+    def _take(self, raw: Sequence[tuple[Any, dict[bytes, bytes] | None]]) -> list[Entry]:
+        """Decode entries newly delivered to us (skipping any we already hold)."""
+        ids = [i.decode() if isinstance(i, bytes) else i for i, _ in raw]
+        fresh = [e for e, i in zip(raw, ids, strict=True) if i not in self._held]
+        good = self._decode(fresh)
+        self._held.update(e.id for e in good)
+        return good
+
     def read(self, block_ms: int | None = None) -> list[Entry]:
         """Up to ``count`` decoded entries: first this consumer's own pending entries (after
         a restart), then entries claimed from dead consumers, then new ones (blocking up to
         ``block_ms``). Returns an empty list when there is nothing to do."""
-        if self._own_pending:
+        while self._own_pending is not None:
             resp = self.client.xreadgroup(
-                GROUP, self.consumer, {self.stream: "0"}, count=self.count
+                GROUP, self.consumer, {self.stream: self._own_pending}, count=self.count
             )
             raw = resp[0][1] if resp else []
-            if raw:
-                return self._decode(raw) or self.read(block_ms)
-            self._own_pending = False
+            if not raw:
+                self._own_pending = None
+                break
+            last = raw[-1][0]
+            self._own_pending = last.decode() if isinstance(last, bytes) else last
+            good = self._take(raw)
+            if good:
+                return good
         now = time.monotonic()
         if now >= self._next_claim:
             _cursor, raw, *_ = self.client.xautoclaim(
@@ -215,16 +236,15 @@ class StreamConsumer:
             self._claim_cursor = _cursor.decode() if isinstance(_cursor, bytes) else _cursor
             if self._claim_cursor == "0-0":  # scanned the whole pending list
                 self._next_claim = now + max(self.claim_idle_ms / 4000, 0.05)
-            if raw:
-                log.info("claimed %d pending %s entries", len(raw), self.source)
-                good = self._decode(raw)
-                if good:
-                    return good
+            good = self._take(raw)
+            if good:
+                log.info("claimed %d pending %s entries", len(good), self.source)
+                return good
         block = self.block_ms if block_ms is None else block_ms
         resp = self.client.xreadgroup(
             GROUP, self.consumer, {self.stream: ">"}, count=self.count, block=block or None
         )
-        return self._decode(resp[0][1]) if resp else []
+        return self._take(resp[0][1]) if resp else []
 
     def ack(self, entries: Sequence[Entry]) -> None:
         """Acknowledge and delete ``entries`` (one transaction)."""
@@ -235,13 +255,23 @@ class StreamConsumer:
         pipe.xack(self.stream, GROUP, *ids)
         pipe.xdel(self.stream, *ids)
         pipe.execute()
+        self._held.difference_update(ids)
+
+    def release(self, entries: Sequence[Entry]) -> None:
+        """Give up ``entries`` without acknowledging: they stay pending and can be claimed
+        again (by any consumer, this one included) once idle."""
+        self._held.difference_update(e.id for e in entries)
 
     def process(self, handler: Callable[[list[Entry]], None], block_ms: int | None = None) -> int:
         """Read a batch, pass it to ``handler`` and acknowledge it only if the handler
         returned. Returns the number of entries handled."""
         entries = self.read(block_ms)
         if entries:
-            handler(entries)
+            try:
+                handler(entries)
+            except BaseException:
+                self.release(entries)
+                raise
             self.ack(entries)
         return len(entries)
 

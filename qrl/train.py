@@ -31,7 +31,7 @@ from rich.table import Table
 from qrl.config import create_run, to_dict
 from qrl.connection import connect
 from qrl.control import StopFlag, request_stop
-from qrl.embedded import EmbeddedRedis
+from qrl.embedded import EmbeddedRedis, die_with_parent
 from qrl.keys import RunKeys
 from qrl.metrics import MetricsReader
 
@@ -80,22 +80,32 @@ class Progress:
         return sum(self.returns) / len(self.returns) if self.returns else None
 
     def fold(self, msg: dict[str, Any]) -> None:
+        """Take one metrics report in; values of the wrong shape are ignored, not fatal."""
         v, role = msg["values"], msg["role"]
+
+        def num(key: str, default: float = 0.0) -> float:
+            x = v.get(key, default)
+            return float(x) if isinstance(x, (int, float)) else default
+
+        def nums(key: str) -> list[float]:
+            x = v.get(key, [])
+            return [float(i) for i in x] if isinstance(x, list) else []
+
         if role in ("actor", "worker"):
-            self.actor_steps[msg["id"]] = int(v.get("steps", 0))
-            self.actor_rate[msg["id"]] = float(v.get("steps_per_s", 0.0))
-            self.returns.extend(v.get("episode_returns", []))
-            self.episodes += len(v.get("episode_returns", []))
+            self.actor_steps[msg["id"]] = int(num("steps"))
+            self.actor_rate[msg["id"]] = num("steps_per_s")
+            self.returns.extend(nums("episode_returns"))
+            self.episodes += len(nums("episode_returns"))
         elif role in ("learner", "master"):
-            self.updates = int(v.get("updates", self.updates))
-            self.updates_per_s = float(v.get("updates_per_s", 0.0))
+            self.updates = int(num("updates", self.updates))
+            self.updates_per_s = num("updates_per_s")
             if "replay_size" in v:
-                self.replay_size = int(v["replay_size"])
+                self.replay_size = int(num("replay_size"))
             for k in ("policy_lag", "dropped", "generation", "stale"):
                 if k in v:
-                    self.extra[k] = float(v[k])
+                    self.extra[k] = num(k)
         elif role == "replay":
-            self.replay_size = int(v.get("size", self.replay_size))
+            self.replay_size = int(num("size", self.replay_size))
 
     def row(self) -> dict[str, Any]:
         return {
@@ -131,10 +141,15 @@ def default_run_name(algo: str, env: str, seed: int) -> str:
 def _spawn(role: Role, url: str, run: str, log_dir: Path) -> subprocess.Popen[bytes]:
     logfile = open(log_dir / f"{role.name}.log", "ab")  # noqa: SIM115 - owned by the child
     env = {**os.environ, "QRL_REDIS_URL": url}
-    cmd = [sys.executable, "-m", "qrl.cli", *role.args[:1], *role.args[1:], "--run", run]
+    cmd = [sys.executable, "-m", "qrl.cli", *role.args, "--run", run]
     try:
         return subprocess.Popen(
-            cmd, stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            cmd,
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - no role outlives qrl train
         )
     finally:
         logfile.close()
@@ -195,6 +210,7 @@ def run_training(
     try:
         client = connect(url)
         create_run(client, keys, algo, cfg)
+        client.hdel(keys.control, "stop")  # a rerun of a stopped run starts afresh
         stop = StopFlag(client, keys)
         reader = MetricsReader(client, keys, from_start=True)
         for role in roles:
@@ -221,7 +237,11 @@ def run_training(
                 now = time.monotonic()
                 elapsed = now - progress.start
                 if now >= next_eval:
-                    score = evaluator(client, keys)
+                    try:
+                        score = evaluator(client, keys)
+                    except (ValueError, RuntimeError) as e:  # e.g. weights that do not fit
+                        log.warning("evaluation failed: %s", e)
+                        score = None
                     if score is not None:
                         progress.eval_return = score
                         progress.best_eval = max(score, progress.best_eval or score)
@@ -234,7 +254,7 @@ def run_training(
                 elif now >= next_line:
                     console.print(" ".join(f"{k}={v}" for k, v in progress.row().items()))
                     next_line = now + 5
-                dead = [n for n, p in procs.items() if p.poll() not in (None, 0)]
+                dead = [n for n, p in procs.items() if p.poll() is not None]  # none may end early
                 if dead:
                     console.print(f"[red]{', '.join(dead)} failed; see {run_dir / 'logs'}[/]")
                     failed = True

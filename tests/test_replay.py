@@ -295,6 +295,15 @@ def test_insert_is_idempotent_by_batch_id(r, keys):
     assert members(r, keys.replay_priorities) == list(range(19))
 
 
+def test_batch_id_markers_are_bounded_by_the_eviction(r, keys):
+    replay = PrioritizedReplay(r, keys, LAYOUT, 100)
+    for b in range(50):  # 500 transitions through a replay of 100
+        replay.insert(make_records(range(b * 10, b * 10 + 10)), np.ones(10), batch_id=f"b{b}")
+    remembered = {m.decode() for m in r.zrange(keys.replay_batches, 0, -1)}
+    assert remembered == {f"b{b}" for b in range(40, 50)}  # exactly the batches still present
+    assert replay.insert(make_records(range(10)), np.ones(10), batch_id="b49") == -1
+
+
 def test_insert_rejects_bad_input(r, keys):
     replay = PrioritizedReplay(r, keys, LAYOUT, 100)
     with pytest.raises(ValueError, match="length"):

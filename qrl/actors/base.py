@@ -47,13 +47,16 @@ class VectorActor:
         self._last_report = (time.monotonic(), 0)
 
     def wait_for_weights(self, should_stop: Callable[[], bool], timeout: float = 600) -> bool:
-        """Block until the learner published weights (all actors start from the same ones)."""
+        """Block until the learner published weights (all actors start from the same ones);
+        False if stopped first, ``RuntimeError`` after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        while not should_stop() and time.monotonic() < deadline:
+        while not should_stop():
             if self.refresh_weights():
                 return True
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no weights published in {timeout:.0f}s: is a learner running?")
             time.sleep(0.05)
-        return self.version >= 0
+        return False
 
     def refresh_weights(self) -> bool:
         """Load newer weights if the learner published some (one HGET when not)."""

@@ -27,7 +27,7 @@ from qrl.es import NoiseTable, PolicySpec, normalize
 from qrl.keys import RunKeys
 from qrl.metrics import report
 from qrl.streams import StreamProducer
-from qrl.weights import WeightStore
+from qrl.weights import Weights, WeightStore
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +54,23 @@ class ESWorker:
         self.abandoned = 0
         self.returns: list[float] = []
 
-    def refresh(self) -> bool:
-        """Take a newer generation's parameters if the master published one."""
+    def newer(self) -> Weights | None:
+        """A newer generation's parameters, if the master published valid ones."""
         w = self.store.fetch(newer_than=self.generation)
         if w is None:
-            return False
+            return None
+        d = self.spec.obs_dim
+        shapes = {"theta": (self.spec.dim,), "obs_mean": (d,), "obs_std": (d,)}
+        if any(getattr(w.params.get(k), "shape", None) != v for k, v in shapes.items()):
+            log.warning("generation %d's parameters do not fit this policy: ignored", w.version)
+            return None
+        return w
+
+    def adopt(self, w: Weights) -> None:
         self.generation = w.version
         self.theta = w.params["theta"].astype(np.float32)
         if self.cfg.obs_norm:
             self.obs_mean, self.obs_std = w.params["obs_mean"], w.params["obs_std"]
-        return True
 
     def _reset_generation(self) -> None:
         """Start every slot on the current generation's parameters."""
@@ -135,10 +142,11 @@ class ESWorker:
         poll_every: int = 10,
     ) -> int:
         """Evaluate perturbations until ``should_stop()``; returns env steps taken."""
-        while not self.refresh():
+        while (w := self.newer()) is None:
             if should_stop():
                 return 0
             time.sleep(0.05)
+        self.adopt(w)
         self._reset_generation()
         next_report, last = time.monotonic() + report_every, (time.monotonic(), 0)
         vec_steps = 0
@@ -163,11 +171,12 @@ class ESWorker:
             if len(self.done_pairs) >= self.cfg.batch_pairs and not self.push(should_stop):
                 break
             if vec_steps % poll_every == 0 and self.store.version() > self.generation:
-                # finished pairs of the old generation go out (the master counts them stale)
-                self.push(should_stop)
-                self.abandoned += self.n  # episodes in flight on the old parameters
-                self.refresh()
-                self._reset_generation()
+                w = self.newer()
+                if w is not None:
+                    self.push(should_stop)  # the old generation's pairs (the master counts them)
+                    self.abandoned += self.n  # episodes in flight on the old parameters
+                    self.adopt(w)
+                    self._reset_generation()
             now = time.monotonic()
             if now >= next_report:
                 t0, s0 = last

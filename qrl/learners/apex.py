@@ -8,6 +8,7 @@ releases the GIL.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -76,8 +77,7 @@ class ApexLearner(Learner):
                     except queue.Full:
                         continue
         except Exception:
-            log.exception("prefetch thread failed")
-            self.stopping.set()
+            self.fail("prefetch thread")
 
     def _write_priorities(self) -> None:
         """Send priority updates, merging whatever queued up into one ZADD XX."""
@@ -110,7 +110,8 @@ class ApexLearner(Learner):
             t.start()
 
     def stop_threads(self) -> None:
-        self.priorities.put(None)
+        with contextlib.suppress(queue.Full):
+            self.priorities.put(None, timeout=5)
         for t in self._threads:
             t.join(timeout=5)
 
@@ -132,7 +133,10 @@ class ApexLearner(Learner):
 
     def after_step(self, b: Batch) -> None:
         assert b.td is not None
-        self.priorities.put((b.ids, b.td.abs().cpu().numpy() + 1e-6))
+        try:  # the writer merges what queues up; if it is stuck, drop rather than block
+            self.priorities.put((b.ids, b.td.abs().cpu().numpy() + 1e-6), timeout=5)
+        except queue.Full:
+            log.warning("priority writer is behind: dropped one batch of priority updates")
         if self.updates % self.cfg.target_update == 0:
             self.target.load_state_dict(self.net.state_dict())
 

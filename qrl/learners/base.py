@@ -68,6 +68,7 @@ class Learner:
             log.info("resumed from %s at update %d", checkpoint, self.updates)
         self.weights = WeightStore(self.client, keys)
         self.stopping = threading.Event()
+        self.failed: str | None = None  # set by a data thread that died
 
     # -- for subclasses
     def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -127,8 +128,16 @@ class Learner:
         report_every: float = 1.0,
         checkpoint_every: float = 60.0,
     ) -> int:
-        """Train until ``should_stop()``; returns the number of updates done."""
-        if self.weights.version() < self.updates or self.weights.version() < 0:
+        """Train until ``should_stop()``; returns the number of updates done. Raises
+        ``RuntimeError`` if a data thread failed."""
+        stored = self.weights.version()
+        if stored > self.updates:  # e.g. restarted after SIGKILL: Redis is newer than the file
+            if self.weights.load_into(self.net, newer_than=self.updates) is not None:
+                log.warning(
+                    "continuing from published weights %d (checkpoint: %d)", stored, self.updates
+                )
+            self.updates = stored  # versions never go back
+        if stored < self.updates or stored < 0:
             self.publish()  # actors start from the learner's initial (or resumed) weights
         self.stopping.clear()
         self.start_threads()
@@ -169,4 +178,12 @@ class Learner:
             if self.weights.version() < self.updates:
                 self.publish()
             self.save()
+        if self.failed:
+            raise RuntimeError(f"learner stopped: {self.failed}")
         return self.updates - start
+
+    def fail(self, what: str) -> None:
+        """Called by a data thread that cannot go on: the learner stops and exits non-zero."""
+        log.exception("%s failed", what)
+        self.failed = f"{what} failed"
+        self.stopping.set()

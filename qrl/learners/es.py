@@ -47,7 +47,7 @@ class ESMaster:
             self.client,
             keys,
             keys.es_results,
-            es_results_schema(self.spec.obs_dim, cfg.noise_size),
+            es_results_schema(self.spec.obs_dim, cfg.noise_size, self.spec.dim),
             count=64,
             block_ms=100,
         )

@@ -122,8 +122,7 @@ class ImpalaLearner(Learner):
                     except queue.Full:
                         continue
         except Exception:
-            log.exception("loader thread failed")
-            self.stopping.set()
+            self.fail("loader thread")
 
     def start_threads(self) -> None:
         self._thread = threading.Thread(target=self._load, name="loader", daemon=True)

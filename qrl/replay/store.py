@@ -5,7 +5,9 @@ Layout (keys from :class:`qrl.keys.RunKeys`):
 * ``replay:prio``  sorted set, member = transition id, score = priority ``p_i`` (> 0)
 * ``replay:data``  hash, transition id -> fixed-size record (see :class:`RecordLayout`)
 * ``replay:meta``  hash: ``hi`` (next id), ``lo`` (oldest id still present), ``inserted``,
-  ``evicted``, and ``batch:<id>`` markers of inserted producer batches (idempotence)
+  ``evicted``
+* ``replay:batches`` sorted set of inserted producer batch ids (idempotence), scored by the
+  id after their last transition; trimmed with the eviction, so it stays bounded too
 
 Ids are consecutive integers, so FIFO eviction (oldest first, as in Ape-X) deletes the range
 ``[lo, hi - capacity)``. Every multi-step operation is one Lua script, so readers never see
@@ -44,7 +46,7 @@ BUCKETS_PER_OCTAVE = 4
 N_BUCKETS = math.ceil(math.log2(P_HI / P_LO) * BUCKETS_PER_OCTAVE)
 
 _INSERT = """
--- KEYS: prio, data, meta
+-- KEYS: prio, data, meta, batches
 -- ARGV: capacity, batch_id, n, record size, the n priorities (decimal, space-separated),
 --       the n records (each of the record size) concatenated
 -- ids are formatted once with %d: a Lua number passed to redis.call costs a %.17g each time
@@ -54,10 +56,11 @@ for p in string.gmatch(ARGV[5], '%S+') do prio[#prio + 1] = p end
 if #prio ~= n or #blob ~= n * size then
   return redis.error_reply('replay insert: priorities or records do not match n')
 end
-if ARGV[2] ~= '' and redis.call('HSETNX', KEYS[3], 'batch:' .. ARGV[2], 1) == 0 then
+if ARGV[2] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[2]) then
   return -1
 end
 local hi = redis.call('HINCRBY', KEYS[3], 'hi', n)
+if ARGV[2] ~= '' then redis.call('ZADD', KEYS[4], hi, ARGV[2]) end
 local first = hi - n
 local fmt, sub = string.format, string.sub
 local z, h = {}, {}
@@ -83,6 +86,8 @@ if hi - lo > cap then
   end
   evicted = #ids
   redis.call('HSET', KEYS[3], 'lo', hi - cap)
+  -- forget the ids of batches whose transitions are all gone: bounded like the replay
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. fmt('%d', hi - cap + 1))
   redis.call('HINCRBY', KEYS[3], 'evicted', evicted)
 end
 return evicted
@@ -281,7 +286,12 @@ class PrioritizedReplay:
         ]
         return int(
             self._insert(
-                keys=[self.keys.replay_priorities, self.keys.replay_data, self.keys.replay_meta],
+                keys=[
+                    self.keys.replay_priorities,
+                    self.keys.replay_data,
+                    self.keys.replay_meta,
+                    self.keys.replay_batches,
+                ],
                 args=args,
             )
         )
