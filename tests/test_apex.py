@@ -255,3 +255,20 @@ def test_restarted_learner_resumes_from_its_checkpoint(r, keys, redis_server, tm
         assert out.returncode == 0, out.stderr[-2000:]
         assert load_checkpoint(ckpt, "apex", cfg)["step"] == expected
         assert WeightStore(r, keys).version() == expected  # versions continue, never repeat
+    # killed after publishing past its last checkpoint: the restart continues from Redis
+    store = WeightStore(r, keys)
+    store.publish(store.fetch().params, version=100)
+    out = qrl(
+        "learner",
+        "apex",
+        "--run",
+        keys.run,
+        "--checkpoint",
+        str(ckpt),
+        "--max-updates",
+        "30",
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert load_checkpoint(ckpt, "apex", cfg)["step"] == 130 and store.version() == 130
