@@ -54,7 +54,7 @@ def coordination(url: str, cfg: ESConfig, seconds: float, rounds: int) -> tuple[
 
     ESMaster(lambda: connect(url), keys, cfg).publish()  # generation 0 for the workers
     online = ESWorker(client, keys, cfg, 0)
-    online.producer.maxlen = 10**9  # no master consuming: the stream is cleared each round
+    online.producer.producer.maxlen = 10**9  # no master consuming: the stream is cleared each round
     offline = OfflineWorker(client, keys, cfg, 1)
     on, off = [], []
     for _ in range(rounds):

@@ -67,14 +67,15 @@ def learner_rates(url: str, keys: RunKeys, cfg: ImpalaConfig, seconds: float, ro
         ours.append(done * frames_per_update / (time.perf_counter() - t))
         client.delete(keys.trajectories)
         ensure_group(client, keys.trajectories)
-        lrn.consumer._own_pending = True
     return statistics.median(ours), statistics.median(mem)
 
 
 def actor_rates(url: str, keys: RunKeys, cfg: ImpalaConfig, seconds: float, rounds: int):
     client = connect(url)
     actor = ImpalaActor(client, keys, cfg, 1)
-    actor.producer.maxlen = 10**9  # measure the push, not a consumer: the stream is cleared
+    actor.producer.producer.maxlen = (
+        10**9
+    )  # measure the push, not a consumer: the stream is cleared
     actor.version = 0
     obs, _ = actor.envs.reset()
     with_push, without = [], []

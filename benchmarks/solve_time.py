@@ -84,7 +84,6 @@ def pgpe_worker(seed: int, budget: float) -> None:
         "Linear(obs_length, 16) >> Tanh() >> Linear(16, act_length)",
         observation_normalization=True,
         num_actors=BASELINES["es"][3],
-        seed=seed,
     )
     searcher = Searcher(problem, **PGPE)
     env, start, gens = gym.make("CartPole-v1"), time.perf_counter(), 0

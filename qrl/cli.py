@@ -308,7 +308,7 @@ def train_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--eval-every",
             type=float,
-            default=3.0,
+            default=1.0,
             show_default=True,
             help="Seconds between evaluations.",
         ),
@@ -379,6 +379,7 @@ def _train_command(algo: Algo, doc: str) -> None:
         from qrl.train import Budget, default_run_name, run_training
 
         torch.set_num_threads(1)  # this process only evaluates; the cores are the roles'
+        algo.actor_cls(), algo.learner_cls()  # imported once here, inherited by forked roles
         cfg = parse_overrides(algo.config, overrides, env=env, seed=seed, **{count: actors})
         run = run or default_run_name(algo.name, cfg.env, cfg.seed)
         run_dir = run_dir or Path("runs") / run

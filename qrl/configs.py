@@ -64,7 +64,7 @@ class ImpalaConfig:
     hidden: tuple[int, ...] = (64, 64)
     # learning
     gamma: float = 0.99
-    lr: float = 1e-3
+    lr: float = 2e-3
     optimizer: str = "adam"  # adam | rmsprop
     grad_clip: float = 40.0
     rho_bar: float = 1.0

@@ -13,7 +13,9 @@ import contextlib
 import csv
 import json
 import logging
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,7 +53,7 @@ class Budget:
     target_return: float | None = 475.0
     max_time: float | None = 90.0
     max_steps: int | None = None
-    eval_every: float = 3.0
+    eval_every: float = 1.0
     eval_episodes: int = 10
 
 
@@ -138,44 +140,80 @@ def default_run_name(algo: str, env: str, seed: int) -> str:
     return f"{algo}-{safe}-s{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _spawn(role: Role, url: str, run: str, log_dir: Path) -> subprocess.Popen[bytes]:
-    logfile = open(log_dir / f"{role.name}.log", "ab")  # noqa: SIM115 - owned by the child
-    env = {**os.environ, "QRL_REDIS_URL": url}
-    cmd = [sys.executable, "-m", "qrl.cli", *role.args, "--run", run]
-    try:
-        return subprocess.Popen(
-            cmd,
-            stdout=logfile,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - no role outlives qrl train
-        )
-    finally:
-        logfile.close()
+class RoleProcess:
+    """One role of the job in its own OS process. On Linux it is forked from ``qrl train``
+    (which has already imported torch and gymnasium, so a role starts in milliseconds, not
+    the seconds a fresh interpreter takes); elsewhere it is a ``python -m qrl.cli``
+    subprocess. Either way its output goes to ``logs/ROLE.log`` and it dies with us."""
+
+    def __init__(self, role: Role, url: str, run: str, log_dir: Path) -> None:
+        self.name = role.name
+        argv = [*role.args, "--run", run]
+        log_path = log_dir / f"{role.name}.log"
+        self._proc: multiprocessing.process.BaseProcess | subprocess.Popen[bytes]
+        if sys.platform.startswith("linux"):
+            ctx = multiprocessing.get_context("fork")
+            self._proc = ctx.Process(target=_role_main, args=(argv, url, log_path), name=role.name)
+            self._proc.start()
+        else:
+            with log_path.open("ab") as log:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "qrl.cli", *argv],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env={**os.environ, "QRL_REDIS_URL": url},
+                )
+
+    def poll(self) -> int | None:
+        p = self._proc
+        return p.poll() if isinstance(p, subprocess.Popen) else p.exitcode
+
+    def wait(self, timeout: float) -> int | None:
+        p = self._proc
+        if isinstance(p, subprocess.Popen):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout)
+        else:
+            p.join(timeout)
+        return self.poll()
+
+    def terminate(self) -> None:
+        self._proc.terminate()
+
+    def kill(self) -> None:
+        self._proc.kill()
+
+
+def _role_main(argv: list[str], url: str, log_path: Path) -> None:
+    """A forked role: its own process group, output to its log, then the CLI command."""
+    die_with_parent()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)  # the role installs its own
+    os.environ["QRL_REDIS_URL"] = url
+    from qrl.cli import main
+
+    main(args=argv, prog_name="qrl")
 
 
 def _shutdown(
-    client: redis.Redis | None,
-    keys: RunKeys,
-    procs: dict[str, subprocess.Popen[bytes]],
-    grace: float,
+    client: redis.Redis | None, keys: RunKeys, procs: dict[str, RoleProcess], grace: float
 ) -> None:
     if client is not None:
         with contextlib.suppress(redis.RedisError):
             request_stop(client, keys)
     deadline = time.monotonic() + grace
     for p in procs.values():
-        try:
-            p.wait(max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
+        if p.wait(max(deadline - time.monotonic(), 0.1)) is None:
             p.terminate()
     for p in procs.values():
-        try:
-            p.wait(5)
-        except subprocess.TimeoutExpired:
+        if p.wait(5) is None:
             p.kill()
-            p.wait()
+            p.wait(5)
 
 
 def run_training(
@@ -201,7 +239,7 @@ def run_training(
     keys = RunKeys(run)
     server = None if redis_url else EmbeddedRedis().start()
     url = redis_url or server.url  # type: ignore[union-attr]
-    procs: dict[str, subprocess.Popen[bytes]] = {}
+    procs: dict[str, RoleProcess] = {}
     client = None
     reached = False
     failed = False
@@ -214,7 +252,7 @@ def run_training(
         stop = StopFlag(client, keys)
         reader = MetricsReader(client, keys, from_start=True)
         for role in roles:
-            procs[role.name] = _spawn(role, url, run, run_dir / "logs")
+            procs[role.name] = RoleProcess(role, url, run, run_dir / "logs")
         console.print(
             f"[bold]qrl[/] {algo} on {getattr(cfg, 'env', '?')}: run {run!r}, "
             f"Redis {url if redis_url else 'embedded'}, "

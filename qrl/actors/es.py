@@ -26,7 +26,7 @@ from qrl.envs import make_env
 from qrl.es import NoiseTable, PolicySpec, normalize
 from qrl.keys import RunKeys
 from qrl.metrics import report
-from qrl.streams import StreamProducer
+from qrl.streams import BackgroundProducer, StreamProducer
 from qrl.weights import Weights, WeightStore
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,9 @@ class ESWorker:
         self.obs = np.zeros((self.n, self.spec.obs_dim), np.float32)
         self.rng = np.random.default_rng(cfg.seed * 10_000 + worker_id)
         self.store = WeightStore(client, keys, keys.es_params)
-        self.producer = StreamProducer(client, keys.es_results, maxlen=cfg.stream_maxlen)
+        self.producer = BackgroundProducer(
+            StreamProducer(client, keys.es_results, maxlen=cfg.stream_maxlen)
+        )
         self.generation = -1
         self.theta = np.zeros(self.spec.dim, np.float32)
         self.obs_mean = np.zeros(self.spec.obs_dim)
@@ -142,11 +144,13 @@ class ESWorker:
         poll_every: int = 10,
     ) -> int:
         """Evaluate perturbations until ``should_stop()``; returns env steps taken."""
-        while (w := self.newer()) is None:
-            if should_stop():
+        while self.generation < 0:  # wait for the master's first generation
+            if (w := self.newer()) is not None:
+                self.adopt(w)
+            elif should_stop():
                 return 0
-            time.sleep(0.05)
-        self.adopt(w)
+            else:
+                time.sleep(0.05)
         self._reset_generation()
         next_report, last = time.monotonic() + report_every, (time.monotonic(), 0)
         vec_steps = 0
@@ -193,4 +197,5 @@ class ESWorker:
                 )
                 self.returns = []
                 next_report, last = now + report_every, (now, self.steps)
+        self.producer.flush(stopping=should_stop())
         return self.steps
