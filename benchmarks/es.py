@@ -36,7 +36,7 @@ class OfflineWorker(ESWorker):
         self.done_pairs = []
         return True
 
-    def run(self, should_stop, max_steps=None, report_every=1e9, poll_every=10**12):  # type: ignore[no-untyped-def]
+    def run(self, should_stop, max_steps=None, report_every=1e9, poll_every=1e12):  # type: ignore[no-untyped-def]
         return super().run(should_stop, max_steps, report_every, poll_every)
 
 
@@ -54,7 +54,7 @@ def coordination(url: str, cfg: ESConfig, seconds: float, rounds: int) -> tuple[
 
     ESMaster(lambda: connect(url), keys, cfg).publish()  # generation 0 for the workers
     online = ESWorker(client, keys, cfg, 0)
-    online.producer.producer.maxlen = 10**9  # no master consuming: the stream is cleared each round
+    online.producer.maxlen = 10**9  # no master consuming: the stream is cleared each round
     offline = OfflineWorker(client, keys, cfg, 1)
     on, off = [], []
     for _ in range(rounds):

@@ -73,9 +73,7 @@ def learner_rates(url: str, keys: RunKeys, cfg: ImpalaConfig, seconds: float, ro
 def actor_rates(url: str, keys: RunKeys, cfg: ImpalaConfig, seconds: float, rounds: int):
     client = connect(url)
     actor = ImpalaActor(client, keys, cfg, 1)
-    actor.producer.producer.maxlen = (
-        10**9
-    )  # measure the push, not a consumer: the stream is cleared
+    actor.producer.maxlen = 10**9  # measure the push, not a consumer: the stream is cleared
     actor.version = 0
     obs, _ = actor.envs.reset()
     with_push, without = [], []

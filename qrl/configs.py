@@ -22,9 +22,9 @@ class ApexConfig:
     n_step: int = 3
     lr: float = 1e-3
     adam_eps: float = 1e-5
-    batch_size: int = 128
+    batch_size: int = 64
     grad_clip: float = 10.0
-    target_update: int = 250  # learner updates between target-network syncs
+    target_update: int = 500  # learner updates between target-network syncs
     learning_starts: int = 1000  # transitions in the replay before the first update
     publish_every: int = 10  # learner updates between weight publications
     # replay
@@ -106,7 +106,8 @@ class ESConfig:
     obs_norm: bool = True
     workers: int = 2
     envs_per_worker: int = 16  # episodes a worker runs side by side
-    batch_pairs: int = 4  # antithetic pairs per results message
+    batch_pairs: int = 4  # antithetic pairs per results message (at least) ...
+    push_interval: float = 0.01  # ... and at least this many seconds between messages
     stream_maxlen: int = 256
 
     def __post_init__(self) -> None:

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -101,66 +99,6 @@ class StreamProducer:
             time.sleep(delay)
             self.waited_s += delay
             delay = min(delay * 2, self.max_delay)
-
-
-class BackgroundProducer:
-    """Sends through a :class:`StreamProducer` from its own thread, so an actor keeps stepping
-    its envs while the previous payload is on the wire. At most ``depth`` payloads wait here;
-    beyond that :meth:`add` blocks, so the stream's backpressure still reaches the caller.
-    :meth:`flush` waits until what is queued has been sent."""
-
-    def __init__(self, producer: StreamProducer, depth: int = 2) -> None:
-        self.producer = producer
-        self._queue: queue.Queue[bytes | threading.Event] = queue.Queue(depth)
-        self._stopping = threading.Event()
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._send, name="producer", daemon=True)
-        self._thread.start()
-
-    @property
-    def waited_s(self) -> float:
-        return self.producer.waited_s
-
-    def _send(self) -> None:
-        while True:
-            item = self._queue.get()
-            if isinstance(item, threading.Event):  # a flush marker: all before it is sent
-                item.set()
-                continue
-            try:
-                if self.error is None:
-                    self.producer.add(item, should_stop=self._stopping.is_set)
-            except Exception as e:  # reported to the caller on its next add or flush
-                self.error = e
-
-    def add(self, payload: bytes, should_stop: Callable[[], bool] | None = None) -> str | None:
-        """Queue one payload; returns ``"queued"``, or ``None`` if ``should_stop()`` became
-        true while the queue was full. Re-raises an error the sender thread hit."""
-        while True:
-            if self.error is not None:
-                raise self.error
-            try:
-                self._queue.put(payload, timeout=0.05)
-                return "queued"
-            except queue.Full:
-                if should_stop is not None and should_stop():
-                    return None
-
-    def flush(self, timeout: float = 10.0, stopping: bool = False) -> bool:
-        """Wait until everything queued is sent; with ``stopping``, give up on payloads
-        that meet a full stream. Returns False on timeout."""
-        if stopping:
-            self._stopping.set()
-        done = threading.Event()
-        try:
-            self._queue.put(done, timeout=timeout)
-            return done.wait(timeout)
-        except queue.Full:
-            return False
-        finally:
-            self._stopping.clear()
-            if self.error is not None:
-                raise self.error
 
 
 @dataclass

@@ -280,11 +280,12 @@ def run_training(
                     except (ValueError, RuntimeError) as e:  # e.g. weights that do not fit
                         log.warning("evaluation failed: %s", e)
                         score = None
+                    eval_s = time.monotonic() - now  # evaluate at most ~20% of the time
                     if score is not None:
                         progress.eval_return = score
                         progress.best_eval = max(score, progress.best_eval or score)
                         reached = budget.target_return is not None and score >= budget.target_return
-                    next_eval = time.monotonic() + budget.eval_every
+                    next_eval = time.monotonic() + max(budget.eval_every, 4 * eval_s)
                 writer.writerow(progress.row())
                 f.flush()
                 if interactive:

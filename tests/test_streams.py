@@ -173,23 +173,3 @@ def test_held_entries_are_not_delivered_twice(r, keys):
     p.add(item(3))
     assert [e.data["seq"] for e in again.read()] == [3]
     assert again.read() == []
-
-
-def test_background_producer_sends_everything_and_keeps_backpressure(r, keys):
-    from qrl.streams import BackgroundProducer
-
-    bp = BackgroundProducer(StreamProducer(r, keys.experience, maxlen=3, max_delay=0.01))
-    for i in range(3):
-        assert bp.add(item(i)) == "queued"
-    assert bp.flush(timeout=5) and r.xlen(keys.experience) == 3
-    bp.add(item(3))  # the stream is full: it waits in the sender thread ...
-    bp.add(item(4))
-    bp.add(item(5))
-    assert bp.add(item(6), should_stop=lambda: True) is None  # ... and then here
-    c = StreamConsumer(r, keys, keys.experience, ITEM, count=10, block_ms=10)
-    got = []
-    deadline = time.monotonic() + 5
-    while len(got) < 6 and time.monotonic() < deadline:
-        c.process(lambda es: got.extend(e.data["seq"] for e in es))
-    assert got == list(range(6))
-    assert bp.flush(timeout=5)

@@ -173,6 +173,5 @@ class ApexActor(VectorActor):
                 self.report(throttled_s=self.throttled_s)
                 next_report = time.monotonic() + report_every
         self.flush(should_stop)
-        self.producer.flush(stopping=should_stop())
         self.report(throttled_s=self.throttled_s)
         return self.steps

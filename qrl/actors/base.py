@@ -14,7 +14,7 @@ import torch
 from qrl.envs import env_spec, make_vector_env
 from qrl.keys import RunKeys
 from qrl.metrics import report
-from qrl.streams import BackgroundProducer, StreamProducer
+from qrl.streams import StreamProducer
 from qrl.weights import WeightStore
 
 
@@ -37,7 +37,7 @@ class VectorActor:
         )
         self.rng = np.random.default_rng(cfg.seed * 10_000 + actor_id)
         self.weights = WeightStore(client, keys)
-        self.producer = BackgroundProducer(StreamProducer(client, stream, maxlen=cfg.stream_maxlen))
+        self.producer = StreamProducer(client, stream, maxlen=cfg.stream_maxlen)
         self.net: torch.nn.Module
         self.version = -1
         self.steps = 0

@@ -26,7 +26,7 @@ from qrl.envs import make_env
 from qrl.es import NoiseTable, PolicySpec, normalize
 from qrl.keys import RunKeys
 from qrl.metrics import report
-from qrl.streams import BackgroundProducer, StreamProducer
+from qrl.streams import StreamProducer
 from qrl.weights import Weights, WeightStore
 
 log = logging.getLogger(__name__)
@@ -44,9 +44,7 @@ class ESWorker:
         self.obs = np.zeros((self.n, self.spec.obs_dim), np.float32)
         self.rng = np.random.default_rng(cfg.seed * 10_000 + worker_id)
         self.store = WeightStore(client, keys, keys.es_params)
-        self.producer = BackgroundProducer(
-            StreamProducer(client, keys.es_results, maxlen=cfg.stream_maxlen)
-        )
+        self.producer = StreamProducer(client, keys.es_results, maxlen=cfg.stream_maxlen)
         self.generation = -1
         self.theta = np.zeros(self.spec.dim, np.float32)
         self.obs_mean = np.zeros(self.spec.obs_dim)
@@ -54,6 +52,7 @@ class ESWorker:
         self.steps = 0
         self.episodes = 0
         self.abandoned = 0
+        self.last_push = 0.0
         self.returns: list[float] = []
 
     def newer(self) -> Weights | None:
@@ -133,6 +132,7 @@ class ESWorker:
             },
         )
         self.done_pairs = []
+        self.last_push = time.monotonic()
         self.obs_sum, self.obs_sumsq, self.obs_count = 0 * self.obs_sum, 0 * self.obs_sumsq, 0.0
         return self.producer.add(payload, should_stop=should_stop) is not None
 
@@ -141,7 +141,7 @@ class ESWorker:
         should_stop: Callable[[], bool],
         max_steps: int | None = None,
         report_every: float = 1.0,
-        poll_every: int = 10,
+        poll_every: float = 0.005,
     ) -> int:
         """Evaluate perturbations until ``should_stop()``; returns env steps taken."""
         while self.generation < 0:  # wait for the master's first generation
@@ -153,7 +153,7 @@ class ESWorker:
                 time.sleep(0.05)
         self._reset_generation()
         next_report, last = time.monotonic() + report_every, (time.monotonic(), 0)
-        vec_steps = 0
+        next_poll = 0.0
         while not should_stop() and (max_steps is None or self.steps < max_steps):
             actions = self.spec.act(self.params, normalize(self.obs, self.obs_mean, self.obs_std))
             ended = []
@@ -168,20 +168,24 @@ class ESWorker:
             self.obs_count += self.n
             self.length += 1
             self.steps += self.n
-            vec_steps += 1
             for j in ended:
                 self._finish(j)
                 self._assign(j)  # resets the env with the next job's seed
-            if len(self.done_pairs) >= self.cfg.batch_pairs and not self.push(should_stop):
+            now = time.monotonic()
+            if (
+                len(self.done_pairs) >= self.cfg.batch_pairs
+                and now - self.last_push >= self.cfg.push_interval
+                and not self.push(should_stop)
+            ):
                 break
-            if vec_steps % poll_every == 0 and self.store.version() > self.generation:
-                w = self.newer()
+            if now >= next_poll:  # a new generation? (one HGET, at most every poll_every s)
+                next_poll = now + poll_every
+                w = self.newer() if self.store.version() > self.generation else None
                 if w is not None:
                     self.push(should_stop)  # the old generation's pairs (the master counts them)
                     self.abandoned += self.n  # episodes in flight on the old parameters
                     self.adopt(w)
                     self._reset_generation()
-            now = time.monotonic()
             if now >= next_report:
                 t0, s0 = last
                 report(
@@ -197,5 +201,4 @@ class ESWorker:
                 )
                 self.returns = []
                 next_report, last = now + report_every, (now, self.steps)
-        self.producer.flush(stopping=should_stop())
         return self.steps

@@ -95,6 +95,5 @@ class ImpalaActor(VectorActor):
             if time.monotonic() >= next_report:
                 self.report()
                 next_report = time.monotonic() + report_every
-        self.producer.flush(stopping=should_stop())
         self.report()
         return self.steps
