@@ -3,7 +3,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,14 +15,7 @@ from qrl.configs import ApexConfig
 from qrl.control import request_stop
 from qrl.replay.role import make_replay
 from qrl.weights import WeightStore
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def qrl(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "qrl.cli", *args], capture_output=True, text=True, cwd=ROOT, **kw
-    )
+from tests.cli import ROOT, eval_mean, qrl, train
 
 
 def test_nstep_returns_match_the_definition():
@@ -78,10 +70,9 @@ def test_per_actor_epsilons_follow_the_paper():
 @pytest.fixture(scope="module")
 def cartpole_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("apex") / "run"
-    t = time.monotonic()
-    proc = qrl(
-        "train",
+    result = train(
         "apex",
+        run_dir,
         "--env",
         "CartPole-v1",
         "--seed",
@@ -90,41 +81,29 @@ def cartpole_run(tmp_path_factory):
         "200",
         "--max-time",
         "120",
-        "--eval-every",
-        "2",
-        "--run-dir",
-        str(run_dir),
-        timeout=240,
     )
-    return proc, run_dir, time.monotonic() - t
+    return result, run_dir
 
 
 def test_train_apex_cli_learns_cartpole(cartpole_run):
-    proc, run_dir, wall = cartpole_run
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((run_dir / "result.json").read_text())
+    result, run_dir = cartpole_run
     assert result["reached"] and result["eval_return"] >= 200  # random play scores ~22
     assert result["updates"] > 0 and result["env_steps"] > 0
     rows = (run_dir / "metrics.csv").read_text().splitlines()
     assert rows[0].startswith("time_s,env_steps") and len(rows) > 3
     config = json.loads((run_dir / "config.json").read_text())
     assert config["algo"] == "apex" and config["config"]["env"] == "CartPole-v1"
-    assert {p.name for p in (run_dir / "logs").iterdir()} >= {
-        "learner.log",
-        "replay0.log",
-        "actor0.log",
-    }
+    logs = {p.name for p in (run_dir / "logs").iterdir()}
+    assert logs >= {"learner.log", "replay0.log", "actor0.log"}
 
 
 def test_eval_plays_the_saved_checkpoint(cartpole_run):
-    _, run_dir, _ = cartpole_run
+    _, run_dir = cartpole_run
     ckpt = run_dir / "checkpoint.pt"
     state = load_checkpoint(ckpt, "apex", ApexConfig(seed=0))
     assert state["step"] > 0
-    out = qrl("eval", str(ckpt), "--episodes", "5", timeout=120)
-    assert out.returncode == 0, out.stderr
-    mean = float(out.stdout.split("mean return ")[1].split()[0])
-    assert mean > 100, out.stdout
+    mean, out = eval_mean(ckpt)
+    assert mean > 100, out
     with pytest.raises(CheckpointError, match="different configuration"):
         load_checkpoint(ckpt, "apex", ApexConfig(seed=0, lr=0.5))
     with pytest.raises(CheckpointError, match="not impala"):

@@ -1,9 +1,7 @@
 import hashlib
-import json
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,8 +13,7 @@ from qrl.connection import connect
 from qrl.es import Adam, NoiseTable, PolicySpec, centered_ranks, es_gradient
 from qrl.learners.es import ESMaster
 from qrl.streams import FIELD, GROUP
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.cli import ROOT, eval_mean, train
 
 
 def test_centered_ranks():
@@ -131,51 +128,22 @@ def test_master_ignores_stale_results_and_resumes(r, keys, redis_server):
 
 def test_train_es_cli_learns_cartpole(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "qrl.cli",
-            "train",
-            "es",
-            "--env",
-            "CartPole-v1",
-            "--seed",
-            "1",
-            "--target-return",
-            "300",
-            "--max-time",
-            "90",
-            "--eval-every",
-            "2",
-            "--run-dir",
-            str(run_dir),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
+    result = train(
+        "es",
+        run_dir,
+        "--env",
+        "CartPole-v1",
+        "--seed",
+        "1",
+        "--target-return",
+        "300",
+        "--max-time",
+        "90",
         timeout=200,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((run_dir / "result.json").read_text())
     assert result["reached"] and result["eval_return"] >= 300  # random play scores ~22
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "qrl.cli",
-            "eval",
-            str(run_dir / "checkpoint.pt"),
-            "--episodes",
-            "5",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert out.returncode == 0 and "es step" in out.stdout, out.stderr
-    assert float(out.stdout.split("mean return ")[1].split()[0]) > 100
+    mean, out = eval_mean(run_dir / "checkpoint.pt")
+    assert "es step" in out and mean > 100
 
 
 def test_master_resumes_from_its_checkpoint_when_redis_has_nothing(r, keys, redis_server, tmp_path):

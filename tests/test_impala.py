@@ -1,8 +1,3 @@
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -16,8 +11,7 @@ from qrl.learners.impala import ImpalaLearner, stack_unrolls
 from qrl.messages import unroll_schema
 from qrl.streams import GROUP, Entry
 from qrl.vtrace import vtrace
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.cli import eval_mean, train
 
 
 def random_inputs(t=12, b=5, seed=0, gamma=0.9):
@@ -144,47 +138,18 @@ def test_learner_drops_unrolls_beyond_max_policy_lag(r, keys, redis_server):
 
 def test_train_impala_cli_learns_cartpole(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "qrl.cli",
-            "train",
-            "impala",
-            "--env",
-            "CartPole-v1",
-            "--seed",
-            "0",
-            "--target-return",
-            "200",
-            "--max-time",
-            "120",
-            "--eval-every",
-            "2",
-            "--run-dir",
-            str(run_dir),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=240,
+    result = train(
+        "impala",
+        run_dir,
+        "--env",
+        "CartPole-v1",
+        "--seed",
+        "0",
+        "--target-return",
+        "200",
+        "--max-time",
+        "120",
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((run_dir / "result.json").read_text())
     assert result["reached"] and result["eval_return"] >= 200  # random play scores ~22
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "qrl.cli",
-            "eval",
-            str(run_dir / "checkpoint.pt"),
-            "--episodes",
-            "5",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
-    assert out.returncode == 0 and "impala step" in out.stdout, out.stderr
+    mean, out = eval_mean(run_dir / "checkpoint.pt")
+    assert "impala step" in out and mean > 50

@@ -54,7 +54,6 @@ class ApexLearner(Learner):
         # sampling and priority writing happen on their own connections and threads
         self.sampler = make_replay(self.client_factory(), self.keys, cfg, seed=cfg.seed)
         self.writer = make_replay(self.client_factory(), self.keys, cfg)
-        self.batches: queue.Queue[Batch] = queue.Queue(maxsize=4)
         self.priorities: queue.Queue[tuple[list[bytes], np.ndarray] | None] = queue.Queue(16)
         self._threads: list[threading.Thread] = []
         return net, torch.optim.Adam(net.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
@@ -69,13 +68,7 @@ class ApexLearner(Learner):
                 s = self.sampler.sample(self.cfg.batch_size, self.cfg.beta)
                 if s is None:
                     continue
-                batch = Batch(s, self.device)
-                while not self.stopping.is_set():
-                    try:
-                        self.batches.put(batch, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+                self.offer(Batch(s, self.device))
         except Exception:
             self.fail("prefetch thread")
 
@@ -117,10 +110,7 @@ class ApexLearner(Learner):
 
     # -- learning
     def next_batch(self, timeout: float) -> Batch | None:
-        try:
-            return self.batches.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        return self.take(timeout)
 
     def loss(self, b: Batch) -> torch.Tensor:
         """IS-weighted Huber loss of the n-step double-DQN target."""

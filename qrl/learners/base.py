@@ -8,6 +8,7 @@ batch into a loss; the loop here does the rest.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ class Learner:
     ``loss``; they may override ``start_threads``/``stop_threads`` and ``after_step``."""
 
     algo = ""
+    prefetch = 4  # batches the data threads may prepare ahead of the gradient loop
 
     def __init__(
         self,
@@ -55,6 +57,8 @@ class Learner:
         self.device = pick_device(device)
         torch.set_num_threads(threads)  # actors share the cores: one compute thread by default
         torch.manual_seed(cfg.seed)
+        self.stopping = threading.Event()
+        self.batches: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
         self.net, self.opt = self.build()
         self.updates = 0
         self.skipped = 0  # updates skipped for a non-finite loss
@@ -67,7 +71,6 @@ class Learner:
             self.updates = int(state["step"])
             log.info("resumed from %s at update %d", checkpoint, self.updates)
         self.weights = WeightStore(self.client, keys)
-        self.stopping = threading.Event()
         self.failed: str | None = None  # set by a data thread that died
 
     # -- for subclasses
@@ -92,6 +95,24 @@ class Learner:
 
     def metrics(self) -> dict[str, float]:
         return {}
+
+    # -- the hand-over between data threads and the gradient loop
+    def offer(self, batch: Any) -> None:
+        """From a data thread: queue ``batch``, waiting while the queue is full (until the
+        learner stops)."""
+        while not self.stopping.is_set():
+            try:
+                self.batches.put(batch, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def take(self, timeout: float) -> Any | None:
+        """The next queued batch, or ``None`` after ``timeout`` seconds."""
+        try:
+            return self.batches.get(timeout=timeout)
+        except queue.Empty:
+            return None
 
     # -- shared
     def update(self, batch: Any) -> float:

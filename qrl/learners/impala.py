@@ -70,6 +70,7 @@ def stack_unrolls(entries: list[Entry], device: torch.device) -> UnrollBatch:
 
 class ImpalaLearner(Learner):
     algo = "impala"
+    prefetch = 2
 
     def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         cfg = self.cfg
@@ -88,7 +89,6 @@ class ImpalaLearner(Learner):
             count=max(1, cfg.batch_unrolls // per_entry),
             block_ms=100,
         )
-        self.batches: queue.Queue[UnrollBatch] = queue.Queue(maxsize=2)
         self.done: queue.SimpleQueue[list[Entry]] = queue.SimpleQueue()  # used: to acknowledge
         self._thread: threading.Thread | None = None
         self.dropped = 0  # unrolls dropped for exceeding max_policy_lag
@@ -113,14 +113,8 @@ class ImpalaLearner(Learner):
                 pending += self.consumer.read()
                 if sum(e.data["obs"].shape[1] for e in pending) < self.cfg.batch_unrolls:
                     continue
-                batch = stack_unrolls(pending, self.device)
+                self.offer(stack_unrolls(pending, self.device))
                 pending = []
-                while not self.stopping.is_set():
-                    try:
-                        self.batches.put(batch, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
         except Exception:
             self.fail("loader thread")
 
@@ -134,9 +128,8 @@ class ImpalaLearner(Learner):
         self._ack_done()
 
     def next_batch(self, timeout: float) -> UnrollBatch | None:
-        try:
-            b = self.batches.get(timeout=timeout)
-        except queue.Empty:
+        b = self.take(timeout)
+        if b is None:
             return None
         lag = self.updates - b.versions
         self.lag.extend(lag.tolist())

@@ -1,0 +1,32 @@
+"""Running the real ``qrl`` command line from tests."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def qrl(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """``python -m qrl.cli ARGS`` from the repository root, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "qrl.cli", *args], capture_output=True, text=True, cwd=ROOT, **kw
+    )
+
+
+def train(algo: str, run_dir: Path, *args: str, timeout: float = 240) -> dict[str, Any]:
+    """``qrl train ALGO ARGS --run-dir RUN_DIR``; asserts it exited 0, returns result.json."""
+    proc = qrl("train", algo, *args, "--run-dir", str(run_dir), timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def eval_mean(checkpoint: Path, episodes: int = 5) -> tuple[float, str]:
+    """``qrl eval CHECKPOINT``: the mean return it printed, and its whole output."""
+    out = qrl("eval", str(checkpoint), "--episodes", str(episodes), timeout=120)
+    assert out.returncode == 0, out.stderr
+    return float(out.stdout.split("mean return ")[1].split()[0]), out.stdout
