@@ -147,31 +147,17 @@ class ApexActor(VectorActor):
         self.throttled_s += time.monotonic() - t0
         return True
 
-    def run(
-        self,
-        should_stop: Callable[[], bool],
-        max_steps: int | None = None,
-        report_every: float = 1.0,
-    ) -> int:
-        """Act until ``should_stop()`` (or ``max_steps`` env steps); returns env steps taken."""
-        if not self.wait_for_weights(should_stop):
-            return 0
-        obs, _ = self.envs.reset()
-        next_report = time.monotonic() + report_every
-        vec_steps = 0
-        while not should_stop() and (max_steps is None or self.steps < max_steps):
-            actions = self.act(obs)
-            next_obs, true_next, rewards, term, trunc = self.step_envs(actions)
-            self.pending += self.nstep.add(obs, actions, rewards, true_next, term, trunc)
-            obs = next_obs
-            vec_steps += 1
-            if len(self.pending) >= self.cfg.actor_batch and not self.flush(should_stop):
-                break
-            if vec_steps % self.cfg.weight_poll == 0:
-                self.refresh_weights()
-            if time.monotonic() >= next_report:
-                self.report(throttled_s=self.throttled_s)
-                next_report = time.monotonic() + report_every
+    def advance(self, obs: np.ndarray, should_stop: Callable[[], bool]) -> np.ndarray | None:
+        """One vector step; pushes a batch when ``actor_batch`` transitions are ready."""
+        actions = self.act(obs)
+        next_obs, true_next, rewards, term, trunc = self.step_envs(actions)
+        self.pending += self.nstep.add(obs, actions, rewards, true_next, term, trunc)
+        if len(self.pending) >= self.cfg.actor_batch and not self.flush(should_stop):
+            return None
+        return next_obs
+
+    def finish(self, should_stop: Callable[[], bool]) -> None:
         self.flush(should_stop)
-        self.report(throttled_s=self.throttled_s)
-        return self.steps
+
+    def extra_metrics(self) -> dict[str, float]:
+        return {"throttled_s": self.throttled_s}

@@ -84,6 +84,45 @@ class VectorActor:
         self.steps += len(actions)
         return next_obs, true_next, rewards, term, trunc
 
+    # -- for subclasses
+    def advance(self, obs: np.ndarray, should_stop: Callable[[], bool]) -> np.ndarray | None:
+        """One unit of work from ``obs`` (a vector step, an unroll); returns the observation
+        to go on from, or ``None`` if stopped while pushing."""
+        raise NotImplementedError
+
+    def finish(self, should_stop: Callable[[], bool]) -> None:
+        """Push what is left before the actor ends."""
+
+    def extra_metrics(self) -> dict[str, float]:
+        return {}
+
+    def run(
+        self,
+        should_stop: Callable[[], bool],
+        max_steps: int | None = None,
+        report_every: float = 1.0,
+    ) -> int:
+        """Act until ``should_stop()`` (or ``max_steps`` env steps); returns env steps taken.
+        Weights are checked every ``weight_poll`` units of work."""
+        if not self.wait_for_weights(should_stop):
+            return 0
+        obs, _ = self.envs.reset()
+        next_report = time.monotonic() + report_every
+        n = 0
+        while not should_stop() and (max_steps is None or self.steps < max_steps):
+            obs = self.advance(obs, should_stop)
+            if obs is None:
+                break
+            n += 1
+            if n % self.cfg.weight_poll == 0:
+                self.refresh_weights()
+            if time.monotonic() >= next_report:
+                self.report(**self.extra_metrics())
+                next_report = time.monotonic() + report_every
+        self.finish(should_stop)
+        self.report(**self.extra_metrics())
+        return self.steps
+
     def report(self, **extra: float) -> None:
         """Send env steps, steps/s and the episodes finished since the last report."""
         now = time.monotonic()

@@ -7,7 +7,6 @@ sends the B unrolls as one stream entry; ``qrl/learners/impala.py`` consumes it.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 
@@ -73,27 +72,9 @@ class ImpalaActor(VectorActor):
         }
         return msg, obs
 
-    def run(
-        self,
-        should_stop: Callable[[], bool],
-        max_steps: int | None = None,
-        report_every: float = 1.0,
-    ) -> int:
-        """Act until ``should_stop()`` (or ``max_steps`` env steps); returns env steps taken."""
-        if not self.wait_for_weights(should_stop):
-            return 0
-        obs, _ = self.envs.reset()
-        next_report = time.monotonic() + report_every
-        n = 0
-        while not should_stop() and (max_steps is None or self.steps < max_steps):
-            msg, obs = self.unroll(obs)
-            if self.producer.add(encode("impala.unrolls", msg), should_stop=should_stop) is None:
-                break
-            n += 1
-            if n % self.cfg.weight_poll == 0:
-                self.refresh_weights()
-            if time.monotonic() >= next_report:
-                self.report()
-                next_report = time.monotonic() + report_every
-        self.report()
-        return self.steps
+    def advance(self, obs: np.ndarray, should_stop: Callable[[], bool]) -> np.ndarray | None:
+        """One unroll of T steps, pushed as one stream entry."""
+        msg, obs = self.unroll(obs)
+        if self.producer.add(encode("impala.unrolls", msg), should_stop=should_stop) is None:
+            return None
+        return obs
