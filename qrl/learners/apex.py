@@ -131,4 +131,4 @@ class ApexLearner(Learner):
             self.target.load_state_dict(self.net.state_dict())
 
     def metrics(self) -> dict[str, float]:
-        return {"replay_size": float(self.sampler._n)}
+        return {"replay_size": float(self.sampler.last_size)}

@@ -263,7 +263,7 @@ class PrioritizedReplay:
         self._fetch = client.register_script(_FETCH_RANKS)
         self._proportional = client.register_script(_SAMPLE_PROPORTIONAL)
         self._rank_cdf: np.ndarray | None = None
-        self._n = 0  # size seen at the last call; the replay never shrinks
+        self.last_size = 0  # transitions present at the last call (the replay never shrinks)
 
     # -- writing
     def insert(self, records: list[bytes], priorities: np.ndarray, batch_id: str = "") -> int:
@@ -306,8 +306,8 @@ class PrioritizedReplay:
 
     # -- reading
     def size(self) -> int:
-        self._n = int(self.client.zcard(self.keys.replay_priorities))
-        return self._n
+        self.last_size = int(self.client.zcard(self.keys.replay_priorities))
+        return self.last_size
 
     def stats(self) -> dict[str, int]:
         meta = self.client.hmget(self.keys.replay_meta, ["inserted", "evicted"])
@@ -336,7 +336,7 @@ class PrioritizedReplay:
         """A stratified prioritized batch, or ``None`` while the replay is empty."""
         u = self._stratified(batch_size)
         if self.mode == "rank":
-            n = self._n or self.size()
+            n = self.last_size or self.size()
             if n == 0:
                 return None
             cdf = self._cdf()[: min(n, self.capacity)]
@@ -346,7 +346,7 @@ class PrioritizedReplay:
                 keys=[self.keys.replay_priorities, self.keys.replay_data],
                 args=["desc", " ".join(map(str, ranks.tolist()))],
             )
-            self._n = int(n_now)
+            self.last_size = int(n_now)
             ids, recs = flat[0::3], flat[2::3]
             probs = probs_all[: len(ids)]
         else:
@@ -360,7 +360,7 @@ class PrioritizedReplay:
                     u.astype("<f8").tobytes(),
                 ],
             )
-            n = self._n = int(n_now)
+            n = self.last_size = int(n_now)
             ids, recs = flat[0::4], flat[2::4]
             probs = np.array([float(x) for x in flat[3::4]])
         if not ids:
