@@ -3,19 +3,16 @@
     python benchmarks/learner.py [--updates 2000] [--rounds 3] [--device cpu]
 
 Both sides run the same ``ApexLearner.update`` (double DQN, dueling, Adam, publishing weights
-every 10 updates). "redis" samples prioritized batches from a filled Redis replay in the
-learner's prefetch thread and writes priorities back from its writer thread; "memory" cycles
-through batches already on the device. Rounds alternate; the ratio is redis / memory
+every 10 updates). "redis" takes prioritized batches sampled from a filled Redis replay by the
+learner's sampler process, which also writes the priorities back; "memory" cycles through
+batches already on the device. Rounds alternate; the ratio is redis / memory
 (goal >= 0.9).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import queue
 import statistics
-import threading
 import time
 
 import numpy as np
@@ -47,21 +44,13 @@ def redis_round(lrn: ApexLearner, updates: int) -> float:
 
 
 def memory_round(lrn: ApexLearner, pool: list[Batch], updates: int) -> float:
-    drained = threading.Event()
-
-    def drain() -> None:  # no Redis on this side: priorities are dropped
-        while not drained.is_set():
-            with contextlib.suppress(queue.Empty):
-                lrn.priorities.get(timeout=0.05)
-
-    th = threading.Thread(target=drain, daemon=True)
-    th.start()
+    send = lrn.send_priorities
+    lrn.send_priorities = lambda b: None  # no Redis on this side: priorities are dropped
     t = time.perf_counter()
     for i in range(updates):
         lrn.update(pool[i % len(pool)])
     rate = updates / (time.perf_counter() - t)
-    drained.set()
-    th.join()
+    lrn.send_priorities = send
     return rate
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -205,6 +206,6 @@ class Learner:
 
     def fail(self, what: str) -> None:
         """Called by a data thread that cannot go on: the learner stops and exits non-zero."""
-        log.exception("%s failed", what)
+        log.error("%s failed", what, exc_info=sys.exc_info()[0] is not None)
         self.failed = f"{what} failed"
         self.stopping.set()
