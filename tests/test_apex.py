@@ -251,3 +251,37 @@ def test_restarted_learner_resumes_from_its_checkpoint(r, keys, redis_server, tm
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert load_checkpoint(ckpt, "apex", cfg)["step"] == 130 and store.version() == 130
+
+
+def test_learner_fails_loudly_when_its_sampler_dies(r, keys, redis_server):
+    import signal
+    import threading
+
+    from qrl.connection import connect
+    from qrl.learners.apex import ApexLearner
+
+    cfg = ApexConfig(learning_starts=100)
+    create_run(r, keys, "apex", cfg)
+    replay = make_replay(r, keys, cfg)
+    obs = np.zeros((200, 4), np.float32)
+    replay.insert(
+        replay.layout.pack(obs, np.zeros(200), np.ones(200), np.ones(200), obs), np.ones(200)
+    )
+    lrn = ApexLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            lrn.run(lambda: False, max_updates=10**9)
+        except RuntimeError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 30
+    while lrn.updates < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lrn.updates >= 20  # it trains on what the sampler sends
+    os.kill(lrn._sampler.pid, signal.SIGKILL)
+    t.join(30)
+    assert not t.is_alive() and errors and "sampler process" in str(errors[0])
