@@ -218,7 +218,9 @@ def test_restarted_learner_resumes_from_its_checkpoint(r, keys, redis_server, tm
     )
     ckpt = tmp_path / "learner.pt"
     env = {**os.environ, "QRL_REDIS_URL": redis_server.url}
-    for expected in (30, 60):
+
+    def learn_30() -> int:
+        """Run ``qrl learner apex`` for 30 updates; returns the checkpoint's step."""
         out = qrl(
             "learner",
             "apex",
@@ -232,25 +234,15 @@ def test_restarted_learner_resumes_from_its_checkpoint(r, keys, redis_server, tm
             timeout=120,
         )
         assert out.returncode == 0, out.stderr[-2000:]
-        assert load_checkpoint(ckpt, "apex", cfg)["step"] == expected
+        return load_checkpoint(ckpt, "apex", cfg)["step"]
+
+    for expected in (30, 60):
+        assert learn_30() == expected
         assert WeightStore(r, keys).version() == expected  # versions continue, never repeat
     # killed after publishing past its last checkpoint: the restart continues from Redis
     store = WeightStore(r, keys)
     store.publish(store.fetch().params, version=100)
-    out = qrl(
-        "learner",
-        "apex",
-        "--run",
-        keys.run,
-        "--checkpoint",
-        str(ckpt),
-        "--max-updates",
-        "30",
-        env=env,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert load_checkpoint(ckpt, "apex", cfg)["step"] == 130 and store.version() == 130
+    assert learn_30() == 130 and store.version() == 130
 
 
 def test_learner_fails_loudly_when_its_sampler_dies(r, keys, redis_server):
