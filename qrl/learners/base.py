@@ -8,7 +8,6 @@ batch into a loss; the loop here does the rest.
 from __future__ import annotations
 
 import logging
-import queue
 import sys
 import threading
 import time
@@ -42,7 +41,6 @@ class Learner:
     ``loss``; they may override ``start_threads``/``stop_threads`` and ``after_step``."""
 
     algo = ""
-    prefetch = 4  # batches the data threads may prepare ahead of the gradient loop
 
     def __init__(
         self,
@@ -59,7 +57,6 @@ class Learner:
         torch.set_num_threads(threads)  # actors share the cores: one compute thread by default
         torch.manual_seed(cfg.seed)
         self.stopping = threading.Event()
-        self.batches: queue.Queue[Any] = queue.Queue(maxsize=self.prefetch)
         self.net, self.opt = self.build()
         self.updates = 0
         self.skipped = 0  # updates skipped for a non-finite loss
@@ -96,24 +93,6 @@ class Learner:
 
     def metrics(self) -> dict[str, float]:
         return {}
-
-    # -- the hand-over between data threads and the gradient loop
-    def offer(self, batch: Any) -> None:
-        """From a data thread: queue ``batch``, waiting while the queue is full (until the
-        learner stops)."""
-        while not self.stopping.is_set():
-            try:
-                self.batches.put(batch, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def take(self, timeout: float) -> Any | None:
-        """The next queued batch, or ``None`` after ``timeout`` seconds."""
-        try:
-            return self.batches.get(timeout=timeout)
-        except queue.Empty:
-            return None
 
     # -- shared
     def update(self, batch: Any) -> float:

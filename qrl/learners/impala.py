@@ -8,6 +8,7 @@ thread computes gradients.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -70,7 +71,6 @@ def stack_unrolls(entries: list[Entry], device: torch.device) -> UnrollBatch:
 
 class ImpalaLearner(Learner):
     algo = "impala"
-    prefetch = 2
 
     def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         cfg = self.cfg
@@ -89,6 +89,7 @@ class ImpalaLearner(Learner):
             count=max(1, cfg.batch_unrolls // per_entry),
             block_ms=100,
         )
+        self.batches: queue.Queue[UnrollBatch] = queue.Queue(maxsize=2)  # stacked, ready
         self.done: queue.SimpleQueue[list[Entry]] = queue.SimpleQueue()  # used: to acknowledge
         self._thread: threading.Thread | None = None
         self.dropped = 0  # unrolls dropped for exceeding max_policy_lag
@@ -113,7 +114,11 @@ class ImpalaLearner(Learner):
                 pending += self.consumer.read()
                 if sum(e.data["obs"].shape[1] for e in pending) < self.cfg.batch_unrolls:
                     continue
-                self.offer(stack_unrolls(pending, self.device))
+                batch = stack_unrolls(pending, self.device)
+                while not self.stopping.is_set():  # wait for room, unless stopping
+                    with contextlib.suppress(queue.Full):
+                        self.batches.put(batch, timeout=0.1)
+                        break
                 pending = []
         except Exception:
             self.fail("loader thread")
@@ -128,8 +133,9 @@ class ImpalaLearner(Learner):
         self._ack_done()
 
     def next_batch(self, timeout: float) -> UnrollBatch | None:
-        b = self.take(timeout)
-        if b is None:
+        try:
+            b = self.batches.get(timeout=timeout)
+        except queue.Empty:
             return None
         lag = self.updates - b.versions
         self.lag.extend(lag.tolist())
