@@ -10,7 +10,6 @@ from qrl.codec import (
     Field,
     Schema,
     decode,
-    decode_any,
     encode,
 )
 
@@ -26,6 +25,7 @@ BATCH = Schema(
 
 # every dtype and shape the system uses: Atari frames, vector obs, actions, rewards, flags,
 # logits, priorities, parameters, scalars and empty batches
+ANY = Schema("x", {"a": Field(np.ndarray, optional=True)})  # one array of any dtype and shape
 SHAPES = [(), (0,), (1,), (7,), (1024, 4), (256, 84, 84), (4, 84, 84), (20, 8, 6), (3, 0, 2)]
 
 
@@ -34,9 +34,7 @@ SHAPES = [(), (0,), (1,), (7,), (1024, 4), (256, 84, 84), (4, 84, 84), (20, 8, 6
 def test_array_round_trip(dtype, shape):
     rng = np.random.default_rng(0)
     arr = np.asarray(rng.standard_normal(shape) * 100).astype(dtype)
-    kind, data = decode_any(encode("x", {"a": arr}))
-    out = data["a"]
-    assert kind == "x"
+    out = decode(encode("x", {"a": arr}), ANY)["a"]
     assert out.dtype == np.dtype(dtype) and out.shape == shape
     np.testing.assert_array_equal(out, arr)
 
@@ -44,7 +42,7 @@ def test_array_round_trip(dtype, shape):
 def test_non_contiguous_and_big_endian_arrays_round_trip():
     base = np.arange(24, dtype=np.float32).reshape(4, 6)
     for arr in (base.T, base[:, ::2], base.astype(">f4"), np.asfortranarray(base)):
-        np.testing.assert_array_equal(decode_any(encode("x", {"a": arr}))[1]["a"], arr)
+        np.testing.assert_array_equal(decode(encode("x", {"a": arr}), ANY)["a"], arr)
 
 
 def test_scalars_and_nesting_round_trip():
@@ -59,7 +57,16 @@ def test_scalars_and_nesting_round_trip():
         "d": {"inner": np.ones(3, np.int64)},
         "g": np.float32(2.5),
     }
-    _, out = decode_any(encode("x", data))
+    schema = Schema(
+        "x",
+        {
+            **{k: Field(type(v)) for k, v in data.items() if k not in "ndg"},
+            "n": Field(str, optional=True),
+            "d": Field(dict, values=Field(np.ndarray, dtypes=("int64",))),
+            "g": Field(float),
+        },
+    )
+    out = decode(encode("x", data), schema)
     assert out["i"] == -3 and out["f"] == 1.5 and out["s"] == "héllo" and out["b"] == b"\x00\x01"
     assert out["n"] is None and out["t"] is True and out["l"] == [1, 2.0, "x"] and out["g"] == 2.5
     np.testing.assert_array_equal(out["d"]["inner"], np.ones(3))
@@ -101,8 +108,8 @@ def _frame(obj) -> bytes:
     return lz4.frame.compress(msgpack.packb(obj, use_bin_type=True))
 
 
-def _arr_ext(header: bytes, body: bytes) -> list:
-    return [msgpack.ExtType(1, header), body]
+def _arr(header: bytes, body: bytes) -> list:
+    return [header, body]
 
 
 @pytest.mark.parametrize(
@@ -114,50 +121,69 @@ def _arr_ext(header: bytes, body: bytes) -> list:
         (lz4.frame.compress(msgpack.packb({}), store_size=False), "does not record its content"),
         (encode("x", {})[:-3], "truncated"),
         (encode("x", {}) + b"junk", "trailing data"),
-        (_frame({"v": SCHEMA_VERSION + 1, "k": "x", "d": {}}), "unknown schema version"),
-        (_frame({"v": SCHEMA_VERSION, "k": "x"}), "envelope"),
-        (_frame([1, 2, 3]), "envelope"),
-        (_frame({"v": SCHEMA_VERSION, "k": 5, "d": {}}), "kind is not a string"),
-        (_frame({"v": SCHEMA_VERSION, "k": "x", "d": [1]}), "data is not a map"),
+        (_frame([SCHEMA_VERSION + 1, "x", {}]), "unknown schema version"),
+        (_frame([SCHEMA_VERSION, "x"]), "envelope"),
+        (_frame({"v": SCHEMA_VERSION, "k": "x", "d": {}}), "envelope"),
+        (_frame([SCHEMA_VERSION, 5, {}]), "kind is not a string"),
+        (_frame([SCHEMA_VERSION, "x", [1]]), "data is not a map"),
+        (_frame([SCHEMA_VERSION, "y", {}]), "expected a 'x' message"),
         (lz4.frame.compress(b"\xc1"), "malformed msgpack"),
+        (_frame([1, "x", {"a": _arr(b"\x63\x01\x02\x00\x00\x00", b"")}]), "dtype code 99"),
         (
-            _frame({"v": 1, "k": "x", "d": {"a": _arr_ext(b"\x63\x01\x02\x00\x00\x00", b"")}}),
-            "dtype code 99",
-        ),
-        (
-            _frame({"v": 1, "k": "x", "d": {"a": _arr_ext(b"\x01\x01\xff\xff\xff\xff", b"ab")}}),
+            _frame([1, "x", {"a": _arr(b"\x01\x01\xff\xff\xff\xff", b"ab")}]),
             "needs 4294967295 bytes",
         ),
-        (_frame({"v": 1, "k": "x", "d": {"a": _arr_ext(b"\x01\x09", b"")}}), "9 dimensions"),
-        (_frame({"v": 1, "k": "x", "d": {"a": _arr_ext(b"\x01\x02\x01", b"")}}), "shape truncated"),
-        (_frame({"v": 1, "k": "x", "d": {"a": _arr_ext(b"\x01\x00", "ab")}}), "not bytes"),
-        (_frame({"v": 1, "k": "x", "d": {"a": msgpack.ExtType(7, b"")}}), "extension type 7"),
+        (_frame([1, "x", {"a": _arr(b"\x01\x09", b"")}]), "9 dimensions"),
+        (_frame([1, "x", {"a": _arr(b"\x01\x02\x01", b"")}]), "shape truncated"),
+        (_frame([1, "x", {"a": _arr(b"\x01", b"")}]), "header truncated"),
+        (_frame([1, "x", {"a": _arr(b"\x01\x00", "ab")}]), "must be bytes"),
+        (_frame([1, "x", {"a": [b"\x01\x00"]}]), "must be array"),
+        (_frame([1, "x", {"a": msgpack.ExtType(7, b"")}]), "must be array, got ExtType"),
     ],
 )
 def test_decoder_rejects_malformed_with_reason(payload, reason):
     with pytest.raises(CodecError, match=reason):
-        decode_any(payload)
+        decode(payload, ANY)
 
 
 def test_nested_values_must_be_plain():
     schema = Schema("x", {"a": Field(dict), "l": Field(list)})
-    ok = {"a": {"b": [1, np.zeros(2)]}, "l": [{"c": "d"}]}
-    assert decode(encode("x", ok), schema)["l"] == [{"c": "d"}]
-    for bad in (
-        {"a": {"b": msgpack.Timestamp(0)}, "l": []},
-        {"a": {}, "l": [msgpack.Timestamp(1)]},
-        {"a": {1: 2}, "l": []},
-        {"a": {}, "l": msgpack.Timestamp(1)},
+    ok = {"a": {"b": [1, 2.5, None]}, "l": [{"c": "d"}]}
+    assert decode(encode("x", ok), schema) == ok
+    for bad, reason in (
+        ({"a": {"b": msgpack.Timestamp(0)}, "l": []}, "'a.b' holds a Timestamp"),
+        ({"a": {}, "l": [msgpack.Timestamp(1)]}, r"'l\[0\]' holds a Timestamp"),
+        ({"a": {b"k": 2}, "l": []}, "non-string key b'k'"),
+        ({"a": {}, "l": msgpack.Timestamp(1)}, "'l' must be list"),
     ):
-        with pytest.raises(CodecError):
-            decode(_frame({"v": 1, "k": "x", "d": bad}), schema)
+        with pytest.raises(CodecError, match=reason):
+            decode(_frame([1, "x", bad]), schema)
+
+
+def test_map_of_arrays_checks_every_value():
+    schema = Schema("x", {"p": Field(dict, values=Field(np.ndarray, finite=True))})
+    params = {"w": np.ones((2, 3), np.float32), "b": np.zeros(3, np.float64)}
+    out = decode(encode("x", {"p": params}), schema)["p"]
+    assert out.keys() == params.keys()
+    for k in params:
+        np.testing.assert_array_equal(out[k], params[k])
+        assert out[k].dtype == params[k].dtype
+    for bad, reason in (
+        ({"w": np.array([np.nan], np.float32)}, "'p.w' contains NaN"),
+        ({"w": 3}, "'p.w' must be array"),
+        ({"w": [b"\x0a\x01\x02\x00\x00\x00", b"abc"]}, "needs 8 bytes"),
+    ):
+        with pytest.raises(CodecError, match=reason):
+            decode(encode("x", {"p": bad}), schema)
+    with pytest.raises(CodecError, match="non-string key"):
+        decode(_frame([1, "x", {"p": {b"w": [b"\x00\x00", b"\x00"]}}]), schema)
 
 
 def test_decompression_bomb_is_capped():
     bomb = lz4.frame.compress(b"\x00" * (64 << 20))  # 64 MiB of zeros, ~250 KiB compressed
     assert len(bomb) < 1 << 20
     with pytest.raises(CodecError, match="cap"):
-        decode_any(bomb, max_bytes=1 << 20)
+        decode(bomb, ANY, max_bytes=1 << 20)
 
 
 def test_frame_lying_about_its_size_is_rejected_without_inflating():
@@ -179,7 +205,7 @@ def test_frame_lying_about_its_size_is_rejected_without_inflating():
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with pytest.raises(CodecError, match="LZ4"):
-        decode_any(bytes(lz4_frame))
+        decode(bytes(lz4_frame), ANY)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 16 << 10  # KiB
 
 
@@ -204,3 +230,18 @@ def test_no_pickle_anywhere_in_the_package():
         text = path.read_text()
         assert "import pickle" not in text and "pickle.loads" not in text, path
         assert "allow_pickle=True" not in text, path
+
+
+def test_failed_encode_leaves_nothing_behind_and_threads_do_not_mix():
+    from concurrent.futures import ThreadPoolExecutor
+
+    with pytest.raises(CodecError):
+        encode("x", {"a": np.zeros(3), "b": object()})  # fails after packing part of the map
+    assert decode(encode("x", {"a": np.arange(3.0)}), ANY)["a"].tolist() == [0.0, 1.0, 2.0]
+
+    def round_trip(i: int) -> bool:
+        arr = np.full((64, i + 1), i, np.int32)
+        return all((decode(encode("x", {"a": arr}), ANY)["a"] == arr).all() for _ in range(200))
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(round_trip, range(16)))

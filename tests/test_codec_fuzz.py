@@ -82,7 +82,7 @@ payloads = st.one_of(
             | st.binary(),
             lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=4), c, max_size=4),
             max_leaves=12,
-        ).map(lambda d: {"v": 1, "k": "batch", "d": d} if isinstance(d, dict) else d),
+        ).map(lambda d: [1, "batch", d] if isinstance(d, dict) else d),
     ),
 )
 
