@@ -118,12 +118,16 @@ def _join(redis_url: str | None, run: str, algo: str, cls: type) -> tuple[Any, A
         raise click.ClickException(str(e)) from e
 
 
-def parse_overrides(cls: type, pairs: tuple[str, ...], **direct: Any) -> Any:
-    """A ``cls`` config from ``--set key=value`` pairs (typed by the dataclass) and options."""
+def parse_overrides(
+    cls: type, pairs: tuple[str, ...], base: dict[str, Any] | None = None, **direct: Any
+) -> Any:
+    """A ``cls`` config from ``base`` (e.g. a config file), then options, then ``--set
+    key=value`` pairs (typed by the dataclass)."""
     from qrl.config import from_dict
 
     hints = typing.get_type_hints(cls)
-    values: dict[str, Any] = {k: v for k, v in direct.items() if v is not None}
+    values: dict[str, Any] = dict(base or {})
+    values.update({k: v for k, v in direct.items() if v is not None})
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or key not in hints:
@@ -149,23 +153,213 @@ def parse_overrides(cls: type, pairs: tuple[str, ...], **direct: Any) -> Any:
         raise click.BadParameter(str(e), param_hint="--set") from e
 
 
+class IdParam(click.ParamType):
+    """A process number, or ``auto``: the next free number of that role in the run (so
+    ``docker compose --scale actor=8`` gives eight different actors)."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int | str:
+        if isinstance(value, int) or value == "auto":
+            return value
+        try:
+            n = int(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a number or 'auto'", param, ctx)
+        if n < 0:
+            self.fail(f"{n} is negative", param, ctx)
+        return n
+
+
+def _resolve_id(client: Any, keys: Any, role: str, ident: int | str) -> int:
+    if ident != "auto":
+        return int(ident)
+    n = int(client.hincrby(keys.ids, role, 1)) - 1
+    log.info("%s got --id %d", role, n)
+    return n
+
+
+def id_option(role: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(
+        "--id",
+        "ident",
+        type=IdParam(),
+        default="auto",
+        show_default=True,
+        help=f"{role.capitalize()} number (sets its seeds; for Ape-X actors the epsilon); "
+        f"auto = the run's next free {role} number.",
+    )
+
+
 def _stop_flag(client: Any, keys: Any) -> Any:
     from qrl.control import StopFlag
 
     return StopFlag(client, keys)
 
 
+@main.group("run")
+def run_group() -> None:
+    """Create, list, stop and delete runs in a Redis (nothing is started)."""
+
+
+def _connect_or_fail(redis_url: str | None) -> Any:
+    from qrl.connection import RedisUnavailable, connect
+
+    try:
+        return connect(redis_url, wait=10)
+    except RedisUnavailable as e:
+        raise click.ClickException(str(e)) from e
+
+
+def _read_config_file(path: Path, algo: str) -> dict[str, Any]:
+    """Config fields from a TOML file: top-level keys, or the keys of an ``[ALGO]`` table."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise click.BadParameter(f"{path}: {e}", param_hint="--config") from e
+    table = data.get(algo, data)
+    if not isinstance(table, dict):
+        raise click.BadParameter(f"{path}: [{algo}] is not a table", param_hint="--config")
+    tables = [k for k, v in table.items() if isinstance(v, dict)]
+    if tables:
+        raise click.BadParameter(
+            f"{path}: unexpected tables {tables} (put the fields at the top level or in [{algo}])",
+            param_hint="--config",
+        )
+    return table
+
+
+@run_group.command("create")
+@click.argument("algo", type=click.Choice(sorted(ALGOS)))
+@redis_options
+@click.option("--env", default=None, help="Gymnasium environment id (default: the config's).")
+@click.option("--seed", type=int, default=None, help="Random seed (default 0).")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="TOML file of config fields (top level or an [ALGO] table); options override it.",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override any config field, e.g. --set lr=5e-4 --set hidden=128,128.",
+)
+def run_create(
+    algo: str,
+    redis_url: str | None,
+    run: str,
+    env: str | None,
+    seed: int | None,
+    config_file: Path | None,
+    overrides: tuple[str, ...],
+) -> None:
+    """Write a run's configuration to Redis without starting anything; roles started with
+    --run NAME then join it.
+
+    \b
+      qrl run create apex --run cartpole --env CartPole-v1 --set lr=5e-4
+      qrl run create impala --run lunar --config lunar.toml
+    """
+    from qrl.config import RunExists, create_run, to_dict
+    from qrl.keys import RunKeys
+
+    spec = ALGOS[algo]
+    base = _read_config_file(config_file, algo) if config_file else None
+    cfg = parse_overrides(spec.config, overrides, base, env=env, seed=seed)
+    try:
+        keys = RunKeys(run)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--run") from e
+    client = _connect_or_fail(redis_url)
+    try:
+        created = create_run(client, keys, algo, cfg)
+    except RunExists as e:
+        raise click.ClickException(str(e)) from e
+    client.hdel(keys.control, "stop")  # roles of a re-created run do not stop at once
+    click.echo(
+        f"{'created' if created else 'kept (identical config)'} run {run}: {algo} on {cfg.env}"
+    )
+    log.info("config: %s", to_dict(cfg))
+
+
+@run_group.command("list")
+@click.option("--redis", "redis_url", envvar="QRL_REDIS_URL", default=None, help=REDIS_OPTION_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def run_list(redis_url: str | None, as_json: bool) -> None:
+    """List the runs in a Redis."""
+    import json
+    import time
+
+    from qrl.config import list_runs
+
+    runs = list_runs(_connect_or_fail(redis_url))
+    if as_json:
+        click.echo(json.dumps(runs, indent=2))
+        return
+    if not runs:
+        click.echo("no runs")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("run", "algo", "env", "created", "state")
+    for r in runs:
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"] or 0))
+        table.add_row(r["run"], r["algo"], r["env"], created, "stopped" if r["stopped"] else "")
+    Console().print(table)
+
+
+@run_group.command("stop")
+@redis_options
+def run_stop(redis_url: str | None, run: str) -> None:
+    """Ask every role of a run to stop (they finish their in-flight batch and exit 0)."""
+    from qrl.control import request_stop
+    from qrl.keys import RunKeys
+
+    request_stop(_connect_or_fail(redis_url), RunKeys(run))
+    click.echo(f"asked run {run} to stop")
+
+
+@run_group.command("delete")
+@click.argument("name")
+@click.option("--redis", "redis_url", envvar="QRL_REDIS_URL", default=None, help=REDIS_OPTION_HELP)
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def run_delete(name: str, redis_url: str | None, yes: bool) -> None:
+    """Delete every key of run NAME (config, weights, streams, replay, metrics)."""
+    from qrl.config import delete_run
+    from qrl.keys import RunKeys
+
+    try:
+        keys = RunKeys(name)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="NAME") from e
+    client = _connect_or_fail(redis_url)
+    if not client.exists(keys.config) and not any(client.scan_iter(keys.pattern(), count=100)):
+        raise click.ClickException(f"no run {name!r} in this Redis")
+    if not yes:
+        click.confirm(f"Delete run {name!r} and all its data?", abort=True)
+    n = delete_run(client, keys)
+    click.echo(f"deleted run {name} ({n} keys)")
+
+
 @main.command("replay")
 @redis_options
-@click.option(
-    "--id", "ident", type=int, default=0, show_default=True, help="Replay process number."
-)
-def replay_cmd(redis_url: str | None, run: str, ident: int) -> None:
+@id_option("replay")
+def replay_cmd(redis_url: str | None, run: str, ident: int | str) -> None:
     """Drain a run's experience stream into its prioritized replay (several may run)."""
     from qrl.configs import ApexConfig
     from qrl.replay.role import ReplayFiller
 
     client, keys, cfg = _join(redis_url, run, "apex", ApexConfig)
+    ident = _resolve_id(client, keys, "replay", ident)
     filler = ReplayFiller(client, keys, cfg, ident)
     n = filler.run(_stop_flag(client, keys))
     log.info("replay %d stopped after inserting %d transitions", ident, n)
@@ -205,22 +399,17 @@ DEVICE = click.option(
 
 def _actor_command(algo: Algo) -> None:
     group, name = algo.actor_cmd
+    role = "worker" if group == "es" else "actor"
 
     @GROUPS[group].command(
-        name, help=f"A {algo.name} {name}: joins the run, plays, pushes results."
+        name, help=f"An {algo.name} {role}: joins the run, plays, pushes results."
     )
     @redis_options
-    @click.option(
-        "--id",
-        "ident",
-        type=int,
-        default=0,
-        show_default=True,
-        help="Actor number (sets its seeds, and for Ape-X its epsilons).",
-    )
+    @id_option(role)
     @click.option("--max-steps", type=int, default=None, help="Stop after this many env steps.")
-    def cmd(redis_url: str | None, run: str, ident: int, max_steps: int | None) -> None:
+    def cmd(redis_url: str | None, run: str, ident: int | str, max_steps: int | None) -> None:
         client, keys, cfg = _join(redis_url, run, algo.name, algo.config)
+        ident = _resolve_id(client, keys, role, ident)
         steps = algo.actor_cls()(client, keys, cfg, ident).run(
             _stop_flag(client, keys), max_steps=max_steps
         )

@@ -109,7 +109,9 @@ def load_run(client: redis.Redis, keys: RunKeys) -> tuple[str, dict[str, Any]]:
     """The run's ``(algo, config dict)``; raises :class:`RunNotFound` or ``CodecError``."""
     blob = client.get(keys.config)
     if blob is None:
-        raise RunNotFound(f"no run {keys.run!r} in this Redis (create it with `qrl train`)")
+        raise RunNotFound(
+            f"no run {keys.run!r} in this Redis (create it with `qrl run create` or `qrl train`)"
+        )
     msg = decode(blob, RUN_CONFIG)
     return msg["algo"], msg["config"]
 
@@ -120,3 +122,43 @@ def load_run_config(client: redis.Redis, keys: RunKeys, algo: str, cls: type[C])
     if found != algo:
         raise CodecError(f"run {keys.run!r} is a {found} run, not {algo}")
     return from_dict(cls, data)
+
+
+def list_runs(client: redis.Redis) -> list[dict[str, Any]]:
+    """Every run in this Redis: name, algo, env, created (unix time), stopped; unreadable
+    configs are listed with algo ``?``."""
+    runs = []
+    for key in client.scan_iter(match=RunKeys.config_pattern(), count=1000):
+        name = RunKeys.run_of(key)
+        if name is None:
+            continue
+        keys = RunKeys(name)
+        try:
+            blob = client.get(keys.config)
+            msg = decode(blob, RUN_CONFIG) if blob is not None else None
+        except CodecError:
+            msg = None
+        runs.append(
+            {
+                "run": name,
+                "algo": msg["algo"] if msg else "?",
+                "env": msg["config"].get("env", "?") if msg else "?",
+                "created": msg["created"] if msg else None,
+                "stopped": bool(client.hget(keys.control, "stop")),
+            }
+        )
+    return sorted(runs, key=lambda r: r["created"] or 0.0)
+
+
+def delete_run(client: redis.Redis, keys: RunKeys) -> int:
+    """Delete every key of the run (``qrl:{RUN}:*``); returns how many were removed."""
+    n = 0
+    batch: list[Any] = []
+    for key in client.scan_iter(match=keys.pattern(), count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            n += client.unlink(*batch)
+            batch = []
+    if batch:
+        n += client.unlink(*batch)
+    return n

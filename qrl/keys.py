@@ -13,6 +13,13 @@ from dataclasses import dataclass
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 
+_KEY = re.compile(r"^qrl:\{([A-Za-z0-9][A-Za-z0-9_.\-]{0,63})\}:")
+
+
+def _glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
 def check_run_name(run: str) -> str:
     """Return ``run`` if it is a valid run name (letters, digits, ``_.-``, at most 64)."""
     if not isinstance(run, str) or not _RUN_NAME.match(run):
@@ -39,6 +46,22 @@ class RunKeys:
 
     def _k(self, name: str) -> str:
         return self.prefix + name
+
+    def pattern(self) -> str:
+        """A SCAN/KEYS pattern matching every key of this run."""
+        return _glob_escape(self.prefix) + "*"
+
+    @staticmethod
+    def config_pattern() -> str:
+        """A SCAN pattern matching the config key of every run."""
+        return "qrl:{*}:config"
+
+    @staticmethod
+    def run_of(key: bytes | str) -> str | None:
+        """The run name in a key ``qrl:{RUN}:...``, or None if it is not a valid run key."""
+        text = key.decode() if isinstance(key, bytes) else key
+        m = _KEY.match(text)
+        return m.group(1) if m else None
 
     # run metadata
     @property
@@ -70,6 +93,19 @@ class RunKeys:
     def control(self) -> str:
         """Run control flags (hash), e.g. ``stop``."""
         return self._k("control")
+
+    @property
+    def ids(self) -> str:
+        """Next free process number per role (hash), for ``--id auto``."""
+        return self._k("ids")
+
+    def proc(self, name: str) -> str:
+        """One process's heartbeat (string with a TTL), ``name`` = ``role.id@host:pid``."""
+        return self._k("proc:" + name)
+
+    def procs_pattern(self) -> str:
+        """A SCAN pattern matching every heartbeat key of this run."""
+        return _glob_escape(self.prefix) + "proc:*"
 
     # Ape-X
     @property
