@@ -191,6 +191,13 @@ def id_option(role: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     )
 
 
+def _leave(client: Any, keys: Any, role: str, ident: int) -> None:
+    """A role that stopped cleanly takes its heartbeat out of ``qrl status``."""
+    from qrl.status import leave
+
+    leave(client, keys, role, ident)
+
+
 def _stop_flag(client: Any, keys: Any) -> Any:
     from qrl.control import StopFlag
 
@@ -212,7 +219,8 @@ def _connect_or_fail(redis_url: str | None) -> Any:
 
 
 def _read_config_file(path: Path, algo: str) -> dict[str, Any]:
-    """Config fields from a TOML file: top-level keys, or the keys of an ``[ALGO]`` table."""
+    """Config fields from a TOML file: top-level keys, overridden by an ``[ALGO]`` table
+    (tables of other algorithms are ignored, so one file can serve all three)."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover
@@ -221,16 +229,16 @@ def _read_config_file(path: Path, algo: str) -> dict[str, Any]:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise click.BadParameter(f"{path}: {e}", param_hint="--config") from e
-    table = data.get(algo, data)
-    if not isinstance(table, dict):
-        raise click.BadParameter(f"{path}: [{algo}] is not a table", param_hint="--config")
-    tables = [k for k, v in table.items() if isinstance(v, dict)]
-    if tables:
+    values = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    unknown = [k for k, v in data.items() if isinstance(v, dict) and k not in ALGOS]
+    if unknown:
         raise click.BadParameter(
-            f"{path}: unexpected tables {tables} (put the fields at the top level or in [{algo}])",
+            f"{path}: unexpected tables {unknown} (fields go at the top level or in an "
+            f"[{'|'.join(sorted(ALGOS))}] table)",
             param_hint="--config",
         )
-    return table
+    values.update(data.get(algo, {}))  # the [ALGO] table overrides the shared fields
+    return values
 
 
 @run_group.command("create")
@@ -350,6 +358,73 @@ def run_delete(name: str, redis_url: str | None, yes: bool) -> None:
     click.echo(f"deleted run {name} ({n} keys)")
 
 
+@main.command("status")
+@click.option("--redis", "redis_url", envvar="QRL_REDIS_URL", default=None, help=REDIS_OPTION_HELP)
+@click.option(
+    "--run", envvar="QRL_RUN", default=None, help="Run name (default: $QRL_RUN, or the only run)."
+)
+@click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
+@click.option(
+    "--interval", type=float, default=2.0, show_default=True, help="Seconds between refreshes."
+)
+@click.option(
+    "--stale-after",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Flag a process whose last heartbeat is older than this many seconds.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (for scripts).")
+def status_cmd(
+    redis_url: str | None,
+    run: str | None,
+    watch: bool,
+    interval: float,
+    stale_after: float,
+    as_json: bool,
+) -> None:
+    """Every live process of a run, throughput per role, streams and consumer-group lag,
+    replay size, weight version, policy lag and dead letters; stale heartbeats flagged."""
+    import json
+    import time
+
+    from qrl.config import list_runs
+    from qrl.keys import RunKeys
+    from qrl.status import collect, render
+
+    client = _connect_or_fail(redis_url)
+    if run is None:
+        runs = [r["run"] for r in list_runs(client)]
+        if len(runs) != 1:
+            raise click.UsageError(f"pass --run (runs in this Redis: {', '.join(runs) or 'none'})")
+        run = runs[0]
+    keys = RunKeys(run)
+    if not client.exists(keys.config):
+        raise click.ClickException(f"no run {run!r} in this Redis")
+    if as_json:
+        while True:
+            click.echo(json.dumps(collect(client, keys, stale_after)))
+            if not watch:
+                return
+            time.sleep(interval)
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console() if sys.stdout.isatty() else Console(width=160)  # pipes: no wrapping
+    if not watch:
+        console.print(render(collect(client, keys, stale_after)))
+        return
+    with Live(
+        render(collect(client, keys, stale_after)), console=console, auto_refresh=False
+    ) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                live.update(render(collect(client, keys, stale_after)), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
 @main.command("replay")
 @redis_options
 @id_option("replay")
@@ -362,6 +437,7 @@ def replay_cmd(redis_url: str | None, run: str, ident: int | str) -> None:
     ident = _resolve_id(client, keys, "replay", ident)
     filler = ReplayFiller(client, keys, cfg, ident)
     n = filler.run(_stop_flag(client, keys))
+    _leave(client, keys, "replay", ident)
     log.info("replay %d stopped after inserting %d transitions", ident, n)
 
 
@@ -413,6 +489,7 @@ def _actor_command(algo: Algo) -> None:
         steps = algo.actor_cls()(client, keys, cfg, ident).run(
             _stop_flag(client, keys), max_steps=max_steps
         )
+        _leave(client, keys, role, ident)
         log.info("actor %d stopped after %d env steps", ident, steps)
 
 
@@ -454,6 +531,7 @@ def _learner_command(algo: Algo) -> None:
         except (CheckpointError, RuntimeError, ValueError) as e:
             raise click.ClickException(str(e)) from e
         n = lrn.run(_stop_flag(client, keys), max_updates)
+        _leave(client, keys, "master" if group == "es" else "learner", 0)
         log.info("%s %s stopped after %d updates", algo.name, name, n)
 
     if algo.torch_learner:

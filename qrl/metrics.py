@@ -12,6 +12,7 @@ import redis
 from qrl.codec import CodecError, decode, encode
 from qrl.keys import RunKeys
 from qrl.messages import METRICS
+from qrl.status import beat
 from qrl.streams import FIELD, dead_letter
 
 log = logging.getLogger(__name__)
@@ -20,9 +21,14 @@ MAXLEN = 10_000
 
 
 def report(client: redis.Redis, keys: RunKeys, role: str, ident: int = 0, **values: Any) -> None:
-    """Append one report ``values`` (numbers or lists of numbers) from ``role`` #``ident``."""
-    payload = encode("metrics", {"role": role, "id": ident, "time": time.time(), "values": values})
-    client.xadd(keys.metrics, {FIELD: payload}, maxlen=MAXLEN, approximate=True)
+    """Append one report ``values`` (numbers or lists of numbers) from ``role`` #``ident``,
+    and refresh the process's heartbeat (see :mod:`qrl.status`) in the same round trip."""
+    now = time.time()
+    payload = encode("metrics", {"role": role, "id": ident, "time": now, "values": values})
+    pipe = client.pipeline(transaction=False)
+    pipe.xadd(keys.metrics, {FIELD: payload}, maxlen=MAXLEN, approximate=True)
+    beat(pipe, keys, role, ident, now, values)
+    pipe.execute()
 
 
 class MetricsReader:

@@ -1,0 +1,214 @@
+"""Heartbeats and ``qrl status``: what every process of a run is doing, at a glance.
+
+Every role already sends a metrics report about once a second (:func:`qrl.metrics.report`);
+the same call refreshes the process's heartbeat, a key ``qrl:{RUN}:proc:ROLE.ID@HOST:PID``
+holding its latest counters, with a TTL. A process that dies stops refreshing it: ``qrl
+status`` flags it stale after :data:`STALE_AFTER` seconds, and Redis forgets it after
+:data:`HEARTBEAT_TTL`. A role that stops cleanly removes its own key.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import numpy as np
+import redis
+
+from qrl.codec import CodecError, Field, Schema, decode, encode
+from qrl.keys import RunKeys
+
+STALE_AFTER = 10.0  # seconds without a heartbeat before a process is flagged
+HEARTBEAT_TTL = 120  # seconds a silent process stays listed (as stale)
+
+HEARTBEAT = Schema(
+    "heartbeat",
+    {
+        "role": Field(str),
+        "id": Field(int),
+        "host": Field(str),
+        "pid": Field(int),
+        "started": Field(float),
+        "time": Field(float),
+        "values": Field(dict),
+    },
+)
+
+_HOST = socket.gethostname()
+_started: dict[int, float] = {}  # pid -> first heartbeat (forked roles inherit the module)
+
+
+def proc_name(role: str, ident: int) -> str:
+    return f"{role}.{ident}@{_HOST}:{os.getpid()}"
+
+
+def beat(pipe: Any, keys: RunKeys, role: str, ident: int, now: float, values: dict) -> None:
+    """Queue this process's heartbeat on ``pipe``: its numeric counters, with a TTL."""
+    pid = os.getpid()
+    counters = {k: v for k, v in values.items() if isinstance(v, (int, float)) and np.isfinite(v)}
+    payload = encode(
+        "heartbeat",
+        {
+            "role": role,
+            "id": ident,
+            "host": _HOST,
+            "pid": pid,
+            "started": _started.setdefault(pid, now),
+            "time": now,
+            "values": counters,
+        },
+    )
+    pipe.set(keys.proc(proc_name(role, ident)), payload, ex=HEARTBEAT_TTL)
+
+
+def leave(client: redis.Redis, keys: RunKeys, role: str, ident: int) -> None:
+    """Remove this process's heartbeat (it stopped cleanly)."""
+    client.delete(keys.proc(proc_name(role, ident)))
+
+
+# --------------------------------------------------------------------------- collect
+
+_STREAMS = ("experience", "trajectories", "es_results")
+# per role: the counter that measures its throughput
+_RATE = {"actor": "steps_per_s", "worker": "steps_per_s", "replay": "inserted_per_s"}
+
+
+def _stream(client: redis.Redis, key: str) -> dict[str, Any] | None:
+    if not client.exists(key):
+        return None
+    info: dict[str, Any] = {"length": client.xlen(key), "pending": 0, "lag": 0, "consumers": 0}
+    try:
+        groups = client.xinfo_groups(key)
+    except redis.ResponseError:
+        groups = []
+    for g in groups:
+        info["pending"] += int(g.get("pending") or 0)
+        info["consumers"] += int(g.get("consumers") or 0)
+        lag = g.get("lag")  # Redis >= 7; None when Redis cannot tell
+        info["lag"] = None if lag is None or info["lag"] is None else info["lag"] + int(lag)
+    return info
+
+
+def _int(value: Any, default: int = -1) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def collect(client: redis.Redis, keys: RunKeys, stale_after: float = STALE_AFTER) -> dict[str, Any]:
+    """Everything ``qrl status`` shows, as plain data (what ``--json`` prints)."""
+    from qrl.config import RunNotFound, load_run
+
+    try:
+        algo, config = load_run(client, keys)
+    except (RunNotFound, CodecError):
+        algo, config = None, {}
+    sec, usec = client.time()
+    now = sec + usec / 1e6
+    procs = []
+    names = list(client.scan_iter(match=keys.procs_pattern(), count=1000))
+    for blob in client.mget(names) if names else []:
+        if blob is None:
+            continue  # expired between SCAN and MGET
+        try:
+            hb = decode(blob, HEARTBEAT)
+        except CodecError:
+            continue
+        age = now - hb["time"]
+        procs.append({**hb, "age_s": round(age, 1), "stale": age > stale_after})
+    procs.sort(key=lambda p: (p["role"], p["id"], p["host"], p["pid"]))
+    live = [p for p in procs if not p["stale"]]
+
+    throughput: dict[str, float] = {}
+    for p in live:
+        rate = p["values"].get(_RATE.get(p["role"], "updates_per_s"))
+        if rate is not None:
+            throughput[p["role"]] = throughput.get(p["role"], 0.0) + float(rate)
+
+    weights_key = keys.es_params if algo == "es" else keys.weights
+    version = _int(client.hget(weights_key, "version"))
+    actor_versions = [
+        p["values"]["version"] for p in live if p["role"] == "actor" and "version" in p["values"]
+    ]
+    learner = next((p for p in live if p["role"] in ("learner", "master")), None)
+    if learner and "policy_lag" in learner["values"]:
+        policy_lag = learner["values"]["policy_lag"]  # measured on the batches it trained on
+    elif actor_versions and version >= 0:
+        policy_lag = float(version - min(actor_versions))  # oldest actor behind the learner
+    else:
+        policy_lag = None
+
+    stats = {k.decode(): _int(v, 0) for k, v in client.hgetall(keys.stats).items()}
+    streams = {}
+    for attr in _STREAMS:
+        info = _stream(client, getattr(keys, attr))
+        if info is not None:
+            streams[attr] = info
+    return {
+        "run": keys.run,
+        "algo": algo,
+        "env": config.get("env"),
+        "stopped": bool(client.hget(keys.control, "stop")),
+        "time": now,
+        "processes": procs,
+        "throughput": throughput,
+        "streams": streams,
+        "replay_size": client.zcard(keys.replay_priorities) if algo == "apex" else None,
+        "weights_version": version,
+        "policy_lag": policy_lag,
+        "dead_letters": client.xlen(keys.deadletter),
+        "rejected": stats.get("rejected", 0),
+        "stats": stats,
+    }
+
+
+# --------------------------------------------------------------------------- render
+
+_SHOWN = ("steps", "updates", "inserted", "generation", "version", "rejected", "skipped")
+
+
+def render(status: dict[str, Any]) -> Any:
+    """A rich renderable of :func:`collect`'s result."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    s = status
+    head = Text.assemble(
+        ("run ", "bold"),
+        (s["run"], "bold cyan"),
+        f"  {s['algo'] or '?'} on {s['env'] or '?'}",
+        ("  STOPPED" if s["stopped"] else "", "bold yellow"),
+        f"   weights v{s['weights_version']}",
+        f"   policy lag {s['policy_lag']:.1f}" if s["policy_lag"] is not None else "",
+        f"   replay {s['replay_size']:,}" if s["replay_size"] is not None else "",
+        (f"   dead letters {s['dead_letters']}", "red" if s["dead_letters"] else ""),
+    )
+    procs = Table("process", "host:pid", "up", "heartbeat", "rate/s", "counters", box=None)
+    for p in s["processes"]:
+        v = p["values"]
+        rate = v.get(_RATE.get(p["role"], "updates_per_s"))
+        beat_age = f"{p['age_s']:.0f}s ago" + (" STALE" if p["stale"] else "")
+        procs.add_row(
+            f"{p['role']}.{p['id']}",
+            f"{p['host']}:{p['pid']}",
+            f"{s['time'] - p['started']:.0f}s",
+            beat_age,
+            f"{rate:,.0f}" if rate is not None else "",
+            " ".join(f"{k} {v[k]:,.0f}" for k in _SHOWN if k in v),
+            style="bold red" if p["stale"] else None,
+        )
+    if not s["processes"]:
+        procs.add_row("(no process has reported)", "", "", "", "", "")
+    rates = Table("role", "total rate/s", box=None)
+    for role, rate in sorted(s["throughput"].items()):
+        rates.add_row(role, f"{rate:,.1f}")
+    streams = Table("stream", "length", "pending", "lag", "consumers", box=None)
+    for name, info in s["streams"].items():
+        lag = "?" if info["lag"] is None else f"{info['lag']:,}"
+        streams.add_row(
+            name, f"{info['length']:,}", f"{info['pending']:,}", lag, str(info["consumers"])
+        )
+    return Group(head, Text(""), procs, Text(""), rates, Text(""), streams)

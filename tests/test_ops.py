@@ -1,0 +1,151 @@
+"""Operating a run from the CLI: ``qrl run create/list/stop/delete``, ``--id auto``,
+heartbeats and ``qrl status`` (real processes, real Redis)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from qrl.config import load_run
+from tests.cli import ROOT, qrl
+
+
+def _status(run: str, *extra: str) -> dict:
+    out = qrl("status", "--run", run, "--json", *extra, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _wait_status(run: str, pred, *extra: str, timeout: float = 60.0) -> dict:
+    """``qrl status --json`` polled until ``pred(status)`` holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = _status(run, *extra)
+        if pred(st):
+            return st
+        assert time.monotonic() < deadline, f"status never satisfied the condition: {st}"
+        time.sleep(0.3)
+
+
+def test_run_create_from_toml_with_overrides_then_list_stop_delete(r, keys, tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('env = "Acrobot-v1"\n[apex]\nlr = 5e-4\nhidden = [32, 32]\nactors = 3\n')
+    out = qrl("run", "create", "apex", "--run", keys.run, "--config", str(cfg), "--set", "lr=1e-3")
+    assert out.returncode == 0, out.stderr
+    algo, config = load_run(r, keys)
+    # the [apex] table applies over the top level, --set over both
+    assert algo == "apex" and config["env"] == "Acrobot-v1" and config["actors"] == 3
+    assert config["lr"] == 1e-3 and config["hidden"] == [32, 32]
+
+    same = qrl("run", "create", "apex", "--run", keys.run, "--config", str(cfg), "--set", "lr=1e-3")
+    assert same.returncode == 0 and "identical" in same.stdout
+    clash = qrl("run", "create", "apex", "--run", keys.run, "--set", "lr=0.1")
+    assert clash.returncode == 1 and "different configuration" in clash.stderr
+    bad = qrl("run", "create", "apex", "--run", keys.run, "--set", "nope=1")
+    assert bad.returncode == 2 and "KEY one of" in bad.stderr
+
+    listed = json.loads(qrl("run", "list", "--json").stdout)
+    mine = [x for x in listed if x["run"] == keys.run]
+    assert len(mine) == 1 and mine[0]["algo"] == "apex" and not mine[0]["stopped"]
+
+    assert qrl("run", "stop", "--run", keys.run).returncode == 0
+    assert r.hget(keys.control, "stop") == b"1"
+    listed = json.loads(qrl("run", "list", "--json").stdout)
+    assert [x["stopped"] for x in listed if x["run"] == keys.run] == [True]
+
+    r.set(keys.weights, b"x")
+    other = keys.__class__(keys.run + "-other")
+    r.set(other.config, b"keep me")
+    # no confirmation (no stdin): nothing is deleted
+    refused = qrl("run", "delete", keys.run, input="")
+    assert refused.returncode == 1 and r.exists(keys.config)
+    gone = qrl("run", "delete", keys.run, "--yes")
+    assert gone.returncode == 0 and "3 keys" in gone.stdout
+    assert list(r.scan_iter(keys.pattern())) == [] and r.get(other.config) == b"keep me"
+    again = qrl("run", "delete", keys.run, "--yes")
+    assert again.returncode == 1 and "no run" in again.stderr
+
+
+def test_bad_config_file_is_a_clear_error(keys, tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("lr = [1, 2\n")
+    out = qrl("run", "create", "apex", "--run", keys.run, "--config", str(cfg))
+    assert out.returncode == 2 and "bad.toml" in out.stderr
+    cfg.write_text('lr = "fast"\n')
+    out = qrl("run", "create", "apex", "--run", keys.run, "--config", str(cfg))
+    assert out.returncode == 2 and "lr" in out.stderr
+
+
+def _role(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "qrl.cli", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_heartbeats_status_auto_ids_and_stale_processes(r, keys):
+    assert qrl("run", "create", "apex", "--run", keys.run).returncode == 0
+    # two replay roles with the default --id auto: they get 0 and 1
+    procs = [_role("replay", "--run", keys.run) for _ in range(2)]
+    try:
+        st = _wait_status(keys.run, lambda s: len(s["processes"]) == 2)
+        assert sorted((p["role"], p["id"]) for p in st["processes"]) == [
+            ("replay", 0),
+            ("replay", 1),
+        ]
+        assert {p["pid"] for p in st["processes"]} == {p.pid for p in procs}
+        assert not any(p["stale"] for p in st["processes"])
+        assert st["algo"] == "apex" and st["replay_size"] == 0 and st["dead_letters"] == 0
+        assert st["streams"]["experience"]["consumers"] == 2
+        assert st["throughput"]["replay"] == 0.0
+
+        # a payload that is not a batch: rejected, dead-lettered, counted in status
+        r.xadd(keys.experience, {"d": b"garbage"})
+        st = _wait_status(keys.run, lambda s: s["dead_letters"] == 1)
+        assert st["rejected"] == 1
+
+        # SIGKILL one: its heartbeat goes stale; SIGTERM the other: it leaves cleanly
+        procs[0].kill()
+        procs[0].wait(10)
+        st = _wait_status(
+            keys.run, lambda s: any(p["stale"] for p in s["processes"]), "--stale-after", "3"
+        )
+        assert [p["pid"] for p in st["processes"] if p["stale"]] == [procs[0].pid]
+        assert [p["pid"] for p in st["processes"] if not p["stale"]] == [procs[1].pid]
+        procs[1].send_signal(signal.SIGTERM)
+        assert procs[1].wait(30) == 0, procs[1].stderr.read()[-2000:]
+        st = _status(keys.run)
+        [dead] = st["processes"]  # only the killed one is left
+        assert dead["pid"] == procs[0].pid
+        text = qrl("status", "--run", keys.run, "--stale-after", "3")
+        assert text.returncode == 0, text.stderr
+        row = f"replay.{dead['id']}"
+        assert "STALE" in text.stdout and row in text.stdout, text.stdout
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_status_needs_a_run_when_several_exist(keys):
+    assert qrl("run", "create", "es", "--run", keys.run).returncode == 0
+    assert qrl("run", "create", "es", "--run", keys.run + "-b").returncode == 0
+    out = qrl("status")
+    assert out.returncode == 2 and keys.run in out.stderr
+    missing = qrl("status", "--run", keys.run + "-nope")
+    assert missing.returncode == 1 and "no run" in missing.stderr
+
+
+@pytest.mark.parametrize("bad", ["-1", "x"])
+def test_bad_id_is_rejected(keys, bad):
+    out = qrl("actor", "apex", "--run", keys.run, "--id", bad)
+    assert out.returncode == 2 and "--id" in out.stderr
