@@ -425,6 +425,28 @@ def status_cmd(
             pass
 
 
+@main.command("plot")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="PNG to write (default RUN_DIR/plot.png).",
+)
+def plot_cmd(run_dir: Path, out: Path | None) -> None:
+    """Draw a run's learning curve and throughput (from RUN_DIR/metrics.csv) as a PNG."""
+    try:
+        from qrl.plot import plot_run
+    except ImportError as e:  # pragma: no cover
+        raise click.ClickException(f"{e}; install matplotlib (pip install 'qrl[plot]')") from e
+    try:
+        path = plot_run(run_dir, out)
+    except (OSError, ValueError) as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"wrote {path}")
+
+
 @main.command("replay")
 @redis_options
 @id_option("replay")
@@ -510,19 +532,30 @@ def _learner_command(algo: Algo) -> None:
         default=None,
         help="Checkpoint file: resumed from if it exists, written periodically and on exit.",
     )
+    @click.option(
+        "--run-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Write the run's metrics.csv and TensorBoard files here (and the checkpoint, "
+        "unless --checkpoint says otherwise).",
+    )
     @click.option("--max-updates", type=int, default=None, help="Stop after this many updates.")
     def cmd(
         redis_url: str | None,
         run: str,
         checkpoint: Path | None,
+        run_dir: Path | None,
         max_updates: int | None,
         device: str = "cpu",
         threads: int = 1,
     ) -> None:
         from qrl.checkpoint import CheckpointError
         from qrl.connection import connect
+        from qrl.runlog import follow
 
         client, keys, cfg = _join(redis_url, run, algo.name, algo.config)
+        if run_dir is not None and checkpoint is None:
+            checkpoint = run_dir / "checkpoint.pt"
         extra = {"device": device, "threads": threads} if algo.torch_learner else {}
         try:
             lrn = algo.learner_cls()(
@@ -530,8 +563,13 @@ def _learner_command(algo: Algo) -> None:
             )
         except (CheckpointError, RuntimeError, ValueError) as e:
             raise click.ClickException(str(e)) from e
+        done = threading.Event()
+        writer = follow(lambda: connect(redis_url), keys, run_dir, done) if run_dir else None
         n = lrn.run(_stop_flag(client, keys), max_updates)
         _leave(client, keys, "master" if group == "es" else "learner", 0)
+        if writer is not None:
+            done.set()
+            writer.join(timeout=10)
         log.info("%s %s stopped after %d updates", algo.name, name, n)
 
     if algo.torch_learner:

@@ -4,13 +4,13 @@ It starts an embedded Redis (unless given a URL), writes the run's config, start
 as its own process (``qrl replay``, ``qrl learner ...``, ``qrl actor ...``), follows the
 metrics stream with a live display, evaluates the latest published weights periodically,
 stops at the target return or the time/step budget, shuts every process down and leaves a
-run directory: ``config.json``, ``metrics.csv``, ``logs/`` and the learner's checkpoint.
+run directory: ``config.json``, ``metrics.csv`` and TensorBoard files (:mod:`qrl.runlog`),
+``logs/`` and the learner's checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import logging
 import multiprocessing
@@ -19,9 +19,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from qrl.control import StopFlag, request_stop
 from qrl.embedded import EmbeddedRedis, die_with_parent
 from qrl.keys import RunKeys
 from qrl.metrics import MetricsReader
+from qrl.runlog import Progress, RunLog
 
 log = logging.getLogger(__name__)
 
@@ -57,82 +57,13 @@ class Budget:
     eval_episodes: int = 10
 
 
-@dataclass
-class Progress:
-    """What the display shows, folded from the metrics stream."""
-
-    start: float = field(default_factory=time.monotonic)
-    actor_steps: dict[int, int] = field(default_factory=dict)
-    actor_rate: dict[int, float] = field(default_factory=dict)
-    updates: int = 0
-    updates_per_s: float = 0.0
-    replay_size: int = 0
-    returns: deque[float] = field(default_factory=lambda: deque(maxlen=50))
-    episodes: int = 0
-    eval_return: float | None = None
-    best_eval: float | None = None
-    extra: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def env_steps(self) -> int:
-        return sum(self.actor_steps.values())
-
-    @property
-    def recent_return(self) -> float | None:
-        return sum(self.returns) / len(self.returns) if self.returns else None
-
-    def fold(self, msg: dict[str, Any]) -> None:
-        """Take one metrics report in; values of the wrong shape are ignored, not fatal."""
-        v, role = msg["values"], msg["role"]
-
-        def num(key: str, default: float = 0.0) -> float:
-            x = v.get(key, default)
-            return float(x) if isinstance(x, (int, float)) else default
-
-        def nums(key: str) -> list[float]:
-            x = v.get(key, [])
-            return [float(i) for i in x] if isinstance(x, list) else []
-
-        if role in ("actor", "worker"):
-            self.actor_steps[msg["id"]] = int(num("steps"))
-            self.actor_rate[msg["id"]] = num("steps_per_s")
-            self.returns.extend(nums("episode_returns"))
-            self.episodes += len(nums("episode_returns"))
-        elif role in ("learner", "master"):
-            self.updates = int(num("updates", self.updates))
-            self.updates_per_s = num("updates_per_s")
-            if "replay_size" in v:
-                self.replay_size = int(num("replay_size"))
-            for k in ("policy_lag", "dropped", "generation", "stale"):
-                if k in v:
-                    self.extra[k] = num(k)
-        elif role == "replay":
-            self.replay_size = int(num("size", self.replay_size))
-
-    def row(self) -> dict[str, Any]:
-        return {
-            "time_s": round(time.monotonic() - self.start, 2),
-            "env_steps": self.env_steps,
-            "env_steps_per_s": round(sum(self.actor_rate.values()), 1),
-            "updates": self.updates,
-            "updates_per_s": round(self.updates_per_s, 1),
-            "replay_size": self.replay_size,
-            "episodes": self.episodes,
-            "recent_return": _r(self.recent_return),
-            "eval_return": _r(self.eval_return),
-        }
-
-    def table(self, title: str) -> Table:
-        t = Table(title=title, show_header=False, box=None)
-        for k, val in self.row().items():
-            t.add_row(k.replace("_", " "), "-" if val is None else str(val))
-        for k, val in self.extra.items():
-            t.add_row(k.replace("_", " "), f"{val:g}")
-        return t
-
-
-def _r(x: float | None) -> float | None:
-    return None if x is None else round(x, 2)
+def _table(progress: Progress, title: str) -> Table:
+    t = Table(title=title, show_header=False, box=None)
+    for k, val in progress.row().items():
+        t.add_row(k.replace("_", " "), "-" if val is None else str(val))
+    for k, val in progress.extra.items():
+        t.add_row(k.replace("_", " "), f"{val:g}")
+    return t
 
 
 def default_run_name(algo: str, env: str, seed: int) -> str:
@@ -262,13 +193,11 @@ def run_training(
         interactive = console.is_terminal
         next_line = time.monotonic() + 5
         with (
-            (run_dir / "metrics.csv").open("w", newline="") as f,
-            Live(progress.table(run), console=console, refresh_per_second=2, transient=False)
+            RunLog(run_dir) as runlog,
+            Live(_table(progress, run), console=console, refresh_per_second=2, transient=False)
             if interactive
             else _Null() as live,
         ):
-            writer = csv.DictWriter(f, fieldnames=list(progress.row()))
-            writer.writeheader()
             while not stop():
                 for msg in reader.read(block_ms=500):
                     progress.fold(msg)
@@ -286,10 +215,9 @@ def run_training(
                         progress.best_eval = max(score, progress.best_eval or score)
                         reached = budget.target_return is not None and score >= budget.target_return
                     next_eval = time.monotonic() + max(budget.eval_every, 4 * eval_s)
-                writer.writerow(progress.row())
-                f.flush()
+                runlog.write(progress)
                 if interactive:
-                    live.update(progress.table(run))
+                    live.update(_table(progress, run))
                 elif now >= next_line:
                     console.print(" ".join(f"{k}={v}" for k, v in progress.row().items()))
                     next_line = now + 5
@@ -304,6 +232,7 @@ def run_training(
                     break
                 if budget.max_steps is not None and progress.env_steps >= budget.max_steps:
                     break
+            runlog.write(progress, force=True)
     except KeyboardInterrupt:
         console.print("interrupted")
         failed = True

@@ -149,3 +149,54 @@ def test_status_needs_a_run_when_several_exist(keys):
 def test_bad_id_is_rejected(keys, bad):
     out = qrl("actor", "apex", "--run", keys.run, "--id", bad)
     assert out.returncode == 2 and "--id" in out.stderr
+
+
+def test_hand_started_master_writes_csv_and_tensorboard_and_qrl_plot_draws_them(keys, tmp_path):
+    import csv
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from qrl.runlog import COLUMNS
+
+    run_dir = tmp_path / "run"
+    assert qrl("run", "create", "es", "--run", keys.run, "--set", "workers=1").returncode == 0
+    master = _role("es", "master", "--run", keys.run, "--run-dir", str(run_dir))
+    worker = _role("es", "worker", "--run", keys.run)
+    try:
+        st = _wait_status(
+            keys.run,
+            lambda s: s["weights_version"] >= 20 and len(s["processes"]) == 2,
+            timeout=90,
+        )
+        assert {p["role"] for p in st["processes"]} == {"master", "worker"}
+        assert st["throughput"]["worker"] > 0 and st["throughput"]["master"] > 0
+        time.sleep(2.5)  # at least two rows after generation 20
+    finally:
+        for p in (worker, master):
+            p.send_signal(signal.SIGTERM)
+        codes = [p.wait(60) for p in (worker, master)]
+    assert codes == [0, 0], master.stderr.read()[-2000:]
+
+    with (run_dir / "metrics.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(COLUMNS) and len(rows) >= 3
+    steps = [int(r["env_steps"]) for r in rows]
+    assert steps == sorted(steps) and steps[-1] > 1000
+    assert int(rows[-1]["updates"]) >= 20 and float(rows[-1]["episodic_return"]) > 0
+    assert (run_dir / "checkpoint.pt").exists()  # --run-dir implies the checkpoint's place
+
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"charts/episodic_return", "charts/env_steps_per_s", "charts/updates_per_s"} <= tags
+    curve = events.Scalars("charts/episodic_return")
+    assert len(curve) >= 2 and curve[-1].step == steps[-1]
+
+    out = qrl("plot", str(run_dir))
+    assert out.returncode == 0, out.stderr
+    png = (run_dir / "plot.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 20_000
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    missing = qrl("plot", str(empty))
+    assert missing.returncode == 1 and "metrics.csv" in missing.stderr

@@ -1,0 +1,199 @@
+"""A run's metrics on disk: ``metrics.csv`` and TensorBoard event files in the run directory.
+
+:class:`Progress` folds the run's metrics stream (every role's reports) into one row of
+stable columns; :class:`RunLog` appends that row to ``metrics.csv`` and, when the
+``tensorboard`` package is installed, to TensorBoard under stable tags (``charts/...``,
+``losses/...``), with env steps as the x axis. ``qrl train`` does this in its own process;
+a learner or ES master started by hand does it with ``--run-dir`` (:func:`follow`).
+``qrl plot RUN_DIR`` draws ``metrics.csv`` (:mod:`qrl.plot`).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from qrl.keys import RunKeys
+from qrl.metrics import MetricsReader
+
+log = logging.getLogger(__name__)
+
+# CSV column -> TensorBoard tag (None: CSV only)
+COLUMNS: dict[str, str | None] = {
+    "time_s": None,
+    "env_steps": None,
+    "env_steps_per_s": "charts/env_steps_per_s",
+    "updates": None,
+    "updates_per_s": "charts/updates_per_s",
+    "replay_size": "charts/replay_size",
+    "episodes": None,
+    "episodic_return": "charts/episodic_return",
+    "eval_return": "charts/eval_return",
+    "loss": "losses/loss",
+    "policy_lag": "charts/policy_lag",
+}
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+@dataclass
+class Progress:
+    """The run so far, folded from its metrics stream."""
+
+    start: float = field(default_factory=time.monotonic)
+    actor_steps: dict[int, int] = field(default_factory=dict)
+    actor_rate: dict[int, float] = field(default_factory=dict)
+    updates: int = 0
+    updates_per_s: float = 0.0
+    replay_size: int = 0
+    returns: deque[float] = field(default_factory=lambda: deque(maxlen=50))
+    episodes: int = 0
+    eval_return: float | None = None
+    best_eval: float | None = None
+    loss: float | None = None
+    policy_lag: float | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def env_steps(self) -> int:
+        return sum(self.actor_steps.values())
+
+    @property
+    def recent_return(self) -> float | None:
+        """Mean return of the last 50 episodes the actors finished (with exploration)."""
+        return sum(self.returns) / len(self.returns) if self.returns else None
+
+    def fold(self, msg: dict[str, Any]) -> None:
+        """Take one metrics report in; values of the wrong shape are ignored, not fatal."""
+        v, role = msg["values"], msg["role"]
+
+        def num(key: str, default: float = 0.0) -> float:
+            x = v.get(key, default)
+            return float(x) if isinstance(x, (int, float)) else default
+
+        def nums(key: str) -> list[float]:
+            x = v.get(key, [])
+            return [float(i) for i in x] if isinstance(x, list) else []
+
+        if role in ("actor", "worker"):
+            self.actor_steps[msg["id"]] = int(num("steps"))
+            self.actor_rate[msg["id"]] = num("steps_per_s")
+            self.returns.extend(nums("episode_returns"))
+            self.episodes += len(nums("episode_returns"))
+        elif role in ("learner", "master"):
+            self.updates = int(num("updates", self.updates))
+            self.updates_per_s = num("updates_per_s")
+            if "replay_size" in v:
+                self.replay_size = int(num("replay_size"))
+            if "loss" in v:
+                self.loss = num("loss")
+            if "policy_lag" in v:
+                self.policy_lag = num("policy_lag")
+            for k in ("dropped", "generation", "stale"):
+                if k in v:
+                    self.extra[k] = num(k)
+        elif role == "replay":
+            self.replay_size = int(num("size", self.replay_size))
+
+    def row(self) -> dict[str, Any]:
+        """One row of :data:`COLUMNS`."""
+        return {
+            "time_s": round(time.monotonic() - self.start, 2),
+            "env_steps": self.env_steps,
+            "env_steps_per_s": round(sum(self.actor_rate.values()), 1),
+            "updates": self.updates,
+            "updates_per_s": round(self.updates_per_s, 1),
+            "replay_size": self.replay_size,
+            "episodes": self.episodes,
+            "episodic_return": _r(self.recent_return),
+            "eval_return": _r(self.eval_return),
+            "loss": _r(self.loss),
+            "policy_lag": _r(self.policy_lag),
+        }
+
+
+class RunLog:
+    """Appends :class:`Progress` rows to ``RUN_DIR/metrics.csv`` and TensorBoard events in
+    ``RUN_DIR/tb`` (at most one row per ``every`` seconds)."""
+
+    def __init__(self, run_dir: Path, every: float = 0.5, tensorboard: bool = True) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.every, self._next = every, 0.0
+        self._file = (run_dir / "metrics.csv").open("w", newline="")
+        self._csv = csv.DictWriter(self._file, fieldnames=list(COLUMNS))
+        self._csv.writeheader()
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                log.info("tensorboard is not installed: metrics.csv only (pip install tensorboard)")
+            else:
+                self._tb = SummaryWriter(str(run_dir / "tb"), flush_secs=5)
+
+    def write(self, progress: Progress, force: bool = False) -> bool:
+        now = time.monotonic()
+        if not force and now < self._next:
+            return False
+        self._next = now + self.every
+        row = progress.row()
+        self._csv.writerow(row)
+        self._file.flush()
+        if self._tb is not None:
+            for col, tag in COLUMNS.items():
+                if tag is not None and row[col] is not None:
+                    self._tb.add_scalar(tag, row[col], row["env_steps"], walltime=time.time())
+        return True
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+    def __enter__(self) -> RunLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def follow(
+    connect: Callable[[], redis.Redis],
+    keys: RunKeys,
+    run_dir: Path,
+    stop: threading.Event,
+    every: float = 1.0,
+) -> threading.Thread:
+    """Follow the run's metrics stream from its start in a daemon thread (its own Redis
+    connection), writing ``run_dir``'s metrics.csv and TensorBoard files until ``stop``."""
+
+    def loop() -> None:
+        client = connect()
+        reader = MetricsReader(client, keys, from_start=True)
+        progress = Progress()
+        with RunLog(run_dir, every) as out:
+            while not stop.is_set():
+                try:
+                    for msg in reader.read(block_ms=500):
+                        progress.fold(msg)
+                except redis.ConnectionError as e:
+                    log.warning("metrics log: %s; retrying", e)
+                    time.sleep(1.0)
+                    continue
+                out.write(progress)
+            out.write(progress, force=True)
+
+    thread = threading.Thread(target=loop, name="qrl-runlog", daemon=True)
+    thread.start()
+    return thread
