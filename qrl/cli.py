@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import threading
@@ -33,10 +34,33 @@ def setup_logging(verbose: int) -> None:
     )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class QrlGroup(click.Group):
+    """The root group: Redis going away for longer than the deadline ends any command with
+    one clear line and exit code 3, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from qrl.connection import RedisUnavailable
+
+        try:
+            return super().invoke(ctx)
+        except RedisUnavailable as e:
+            click.echo(f"Error: {e}", err=True)
+            ctx.exit(3)
+
+
+@click.group(cls=QrlGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="qrl")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-def main(verbose: int) -> None:
+@click.option(
+    "--redis-deadline",
+    type=float,
+    envvar="QRL_REDIS_DEADLINE",
+    default=60.0,
+    show_default=True,
+    help="Seconds to keep retrying a lost Redis before exiting with code 3 "
+    "(env QRL_REDIS_DEADLINE).",
+)
+def main(verbose: int, redis_deadline: float) -> None:
     """qrl: distributed reinforcement learning coordinated through Redis.
 
     \b
@@ -46,6 +70,7 @@ def main(verbose: int) -> None:
     --redis URL --run NAME.
     """
     setup_logging(verbose)
+    os.environ["QRL_REDIS_DEADLINE"] = str(redis_deadline)  # roles started from here inherit it
 
 
 @main.command("redis")

@@ -22,7 +22,7 @@ def test_unreachable_redis_says_so_without_the_password():
     url = f"redis://user:s3cret@127.0.0.1:{free_port()}/0"
     t = time.monotonic()
     with pytest.raises(RedisUnavailable) as info:
-        connect(url, retries=1)
+        connect(url)
     msg = str(info.value)
     assert "cannot reach Redis at redis://user:***@127.0.0.1" in msg and "s3cret" not in msg
     assert "qrl redis" in msg and time.monotonic() - t < 10
@@ -38,7 +38,7 @@ def test_password_acl_user_and_unix_socket(tmp_path):
     with EmbeddedRedis(password="pw", args=("--unixsocket", str(sock))) as server:
         assert connect(server.url).ping()
         with pytest.raises(RedisUnavailable):
-            connect(server.url.replace(":pw@", ":wrong@"), retries=0)
+            connect(server.url.replace(":pw@", ":wrong@"))
         admin = connect(server.url)
         admin.execute_command("ACL", "SETUSER", "runner", "on", ">pw2", "~qrl:{r1}:*", "+@all")
         runner = connect(f"redis://runner:pw2@127.0.0.1:{server.port}/0")
@@ -56,7 +56,7 @@ def test_connect_waits_for_a_late_server(tmp_path):
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        assert connect(f"redis://127.0.0.1:{port}/0", wait=10, retries=0).ping()
+        assert connect(f"redis://127.0.0.1:{port}/0", wait=10).ping()
     finally:
         late.terminate()
         late.wait()

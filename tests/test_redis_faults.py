@@ -1,0 +1,122 @@
+"""Redis going away under a running job: roles log one line, retry with backoff and carry on
+when it comes back (append-only persistence keeps the run); gone past the deadline, they
+exit with code 3 and a clear message instead of hanging. Real processes, real redis-server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import redis
+
+from qrl.embedded import EmbeddedRedis
+from qrl.keys import RunKeys
+from tests.cli import ROOT, qrl
+
+ROLES = {  # the Ape-X job, as hand-started roles
+    "replay": ["replay"],
+    "learner": ["learner", "apex"],
+    "actor": ["actor", "apex", "--max-steps", "10000000"],
+}
+
+
+def _start(argv: list[str], url: str, run: str, deadline: float, log) -> subprocess.Popen:
+    env = {**os.environ, "QRL_REDIS_URL": url, "QRL_RUN": run, "QRL_REDIS_DEADLINE": str(deadline)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "qrl.cli", *argv], cwd=ROOT, env=env, stdout=log, stderr=log
+    )
+
+
+def _version(url: str, keys: RunKeys) -> int:
+    v = redis.Redis.from_url(url).hget(keys.weights, "version")
+    return int(v) if v is not None else -1
+
+
+def _wait_version(url: str, keys: RunKeys, above: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while (v := _version(url, keys)) <= above:
+        assert time.monotonic() < deadline, f"weights stuck at version {v}"
+        time.sleep(0.2)
+    return v
+
+
+def _job(tmp_path, deadline: float):
+    server = EmbeddedRedis(data_dir=tmp_path / "redis", appendonly=True).start()
+    keys = RunKeys("faults")
+    env = {"QRL_REDIS_URL": server.url}
+    created = qrl(
+        "run", "create", "apex", "--run", keys.run, "--set", "actors=1", "--set",
+        "learning_starts=200", env={**os.environ, **env},
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    logs = {name: (tmp_path / f"{name}.log").open("w") for name in ROLES}
+    procs = {n: _start(a, server.url, keys.run, deadline, logs[n]) for n, a in ROLES.items()}
+    return server, keys, procs, logs
+
+
+def _stop_all(procs: dict[str, subprocess.Popen]) -> dict[str, int]:
+    for p in procs.values():
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    codes = {}
+    for name, p in procs.items():
+        try:
+            codes[name] = p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes[name] = p.wait()
+    return codes
+
+
+def test_roles_ride_out_a_redis_restart(tmp_path):
+    server, keys, procs, logs = _job(tmp_path, deadline=60)
+    try:
+        before = _wait_version(server.url, keys, 50, timeout=120)
+        server.stop()  # SIGTERM: redis-server flushes its append-only file and exits
+        time.sleep(4)
+        assert all(p.poll() is None for p in procs.values()), "a role died while Redis was away"
+        server.start()  # same port, same directory: the run is all there
+        assert _version(server.url, keys) >= before  # persisted, not lost
+        after = _wait_version(server.url, keys, before + 50, timeout=120)  # and it goes on
+        assert after > before + 50
+        codes = _stop_all(procs)
+        assert codes == {n: 0 for n in ROLES}, codes
+    finally:
+        _stop_all(procs)
+        server.stop()
+        for f in logs.values():
+            f.close()
+    for name in ROLES:
+        text = (tmp_path / f"{name}.log").read_text()
+        lost = text.count("not answering")
+        back = text.count("is back after")
+        # one line when Redis goes and one when it is back, per process (the learner also
+        # runs a sampler process, which has its own connection)
+        most = 2 if name == "learner" else 1
+        assert 1 <= lost <= most and 1 <= back <= most, f"{name}:\n{text[-3000:]}"
+        assert "Traceback" not in text, f"{name}:\n{text[-3000:]}"
+
+
+def test_roles_give_up_with_a_clear_message_after_the_deadline(tmp_path):
+    server, keys, procs, logs = _job(tmp_path, deadline=3)
+    try:
+        _wait_version(server.url, keys, 5, timeout=120)
+        server.stop()
+        gone = time.monotonic()
+        codes = {}
+        for name, p in procs.items():
+            codes[name] = p.wait(60)  # nobody hangs
+        waited = time.monotonic() - gone
+    finally:
+        _stop_all(procs)
+        server.stop()
+        for f in logs.values():
+            f.close()
+    assert waited < 30
+    for name in ROLES:
+        text = (tmp_path / f"{name}.log").read_text()
+        assert codes[name] == 3, f"{name} exited {codes[name]}:\n{text[-3000:]}"
+        assert "has not answered for 3s" in text, f"{name}:\n{text[-3000:]}"
