@@ -153,3 +153,25 @@ def test_train_impala_cli_learns_cartpole(tmp_path):
     assert result["reached"] and result["eval_return"] >= 200  # random play scores ~22
     mean, out = eval_mean(run_dir / "checkpoint.pt")
     assert "impala step" in out and mean > 50
+
+
+def test_non_finite_loss_publishes_nothing_and_does_not_loop(r, keys, redis_server):
+    cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
+    create_run(r, keys, "impala", cfg)
+    lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+    lrn.weights.publish(lrn.net, version=0)
+    with torch.no_grad():
+        next(lrn.net.parameters()).fill_(float("nan"))  # a diverged learner
+    for _ in range(3):
+        r.xadd(keys.trajectories, {"d": encode("impala.unrolls", _actor_message(cfg, r, keys))})
+    stop_at = [0]
+
+    def stop() -> bool:  # run until the three batches were all skipped, or give up
+        stop_at[0] += 1
+        return lrn.skipped >= 3 or stop_at[0] > 2000
+
+    assert lrn.run(stop) == 0
+    assert lrn.skipped == 3 and lrn.updates == 0
+    assert lrn.weights.version() == 0  # the NaN weights were never published
+    # the skipped unrolls were consumed once, not redelivered forever
+    assert r.xlen(keys.trajectories) == 0 and r.xpending(keys.trajectories, GROUP)["pending"] == 0

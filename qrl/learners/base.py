@@ -85,6 +85,9 @@ class Learner:
     def after_step(self, batch: Any) -> None:
         """Called after a successful optimizer step (priorities, acks, target sync)."""
 
+    def after_skip(self, batch: Any) -> None:
+        """Called when ``batch`` gave a non-finite loss and no step was taken."""
+
     def start_threads(self) -> None:
         pass
 
@@ -104,6 +107,7 @@ class Learner:
             log.warning(
                 "non-finite loss at update %d: skipped, weights not published", self.updates
             )
+            self.after_skip(batch)
             return float("nan")
         self.opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -204,6 +204,10 @@ class ImpalaLearner(Learner):
     def after_step(self, b: UnrollBatch) -> None:
         self.done.put(b.entries)  # the loader thread acknowledges them, off the gradient path
 
+    def after_skip(self, b: UnrollBatch) -> None:
+        # consumed all the same: the same unrolls would give the same loss again, forever
+        self.done.put(b.entries)
+
     def metrics(self) -> dict[str, float]:
         lag, self.lag = self.lag, []
         return {
