@@ -36,9 +36,12 @@ def setup_logging(verbose: int) -> None:
 
 class QrlGroup(click.Group):
     """The root group: Redis going away for longer than the deadline ends any command with
-    one clear line and exit code 3, not a traceback."""
+    one clear line and exit code 3, and an ACL refusal with one line and exit code 1, not a
+    traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        from redis.exceptions import NoPermissionError
+
         from qrl.connection import RedisUnavailable
 
         try:
@@ -46,6 +49,9 @@ class QrlGroup(click.Group):
         except RedisUnavailable as e:
             click.echo(f"Error: {e}", err=True)
             ctx.exit(3)
+        except NoPermissionError as e:
+            click.echo(f"Error: Redis refused: NOPERM {e} (check the user's ACL rules)", err=True)
+            ctx.exit(1)
 
 
 @click.group(cls=QrlGroup, context_settings={"help_option_names": ["-h", "--help"]})

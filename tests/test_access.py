@@ -1,0 +1,101 @@
+"""Access control: a whole job runs as an ACL user confined to the run's key prefix, and over
+TLS (``rediss://``) with a self-signed certificate. Real redis-server, real ``qrl train``."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import redis
+
+from qrl.embedded import EmbeddedRedis, find_redis_server, free_port
+from qrl.keys import RunKeys
+from tests.cli import ROOT, qrl
+
+# the one-line rule the README documents for a run named RUN
+ACL_RULE = "ACL SETUSER {user} on >{password} resetkeys ~qrl:{{{run}}}:* +@all -@admin -@dangerous"
+
+
+def _es_job(url: str, run: str, tmp_path) -> subprocess.CompletedProcess[str]:
+    return qrl(
+        "train", "es", "--redis", url, "--run", run, "--run-dir", str(tmp_path / run),
+        "--max-time", "90", "--set", "workers=1",
+        timeout=180,
+    )  # fmt: skip
+
+
+def test_a_run_works_as_an_acl_user_limited_to_its_prefix(tmp_path):
+    run = "acl-run"
+    with EmbeddedRedis(password="admin-pw") as server:
+        admin = redis.Redis.from_url(server.url)
+        rule = ACL_RULE.format(user="runner", password="runner-pw", run=run)
+        assert admin.execute_command(*rule.split()) == b"OK"
+        admin.set("qrl:{other}:config", b"not yours")
+        url = f"redis://runner:runner-pw@127.0.0.1:{server.port}/0"
+
+        done = _es_job(url, run, tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]  # solved CartPole as `runner`
+        assert admin.hget(RunKeys(run).es_params, "version") is not None
+
+        runner = redis.Redis.from_url(url)
+        for forbidden in (
+            lambda: runner.get("qrl:{other}:config"),
+            lambda: runner.set("qrl:{other}:config", b"x"),
+            lambda: runner.flushall(),
+            lambda: runner.config_get("*"),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                forbidden()
+        assert admin.get("qrl:{other}:config") == b"not yours"
+        other = qrl("run", "create", "es", "--redis", url, "--run", "other-run")
+        assert other.returncode != 0 and "NOPERM" in other.stderr + other.stdout
+
+
+def _tls_redis_server() -> str | None:
+    binary = find_redis_server()
+    probe = subprocess.run([binary, "--tls-port", "1", "--port", "0"], capture_output=True)
+    text = (probe.stdout + probe.stderr).decode(errors="replace")
+    return None if "tls-port" in text and "Bad directive" in text else binary
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make certificates")
+def test_a_run_works_over_tls_with_a_self_signed_certificate(tmp_path):
+    if _tls_redis_server() is None:
+        pytest.skip("this redis-server was built without TLS")
+    ssl = tmp_path / "tls"
+    ssl.mkdir()
+
+    def sh(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=ssl, check=True, capture_output=True)
+
+    sh("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+       "-days", "1", "-subj", "/CN=qrl-test-ca")  # fmt: skip
+    sh("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+       "-subj", "/CN=127.0.0.1")  # fmt: skip
+    (ssl / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    sh("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+       "-CAcreateserial", "-out", "server.crt", "-days", "1", "-extfile", "ext.cnf")  # fmt: skip
+    tls_port = free_port()
+    args = (
+        "--tls-port", str(tls_port),
+        "--tls-cert-file", str(ssl / "server.crt"),
+        "--tls-key-file", str(ssl / "server.key"),
+        "--tls-ca-cert-file", str(ssl / "ca.crt"),
+        "--tls-auth-clients", "no",
+    )  # fmt: skip
+    with EmbeddedRedis(password="pw", args=args):
+        url = f"rediss://:pw@127.0.0.1:{tls_port}/0?ssl_ca_certs={ssl / 'ca.crt'}"
+        done = _es_job(url, "tls-run", tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        client = redis.Redis.from_url(url)
+        assert int(client.hget(RunKeys("tls-run").es_params, "version")) > 0
+        # without the CA the self-signed certificate is refused, and the password is not shown
+        untrusted = qrl("run", "list", "--redis", f"rediss://:pw@127.0.0.1:{tls_port}/0")
+        assert untrusted.returncode == 1 and "cannot reach Redis" in untrusted.stderr
+        assert ":pw@" not in untrusted.stderr
+
+
+def test_the_documented_acl_rule_is_in_the_readme():
+    text = (ROOT / "README.md").read_text()
+    assert ACL_RULE.format(user="runner", password="SECRET", run="RUN") in text
