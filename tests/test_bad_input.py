@@ -1,0 +1,204 @@
+"""Bad input on every stream and weight key: more than 10,000 malformed payloads (see
+``tests/corpus.py``) are each rejected with a reason in the dead-letter stream, the
+consumers (real role processes) keep running, and the replay and weights stay intact."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from qrl.actors.es import ESWorker
+from qrl.actors.impala import ImpalaActor
+from qrl.codec import encode
+from qrl.config import create_run
+from qrl.configs import ApexConfig, ESConfig, ImpalaConfig
+from qrl.keys import RunKeys
+from qrl.messages import METRICS, es_results_schema, experience_schema, unroll_schema
+from qrl.metrics import MetricsReader
+from qrl.weights import WEIGHTS, WeightStore, module_arrays
+from tests.cli import ROOT
+from tests.corpus import corpus
+
+PER_STREAM = 3_000  # x 3 role-consumed streams, + metrics and both weight keys: > 10,000
+OTHER = encode("metrics", {"role": "actor", "id": 0, "time": 1.0, "values": {}})
+
+
+def _experience(n: int, batch: str) -> dict:
+    rng = np.random.default_rng(len(batch))
+    obs = rng.standard_normal((n, 4)).astype(np.float32)
+    return {
+        "obs": obs,
+        "action": rng.integers(0, 2, n).astype(np.int32),
+        "ret": rng.standard_normal(n).astype(np.float32),
+        "disc": np.full(n, 0.97, np.float32),
+        "next_obs": obs + 0.1,
+        "priority": rng.random(n).astype(np.float32),
+        "version": 0,
+        "actor": 0,
+        "batch": batch,
+    }
+
+
+def _es_results(cfg: ESConfig, dim: int) -> dict:
+    n = 4
+    return {
+        "generation": 0,
+        "index": np.arange(n, dtype=np.int64) * 7,
+        "return_pos": np.ones(n, np.float32),
+        "return_neg": np.zeros(n, np.float32),
+        "length_pos": np.full(n, 10, np.int32),
+        "length_neg": np.full(n, 10, np.int32),
+        "obs_sum": np.zeros(4),
+        "obs_sumsq": np.ones(4),
+        "obs_count": 40.0,
+        "worker": 0,
+        "batch": "w0-g0",
+    }
+
+
+def _role(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "qrl.cli", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _until(cond, what: str, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _inject(r, stream: str, payloads) -> int:
+    pipe, n = r.pipeline(transaction=False), 0
+    for _, payload in payloads:
+        pipe.xadd(stream, {"d": payload})
+        n += 1
+        if n % 500 == 0:
+            pipe.execute()
+    pipe.execute()
+    return n
+
+
+def _rejected(r, keys: RunKeys, source: str) -> int:
+    return int(r.hget(keys.stats, f"rejected:{source}") or 0)
+
+
+@pytest.mark.timeout(600)
+def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
+    apex, impala, es = (RunKeys(f"{keys.run[:50]}-{a}") for a in ("apex", "impala", "es"))
+    acfg, icfg, ecfg = ApexConfig(), ImpalaConfig(envs_per_actor=4, unroll=10), ESConfig()
+    for k, algo, cfg in ((apex, "apex", acfg), (impala, "impala", icfg), (es, "es", ecfg)):
+        create_run(r, k, algo, cfg)
+    roles = [
+        _role("replay", "--run", apex.run),
+        _role("learner", "impala", "--run", impala.run),
+        _role("es", "master", "--run", es.run),
+    ]
+    try:
+        _until(lambda: r.exists(impala.weights) and r.exists(es.es_params), "initial weights")
+        # valid traffic before the attack: the replay holds exactly these 16 transitions
+        for b in ("good-1", "good-2"):
+            r.xadd(apex.experience, {"d": encode("apex.experience", _experience(8, b))})
+        _until(lambda: r.zcard(apex.replay_priorities) == 16, "valid batches in the replay")
+        impala_blob = r.hget(impala.weights, "blob")
+        es_blob = r.hget(es.es_params, "blob")
+        dim = ESWorker(r, es, ecfg, 0).spec.dim
+
+        actor = ImpalaActor(r, impala, icfg, actor_id=0)
+        obs, _ = actor.envs.reset()
+        unrolls, _ = actor.unroll(obs)
+        targets = [
+            (apex, "experience", "apex.experience", _experience(8, "x"),
+             experience_schema((4,), "float32", 2)),
+            (impala, "trajectories", "impala.unrolls", unrolls,
+             unroll_schema((4,), "float32", 2, icfg.unroll)),
+            (es, "es_results", "es.results", _es_results(ecfg, dim),
+             es_results_schema(4, ecfg.noise_size, dim)),
+        ]  # fmt: skip
+        total = 0
+        for k, attr, kind, msg, schema in targets:
+            total += _inject(r, getattr(k, attr), corpus(kind, msg, schema, OTHER, PER_STREAM))
+        for k, attr, *_ in targets:
+            source = getattr(k, attr).removeprefix(k.prefix)  # e.g. "es:results"
+            _until(lambda k=k, s=source: _rejected(r, k, s) >= PER_STREAM, f"{source} rejected")
+            assert _rejected(r, k, source) == PER_STREAM  # each exactly once
+            assert r.xlen(getattr(k, attr)) == 0  # and acknowledged: nothing left behind
+        assert all(p.poll() is None for p in roles), "a consumer died"
+
+        # no learner published anything from the garbage
+        assert r.hget(impala.weights, "blob") == impala_blob
+        assert r.hget(es.es_params, "blob") == es_blob
+
+        # the metrics stream: whoever follows it (qrl train, qrl status, --run-dir) rejects too
+        metrics_msg = {"role": "actor", "id": 0, "time": 1.0, "values": {"steps": 1}}
+        total += _inject(r, apex.metrics, corpus("metrics", metrics_msg, METRICS, OTHER, 500))
+        got = MetricsReader(r, apex, from_start=True).read()
+        assert {m["role"] for m in got} <= {"replay"}  # only the replay role's own reports
+        assert _rejected(r, apex, "metrics") == 500
+
+        # both weight keys, as actors and ES workers read them (this overwrites the keys:
+        # what must stay intact is what the readers hold)
+        total += _attack_weights(r, impala, actor, "weights", 400)
+        total += _attack_weights(r, es, ESWorker(r, es, ecfg, 0), "es:params", 400)
+        assert total > 10_000
+
+        # every dead letter says why; nothing else changed
+        for k in (apex, impala, es):
+            for _, fields in r.xrange(k.deadletter, count=20_000):
+                assert fields[b"reason"] and fields[b"source"]
+        assert r.zcard(apex.replay_priorities) == 16 and r.zcard(apex.replay_batches) == 2
+        # and the consumers still work: a valid batch after the attack goes in
+        r.xadd(apex.experience, {"d": encode("apex.experience", _experience(8, "good-3"))})
+        _until(lambda: r.zcard(apex.replay_priorities) == 24, "a valid batch after the attack")
+        assert all(p.poll() is None for p in roles), "a consumer died"
+        for p in roles:
+            p.send_signal(signal.SIGTERM)
+        assert [p.wait(60) for p in roles] == [0, 0, 0]
+    finally:
+        for p in roles:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _attack_weights(r, keys: RunKeys, reader, field: str, n: int) -> int:
+    """Store ``n`` malformed blobs, one newer version at a time, and let ``reader`` (an
+    actor or ES worker) poll each: it must reject every one and keep its parameters."""
+    store = WeightStore(r, keys, keys.weights if field == "weights" else keys.es_params)
+    current = store.fetch()
+    assert current is not None
+    if hasattr(reader, "net"):
+        reader.refresh_weights()
+        before = {k: v.copy() for k, v in module_arrays(reader.net).items()}
+    else:
+        reader.adopt(reader.newer())
+        before = {"theta": reader.theta.copy()}
+    start = reader.version if hasattr(reader, "net") else reader.generation
+    for i in range(n):
+        version = current.version + 1 + i
+        msg = {"version": version, "params": current.params, "meta": None}
+        [(category, blob)] = corpus("weights", msg, WEIGHTS, OTHER, 1, seed=i, bombs=i == 0)
+        r.hset(store.key, mapping={"version": version, "blob": blob})
+        if hasattr(reader, "net"):
+            assert not reader.refresh_weights(), category
+        else:
+            assert reader.newer() is None, category
+    assert _rejected(r, keys, field) == n
+    if hasattr(reader, "net"):
+        assert reader.version == start
+        after = module_arrays(reader.net)
+    else:
+        assert reader.generation == start
+        after = {"theta": reader.theta}
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name], value)
+    return n
