@@ -76,6 +76,9 @@ def main(verbose: int, redis_deadline: float) -> None:
     --redis URL --run NAME.
     """
     setup_logging(verbose)
+    # SIGTERM before a role is running (imports, waiting for Redis) is a clean stop too;
+    # once it runs, its stop flag takes the signal over and finishes the batch in flight
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     os.environ["QRL_REDIS_DEADLINE"] = str(redis_deadline)  # roles started from here inherit it
 
 
@@ -555,7 +558,11 @@ def _learner_command(algo: Algo) -> None:
         ),
     ]
 
-    @GROUPS[group].command(name, help=f"The {algo.name} {name} of a run.")
+    role = "master" if group == "es" else "learner"
+
+    @GROUPS[group].command(
+        name, help=f"The {algo.name} {role} of a run: trains and publishes the weights."
+    )
     @redis_options
     @click.option(
         "--checkpoint",
@@ -597,7 +604,7 @@ def _learner_command(algo: Algo) -> None:
         done = threading.Event()
         writer = follow(lambda: connect(redis_url), keys, run_dir, done) if run_dir else None
         n = lrn.run(_stop_flag(client, keys), max_updates)
-        _leave(client, keys, "master" if group == "es" else "learner", 0)
+        _leave(client, keys, role, 0)
         if writer is not None:
             done.set()
             writer.join(timeout=10)

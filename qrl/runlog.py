@@ -130,9 +130,17 @@ class RunLog:
     def __init__(self, run_dir: Path, every: float = 0.5, tensorboard: bool = True) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.every, self._next = every, 0.0
-        self._file = (run_dir / "metrics.csv").open("w", newline="")
+        path = run_dir / "metrics.csv"
+        # a restarted learner appends to its run's metrics (another layout starts afresh)
+        header = ",".join(COLUMNS)
+        keep = False
+        if path.exists():
+            with path.open() as f:
+                keep = f.readline().strip() == header
+        self._file = path.open("a" if keep else "w", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=list(COLUMNS))
-        self._csv.writeheader()
+        if not keep:
+            self._csv.writeheader()
         self._tb = None
         if tensorboard:
             try:
