@@ -577,12 +577,20 @@ def _learner_command(algo: Algo) -> None:
         help="Write the run's metrics.csv and TensorBoard files here (and the checkpoint, "
         "unless --checkpoint says otherwise).",
     )
+    @click.option(
+        "--checkpoint-every",
+        type=float,
+        default=60.0,
+        show_default=True,
+        help="Seconds between checkpoints (one is also written on a clean stop).",
+    )
     @click.option("--max-updates", type=int, default=None, help="Stop after this many updates.")
     def cmd(
         redis_url: str | None,
         run: str,
         checkpoint: Path | None,
         run_dir: Path | None,
+        checkpoint_every: float,
         max_updates: int | None,
         device: str = "cpu",
         threads: int = 1,
@@ -603,7 +611,7 @@ def _learner_command(algo: Algo) -> None:
             raise click.ClickException(str(e)) from e
         done = threading.Event()
         writer = follow(lambda: connect(redis_url), keys, run_dir, done) if run_dir else None
-        n = lrn.run(_stop_flag(client, keys), max_updates)
+        n = lrn.run(_stop_flag(client, keys), max_updates, checkpoint_every=checkpoint_every)
         _leave(client, keys, role, 0)
         if writer is not None:
             done.set()

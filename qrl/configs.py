@@ -40,6 +40,7 @@ class ApexConfig:
     actor_batch: int = 256  # transitions per experience-stream entry
     weight_poll: int = 10  # vector steps between weight-version checks
     stream_maxlen: int = 64  # experience-stream entries before actors wait
+    claim_idle_ms: int = 30_000  # a dead consumer's entries are claimed after this idle time
     # rate limit: all actors together take at most learning_starts + steps_per_update x
     # (learner updates) env steps, so cheap envs cannot outrun the learner (0: no limit)
     steps_per_update: float = 4.0
@@ -81,6 +82,7 @@ class ImpalaConfig:
     unroll: int = 20
     weight_poll: int = 1  # unrolls between weight-version checks
     stream_maxlen: int = 8  # trajectory-stream entries before actors wait
+    claim_idle_ms: int = 30_000  # a dead consumer's entries are claimed after this idle time
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("adam", "rmsprop"):
@@ -109,6 +111,7 @@ class ESConfig:
     batch_pairs: int = 4  # antithetic pairs per results message (at least) ...
     push_interval: float = 0.01  # ... and at least this many seconds between messages
     stream_maxlen: int = 256
+    claim_idle_ms: int = 30_000  # a dead consumer's entries are claimed after this idle time
 
     def __post_init__(self) -> None:
         if self.population < 2 or self.population % 2:

@@ -50,6 +50,7 @@ class ESMaster:
             es_results_schema(self.spec.obs_dim, cfg.noise_size, self.spec.dim),
             count=64,
             block_ms=100,
+            claim_idle_ms=cfg.claim_idle_ms,
         )
         self.checkpoint = checkpoint
         self.adam = Adam(self.spec.dim, cfg.lr)

@@ -88,6 +88,7 @@ class ImpalaLearner(Learner):
             unroll_schema(self.obs_shape, obs_dtype, n_actions, cfg.unroll),
             count=max(1, cfg.batch_unrolls // per_entry),
             block_ms=100,
+            claim_idle_ms=cfg.claim_idle_ms,
         )
         self.batches: queue.Queue[UnrollBatch] = queue.Queue(maxsize=2)  # stacked, ready
         self.done: queue.SimpleQueue[list[Entry]] = queue.SimpleQueue()  # used: to acknowledge

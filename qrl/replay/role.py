@@ -47,6 +47,7 @@ class ReplayFiller:
             keys.experience,
             experience_schema(obs_shape, obs_dtype, n_actions),
             count=8,
+            claim_idle_ms=cfg.claim_idle_ms,
         )
         self.inserted = 0
         self.lag: list[int] = []
