@@ -12,6 +12,8 @@ import torch
 from qrl import __version__
 from qrl.config import to_dict
 
+FORMAT = 1  # bump when the checkpoint layout changes; older files are refused, not misread
+
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used here (other algorithm, other config, corrupt)."""
@@ -27,6 +29,7 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
 ) -> None:
     state = {
+        "format": FORMAT,
         "algo": algo,
         "qrl_version": __version__,
         "config": to_dict(cfg),
@@ -50,6 +53,11 @@ def load_checkpoint(path: Path, algo: str | None = None, cfg: Any = None) -> dic
         raise CheckpointError(f"cannot load checkpoint {path}: {e}") from e
     if not isinstance(state, dict) or "model" not in state or "algo" not in state:
         raise CheckpointError(f"{path} is not a qrl checkpoint")
+    if state.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{path} has checkpoint format {state.get('format')!r} (written by qrl "
+            f"{state.get('qrl_version', '?')}); this qrl {__version__} reads format {FORMAT}"
+        )
     if algo is not None and state["algo"] != algo:
         raise CheckpointError(f"{path} is a {state['algo']} checkpoint, not {algo}")
     if cfg is not None:

@@ -57,3 +57,31 @@ def test_run_names_are_checked():
     keys = RunKeys("r1")
     names = [getattr(keys, p) for p in dir(RunKeys) if isinstance(getattr(RunKeys, p), property)]
     assert all(n.startswith("qrl:{r1}:") for n in names) and len(set(names)) == len(names)
+
+
+def test_checkpoints_refuse_pickled_objects_and_other_formats(tmp_path):
+    import torch
+
+    from qrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from qrl.configs import ESConfig
+
+    good = tmp_path / "good.pt"
+    save_checkpoint(good, "es", ESConfig(), {"theta": torch.zeros(3)}, None, 7)
+    assert load_checkpoint(good, "es", ESConfig())["step"] == 7
+
+    # a pickled object that would run code when loaded (here only print) is refused
+    evil = tmp_path / "evil.pt"
+    state = torch.load(good, weights_only=True)
+    torch.save({**state, "extra": _RunsCode()}, evil)
+    with pytest.raises(CheckpointError, match="cannot load"):
+        load_checkpoint(evil, "es")
+
+    old = tmp_path / "old.pt"
+    torch.save({**state, "format": 0, "qrl_version": "0.0.1"}, old)
+    with pytest.raises(CheckpointError, match=r"format 0 \(written by qrl 0.0.1\)"):
+        load_checkpoint(old, "es")
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("this ran while loading a checkpoint",))
