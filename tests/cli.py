@@ -18,6 +18,12 @@ def qrl(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     )
 
 
+def role(*args: str, **kw: Any) -> subprocess.Popen:
+    """A long-running ``qrl ARGS`` process (a role); output discarded unless ``kw`` says."""
+    kw = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, **kw}
+    return subprocess.Popen([sys.executable, "-m", "qrl.cli", *args], cwd=ROOT, **kw)
+
+
 def train(algo: str, run_dir: Path, *args: str, timeout: float = 240) -> dict[str, Any]:
     """``qrl train ALGO ARGS --run-dir RUN_DIR``; asserts it exited 0, returns result.json."""
     proc = qrl("train", algo, *args, "--run-dir", str(run_dir), timeout=timeout)

@@ -5,8 +5,6 @@ consumers (real role processes) keep running, and the replay and weights stay in
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -21,7 +19,7 @@ from qrl.keys import RunKeys
 from qrl.messages import METRICS, es_results_schema, experience_schema, unroll_schema
 from qrl.metrics import MetricsReader
 from qrl.weights import WEIGHTS, WeightStore, module_arrays
-from tests.cli import ROOT
+from tests.cli import role
 from tests.corpus import corpus
 
 PER_STREAM = 3_000  # x 3 role-consumed streams, + metrics and both weight keys: > 10,000
@@ -61,15 +59,6 @@ def _es_results(cfg: ESConfig, dim: int) -> dict:
     }
 
 
-def _role(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "qrl.cli", *args],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
 def _until(cond, what: str, timeout: float = 180.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -99,9 +88,9 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
     for k, algo, cfg in ((apex, "apex", acfg), (impala, "impala", icfg), (es, "es", ecfg)):
         create_run(r, k, algo, cfg)
     roles = [
-        _role("replay", "--run", apex.run),
-        _role("learner", "impala", "--run", impala.run),
-        _role("es", "master", "--run", es.run),
+        role("replay", "--run", apex.run),
+        role("learner", "impala", "--run", impala.run),
+        role("es", "master", "--run", es.run),
     ]
     try:
         _until(lambda: r.exists(impala.weights) and r.exists(es.es_params), "initial weights")

@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from qrl.config import load_run
-from tests.cli import ROOT, qrl
+from tests.cli import qrl, role
 
 
 def _status(run: str, *extra: str) -> dict:
@@ -81,20 +80,10 @@ def test_bad_config_file_is_a_clear_error(keys, tmp_path):
     assert out.returncode == 2 and "lr" in out.stderr
 
 
-def _role(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "qrl.cli", *args],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def test_heartbeats_status_auto_ids_and_stale_processes(r, keys):
     assert qrl("run", "create", "apex", "--run", keys.run).returncode == 0
     # two replay roles with the default --id auto: they get 0 and 1
-    procs = [_role("replay", "--run", keys.run) for _ in range(2)]
+    procs = [role("replay", "--run", keys.run, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     try:
         st = _wait_status(keys.run, lambda s: len(s["processes"]) == 2)
         assert sorted((p["role"], p["id"]) for p in st["processes"]) == [
@@ -160,8 +149,11 @@ def test_hand_started_master_writes_csv_and_tensorboard_and_qrl_plot_draws_them(
 
     run_dir = tmp_path / "run"
     assert qrl("run", "create", "es", "--run", keys.run, "--set", "workers=1").returncode == 0
-    master = _role("es", "master", "--run", keys.run, "--run-dir", str(run_dir))
-    worker = _role("es", "worker", "--run", keys.run)
+    master = role(
+        "es", "master", "--run", keys.run, "--run-dir", str(run_dir),
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    worker = role("es", "worker", "--run", keys.run)
     try:
         st = _wait_status(
             keys.run,
