@@ -46,7 +46,10 @@ local waiting = redis.call('XLEN', KEYS[1])
 local pending = redis.pcall('XPENDING', KEYS[1], 'qrl')
 if type(pending) == 'table' and pending.err == nil then waiting = waiting - pending[1] end
 if waiting >= tonumber(ARGV[1]) then return false end
-return redis.call('XADD', KEYS[1], '*', 'd', ARGV[2])
+local id = redis.call('XADD', KEYS[1], '*', 'd', ARGV[2])
+-- count every entry ever added, in the same step (the run's stats hash, if given)
+if KEYS[2] then redis.call('HINCRBY', KEYS[2], ARGV[3], 1) end
+return id
 """
 
 
@@ -60,7 +63,9 @@ def _consumer_name() -> str:
 
 class StreamProducer:
     """Adds encoded payloads to ``stream``, waiting (with backoff) while it holds ``maxlen``
-    entries. ``waited_s`` accumulates the time spent waiting, a measure of backpressure."""
+    entries. ``waited_s`` accumulates the time spent waiting, a measure of backpressure.
+    With ``keys``, every entry added is also counted, atomically with the XADD, in the
+    run's stats hash under ``produced:SOURCE`` (e.g. ``produced:experience``)."""
 
     def __init__(
         self,
@@ -68,6 +73,7 @@ class StreamProducer:
         stream: str,
         maxlen: int = 1000,
         *,
+        keys: RunKeys | None = None,
         max_wait: float | None = None,
         max_delay: float = 0.5,
     ) -> None:
@@ -80,6 +86,8 @@ class StreamProducer:
         self.max_delay = max_delay
         self.waited_s = 0.0
         self._script = client.register_script(_ADD_IF_ROOM)
+        self._keys = [stream] if keys is None else [stream, keys.stats]
+        self._counter = [] if keys is None else [f"produced:{stream.removeprefix(keys.prefix)}"]
 
     def add(self, payload: bytes, should_stop: Callable[[], bool] | None = None) -> str | None:
         """Add one payload; returns its entry id. Blocks while the stream is full; returns
@@ -88,7 +96,7 @@ class StreamProducer:
         delay = 0.001
         start = time.monotonic()
         while True:
-            entry_id = self._script(keys=[self.stream], args=[self.maxlen, payload])
+            entry_id = self._script(keys=self._keys, args=[self.maxlen, payload, *self._counter])
             if entry_id is not None:
                 return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
             waited = time.monotonic() - start

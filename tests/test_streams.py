@@ -173,3 +173,12 @@ def test_held_entries_are_not_delivered_twice(r, keys):
     p.add(item(3))
     assert [e.data["seq"] for e in again.read()] == [3]
     assert again.read() == []
+
+
+def test_producer_counts_every_entry_it_added_in_the_run_stats(r, keys):
+    p = StreamProducer(r, keys.experience, maxlen=3, keys=keys, max_wait=0.2)
+    for i in range(3):
+        p.add(item(i))
+    with pytest.raises(StreamFull):
+        p.add(item(3))  # refused: not added, not counted
+    assert int(r.hget(keys.stats, "produced:experience")) == 3 == r.xlen(keys.experience)

@@ -37,7 +37,7 @@ class VectorActor:
         )
         self.rng = np.random.default_rng(cfg.seed * 10_000 + actor_id)
         self.weights = WeightStore(client, keys)
-        self.producer = StreamProducer(client, stream, maxlen=cfg.stream_maxlen)
+        self.producer = StreamProducer(client, stream, maxlen=cfg.stream_maxlen, keys=keys)
         self.net: torch.nn.Module
         self.version = -1
         self.steps = 0

@@ -44,7 +44,7 @@ class ESWorker:
         self.obs = np.zeros((self.n, self.spec.obs_dim), np.float32)
         self.rng = np.random.default_rng(cfg.seed * 10_000 + worker_id)
         self.store = WeightStore(client, keys, keys.es_params)
-        self.producer = StreamProducer(client, keys.es_results, maxlen=cfg.stream_maxlen)
+        self.producer = StreamProducer(client, keys.es_results, maxlen=cfg.stream_maxlen, keys=keys)
         self.generation = -1
         self.theta = np.zeros(self.spec.dim, np.float32)
         self.obs_mean = np.zeros(self.spec.obs_dim)
