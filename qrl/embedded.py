@@ -54,12 +54,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def signal_on_parent_death(sig: int = signal.SIGTERM) -> None:
+    """Have the kernel send this process ``sig`` when its parent dies, however it dies
+    (Linux; elsewhere nothing happens)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+
+
 def die_with_parent() -> None:
     """For ``preexec_fn``: the child gets SIGTERM when its parent dies (Linux) and has its own
     process group, so a terminal's Ctrl-C reaches the parent, which stops it in order."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    signal_on_parent_death(signal.SIGTERM)
     os.setpgrp()
 
 

@@ -66,6 +66,18 @@ def _until(cond, what: str, roles: Roles, timeout: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def _int(v) -> int:
     return int(v) if v is not None else -1
 
@@ -118,7 +130,10 @@ def test_sigkill_actor_replay_and_learner_loses_and_duplicates_nothing(r, keys, 
 
         # the learner: killed, restarted from its checkpoint at the step it saved
         _until(ckpt.exists, "a checkpoint", roles)
+        sampler = _children(roles.procs["learner-1"].pid)
+        assert len(sampler) == 1  # the learner's sampler process
         roles.kill("learner-1")
+        _until(lambda: not _alive(sampler[0]), "the orphaned sampler to exit", roles, 10)
         saved = int(torch.load(ckpt, weights_only=True)["step"])
         assert saved > 0
         roles.start("learner-2", *learner)

@@ -14,7 +14,9 @@ import contextlib
 import logging
 import multiprocessing
 import multiprocessing.queues
+import os
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from qrl.configs import ApexConfig
+from qrl.embedded import signal_on_parent_death
 from qrl.envs import env_spec
 from qrl.keys import RunKeys
 from qrl.learners.base import Learner
@@ -81,6 +84,7 @@ class ApexLearner(Learner):
                 self._samples,
                 self._priorities,
                 self._halt,
+                os.getpid(),
             ),
             name="apex-sampler",
             daemon=True,
@@ -144,8 +148,12 @@ def _sampler_main(
     samples: multiprocessing.queues.Queue[Any],
     priorities: multiprocessing.queues.Queue[Any],
     halt: Any,
+    parent: int,
 ) -> None:
     """The forked sampler process (numpy and Redis only, no torch)."""
+    signal_on_parent_death(signal.SIGKILL)  # a SIGKILLed learner must not leave it behind
+    if os.getppid() != parent:  # the learner died before that took effect
+        os._exit(1)
     samples.cancel_join_thread()  # may exit with batches nobody will take
     try:
         sampler = make_replay(client_factory(), keys, cfg, seed=cfg.seed)
