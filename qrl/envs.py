@@ -5,6 +5,10 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
+from qrl.simenv import register_envs
+
+register_envs()  # qrl/Sleep-v0, the simulated env of the scaling benchmark and test
+
 
 def is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/") or "NoFrameskip" in env_id
