@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 GROUP = "qrl"
 FIELD = b"d"  # an entry's one field: the encoded payload
 DEADLETTER_MAXLEN = 10_000
-DEADLETTER_MAX_PAYLOAD = 1 << 20
+DEADLETTER_MAX_PAYLOAD = 4096  # bytes of a rejected payload kept (its full size is recorded):
+# 10,000 entries x 4 KiB bounds the dead-letter stream to ~40 MiB
 
 _ADD_IF_ROOM = """
 -- entries waiting = in the stream and not yet delivered to a consumer (XLEN - pending):

@@ -182,3 +182,13 @@ def test_producer_counts_every_entry_it_added_in_the_run_stats(r, keys):
     with pytest.raises(StreamFull):
         p.add(item(3))  # refused: not added, not counted
     assert int(r.hget(keys.stats, "produced:experience")) == 3 == r.xlen(keys.experience)
+
+
+def test_dead_letters_keep_a_bounded_prefix_of_the_payload(r, keys):
+    from qrl.streams import DEADLETTER_MAX_PAYLOAD, dead_letter
+
+    big = b"x" * (1 << 20)
+    dead_letter(r, keys, "experience", "too big to keep", big, "1-0")
+    [(_, fields)] = r.xrange(keys.deadletter)
+    assert fields[b"payload"] == big[:DEADLETTER_MAX_PAYLOAD] and DEADLETTER_MAX_PAYLOAD <= 4096
+    assert fields[b"size"] == str(len(big)).encode() and fields[b"reason"] == b"too big to keep"
