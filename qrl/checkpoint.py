@@ -38,10 +38,7 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict() if optimizer is not None else {},
         "extra": extra or {},
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    _write(path, state)
 
 
 def load_checkpoint(path: Path, algo: str | None = None, cfg: Any = None) -> dict[str, Any]:
@@ -69,3 +66,25 @@ def load_checkpoint(path: Path, algo: str | None = None, cfg: Any = None) -> dic
                 "use a new run directory or the same settings"
             )
     return state
+
+
+def replace_model(path: Path, params: dict[str, Any], step: int) -> None:
+    """Swap the model in checkpoint ``path`` for ``params`` (name -> array) at ``step``,
+    atomically; the optimizer state and everything else stay."""
+    import numpy as np
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model = state["model"]
+    if set(model) != set(params):
+        raise CheckpointError(f"{path}: parameters do not match the checkpoint's model")
+    state["model"] = {k: torch.from_numpy(np.array(params[k])).to(model[k].dtype) for k in model}
+    state["step"] = int(step)
+    _write(path, state)
+
+
+def _write(path: Path, state: dict[str, Any]) -> None:
+    """Save ``state`` to ``path`` atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)

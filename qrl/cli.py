@@ -745,35 +745,50 @@ def _train_command(algo: Algo, doc: str) -> None:
             algo.name,
             cfg,
             algo.roles(cfg, device, run_dir, replays),
-            _evaluator(algo, cfg, eval_episodes),
+            evaluator := _evaluator(algo, cfg, eval_episodes),
             budget,
             redis_url=redis_url,
             run=run,
             run_dir=run_dir,
         )
+        checkpoint = run_dir / "checkpoint.pt"
+        if code == 0 and algo.torch_learner and evaluator.last and checkpoint.exists():
+            # the learner kept training after the evaluation that reached the target: keep
+            # the weights that reached it, not whatever came after
+            from qrl.checkpoint import replace_model
+
+            version, params = evaluator.last
+            replace_model(checkpoint, params, version)
         sys.exit(code)
 
 
-def _evaluator(algo: Algo, cfg: Any, episodes: int) -> Callable[[Any, Any], float | None]:
-    """Evaluation of the latest published parameters (only when they changed)."""
-    import numpy as np
+class _Evaluator:
+    """Evaluation of the latest published parameters (only when they changed); ``last`` is
+    ``(version, params)`` of the weights evaluated last."""
 
-    from qrl.evaluate import evaluate
-    from qrl.weights import WeightStore
+    def __init__(self, algo: Algo, cfg: Any, episodes: int) -> None:
+        self.algo, self.cfg, self.episodes = algo, cfg, episodes
+        self.score: float | None = None
+        self.last: tuple[int, dict[str, Any]] | None = None
 
-    state: dict[str, Any] = {"version": -1, "score": None}
+    def __call__(self, client: Any, keys: Any) -> float | None:
+        import numpy as np
 
-    def run(client: Any, keys: Any) -> float | None:
-        w = WeightStore(client, keys, getattr(keys, algo.weights_key)).fetch(state["version"])
+        from qrl.evaluate import evaluate
+        from qrl.weights import WeightStore
+
+        store = WeightStore(client, keys, getattr(keys, self.algo.weights_key))
+        w = store.fetch(self.last[0] if self.last else -1)
         if w is not None:
-            state["version"] = w.version
-            act = algo.policy(cfg, w.params)
-            state["score"] = float(
-                np.mean(evaluate(cfg.env, act, episodes, seed=cfg.seed * 1000 + 7))
-            )
-        return state["score"]
+            self.last = (w.version, w.params)
+            act = self.algo.policy(self.cfg, w.params)
+            seed = self.cfg.seed * 1000 + 7
+            self.score = float(np.mean(evaluate(self.cfg.env, act, self.episodes, seed=seed)))
+        return self.score
 
-    return run
+
+def _evaluator(algo: Algo, cfg: Any, episodes: int) -> _Evaluator:
+    return _Evaluator(algo, cfg, episodes)
 
 
 TRAIN_DOCS = {

@@ -85,3 +85,25 @@ def test_checkpoints_refuse_pickled_objects_and_other_formats(tmp_path):
 class _RunsCode:
     def __reduce__(self):
         return (print, ("this ran while loading a checkpoint",))
+
+
+def test_replace_model_keeps_the_reaching_weights_and_the_rest(tmp_path):
+    import numpy as np
+    import torch
+
+    from qrl.checkpoint import CheckpointError, load_checkpoint, replace_model, save_checkpoint
+    from qrl.configs import ImpalaConfig
+
+    net, other = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(net.parameters())
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, "impala", ImpalaConfig(), net, opt, 91)
+    params = {k: v.detach().numpy() for k, v in other.state_dict().items()}
+    replace_model(path, params, 50)
+    state = load_checkpoint(path, "impala", ImpalaConfig())
+    assert state["step"] == 50 and state["optimizer"]["param_groups"]
+    for k, v in params.items():
+        np.testing.assert_array_equal(state["model"][k].numpy(), v)
+    with pytest.raises(CheckpointError, match="do not match"):
+        replace_model(path, {"weight": params["weight"]}, 60)
+    assert load_checkpoint(path)["step"] == 50  # a refused swap changes nothing
