@@ -745,7 +745,7 @@ def _train_command(algo: Algo, doc: str) -> None:
             algo.name,
             cfg,
             algo.roles(cfg, device, run_dir, replays),
-            evaluator := _evaluator(algo, cfg, eval_episodes),
+            evaluator := _Evaluator(algo, cfg, eval_episodes),
             budget,
             redis_url=redis_url,
             run=run,
@@ -785,10 +785,6 @@ class _Evaluator:
             seed = self.cfg.seed * 1000 + 7
             self.score = float(np.mean(evaluate(self.cfg.env, act, self.episodes, seed=seed)))
         return self.score
-
-
-def _evaluator(algo: Algo, cfg: Any, episodes: int) -> _Evaluator:
-    return _Evaluator(algo, cfg, episodes)
 
 
 TRAIN_DOCS = {

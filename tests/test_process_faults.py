@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch
 
 from qrl.keys import RunKeys
 from qrl.streams import GROUP
-from tests.cli import ROOT, qrl
+from tests.cli import qrl, role
 
 
 class Roles:
@@ -29,10 +28,7 @@ class Roles:
     def start(self, name: str, *argv: str) -> subprocess.Popen:
         log = (self.log_dir / f"{name}.log").open("w")
         env = {**os.environ, "QRL_RUN": self.run}
-        self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "qrl.cli", "-v", *argv], cwd=ROOT, env=env,
-            stdout=log, stderr=log,
-        )  # fmt: skip
+        self.procs[name] = role("-v", *argv, env=env, stdout=log, stderr=log)
         return self.procs[name]
 
     def kill(self, name: str) -> None:

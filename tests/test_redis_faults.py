@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import redis
 
 from qrl.embedded import EmbeddedRedis
 from qrl.keys import RunKeys
-from tests.cli import ROOT, qrl
+from tests.cli import qrl, role
 
 ROLES = {  # the Ape-X job, as hand-started roles
     "replay": ["replay"],
@@ -25,9 +24,7 @@ ROLES = {  # the Ape-X job, as hand-started roles
 
 def _start(argv: list[str], url: str, run: str, deadline: float, log) -> subprocess.Popen:
     env = {**os.environ, "QRL_REDIS_URL": url, "QRL_RUN": run, "QRL_REDIS_DEADLINE": str(deadline)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "qrl.cli", *argv], cwd=ROOT, env=env, stdout=log, stderr=log
-    )
+    return role(*argv, env=env, stdout=log, stderr=log)
 
 
 def _version(url: str, keys: RunKeys) -> int:

@@ -10,7 +10,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from qrl.control import request_stop
 from qrl.metrics import MetricsReader
 from qrl.replay.role import make_replay
 from qrl.simenv import SLEEP_ENV_ID
-from tests.cli import ROOT
+from tests.cli import role
 
 
 class Run:
@@ -38,14 +37,10 @@ class Run:
 
     def start(self, name: str, *args: str) -> None:
         with (self.log_dir / f"{name}.log").open("wb") as log:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "qrl.cli", "-v", *args, "--run", self.keys.run],
-                cwd=ROOT,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+            self.procs[name] = role(
+                "-v", *args, "--run", self.keys.run,
+                env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
 
     def logs(self) -> str:
         return "\n".join(
