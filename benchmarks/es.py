@@ -20,12 +20,13 @@ import sys
 import time
 
 from qrl.actors.es import ESWorker
-from qrl.config import create_run
-from qrl.configs import ESConfig
+from qrl.configs.es import ESConfig
 from qrl.connection import connect
 from qrl.control import request_stop
 from qrl.embedded import EmbeddedRedis
 from qrl.keys import RunKeys
+from qrl.loop import run_role
+from qrl.runs import create_run
 from qrl.weights import WeightStore
 
 
@@ -36,13 +37,14 @@ class OfflineWorker(ESWorker):
         self.done_pairs = []
         return True
 
-    def run(self, should_stop, max_steps=None, report_every=1e9, poll_every=1e12):  # type: ignore[no-untyped-def]
-        return super().run(should_stop, max_steps, report_every, poll_every)
+    def __init__(self, *args, **kw):  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kw, poll_every=1e12)
 
 
 def steps_rate(worker: ESWorker, seconds: float) -> float:
     start, s0 = time.perf_counter(), worker.steps
-    worker.run(lambda: time.perf_counter() - start > seconds, report_every=1e9)
+    stop = lambda: time.perf_counter() - start > seconds  # noqa: E731
+    run_role(worker, worker.client, worker.keys, 0, stop, report_every=1e9)
     return (worker.steps - s0) / (time.perf_counter() - start)
 
 

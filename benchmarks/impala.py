@@ -19,12 +19,13 @@ import time
 
 from qrl.actors.impala import ImpalaActor
 from qrl.codec import encode
-from qrl.config import create_run
-from qrl.configs import ImpalaConfig
+from qrl.configs.impala import ImpalaConfig
 from qrl.connection import connect
 from qrl.embedded import EmbeddedRedis
 from qrl.keys import RunKeys
 from qrl.learners.impala import ImpalaLearner, stack_unrolls
+from qrl.loop import run_role
+from qrl.runs import create_run
 from qrl.streams import FIELD, Entry, ensure_group
 
 
@@ -63,7 +64,7 @@ def learner_rates(url: str, keys: RunKeys, cfg: ImpalaConfig, seconds: float, ro
             pipe.xadd(keys.trajectories, {FIELD: payloads[i % len(payloads)]})
         pipe.execute()
         t = time.perf_counter()
-        done = lrn.run(lambda: False, max_updates=n_updates, report_every=1e9, checkpoint_every=1e9)
+        done = run_role(lrn, client, keys, 0, lambda: False, limit=n_updates, report_every=1e9)
         ours.append(done * frames_per_update / (time.perf_counter() - t))
         client.delete(keys.trajectories)
         ensure_group(client, keys.trajectories)

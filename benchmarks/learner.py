@@ -14,16 +14,18 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
 
 import numpy as np
 
-from qrl.config import create_run
-from qrl.configs import ApexConfig
+from qrl.configs.apex import ApexConfig
 from qrl.connection import connect
 from qrl.embedded import EmbeddedRedis
 from qrl.keys import RunKeys
 from qrl.learners.apex import ApexLearner, Batch
+from qrl.loop import run_role
 from qrl.replay.role import make_replay
+from qrl.runs import create_run
 
 
 def fill(replay, n: int, rng: np.random.Generator) -> None:
@@ -39,7 +41,7 @@ def fill(replay, n: int, rng: np.random.Generator) -> None:
 def redis_round(lrn: ApexLearner, updates: int) -> float:
     t = time.perf_counter()
     lrn.stopping.clear()
-    lrn.run(lambda: False, max_updates=updates, report_every=1e9, checkpoint_every=1e9)
+    run_role(lrn, lrn.client, lrn.keys, 0, lambda: False, limit=updates, report_every=1e9)
     return updates / (time.perf_counter() - t)
 
 
@@ -70,7 +72,7 @@ def main() -> None:
         create_run(client, keys, "apex", cfg)
         replay = make_replay(client, keys, cfg, seed=0)
         fill(replay, args.transitions, rng)
-        lrn = ApexLearner(lambda: connect(server.url), keys, cfg, device=args.device)
+        lrn = ApexLearner(partial(connect, server.url), keys, cfg, device=args.device)
         pool = [Batch(replay.sample(cfg.batch_size, cfg.beta), lrn.device) for _ in range(64)]
         ours, mem = [], []
         for _ in range(args.rounds):

@@ -71,8 +71,7 @@ from typing import Any
 
 import torch
 
-from qrl.config import create_run
-from qrl.configs import ApexConfig
+from qrl.configs.apex import ApexConfig
 from qrl.connection import connect
 from qrl.control import request_stop
 from qrl.embedded import EmbeddedRedis, die_with_parent
@@ -80,7 +79,8 @@ from qrl.envs import env_spec
 from qrl.keys import RunKeys
 from qrl.metrics import MetricsReader
 from qrl.models import QNetwork
-from qrl.simenv import DEFAULT_QUANTUM, QUANTUM_ENV_VAR, SLEEP_ENV_ID, default_quantum
+from qrl.runs import create_run
+from qrl.simenv import DEFAULT_QUANTUM, QUANTUM_ENV_VAR, SLEEP_ENV, default_quantum
 from qrl.weights import WeightStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -272,7 +272,7 @@ def main() -> None:
     ap.add_argument("--actors", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--window", type=float, default=10.0, help="seconds measured per count")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds after all reported")
-    ap.add_argument("--env", default=SLEEP_ENV_ID)
+    ap.add_argument("--env", default=SLEEP_ENV)
     ap.add_argument("--envs-per-actor", type=int, default=32)
     ap.add_argument(
         "--quantum-ms",
@@ -289,7 +289,7 @@ def main() -> None:
         os.environ[QUANTUM_ENV_VAR] = f"{args.quantum_ms:g}"  # inherited by the roles
     counts = sorted(set(args.actors))
     env = args.env
-    if env == SLEEP_ENV_ID:
+    if env == SLEEP_ENV:
         q = default_quantum()
         env += f" (1 ms a step, {f'slept in {q * 1000:g} ms quanta' if q else 'each slept'})"
     print(

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from qrl import __version__
-from qrl.config import to_dict
 
 FORMAT = 1  # bump when the checkpoint layout changes; older files are refused, not misread
 
@@ -32,7 +31,7 @@ def save_checkpoint(
         "format": FORMAT,
         "algo": algo,
         "qrl_version": __version__,
-        "config": to_dict(cfg),
+        "config": cfg.to_dict(),
         "step": int(step),
         "model": model.state_dict() if isinstance(model, torch.nn.Module) else model,
         "optimizer": optimizer.state_dict() if optimizer is not None else {},
@@ -58,7 +57,7 @@ def load_checkpoint(path: Path, algo: str | None = None, cfg: Any = None) -> dic
     if algo is not None and state["algo"] != algo:
         raise CheckpointError(f"{path} is a {state['algo']} checkpoint, not {algo}")
     if cfg is not None:
-        want, have = to_dict(cfg), state["config"]
+        want, have = cfg.to_dict(), state["config"]
         diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         if diff:
             raise CheckpointError(
@@ -68,9 +67,12 @@ def load_checkpoint(path: Path, algo: str | None = None, cfg: Any = None) -> dic
     return state
 
 
-def replace_model(path: Path, params: dict[str, Any], step: int) -> None:
+def replace_model(
+    path: Path, params: dict[str, Any], step: int, extra: dict[str, Any] | None = None
+) -> None:
     """Swap the model in checkpoint ``path`` for ``params`` (name -> array) at ``step``,
-    atomically; the optimizer state and everything else stay."""
+    atomically, with ``extra`` (the state published beside them, if any); the optimizer
+    state and everything else stay."""
     import numpy as np
 
     state = torch.load(path, map_location="cpu", weights_only=True)
@@ -79,6 +81,8 @@ def replace_model(path: Path, params: dict[str, Any], step: int) -> None:
         raise CheckpointError(f"{path}: parameters do not match the checkpoint's model")
     state["model"] = {k: torch.from_numpy(np.array(params[k])).to(model[k].dtype) for k in model}
     state["step"] = int(step)
+    if extra:
+        state["extra"] = dict(extra)
     _write(path, state)
 
 

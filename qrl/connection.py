@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import AuthenticationError
+from redis.backoff import AbstractBackoff, ExponentialBackoff
+from redis.exceptions import AuthenticationError, NoPermissionError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -47,69 +48,76 @@ _outage_lock = threading.Lock()
 os.register_at_fork(after_in_child=_outages.clear)
 
 
-class DeadlineRetry(Retry):
-    """Retry a command on a lost connection with exponential backoff for up to ``deadline``
-    seconds, then raise :class:`RedisUnavailable`. One outage logs one warning when it starts
-    and one line when Redis is back, per process."""
+class DeadlineBackoff(AbstractBackoff):
+    """redis-py's retry policy (``Retry(DeadlineBackoff(...), -1)``) with a deadline:
+    exponential backoff up to 2 s apart while a command keeps failing, until ``deadline``
+    seconds have passed since its first failure; then :class:`RedisUnavailable`. One outage
+    logs one warning when it starts and one line when Redis is back, per process. A wrong
+    password is raised at once: it does not get better by waiting.
+
+    redis-py copies the retry policy into every connection; the copies share this object
+    (``__deepcopy__``), so a deadline set after the first PING holds for all of them. The
+    time of the first failure is kept per thread: a call's retries run in one thread."""
 
     def __init__(self, url: str, deadline: float) -> None:
-        super().__init__(
-            ExponentialBackoff(cap=2.0, base=0.05),
-            -1,
-            (RedisConnectionError, RedisTimeoutError, OSError),
-        )
         self.url, self.deadline = redact(url), deadline
+        self._exp = ExponentialBackoff(cap=2.0, base=0.05)
+        self._local = threading.local()
 
-    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):  # noqa: ANN001
-        start, failures = time.monotonic(), 0
-        while True:
-            try:
-                result = do()
-            except self._supported_errors as error:
-                if isinstance(error, AuthenticationError) or (
-                    is_retryable and not is_retryable(error)
-                ):
-                    raise  # a wrong password does not get better by waiting
-                failures += 1
-                if with_failure_count:
-                    fail(error, failures)
-                else:
-                    fail(error)
-                with _outage_lock:
-                    if self.url not in _outages:
-                        _outages[self.url] = start
-                        log.warning(
-                            "Redis at %s not answering (%s); retrying with backoff for up to %.0fs",
-                            self.url,
-                            error,
-                            self.deadline,
-                        )
-                if time.monotonic() - start > self.deadline:
-                    raise RedisUnavailable(
-                        f"Redis at {self.url} has not answered for {self.deadline:.0f}s "
-                        f"({error}); giving up (set {ENV_DEADLINE} to wait longer)"
-                    ) from error
-                time.sleep(self._backoff.compute(failures))
-                continue
-            if _outages:
-                with _outage_lock:
-                    since = _outages.pop(self.url, None)
-                if since is not None:
+    def reset(self) -> None:
+        """Called before every command (and before each connection attempt inside one).
+        Once this thread's outage saw two of these with no failure between, its last command
+        went through (past the deadline it would have raised): Redis is back."""
+        if getattr(self._local, "since", None) is None:
+            return
+        if not getattr(self._local, "armed", False):
+            self._local.armed = True
+            return
+        self._local.since = self._local.armed = None
+        with _outage_lock:
+            since = _outages.pop(self.url, None)
+        if since is not None:
+            log.warning(
+                "Redis at %s is back after %.1fs; carrying on", self.url, time.monotonic() - since
+            )
+
+    def compute(self, failures: int) -> float:
+        error = sys.exc_info()[1]  # the failure being retried (we run in redis-py's except)
+        if isinstance(error, AuthenticationError):
+            raise error
+        now = time.monotonic()
+        self._local.armed = False
+        if failures == 1 or getattr(self._local, "since", None) is None:
+            self._local.since = now
+            with _outage_lock:
+                if self.url not in _outages:
+                    _outages[self.url] = now
                     log.warning(
-                        "Redis at %s is back after %.1fs; carrying on",
+                        "Redis at %s not answering (%s); retrying with backoff for up to %.0fs",
                         self.url,
-                        time.monotonic() - since,
+                        error,
+                        self.deadline,
                     )
-            return result
+        if now - self._local.since > self.deadline:
+            self._local.since = None
+            raise RedisUnavailable(
+                f"Redis at {self.url} has not answered for {self.deadline:.0f}s "
+                f"({error}); giving up (set {ENV_DEADLINE} to wait longer)"
+            ) from error
+        return self._exp.compute(failures)
 
-    def __deepcopy__(self, memo: dict) -> DeadlineRetry:
-        return self  # redis-py copies the retry into every connection: share one outage state
+    def __deepcopy__(self, memo: dict) -> DeadlineBackoff:
+        return self
 
-    def __eq__(self, other: object) -> bool:
-        return self is other
 
-    def __hash__(self) -> int:
-        return id(self)
+def failure_exit(error: BaseException) -> tuple[int, str] | None:
+    """The exit code and one-line message for a Redis failure that ends a command: Redis
+    gone past its deadline (3), an ACL refusal (1); ``None`` for anything else."""
+    if isinstance(error, RedisUnavailable):
+        return 3, f"Error: {error}"
+    if isinstance(error, NoPermissionError):
+        return 1, f"Error: Redis refused: NOPERM {error} (check the user's ACL rules)"
+    return None
 
 
 def default_url() -> str:
@@ -145,11 +153,11 @@ def connect(
     to ``wait`` seconds, then :class:`RedisUnavailable` is raised with a clear message.
     """
     url = url or default_url()
-    retry = DeadlineRetry(url, wait)  # the first PING waits at most ``wait``
+    backoff = DeadlineBackoff(url, wait)  # the first PING waits at most ``wait``
     try:
         client = redis.Redis.from_url(
             url,
-            retry=retry,
+            retry=Retry(backoff, -1, (RedisConnectionError, RedisTimeoutError, OSError)),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
             socket_timeout=socket_timeout,
             socket_connect_timeout=5.0,
@@ -165,5 +173,5 @@ def connect(
             f"cannot reach Redis at {redact(url)}: {cause}. Start one with `qrl redis`, "
             f"pass --redis URL, or set {ENV_URL}."
         ) from e
-    retry.deadline = redis_deadline() if deadline is None else deadline
+    backoff.deadline = redis_deadline() if deadline is None else deadline
     return client

@@ -1,29 +1,41 @@
-"""Run control through Redis: a ``stop`` flag every role of a run polls."""
+"""Stopping: the run's ``stop`` flag in Redis, and SIGINT/SIGTERM to this process."""
 
 from __future__ import annotations
 
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import redis
 
 from qrl.keys import RunKeys
 
 
+def on_stop_signals(handler: Callable[[], None]) -> None:
+    """Call ``handler`` on SIGINT and SIGTERM: the one place qrl installs signal handlers
+    (main thread only)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: handler())
+
+
 class StopFlag:
-    """True once the run's ``stop`` flag is set in Redis or this process got SIGINT/SIGTERM.
-    Redis is asked at most every ``interval`` seconds."""
+    """True once the run's ``stop`` flag is set in Redis or ``local`` is set (by a signal,
+    with ``signals``, or by the caller). Redis is asked at most every ``interval`` seconds."""
 
     def __init__(
-        self, client: redis.Redis, keys: RunKeys, interval: float = 0.5, signals: bool = True
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        interval: float = 0.5,
+        signals: bool = True,
+        local: threading.Event | None = None,
     ) -> None:
         self.client, self.keys, self.interval = client, keys, interval
-        self.local = threading.Event()
+        self.local = local or threading.Event()
         self._next = 0.0
         if signals and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: self.local.set())
+            on_stop_signals(self.local.set)
 
     def __call__(self) -> bool:
         if self.local.is_set():

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import importlib
+
 import gymnasium as gym
 import numpy as np
 
-from qrl.simenv import register_envs
 
-register_envs()  # qrl/Sleep-v0, the simulated env of the scaling benchmark and test
+def find_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The registration of ``env_id``, including the ``module:EnvId`` form (the module is
+    imported first, as ``gymnasium.make`` does); raises ``gymnasium.error.Error``."""
+    module, sep, name = env_id.partition(":")
+    if sep:
+        importlib.import_module(module)
+        env_id = name
+    return gym.spec(env_id)
 
 
 def is_atari(env_id: str) -> bool:

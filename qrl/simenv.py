@@ -4,8 +4,10 @@ for with more machines; what qrl must show is that its own work around the step
 (inference, n-step returns, encoding, Redis) stays small enough that adding actor processes
 adds throughput.
 
-``qrl/Sleep-v0`` (registered from :mod:`qrl.envs`, so every role takes ``--env
-qrl/Sleep-v0``): every step costs 1 ms of wall time, with CartPole's spaces (a ``Box(4,)``
+``qrl/Sleep-v0`` is registered when this module is imported, which is only when an env id
+names it: every role takes ``--env qrl.simenv:qrl/Sleep-v0`` (:data:`SLEEP_ENV`) and
+gymnasium imports the module first; nothing in qrl's own import path registers it. Every
+step costs 1 ms of wall time, with CartPole's spaces (a ``Box(4,)``
 float32 observation, ``Discrete(2)`` actions). Observations are uniform in [-1, 1]; the
 reward is 1 when the action equals ``obs[0] > 0``, else 0; episodes are truncated after 200
 steps. Random play scores about 100, the best policy 200.
@@ -39,6 +41,7 @@ import gymnasium as gym
 import numpy as np
 
 SLEEP_ENV_ID = "qrl/Sleep-v0"
+SLEEP_ENV = f"qrl.simenv:{SLEEP_ENV_ID}"  # the id to pass: gymnasium imports this module first
 EPISODE_STEPS = 200
 DEFAULT_QUANTUM = 0.1  # seconds
 QUANTUM_ENV_VAR = "QRL_SLEEP_QUANTUM_MS"
@@ -120,3 +123,6 @@ def register_envs() -> None:
             reward_threshold=195.0,
             disable_env_checker=True,
         )
+
+
+register_envs()

@@ -69,7 +69,6 @@ def leave(client: redis.Redis, keys: RunKeys, role: str, ident: int) -> None:
 
 # --------------------------------------------------------------------------- collect
 
-_STREAMS = ("experience", "trajectories", "es_results")
 # per role: the counter that measures its throughput
 _RATE = {"actor": "steps_per_s", "worker": "steps_per_s", "replay": "inserted_per_s"}
 
@@ -97,14 +96,20 @@ def _int(value: Any, default: int = -1) -> int:
         return default
 
 
-def collect(client: redis.Redis, keys: RunKeys, stale_after: float = STALE_AFTER) -> dict[str, Any]:
-    """Everything ``qrl status`` shows, as plain data (what ``--json`` prints)."""
-    from qrl.config import RunNotFound, load_run
-
-    try:
-        algo, config = load_run(client, keys)
-    except (RunNotFound, CodecError):
-        algo, config = None, {}
+def collect(
+    client: redis.Redis,
+    keys: RunKeys,
+    stale_after: float = STALE_AFTER,
+    *,
+    algo: str | None = None,
+    env: str | None = None,
+    weights_key: str | None = None,
+    streams: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Everything ``qrl status`` shows, as plain data (what ``--json`` prints). What depends
+    on the algorithm comes from its builder: where its weights are, its streams, and
+    ``extra`` top-level values (e.g. the replay size)."""
     sec, usec = client.time()
     now = sec + usec / 1e6
     procs = []
@@ -127,8 +132,7 @@ def collect(client: redis.Redis, keys: RunKeys, stale_after: float = STALE_AFTER
         if rate is not None:
             throughput[p["role"]] = throughput.get(p["role"], 0.0) + float(rate)
 
-    weights_key = keys.es_params if algo == "es" else keys.weights
-    version = _int(client.hget(weights_key, "version"))
+    version = _int(client.hget(weights_key, "version")) if weights_key else -1
     actor_versions = [
         p["values"]["version"] for p in live if p["role"] == "actor" and "version" in p["values"]
     ]
@@ -141,26 +145,27 @@ def collect(client: redis.Redis, keys: RunKeys, stale_after: float = STALE_AFTER
         policy_lag = None
 
     stats = {k.decode(): _int(v, 0) for k, v in client.hgetall(keys.stats).items()}
-    streams = {}
-    for attr in _STREAMS:
-        info = _stream(client, getattr(keys, attr))
+    stream_info = {}
+    for name, key in (streams or {}).items():
+        info = _stream(client, key)
         if info is not None:
-            streams[attr] = info
+            stream_info[name] = info
     return {
         "run": keys.run,
         "algo": algo,
-        "env": config.get("env"),
+        "env": env,
         "stopped": bool(client.hget(keys.control, "stop")),
         "time": now,
         "processes": procs,
         "throughput": throughput,
-        "streams": streams,
-        "replay_size": client.zcard(keys.replay_priorities) if algo == "apex" else None,
+        "streams": stream_info,
         "weights_version": version,
         "policy_lag": policy_lag,
         "dead_letters": client.xlen(keys.deadletter),
         "rejected": stats.get("rejected", 0),
         "stats": stats,
+        "extra": sorted(extra or {}),
+        **(extra or {}),
     }
 
 
@@ -183,7 +188,7 @@ def render(status: dict[str, Any]) -> Any:
         ("  STOPPED" if s["stopped"] else "", "bold yellow"),
         f"   weights v{s['weights_version']}",
         f"   policy lag {s['policy_lag']:.1f}" if s["policy_lag"] is not None else "",
-        f"   replay {s['replay_size']:,}" if s["replay_size"] is not None else "",
+        *(f"   {k.replace('_', ' ')} {s[k]:,}" for k in s.get("extra", [])),
         (f"   dead letters {s['dead_letters']}", "red" if s["dead_letters"] else ""),
     )
     procs = Table("process", "host:pid", "up", "heartbeat", "rate/s", "counters", box=None)

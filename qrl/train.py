@@ -1,11 +1,12 @@
 """``qrl train``: one command that runs a whole job on one machine.
 
-It starts an embedded Redis (unless given a URL), writes the run's config, starts every role
-as its own process (``qrl replay``, ``qrl learner ...``, ``qrl actor ...``), follows the
-metrics stream with a live display, evaluates the latest published weights periodically,
-stops at the target return or the time/step budget, shuts every process down and leaves a
-run directory: ``config.json``, ``metrics.csv`` and TensorBoard files (:mod:`qrl.runlog`),
-``logs/`` and the learner's checkpoint.
+It starts an embedded Redis (unless given a URL), writes the run's config, starts every
+process of the algorithm's roles (:func:`qrl.launch.start_process`), follows the metrics
+stream with a live display, evaluates the latest published weights periodically, stops at
+the target return or the time/step budget, shuts every process down and leaves a run
+directory: ``config.json``, ``metrics.csv`` and TensorBoard files (:mod:`qrl.runlog`),
+``logs/``, ``result.json`` and the learner's checkpoint (holding the weights that reached
+the target, when they did).
 """
 
 from __future__ import annotations
@@ -13,14 +14,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import multiprocessing
-import os
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -29,23 +25,19 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from qrl.config import create_run, to_dict
-from qrl.connection import connect
+from qrl.algos import Algorithm
+from qrl.checkpoint import replace_model
+from qrl.connection import connect, redact
 from qrl.control import StopFlag, request_stop
-from qrl.embedded import EmbeddedRedis, die_with_parent
+from qrl.embedded import EmbeddedRedis
 from qrl.keys import RunKeys
+from qrl.launch import RoleSpec, process_context, start_process
 from qrl.metrics import MetricsReader
 from qrl.runlog import Progress, RunLog
+from qrl.runs import create_run
+from qrl.weights import Weights, WeightStore
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Role:
-    """A role process: its name (for logs) and its ``qrl`` arguments."""
-
-    name: str
-    args: list[str]
 
 
 @dataclass
@@ -71,106 +63,90 @@ def default_run_name(algo: str, env: str, seed: int) -> str:
     return f"{algo}-{safe}-s{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-class RoleProcess:
-    """One role of the job in its own OS process. On Linux it is forked from ``qrl train``
-    (which has already imported torch and gymnasium, so a role starts in milliseconds, not
-    the seconds a fresh interpreter takes); elsewhere it is a ``python -m qrl.cli``
-    subprocess. Either way its output goes to ``logs/ROLE.log`` and it dies with us."""
+class Evaluator:
+    """Evaluation of the latest published parameters (only when they changed); ``last`` is
+    the :class:`qrl.weights.Weights` evaluated last."""
 
-    def __init__(self, role: Role, url: str, run: str, log_dir: Path) -> None:
-        self.name = role.name
-        argv = [*role.args, "--run", run]
-        log_path = log_dir / f"{role.name}.log"
-        self._proc: multiprocessing.process.BaseProcess | subprocess.Popen[bytes]
-        if sys.platform.startswith("linux"):
-            ctx = multiprocessing.get_context("fork")
-            self._proc = ctx.Process(target=_role_main, args=(argv, url, log_path), name=role.name)
-            self._proc.start()
-        else:
-            with log_path.open("ab") as log:
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "qrl.cli", *argv],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env={**os.environ, "QRL_REDIS_URL": url},
-                )
+    def __init__(self, algo: Algorithm, cfg: Any, episodes: int) -> None:
+        self.algo, self.cfg, self.episodes = algo, cfg, episodes
+        self.score: float | None = None
+        self.last: Weights | None = None
 
-    def poll(self) -> int | None:
-        p = self._proc
-        return p.poll() if isinstance(p, subprocess.Popen) else p.exitcode
+    def __call__(self, client: redis.Redis, keys: RunKeys) -> float | None:
+        import numpy as np
+        import torch
 
-    def wait(self, timeout: float) -> int | None:
-        p = self._proc
-        if isinstance(p, subprocess.Popen):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout)
-        else:
-            p.join(timeout)
-        return self.poll()
+        from qrl.evaluate import evaluate
 
-    def terminate(self) -> None:
-        self._proc.terminate()
+        torch.set_num_threads(1)  # this process only evaluates: the cores are the roles'
 
-    def kill(self) -> None:
-        self._proc.kill()
+        store = WeightStore(client, keys, self.algo.weights_key(keys))
+        w = store.fetch(self.last.version if self.last else -1)
+        if w is not None:
+            self.last = w
+            act = self.algo.policy(self.cfg, w.params)
+            seed = self.cfg.seed * 1000 + 7
+            self.score = float(np.mean(evaluate(self.cfg.env, act, self.episodes, seed=seed)))
+        return self.score
 
 
-def _role_main(argv: list[str], url: str, log_path: Path) -> None:
-    """A forked role: its own process group, output to its log, then the CLI command."""
-    die_with_parent()
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)  # the role installs its own
-    os.environ["QRL_REDIS_URL"] = url
-    from qrl.cli import main
+def default_target(env: str) -> float | None:
+    """The env's reward threshold from its gymnasium registration, if it has one."""
+    import gymnasium as gym
 
-    main(args=argv, prog_name="qrl")
+    from qrl.envs import find_spec
+
+    try:
+        return find_spec(env).reward_threshold
+    except (gym.error.Error, ImportError):
+        return None
 
 
 def _shutdown(
-    client: redis.Redis | None, keys: RunKeys, procs: dict[str, RoleProcess], grace: float
+    client: redis.Redis | None, keys: RunKeys, procs: dict[str, BaseProcess], grace: float
 ) -> None:
     if client is not None:
         with contextlib.suppress(redis.RedisError):
             request_stop(client, keys)
     deadline = time.monotonic() + grace
     for p in procs.values():
-        if p.wait(max(deadline - time.monotonic(), 0.1)) is None:
+        p.join(max(deadline - time.monotonic(), 0.1))
+        if p.exitcode is None:
             p.terminate()
     for p in procs.values():
-        if p.wait(5) is None:
+        p.join(5)
+        if p.exitcode is None:
             p.kill()
-            p.wait(5)
+            p.join(5)
 
 
 def run_training(
-    algo: str,
+    algo: Algorithm,
     cfg: Any,
-    roles: list[Role],
-    evaluator: Callable[[redis.Redis, RunKeys], float | None],
     budget: Budget,
     *,
     redis_url: str | None,
     run: str,
     run_dir: Path,
+    device: str = "auto",
     console: Console | None = None,
 ) -> int:
     """Run a whole job; returns the exit code: 0 if the target return was reached, 1 if the
-    budget ran out first, 2 if a role failed or the job was interrupted."""
+    budget ran out first, 2 if a role failed or the job was interrupted. A job that reached
+    its target leaves the weights that reached it in its checkpoint."""
     console = console or Console(stderr=True)
+    process_context()  # the process server starts loading torch while we set up
+    evaluator = Evaluator(algo, cfg, budget.eval_episodes)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     (run_dir / "config.json").write_text(
-        json.dumps({"algo": algo, "run": run, "config": to_dict(cfg)}, indent=2)
+        json.dumps({"algo": algo.name, "run": run, "config": cfg.to_dict()}, indent=2)
     )
     keys = RunKeys(run)
+    checkpoint = run_dir / "checkpoint.pt"
     server = None if redis_url else EmbeddedRedis().start()
     url = redis_url or server.url  # type: ignore[union-attr]
-    procs: dict[str, RoleProcess] = {}
+    procs: dict[str, BaseProcess] = {}
     client = None
     reached = False
     failed = False
@@ -178,16 +154,26 @@ def run_training(
     stop = None
     try:
         client = connect(url)
-        create_run(client, keys, algo, cfg)
+        create_run(client, keys, algo.name, cfg)
         client.hdel(keys.control, "stop")  # a rerun of a stopped run starts afresh
         stop = StopFlag(client, keys)
         reader = MetricsReader(client, keys, from_start=True)
-        for role in roles:
-            procs[role.name] = RoleProcess(role, url, run, run_dir / "logs")
+        for role, i in algo.processes(cfg):
+            name = f"{role.name}{i}" if role.count else role.name
+            spec = RoleSpec(
+                algo.name,
+                role.name,
+                run,
+                url,
+                ident=i,
+                device=device,
+                checkpoint=checkpoint if role.kind == "learner" else None,
+            )
+            procs[name] = start_process(spec, run_dir / "logs" / f"{name}.log", name)
         console.print(
-            f"[bold]qrl[/] {algo} on {getattr(cfg, 'env', '?')}: run {run!r}, "
-            f"Redis {url if redis_url else 'embedded'}, "
-            f"{len(roles)} processes, logs in {run_dir / 'logs'}"
+            f"[bold]qrl[/] {algo.name} on {cfg.env}: run {run!r}, "
+            f"Redis {redact(url) if redis_url else 'embedded'}, "
+            f"{len(procs)} processes, logs in {run_dir / 'logs'}"
         )
         next_eval = time.monotonic() + budget.eval_every
         interactive = console.is_terminal
@@ -221,7 +207,7 @@ def run_training(
                 elif now >= next_line:
                     console.print(" ".join(f"{k}={v}" for k, v in progress.row().items()))
                     next_line = now + 5
-                dead = [n for n, p in procs.items() if p.poll() is not None]  # none may end early
+                dead = [n for n, p in procs.items() if p.exitcode is not None]  # none may end
                 if dead:
                     console.print(f"[red]{', '.join(dead)} failed; see {run_dir / 'logs'}[/]")
                     failed = True
@@ -252,6 +238,11 @@ def run_training(
     code = 0 if reached else 2 if failed else 1
     result = {**row, "reached": reached, "target": budget.target_return, "exit_code": code}
     (run_dir / "result.json").write_text(json.dumps(result, indent=2))
+    if reached and evaluator.last is not None and checkpoint.exists():
+        # the learner kept training after the evaluation that reached the target: keep the
+        # weights that reached it, not whatever came after
+        w = evaluator.last
+        replace_model(checkpoint, w.params, w.version, w.meta)
     return code
 
 

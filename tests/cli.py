@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,8 +26,10 @@ def role(*args: str, **kw: Any) -> subprocess.Popen:
 
 
 def train(algo: str, run_dir: Path, *args: str, timeout: float = 240) -> dict[str, Any]:
-    """``qrl train ALGO ARGS --run-dir RUN_DIR``; asserts it exited 0, returns result.json."""
-    proc = qrl("train", algo, *args, "--run-dir", str(run_dir), timeout=timeout)
+    """``qrl train ALGO ARGS --run-dir RUN_DIR`` with its embedded Redis (the session's URL is
+    not passed on); asserts it exited 0, returns result.json."""
+    env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
+    proc = qrl("train", algo, *args, "--run-dir", str(run_dir), timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((run_dir / "result.json").read_text())
 

@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 
 import numpy as np
 import pytest
@@ -10,10 +11,11 @@ import torch
 
 from qrl.actors.apex import NStep, epsilons
 from qrl.checkpoint import CheckpointError, load_checkpoint
-from qrl.config import create_run
-from qrl.configs import ApexConfig
+from qrl.configs.apex import ApexConfig
 from qrl.control import request_stop
+from qrl.loop import run_role
 from qrl.replay.role import make_replay
+from qrl.runs import create_run
 from qrl.weights import WeightStore
 from tests.cli import ROOT, eval_mean, qrl, train
 
@@ -259,12 +261,12 @@ def test_learner_fails_loudly_when_its_sampler_dies(r, keys, redis_server):
     replay.insert(
         replay.layout.pack(obs, np.zeros(200), np.ones(200), np.ones(200), obs), np.ones(200)
     )
-    lrn = ApexLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+    lrn = ApexLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            lrn.run(lambda: False, max_updates=10**9)
+            run_role(lrn, r, keys, 0, lambda: False, limit=10**9)
         except RuntimeError as e:
             errors.append(e)
 

@@ -13,11 +13,13 @@ import pytest
 from qrl.actors.es import ESWorker
 from qrl.actors.impala import ImpalaActor
 from qrl.codec import encode
-from qrl.config import create_run
-from qrl.configs import ApexConfig, ESConfig, ImpalaConfig
+from qrl.configs.apex import ApexConfig
+from qrl.configs.es import ESConfig
+from qrl.configs.impala import ImpalaConfig
 from qrl.keys import RunKeys
 from qrl.messages import METRICS, es_results_schema, experience_schema, unroll_schema
 from qrl.metrics import MetricsReader
+from qrl.runs import create_run
 from qrl.weights import WEIGHTS, WeightStore, module_arrays
 from tests.cli import role
 from tests.corpus import corpus

@@ -24,12 +24,13 @@ import redis
 import yaml
 
 from qrl.algos import ALGOS
-from qrl.cli import main, parse_overrides
-from qrl.config import load_run_config
-from qrl.configs import ApexConfig
+from qrl.cli import main
+from qrl.configs.apex import ApexConfig
+from qrl.configs.base import parse_config, parse_overrides
 from qrl.embedded import EmbeddedRedis
 from qrl.keys import RunKeys
 from qrl.replay.role import make_replay
+from qrl.runs import load_run_config
 from qrl.weights import WeightStore
 from tests.cli import ROOT
 
@@ -57,6 +58,12 @@ PROFILES: dict[str, dict[str, tuple[str, ...]]] = {
     },
 }
 ROLES = [(profile, name) for profile, services in PROFILES.items() for name in services]
+
+
+def command_of(profile: str, kind: str) -> tuple[str, ...]:
+    """The command of the algorithm's role of ``kind`` (actor or learner)."""
+    (command,) = (r.command for r in ALGOS[profile].roles if r.kind == kind)
+    return command
 
 
 def service_of(profile: str, command: tuple[str, ...]) -> str:
@@ -223,8 +230,7 @@ def test_every_profile_holds_its_algorithms_roles(services):
     for profile, expected in PROFILES.items():
         assert {n for n, s in services.items() if profile in s.get("profiles", [])} == set(expected)
         algo = ALGOS[profile]
-        roles = {("run", "create"), algo.learner_cmd, algo.actor_cmd}
-        roles |= {(algo.stream_role,)} if algo.stream_role else set()
+        roles = {("run", "create")} | {r.command for r in algo.roles}
         assert set(expected.values()) == roles, f"{profile}: not the roles qrl train starts"
     assert set(qrl_services(services)) == {s for _, s in ROLES}
 
@@ -271,9 +277,8 @@ def test_init_creates_the_run_and_the_roles_wait_for_it(profile, services, servi
     _, params = parse_cli(init["command"])
     assert params["algo"] == profile
     # the config `qrl run create` would write: --set keys and values checked as it does
-    cfg = parse_overrides(
-        ALGOS[profile].config, params["overrides"], env=params["env"], seed=params["seed"]
-    )
+    values = {"env": params["env"], "seed": params["seed"], **parse_overrides(params["overrides"])}
+    cfg = parse_config(ALGOS[profile].config, values)
     assert (cfg.env, cfg.seed) == (EXAMPLE["QRL_ENV"], int(EXAMPLE["QRL_SEED"]))
     if profile == "apex":  # the per-actor epsilons spread over the default actor count
         assert cfg.actors == int(EXAMPLE["QRL_ACTORS"])
@@ -286,7 +291,7 @@ def test_init_creates_the_run_and_the_roles_wait_for_it(profile, services, servi
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_actors_scale_with_different_numbers(profile, services, service_env):
-    actor = services[service_of(profile, ALGOS[profile].actor_cmd)]
+    actor = services[service_of(profile, command_of(profile, "actor"))]
     service_env(actor)
     assert parse_cli(actor["command"])[1]["ident"] == "auto"  # each replica takes the next
     assert "container_name" not in actor and "ports" not in actor  # else --scale fails
@@ -295,7 +300,7 @@ def test_actors_scale_with_different_numbers(profile, services, service_env):
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_learners_checkpoint_into_a_volume(profile, compose, services, service_env):
-    learner = services[service_of(profile, ALGOS[profile].learner_cmd)]
+    learner = services[service_of(profile, command_of(profile, "learner"))]
     service_env(learner)
     params = parse_cli(learner["command"])[1]
     mounts = volume_mounts(learner)

@@ -1,19 +1,16 @@
-from dataclasses import dataclass
-
 import pytest
 import redis
 
 from qrl.codec import CodecError
-from qrl.config import RunExists, RunNotFound, create_run, from_dict, load_run_config
+from qrl.configs.base import Config, Layers, parse_config
 from qrl.keys import RunKeys
+from qrl.runs import RunExists, RunNotFound, create_run, load_run_config
 
 
-@dataclass
-class Cfg:
-    env: str = "CartPole-v1"
+class Cfg(Config):
     lr: float = 1e-3
     n_step: int = 3
-    hidden: tuple[int, ...] = (64, 64)
+    hidden: Layers = (64, 64)
     device: str | None = None
 
 
@@ -41,11 +38,11 @@ def test_missing_run(r, keys):
         load_run_config(r, keys, "apex", Cfg)
 
 
-def test_from_dict_checks_types():
-    assert from_dict(Cfg, {"lr": 1, "hidden": [8, 8]}) == Cfg(lr=1.0, hidden=(8, 8))
+def test_parse_config_checks_types():
+    assert parse_config(Cfg, {"lr": 1, "hidden": [8, 8]}) == Cfg(lr=1.0, hidden=(8, 8))
     for bad in ({"lr": "x"}, {"n_step": 2.5}, {"n_step": True}, {"hidden": ["a"]}, {"zz": 1}):
         with pytest.raises(ValueError):
-            from_dict(Cfg, bad)
+            parse_config(Cfg, bad)
 
 
 def test_run_names_are_checked():
@@ -63,7 +60,7 @@ def test_checkpoints_refuse_pickled_objects_and_other_formats(tmp_path):
     import torch
 
     from qrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-    from qrl.configs import ESConfig
+    from qrl.configs.es import ESConfig
 
     good = tmp_path / "good.pt"
     save_checkpoint(good, "es", ESConfig(), {"theta": torch.zeros(3)}, None, 7)
@@ -92,7 +89,7 @@ def test_replace_model_keeps_the_reaching_weights_and_the_rest(tmp_path):
     import torch
 
     from qrl.checkpoint import CheckpointError, load_checkpoint, replace_model, save_checkpoint
-    from qrl.configs import ImpalaConfig
+    from qrl.configs.impala import ImpalaConfig
 
     net, other = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
     opt = torch.optim.Adam(net.parameters())

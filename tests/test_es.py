@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from qrl.codec import encode
-from qrl.config import create_run
-from qrl.configs import ESConfig
+from qrl.configs.es import ESConfig
 from qrl.connection import connect
 from qrl.es import Adam, NoiseTable, PolicySpec, centered_ranks, es_gradient
 from qrl.learners.es import ESMaster
+from qrl.loop import run_role
+from qrl.runs import create_run
 from qrl.streams import FIELD, GROUP
 from tests.cli import ROOT, eval_mean, train
 
@@ -109,7 +110,7 @@ def test_master_ignores_stale_results_and_resumes(r, keys, redis_server):
     # two stale pairs (generation 2) that would pull theta elsewhere, then the real ones
     r.xadd(keys.es_results, {FIELD: _results(2, [5, 6], [100.0, 100.0], [-100.0, -100.0])})
     r.xadd(keys.es_results, {FIELD: _results(3, [10, 20], [1.0, 0.0], [0.0, 2.0])})
-    assert master.run(lambda: False, max_generations=1) == 1
+    assert run_role(master, r, keys, 0, lambda: False, limit=1) == 1
     assert master.stale == 2 and master.generation == 4
     # the update used exactly the current generation's pairs
     spec_dim = master.spec.dim

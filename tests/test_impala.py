@@ -4,11 +4,12 @@ import torch
 
 from qrl.actors.impala import ImpalaActor
 from qrl.codec import CodecError, decode, encode
-from qrl.config import create_run
-from qrl.configs import ImpalaConfig
+from qrl.configs.impala import ImpalaConfig
 from qrl.connection import connect
 from qrl.learners.impala import ImpalaLearner, stack_unrolls
+from qrl.loop import run_role
 from qrl.messages import unroll_schema
+from qrl.runs import create_run
 from qrl.streams import GROUP, Entry
 from qrl.vtrace import vtrace
 from tests.cli import eval_mean, train
@@ -130,7 +131,7 @@ def test_learner_drops_unrolls_beyond_max_policy_lag(r, keys, redis_server):
             keys.trajectories,
             {"d": encode("impala.unrolls", _actor_message(cfg, r, keys, version))},
         )
-    assert lrn.run(lambda: False, max_updates=1) == 1
+    assert run_role(lrn, r, keys, 0, lambda: False, limit=1) == 1
     assert lrn.dropped == 4  # the old entry's 4 unrolls
     assert r.xlen(keys.trajectories) == 0 and r.xpending(keys.trajectories, GROUP)["pending"] == 0
     assert lrn.weights.version() == 101
@@ -170,7 +171,7 @@ def test_non_finite_loss_publishes_nothing_and_does_not_loop(r, keys, redis_serv
         stop_at[0] += 1
         return lrn.skipped >= 3 or stop_at[0] > 2000
 
-    assert lrn.run(stop) == 0
+    assert run_role(lrn, r, keys, 0, stop) == 0
     assert lrn.skipped == 3 and lrn.updates == 0
     assert lrn.weights.version() == 0  # the NaN weights were never published
     # the skipped unrolls were consumed once, not redelivered forever

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from qrl.config import load_run
+from qrl.runs import load_run
 from tests.cli import qrl, role
 
 

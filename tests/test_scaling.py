@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from qrl.config import create_run
-from qrl.configs import ApexConfig
+from qrl.configs.apex import ApexConfig
 from qrl.control import request_stop
 from qrl.metrics import MetricsReader
 from qrl.replay.role import make_replay
-from qrl.simenv import SLEEP_ENV_ID
+from qrl.runs import create_run
+from qrl.simenv import SLEEP_ENV
 from tests.cli import role
 
 
@@ -103,7 +103,7 @@ def test_adding_actors_raises_throughput_and_killing_some_keeps_the_run_going(
     r, keys, redis_server, tmp_path
 ):
     cfg = ApexConfig(
-        env=SLEEP_ENV_ID,
+        env=SLEEP_ENV,
         actors=4,
         envs_per_actor=16,  # a vector step owes 16 ms of sleep: acting is a few % of it
         hidden=(64, 64),

@@ -20,7 +20,7 @@ import torch
 
 from qrl.actors.base import VectorActor
 from qrl.codec import encode
-from qrl.configs import ApexConfig
+from qrl.configs.apex import ApexConfig
 from qrl.keys import RunKeys
 from qrl.models import QNetwork
 

@@ -1,10 +1,9 @@
-"""What every actor shares: vector envs, a local copy of the learner's network kept fresh
-from the weight store, a bounded producer, episode statistics and metrics reports."""
+"""What every vector-env actor shares: vector envs, a local copy of the learner's network
+kept fresh from the weight store, a bounded producer, episode statistics."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -13,13 +12,17 @@ import torch
 
 from qrl.envs import env_spec, make_vector_env
 from qrl.keys import RunKeys
-from qrl.metrics import report
+from qrl.loop import Role, StopCheck
 from qrl.streams import StreamProducer
 from qrl.weights import WeightStore
 
 
-class VectorActor:
-    """Base of the Ape-X and IMPALA actors. Subclasses build ``self.net`` and the loop."""
+class VectorActor(Role):
+    """Base of the vector-env actors. Subclasses build ``self.net`` and implement
+    :meth:`advance`; :func:`qrl.loop.run_role` runs them."""
+
+    name = "actor"
+    counter = "steps"
 
     def __init__(
         self,
@@ -44,9 +47,9 @@ class VectorActor:
         self.ep_return = np.zeros(cfg.envs_per_actor)
         self.ep_length = np.zeros(cfg.envs_per_actor, dtype=np.int64)
         self.finished: list[tuple[float, int]] = []
-        self._last_report = (time.monotonic(), 0)
+        self.units = 0  # units of work done (vector steps, unrolls)
 
-    def wait_for_weights(self, should_stop: Callable[[], bool], timeout: float = 600) -> bool:
+    def wait_for_weights(self, should_stop: StopCheck, timeout: float = 600) -> bool:
         """Block until the learner published weights (all actors start from the same ones);
         False if stopped first, ``RuntimeError`` after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
@@ -85,62 +88,48 @@ class VectorActor:
         return next_obs, true_next, rewards, term, trunc
 
     # -- for subclasses
-    def advance(self, obs: np.ndarray, should_stop: Callable[[], bool]) -> np.ndarray | None:
+    def advance(self, obs: np.ndarray, should_stop: StopCheck) -> np.ndarray | None:
         """One unit of work from ``obs`` (a vector step, an unroll); returns the observation
         to go on from, or ``None`` if stopped while pushing."""
         raise NotImplementedError
 
-    def finish(self, should_stop: Callable[[], bool]) -> None:
+    def finish(self, should_stop: StopCheck) -> None:
         """Push what is left before the actor ends."""
 
     def extra_metrics(self) -> dict[str, float]:
         return {}
 
-    def run(
-        self,
-        should_stop: Callable[[], bool],
-        max_steps: int | None = None,
-        report_every: float = 1.0,
-    ) -> int:
-        """Act until ``should_stop()`` (or ``max_steps`` env steps); returns env steps taken.
-        Weights are checked every ``weight_poll`` units of work."""
+    # -- the role
+    def start(self, should_stop: StopCheck) -> bool:
         if not self.wait_for_weights(should_stop):
-            return 0
-        obs, _ = self.envs.reset()
-        next_report = time.monotonic() + report_every
-        n = 0
-        while not should_stop() and (max_steps is None or self.steps < max_steps):
-            obs = self.advance(obs, should_stop)
-            if obs is None:
-                break
-            n += 1
-            if n % self.cfg.weight_poll == 0:
-                self.refresh_weights()
-            if time.monotonic() >= next_report:
-                self.report(**self.extra_metrics())
-                next_report = time.monotonic() + report_every
-        self.finish(should_stop)
-        self.report(**self.extra_metrics())
-        return self.steps
+            return False
+        self.obs, _ = self.envs.reset()
+        return True
 
-    def report(self, **extra: float) -> None:
-        """Send env steps, steps/s and the episodes finished since the last report."""
-        now = time.monotonic()
-        t0, s0 = self._last_report
-        self._last_report = (now, self.steps)
+    def step(self, should_stop: StopCheck) -> bool:
+        """One unit of work; the weights are checked every ``weight_poll`` units."""
+        obs = self.advance(self.obs, should_stop)
+        if obs is None:
+            return False
+        self.obs = obs
+        self.units += 1
+        if self.units % self.cfg.weight_poll == 0:
+            self.refresh_weights()
+        return True
+
+    def close(self, should_stop: StopCheck) -> None:
+        self.finish(should_stop)
+
+    def metrics(self) -> dict[str, Any]:
+        """Env steps, the episodes finished since the last report, the policy version."""
         returns = [r for r, _ in self.finished]
         lengths = [n for _, n in self.finished]
         self.finished = []
-        report(
-            self.client,
-            self.keys,
-            "actor",
-            self.actor_id,
-            steps=self.steps,
-            steps_per_s=(self.steps - s0) / max(now - t0, 1e-9),
-            episode_returns=returns,
-            episode_lengths=lengths,
-            version=self.version,
-            backpressure_s=self.producer.waited_s,
-            **extra,
-        )
+        return {
+            "steps": self.steps,
+            "episode_returns": returns,
+            "episode_lengths": lengths,
+            "version": self.version,
+            "backpressure_s": self.producer.waited_s,
+            **self.extra_metrics(),
+        }

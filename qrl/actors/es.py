@@ -16,25 +16,34 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import redis
 
 from qrl.codec import encode
-from qrl.configs import ESConfig
+from qrl.configs.es import ESConfig
 from qrl.envs import make_env
 from qrl.es import NoiseTable, PolicySpec, normalize
 from qrl.keys import RunKeys
-from qrl.metrics import report
+from qrl.loop import Role, StopCheck
 from qrl.streams import StreamProducer
 from qrl.weights import Weights, WeightStore
 
 log = logging.getLogger(__name__)
 
 
-class ESWorker:
+class ESWorker(Role):
+    name = "worker"
+    counter = "steps"
+
     def __init__(
-        self, client: redis.Redis, keys: RunKeys, cfg: ESConfig, worker_id: int = 0
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        cfg: ESConfig,
+        worker_id: int = 0,
+        poll_every: float = 0.005,
     ) -> None:
         self.client, self.keys, self.cfg, self.worker_id = client, keys, cfg, worker_id
         self.spec = PolicySpec.for_env(cfg.env, cfg.hidden)
@@ -54,6 +63,7 @@ class ESWorker:
         self.abandoned = 0
         self.last_push = 0.0
         self.returns: list[float] = []
+        self.poll_every, self.next_poll = poll_every, 0.0
 
     def newer(self) -> Weights | None:
         """A newer generation's parameters, if the master published valid ones."""
@@ -136,69 +146,60 @@ class ESWorker:
         self.obs_sum, self.obs_sumsq, self.obs_count = 0 * self.obs_sum, 0 * self.obs_sumsq, 0.0
         return self.producer.add(payload, should_stop=should_stop) is not None
 
-    def run(
-        self,
-        should_stop: Callable[[], bool],
-        max_steps: int | None = None,
-        report_every: float = 1.0,
-        poll_every: float = 0.005,
-    ) -> int:
-        """Evaluate perturbations until ``should_stop()``; returns env steps taken."""
-        while self.generation < 0:  # wait for the master's first generation
+    # -- the role (run by :func:`qrl.loop.run_role`)
+    def start(self, should_stop: StopCheck) -> bool:
+        """Wait for the master's first generation."""
+        while self.generation < 0:
             if (w := self.newer()) is not None:
                 self.adopt(w)
             elif should_stop():
-                return 0
+                return False
             else:
                 time.sleep(0.05)
         self._reset_generation()
-        next_report, last = time.monotonic() + report_every, (time.monotonic(), 0)
-        next_poll = 0.0
-        while not should_stop() and (max_steps is None or self.steps < max_steps):
-            actions = self.spec.act(self.params, normalize(self.obs, self.obs_mean, self.obs_std))
-            ended = []
-            for j, env in enumerate(self.envs):
-                obs, reward, term, trunc, _ = env.step(actions[j])
-                self.obs[j] = obs
-                self.ret[j] += reward
-                if term or trunc:
-                    ended.append(j)
-            self.obs_sum += self.obs.sum(axis=0)
-            self.obs_sumsq += (self.obs.astype(np.float64) ** 2).sum(axis=0)
-            self.obs_count += self.n
-            self.length += 1
-            self.steps += self.n
-            for j in ended:
-                self._finish(j)
-                self._assign(j)  # resets the env with the next job's seed
-            now = time.monotonic()
-            if (
-                len(self.done_pairs) >= self.cfg.batch_pairs
-                and now - self.last_push >= self.cfg.push_interval
-                and not self.push(should_stop)
-            ):
-                break
-            if now >= next_poll:  # a new generation? (one HGET, at most every poll_every s)
-                next_poll = now + poll_every
-                w = self.newer() if self.store.version() > self.generation else None
-                if w is not None:
-                    self.push(should_stop)  # the old generation's pairs (the master counts them)
-                    self.abandoned += self.n  # episodes in flight on the old parameters
-                    self.adopt(w)
-                    self._reset_generation()
-            if now >= next_report:
-                t0, s0 = last
-                report(
-                    self.client,
-                    self.keys,
-                    "worker",
-                    self.worker_id,
-                    steps=self.steps,
-                    steps_per_s=(self.steps - s0) / (now - t0),
-                    episode_returns=self.returns,
-                    generation=self.generation,
-                    abandoned=self.abandoned,
-                )
-                self.returns = []
-                next_report, last = now + report_every, (now, self.steps)
-        return self.steps
+        return True
+
+    def step(self, should_stop: StopCheck) -> bool:
+        """One step of every episode in flight; results pushed in batches, a new generation
+        picked up as soon as it appears (one HGET, at most every ``poll_every`` seconds)."""
+        actions = self.spec.act(self.params, normalize(self.obs, self.obs_mean, self.obs_std))
+        ended = []
+        for j, env in enumerate(self.envs):
+            obs, reward, term, trunc, _ = env.step(actions[j])
+            self.obs[j] = obs
+            self.ret[j] += reward
+            if term or trunc:
+                ended.append(j)
+        self.obs_sum += self.obs.sum(axis=0)
+        self.obs_sumsq += (self.obs.astype(np.float64) ** 2).sum(axis=0)
+        self.obs_count += self.n
+        self.length += 1
+        self.steps += self.n
+        for j in ended:
+            self._finish(j)
+            self._assign(j)  # resets the env with the next job's seed
+        now = time.monotonic()
+        if (
+            len(self.done_pairs) >= self.cfg.batch_pairs
+            and now - self.last_push >= self.cfg.push_interval
+            and not self.push(should_stop)
+        ):
+            return False
+        if now >= self.next_poll:
+            self.next_poll = now + self.poll_every
+            w = self.newer() if self.store.version() > self.generation else None
+            if w is not None:
+                self.push(should_stop)  # the old generation's pairs (the master counts them)
+                self.abandoned += self.n  # episodes in flight on the old parameters
+                self.adopt(w)
+                self._reset_generation()
+        return True
+
+    def metrics(self) -> dict[str, Any]:
+        returns, self.returns = self.returns, []
+        return {
+            "steps": self.steps,
+            "episode_returns": returns,
+            "generation": self.generation,
+            "abandoned": self.abandoned,
+        }

@@ -16,7 +16,7 @@ import torch
 
 from qrl.actors.base import VectorActor
 from qrl.codec import encode
-from qrl.configs import ImpalaConfig
+from qrl.configs.impala import ImpalaConfig
 from qrl.keys import RunKeys
 from qrl.models import PolicyValueNet
 

@@ -1,14 +1,13 @@
-"""What every learner shares: device choice, checkpoint resume, the guarded optimizer step,
-weight publication, and the run loop with metrics and periodic checkpoints.
+"""What every torch learner shares: device choice, checkpoint resume, the guarded optimizer
+step, weight publication, and its part of the role loop (:mod:`qrl.loop`).
 
 A subclass builds its network and optimizer, starts its data-loading threads, and turns a
-batch into a loss; the loop here does the rest.
+batch into a loss; the rest is here and in the loop.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ import torch
 
 from qrl.checkpoint import load_checkpoint, save_checkpoint
 from qrl.keys import RunKeys
-from qrl.metrics import report
+from qrl.loop import Role, StopCheck
 from qrl.weights import WeightStore
 
 log = logging.getLogger(__name__)
@@ -36,11 +35,14 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-class Learner:
+class Learner(Role):
     """Base learner. Subclasses set ``algo`` and implement ``build``, ``next_batch`` and
-    ``loss``; they may override ``start_threads``/``stop_threads`` and ``after_step``."""
+    ``loss``; they may override ``start_threads``/``stop_threads``, ``after_step`` and
+    ``extra_metrics``."""
 
     algo = ""
+    name = "learner"
+    counter = "updates"
 
     def __init__(
         self,
@@ -61,6 +63,7 @@ class Learner:
         self.updates = 0
         self.skipped = 0  # updates skipped for a non-finite loss
         self.wait_s = 0.0  # time the gradient loop waited for data
+        self.losses: list[float] = []  # since the last report
         self.checkpoint = checkpoint
         if checkpoint is not None and checkpoint.exists():
             state = load_checkpoint(checkpoint, self.algo, cfg)
@@ -69,7 +72,6 @@ class Learner:
             self.updates = int(state["step"])
             log.info("resumed from %s at update %d", checkpoint, self.updates)
         self.weights = WeightStore(self.client, keys)
-        self.failed: str | None = None  # set by a data thread that died
 
     # -- for subclasses
     def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -94,7 +96,7 @@ class Learner:
     def stop_threads(self) -> None:
         pass
 
-    def metrics(self) -> dict[str, float]:
+    def extra_metrics(self) -> dict[str, float]:
         return {}
 
     # -- shared
@@ -126,15 +128,8 @@ class Learner:
         if self.checkpoint is not None:
             save_checkpoint(self.checkpoint, self.algo, self.cfg, self.net, self.opt, self.updates)
 
-    def run(
-        self,
-        should_stop: Callable[[], bool],
-        max_updates: int | None = None,
-        report_every: float = 1.0,
-        checkpoint_every: float = 60.0,
-    ) -> int:
-        """Train until ``should_stop()``; returns the number of updates done. Raises
-        ``RuntimeError`` if a data thread failed."""
+    # -- the role (run by :func:`qrl.loop.run_role`)
+    def start(self, should_stop: StopCheck) -> bool:
         stored = self.weights.version()
         if stored > self.updates:  # e.g. restarted after SIGKILL: Redis is newer than the file
             if self.weights.load_into(self.net, newer_than=self.updates) is not None:
@@ -146,49 +141,38 @@ class Learner:
             self.publish()  # actors start from the learner's initial (or resumed) weights
         self.stopping.clear()
         self.start_threads()
-        now = time.monotonic()
-        next_report, next_ckpt, last, last_t = now + report_every, now + checkpoint_every, 0, now
-        losses: list[float] = []
-        start = self.updates
-        try:
-            while not should_stop() and not self.stopping.is_set():
-                if max_updates is not None and self.updates - start >= max_updates:
-                    break
-                t0 = time.monotonic()
-                batch = self.next_batch(0.2)
-                self.wait_s += time.monotonic() - t0
-                if batch is not None:
-                    losses.append(self.update(batch))
-                now = time.monotonic()
-                if now >= next_report:
-                    report(
-                        self.client,
-                        self.keys,
-                        "learner",
-                        0,
-                        updates=self.updates,
-                        updates_per_s=(self.updates - last) / (now - last_t),
-                        loss=float(np.nanmean(losses)) if losses else 0.0,
-                        wait_s=self.wait_s,
-                        skipped=self.skipped,
-                        **self.metrics(),
-                    )
-                    losses, last, last_t, next_report = [], self.updates, now, now + report_every
-                if now >= next_ckpt:
-                    self.save()
-                    next_ckpt = now + checkpoint_every
-        finally:
-            self.stopping.set()
-            self.stop_threads()
-            if self.weights.version() < self.updates:
-                self.publish()
-            self.save()
-        if self.failed:
-            raise RuntimeError(f"learner stopped: {self.failed}")
-        return self.updates - start
+        return True
+
+    def step(self, should_stop: StopCheck) -> bool:
+        """Wait up to 0.2 s for a batch and train on it."""
+        if self.stopping.is_set():
+            return False
+        t0 = time.monotonic()
+        batch = self.next_batch(0.2)
+        self.wait_s += time.monotonic() - t0
+        if batch is not None:
+            self.losses.append(self.update(batch))
+        return True
+
+    def metrics(self) -> dict[str, Any]:
+        losses, self.losses = self.losses, []
+        return {
+            "updates": self.updates,
+            "loss": float(np.mean(finite))
+            if (finite := [x for x in losses if np.isfinite(x)])
+            else 0.0,
+            "wait_s": self.wait_s,
+            "skipped": self.skipped,
+            **self.extra_metrics(),
+        }
+
+    def close(self, should_stop: StopCheck) -> None:
+        self.stopping.set()
+        self.stop_threads()
+        if self.weights.version() < self.updates:
+            self.publish()
 
     def fail(self, what: str) -> None:
         """Called by a data thread that cannot go on: the learner stops and exits non-zero."""
-        log.error("%s failed", what, exc_info=sys.exc_info()[0] is not None)
-        self.failed = f"{what} failed"
+        super().fail(what)
         self.stopping.set()

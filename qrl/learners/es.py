@@ -8,7 +8,6 @@ the last generation it published (the blob carries the optimizer and observation
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,19 +17,21 @@ import redis
 import torch
 
 from qrl.checkpoint import load_checkpoint, save_checkpoint
-from qrl.configs import ESConfig
+from qrl.configs.es import ESConfig
 from qrl.es import Adam, NoiseTable, PolicySpec, es_gradient
 from qrl.keys import RunKeys
+from qrl.loop import Role, StopCheck
 from qrl.messages import es_results_schema
-from qrl.metrics import report
 from qrl.streams import Entry, StreamConsumer
 from qrl.weights import WeightStore
 
 log = logging.getLogger(__name__)
 
 
-class ESMaster:
+class ESMaster(Role):
     algo = "es"
+    name = "master"
+    counter = "updates"
 
     def __init__(
         self,
@@ -59,6 +60,7 @@ class ESMaster:
         d = self.spec.obs_dim
         self.obs_count, self.obs_sum, self.obs_sumsq = 1e-2, np.zeros(d), np.full(d, 1e-2)
         self.stale = 0  # result pairs of older generations, dropped
+        self.last_stats: dict[str, float] = {}  # of the last update
         self.resumed = self._resume()
 
     # -- state in the published blob
@@ -68,7 +70,7 @@ class ESMaster:
         if w is not None:
             generation, p, meta = w.version, w.params, w.meta
         elif self.checkpoint is not None and self.checkpoint.exists():
-            state = load_checkpoint(self.checkpoint, "es", self.cfg)
+            state = load_checkpoint(self.checkpoint, self.algo, self.cfg)
             generation, meta = state["step"], state["extra"]
             p = {k: v.numpy() for k, v in state["model"].items()}
         else:
@@ -110,8 +112,9 @@ class ESMaster:
     def save(self) -> None:
         if self.checkpoint is not None:
             model = {k: torch.from_numpy(np.asarray(v)) for k, v in self.params().items()}
+            meta = self.meta()
             save_checkpoint(
-                self.checkpoint, "es", self.cfg, model, None, self.generation, extra=self.meta()
+                self.checkpoint, self.algo, self.cfg, model, None, self.generation, extra=meta
             )
 
     # -- one generation
@@ -127,65 +130,55 @@ class ESMaster:
         both = np.concatenate([rp, rn])
         return {"population_mean": float(both.mean()), "population_max": float(both.max())}
 
-    def run(
-        self,
-        should_stop: Callable[[], bool],
-        max_generations: int | None = None,
-        checkpoint_every: float = 30.0,
-    ) -> int:
-        """Run generations until ``should_stop()``; returns the number completed."""
+    # -- the role (run by :func:`qrl.loop.run_role`)
+    @property
+    def updates(self) -> int:
+        return self.generation
+
+    def start(self, should_stop: StopCheck) -> bool:
         if self.store.version() < self.generation or self.store.version() < 0:
             self.publish()
-        start, pairs_needed = self.generation, self.cfg.population // 2
-        pairs: list[tuple[np.ndarray, ...]] = []
-        used: list[Entry] = []
-        obs_new = [0.0, np.zeros_like(self.obs_sum), np.zeros_like(self.obs_sumsq)]
-        t_gen, next_ckpt = time.monotonic(), time.monotonic() + checkpoint_every
-        try:
-            while not should_stop():
-                if max_generations is not None and self.generation - start >= max_generations:
-                    break
-                entries = self.consumer.read()
-                for e in entries:
-                    d = e.data
-                    if d["generation"] != self.generation:
-                        self.stale += len(d["index"])
-                        self.consumer.ack([e])
-                        continue
-                    used.append(e)
-                    pairs.append((d["index"], d["return_pos"], d["return_neg"]))
-                    obs_new[0] += d["obs_count"]
-                    obs_new[1] += d["obs_sum"]
-                    obs_new[2] += d["obs_sumsq"]
-                if sum(len(p[0]) for p in pairs) < pairs_needed:
-                    continue
-                stats = self.update(pairs)
-                if self.cfg.obs_norm:
-                    self.obs_count += obs_new[0]
-                    self.obs_sum += obs_new[1]
-                    self.obs_sumsq += obs_new[2]
-                self.publish()
-                self.consumer.ack(used)  # consumed into the published generation
-                now = time.monotonic()
-                report(
-                    self.client,
-                    self.keys,
-                    "master",
-                    0,
-                    updates=self.generation,
-                    generation=self.generation,
-                    updates_per_s=1 / max(now - t_gen, 1e-9),
-                    stale=self.stale,
-                    **stats,
-                )
-                pairs, used, t_gen = [], [], now
-                obs_new = [0.0, np.zeros_like(self.obs_sum), np.zeros_like(self.obs_sumsq)]
-                if now >= next_ckpt:
-                    self.save()
-                    next_ckpt = now + checkpoint_every
-        finally:
-            self.save()
-        return self.generation - start
+        self._new_generation()
+        return True
+
+    def _new_generation(self) -> None:
+        self.pairs: list[tuple[np.ndarray, ...]] = []
+        self.used: list[Entry] = []
+        self.obs_new = [0.0, np.zeros_like(self.obs_sum), np.zeros_like(self.obs_sumsq)]
+
+    def step(self, should_stop: StopCheck) -> bool:
+        """Gather results of the current generation; once a population's worth came, apply
+        the update, publish the next generation and acknowledge what went into it."""
+        for e in self.consumer.read():
+            d = e.data
+            if d["generation"] != self.generation:
+                self.stale += len(d["index"])
+                self.consumer.ack([e])
+                continue
+            self.used.append(e)
+            self.pairs.append((d["index"], d["return_pos"], d["return_neg"]))
+            self.obs_new[0] += d["obs_count"]
+            self.obs_new[1] += d["obs_sum"]
+            self.obs_new[2] += d["obs_sumsq"]
+        if sum(len(p[0]) for p in self.pairs) < self.cfg.population // 2:
+            return True
+        self.last_stats = self.update(self.pairs)
+        if self.cfg.obs_norm:
+            self.obs_count += self.obs_new[0]
+            self.obs_sum += self.obs_new[1]
+            self.obs_sumsq += self.obs_new[2]
+        self.publish()
+        self.consumer.ack(self.used)  # consumed into the published generation
+        self._new_generation()
+        return True
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "updates": self.generation,
+            "generation": self.generation,
+            "stale": self.stale,
+            **self.last_stats,
+        }
 
 
 def policy_from_params(cfg: ESConfig, params: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:

@@ -209,7 +209,7 @@ class ImpalaLearner(Learner):
         # consumed all the same: the same unrolls would give the same loss again, forever
         self.done.put(b.entries)
 
-    def metrics(self) -> dict[str, float]:
+    def extra_metrics(self) -> dict[str, float]:
         lag, self.lag = self.lag, []
         return {
             "policy_lag": float(np.mean(lag)) if lag else 0.0,

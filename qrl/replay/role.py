@@ -5,16 +5,14 @@ side; a re-delivered batch is not inserted twice (the insert is idempotent by ba
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 
 import redis
 
-from qrl.configs import ApexConfig
+from qrl.configs.apex import ApexConfig
 from qrl.envs import env_spec
 from qrl.keys import RunKeys
+from qrl.loop import Role, StopCheck
 from qrl.messages import experience_schema
-from qrl.metrics import report
 from qrl.replay.store import PrioritizedReplay, RecordLayout
 from qrl.streams import Entry, StreamConsumer
 
@@ -36,7 +34,12 @@ def make_replay(
     )
 
 
-class ReplayFiller:
+class ReplayFiller(Role):
+    """Drains the experience stream into the replay (``qrl replay``)."""
+
+    name = "replay"
+    counter = "inserted"
+
     def __init__(self, client: redis.Redis, keys: RunKeys, cfg: ApexConfig, ident: int = 0) -> None:
         self.client, self.keys, self.ident = client, keys, ident
         self.replay = make_replay(client, keys, cfg)
@@ -50,7 +53,6 @@ class ReplayFiller:
             claim_idle_ms=cfg.claim_idle_ms,
         )
         self.inserted = 0
-        self.lag: list[int] = []
 
     def handle(self, entries: list[Entry]) -> None:
         layout = self.replay.layout
@@ -60,22 +62,13 @@ class ReplayFiller:
             if self.replay.insert(records, d["priority"], batch_id=d["batch"]) >= 0:
                 self.inserted += len(records)
 
-    def run(self, should_stop: Callable[[], bool], report_every: float = 1.0) -> int:
-        next_report, last, last_t = time.monotonic() + report_every, 0, time.monotonic()
-        while not should_stop():
-            self.consumer.process(self.handle, block_ms=200)
-            now = time.monotonic()
-            if now >= next_report:
-                stats = self.replay.stats()
-                report(
-                    self.client,
-                    self.keys,
-                    "replay",
-                    self.ident,
-                    inserted=self.inserted,
-                    inserted_per_s=(self.inserted - last) / (now - last_t),
-                    size=stats["size"],
-                    rejected=self.consumer.rejected,
-                )
-                next_report, last, last_t = now + report_every, self.inserted, now
-        return self.inserted
+    def step(self, should_stop: StopCheck) -> bool:
+        self.consumer.process(self.handle, block_ms=200)
+        return True
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "inserted": self.inserted,
+            "size": self.replay.stats()["size"],
+            "rejected": self.consumer.rejected,
+        }

@@ -1,4 +1,5 @@
-"""Typed run configuration, written to Redis once when a run is created.
+"""Runs in Redis: a run's configuration, written once when the run is created, and the
+operations on whole runs (list, delete).
 
 A role that joins a run needs only the Redis URL and the run name: it reads the algorithm
 and its configuration back with :func:`load_run`.
@@ -6,19 +7,17 @@ and its configuration back with :func:`load_run`.
 
 from __future__ import annotations
 
-import dataclasses
 import time
-import types
-import typing
 from typing import Any, TypeVar
 
 import redis
 
 from qrl import __version__
 from qrl.codec import CodecError, Field, Schema, decode, encode
+from qrl.configs.base import Config, parse_config
 from qrl.keys import RunKeys
 
-C = TypeVar("C")
+C = TypeVar("C", bound=Config)
 
 RUN_CONFIG = Schema(
     "run_config",
@@ -39,56 +38,10 @@ class RunNotFound(LookupError):
     """No run of that name exists in this Redis."""
 
 
-def _matches(value: Any, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, h) for h in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin in (tuple, list):
-        return isinstance(value, (list, tuple)) and all(
-            _matches(v, typing.get_args(hint)[0]) for v in value
-        )
-    if origin is typing.Literal:
-        return value in typing.get_args(hint)
-    return isinstance(value, hint)
-
-
-def from_dict(cls: type[C], data: dict[str, Any]) -> C:
-    """Build the dataclass ``cls`` from ``data``, checking every value against the field's
-    type; unknown names are an error, missing ones take their defaults."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = set(data) - names
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
-    kwargs = {}
-    for name, value in data.items():
-        if not _matches(value, hints[name]):
-            raise ValueError(f"{cls.__name__}.{name}={value!r} is not {hints[name]}")
-        if typing.get_origin(hints[name]) is tuple:
-            value = tuple(value)
-        if hints[name] is float and isinstance(value, int):
-            value = float(value)
-        kwargs[name] = value
-    return cls(**kwargs)
-
-
-def to_dict(config: Any) -> dict[str, Any]:
-    """A dataclass instance as a plain dict (tuples as lists)."""
-    return {
-        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()
-    }
-
-
-def create_run(client: redis.Redis, keys: RunKeys, algo: str, config: Any) -> bool:
+def create_run(client: redis.Redis, keys: RunKeys, algo: str, config: Config) -> bool:
     """Write the run's configuration once. Returns True if the run was created, False if an
     identical one already existed; raises :class:`RunExists` if it differs."""
-    data = to_dict(config)
+    data = config.to_dict()
     blob = encode(
         "run_config",
         {"algo": algo, "config": data, "qrl_version": __version__, "created": time.time()},
@@ -121,7 +74,7 @@ def load_run_config(client: redis.Redis, keys: RunKeys, algo: str, cls: type[C])
     found, data = load_run(client, keys)
     if found != algo:
         raise CodecError(f"run {keys.run!r} is a {found} run, not {algo}")
-    return from_dict(cls, data)
+    return parse_config(cls, data)
 
 
 def list_runs(client: redis.Redis) -> list[dict[str, Any]]:

@@ -1,0 +1,3 @@
+from qrl.cli import main
+
+main(prog_name="qrl")

@@ -1,0 +1,197 @@
+"""Looking at runs and results: ``qrl status``, ``qrl eval``, ``qrl plot``; and ``qrl
+redis``, a private Redis for a cluster of processes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from qrl.cli.options import connect_or_fail, redis_option, run_keys, run_option
+
+
+@click.command("redis")
+@click.option("--port", type=int, default=0, help="Port to listen on (default: a free one).")
+@click.option("--bind", "host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--password", default=None, help="Require this password (requirepass).")
+@click.option("--appendonly", is_flag=True, help="Persist with an append-only file in --dir.")
+@click.option(
+    "--dir",
+    "data_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Data directory (default: a temporary one, removed on exit).",
+)
+def redis_cmd(
+    port: int, host: str, password: str | None, appendonly: bool, data_dir: str | None
+) -> None:
+    """Run a private redis-server in the foreground and print its URL; Ctrl-C stops it."""
+    import signal
+
+    from qrl.control import on_stop_signals
+    from qrl.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(port, host, data_dir=data_dir, appendonly=appendonly, password=password)
+    stop = threading.Event()
+    on_stop_signals(stop.set)
+    signal.signal(signal.SIGHUP, lambda *_: stop.set())
+    try:
+        server.start()
+    except (OSError, RuntimeError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    try:
+        click.echo(server.url)
+        click.echo(
+            f"redis-server {server.binary} (pid {server.proc.pid}); Ctrl-C to stop", err=True
+        )
+        sys.stdout.flush()
+        while not stop.is_set() and server.proc.poll() is None:
+            stop.wait(0.5)
+        if not stop.is_set():
+            raise click.ClickException(f"redis-server exited with {server.proc.returncode}")
+    finally:
+        server.stop()
+    click.echo("redis-server stopped", err=True)
+
+
+@click.command("status")
+@redis_option()
+@run_option(required=False, help="Run name (default: $QRL_RUN, or the only run).")
+@click.option("--watch", is_flag=True, help="Refresh until Ctrl-C.")
+@click.option(
+    "--interval", type=float, default=2.0, show_default=True, help="Seconds between refreshes."
+)
+@click.option(
+    "--stale-after",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Flag a process whose last heartbeat is older than this many seconds.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (for scripts).")
+def status_cmd(
+    redis_url: str | None,
+    run: str | None,
+    watch: bool,
+    interval: float,
+    stale_after: float,
+    as_json: bool,
+) -> None:
+    """Every live process of a run, throughput per role, streams and consumer-group lag,
+    replay size, weight version, policy lag and dead letters; stale heartbeats flagged."""
+    from qrl.runs import list_runs
+
+    client = connect_or_fail(redis_url)
+    if run is None:
+        runs = [r["run"] for r in list_runs(client)]
+        if len(runs) != 1:
+            raise click.UsageError(f"pass --run (runs in this Redis: {', '.join(runs) or 'none'})")
+        run = runs[0]
+    keys = run_keys(run)
+    if not client.exists(keys.config):
+        raise click.ClickException(f"no run {run!r} in this Redis")
+    collect = _collector(client, keys, stale_after)
+    if as_json:
+        while True:
+            click.echo(json.dumps(collect()))
+            if not watch:
+                return
+            time.sleep(interval)
+    from rich.console import Console
+    from rich.live import Live
+
+    from qrl.status import render
+
+    console = Console() if sys.stdout.isatty() else Console(width=160)  # pipes: no wrapping
+    if not watch:
+        console.print(render(collect()))
+        return
+    with Live(render(collect()), console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                live.update(render(collect()), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+def _collector(client: Any, keys: Any, stale_after: float) -> Any:
+    """A function returning the run's status, with what its algorithm's builder adds."""
+    from qrl.algos import ALGOS
+    from qrl.codec import CodecError
+    from qrl.runs import RunNotFound, load_run
+    from qrl.status import collect
+
+    try:
+        name, config = load_run(client, keys)
+    except (RunNotFound, CodecError):
+        name, config = None, {}
+    algo = ALGOS.get(name) if name else None
+
+    def status() -> dict[str, Any]:
+        return collect(
+            client,
+            keys,
+            stale_after,
+            algo=name,
+            env=config.get("env"),
+            weights_key=algo.weights_key(keys) if algo else None,
+            streams=algo.streams(keys) if algo else None,
+            extra=algo.status(client, keys) if algo else None,
+        )
+
+    return status
+
+
+@click.command("plot")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="PNG to write (default RUN_DIR/plot.png).",
+)
+def plot_cmd(run_dir: Path, out: Path | None) -> None:
+    """Draw a run's learning curve and throughput (from RUN_DIR/metrics.csv) as a PNG."""
+    try:
+        from qrl.plot import plot_run
+    except ImportError as e:  # pragma: no cover
+        raise click.ClickException(f"{e}; install matplotlib (pip install 'qrl[plot]')") from e
+    try:
+        path = plot_run(run_dir, out)
+    except (OSError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"wrote {path}")
+
+
+@click.command("eval")
+@click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--episodes", type=int, default=10, show_default=True)
+@click.option("--seed", type=int, default=12345, show_default=True)
+def eval_cmd(checkpoint: Path, episodes: int, seed: int) -> None:
+    """Play episodes with a saved policy (greedy) and print the mean return."""
+    import numpy as np
+
+    from qrl.evaluate import evaluate
+    from qrl.policy import policy_from_checkpoint
+
+    try:
+        p = policy_from_checkpoint(checkpoint)
+    except (ValueError, RuntimeError) as e:
+        raise click.ClickException(str(e)) from None
+    returns = evaluate(p.config.env, p.act, episodes, seed=seed)
+    click.echo(
+        f"{p.config.env}: mean return {np.mean(returns):.2f} over {episodes} episodes "
+        f"(min {np.min(returns):.1f}, max {np.max(returns):.1f}; {p.algo.name} step {p.step})"
+    )
+
+
+def register(main: click.Group) -> None:
+    for cmd in (redis_cmd, status_cmd, plot_cmd, eval_cmd):
+        main.add_command(cmd)

@@ -1,0 +1,188 @@
+"""Options shared by the commands, each defined once, and the helpers commands use to turn
+them into objects (a Redis client, run keys, a config) with one-line errors."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from qrl.algos import ALGOS, Algorithm
+
+F = Callable[..., Any]
+
+
+@dataclass
+class Settings:
+    """What the root group's options set for every command."""
+
+    redis_deadline: float | None = None
+
+
+def settings() -> Settings:
+    ctx = click.get_current_context()
+    return ctx.find_object(Settings) or Settings()
+
+
+def _verbosity(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    if value:
+        from qrl.launch import setup_logging
+
+        setup_logging(logging.WARNING - 10 * value)
+    return value
+
+
+VERBOSE = click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_verbosity,
+    help="More logging (-v info, -vv debug); before or after the subcommand.",
+)
+
+
+class ConfigProblem(click.ClickException):
+    """A bad config value or file: one line, exit code 2 (a usage error)."""
+
+    exit_code = 2
+
+
+def stack(*options: Callable[[F], F]) -> Callable[[F], F]:
+    """Several click options as one decorator, in the order given (as ``--help`` lists)."""
+
+    def apply(f: F) -> F:
+        for opt in reversed(options):
+            f = opt(f)
+        return f
+
+    return apply
+
+
+def redis_option(help: str | None = None) -> Callable[[F], F]:
+    return click.option(
+        "--redis",
+        "redis_url",
+        envvar="QRL_REDIS_URL",
+        default=None,
+        help=help
+        or "Redis URL (redis://, rediss://, unix://; user:password@ allowed). "
+        "Default: $QRL_REDIS_URL.",
+    )
+
+
+def run_option(required: bool = True, help: str | None = None) -> Callable[[F], F]:
+    return click.option(
+        "--run",
+        "run",
+        envvar="QRL_RUN",
+        required=required,  # (no default=None: click >= 8.3 counts that as a default)
+        help=help or "Run name (all its keys share qrl:{RUN}:). Default: $QRL_RUN.",
+    )
+
+
+def redis_and_run(f: F) -> F:
+    """--redis and --run, for every command that works on one run."""
+    return redis_option()(run_option()(f))
+
+
+def device_option(f: F) -> F:
+    return click.option(
+        "--device",
+        type=click.Choice(["auto", "cpu", "cuda"]),
+        default="auto",
+        show_default=True,
+        help="Where the learner trains: auto = CUDA if available.",
+    )(f)
+
+
+config_options = stack(
+    click.option("--env", default=None, help="Gymnasium environment id (default: the config's)."),
+    click.option("--seed", type=int, default=None, help="Random seed (default 0)."),
+    click.option(
+        "--config",
+        "config_file",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        default=None,
+        help="TOML file of config fields (top level or an [ALGO] table), or a run's "
+        "config.json; options override it.",
+    ),
+    click.option(
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Override any config field, e.g. --set lr=5e-4 --set hidden=128,128.",
+    ),
+)
+"""--env, --seed, --config FILE and --set KEY=VALUE (applied in that order of rising
+precedence: file, then --env/--seed, then --set)."""
+
+
+def build_config(
+    algo: Algorithm, config_file: Path | None, overrides: tuple[str, ...], **direct: Any
+) -> Any:
+    """The config from a file, then the options given (``None``: not given), then --set."""
+    from qrl.configs.base import ConfigError, parse_config, parse_overrides, read_config_file
+
+    try:
+        values = read_config_file(config_file, algo.name, list(ALGOS)) if config_file else {}
+        values.update({k: v for k, v in direct.items() if v is not None})
+        values.update(parse_overrides(overrides))
+        return parse_config(algo.config, values)
+    except ConfigError as e:
+        raise ConfigProblem(str(e)) from None
+
+
+def run_keys(run: str, hint: str = "--run") -> Any:
+    from qrl.keys import RunKeys
+
+    try:
+        return RunKeys(run)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint=hint) from None
+
+
+def connect_or_fail(redis_url: str | None, wait: float = 10) -> Any:
+    """A client, or one line and exit code 1 if Redis cannot be reached."""
+    from qrl.connection import RedisUnavailable, connect
+
+    try:
+        return connect(redis_url, wait=wait, deadline=settings().redis_deadline)
+    except RedisUnavailable as e:
+        raise click.ClickException(str(e)) from None
+
+
+class IdParam(click.ParamType):
+    """A process number, or ``auto``: the next free number of that role in the run (so
+    ``docker compose --scale actor=8`` gives eight different actors)."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int | str:
+        if isinstance(value, int) or value == "auto":
+            return value
+        try:
+            n = int(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a number or 'auto'", param, ctx)
+        if n < 0:
+            self.fail(f"{n} is negative", param, ctx)
+        return n
+
+
+def id_option(role: str) -> Callable[[F], F]:
+    return click.option(
+        "--id",
+        "ident",
+        type=IdParam(),
+        default="auto",
+        show_default=True,
+        help=f"{role.capitalize()} number (sets its seeds; for Ape-X actors the epsilon); "
+        f"auto = the run's next free {role} number.",
+    )

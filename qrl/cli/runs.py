@@ -1,0 +1,120 @@
+"""``qrl run create|list|stop|delete``: runs in a Redis, without starting anything."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import click
+
+from qrl.algos import ALGOS
+from qrl.cli.options import (
+    build_config,
+    config_options,
+    connect_or_fail,
+    redis_and_run,
+    redis_option,
+    run_keys,
+)
+
+log = logging.getLogger("qrl")
+
+
+@click.group("run")
+def run_group() -> None:
+    """Create, list, stop and delete runs in a Redis (nothing is started)."""
+
+
+@run_group.command("create")
+@click.argument("algo", type=click.Choice(sorted(ALGOS)))
+@redis_and_run
+@config_options
+def run_create(
+    algo: str,
+    redis_url: str | None,
+    run: str,
+    env: str | None,
+    seed: int | None,
+    config_file: Path | None,
+    overrides: tuple[str, ...],
+) -> None:
+    """Write a run's configuration to Redis without starting anything; roles started with
+    --run NAME then join it.
+
+    \b
+      qrl run create apex --run cartpole --env CartPole-v1 --set lr=5e-4
+      qrl run create impala --run lunar --config lunar.toml
+    """
+    from qrl.runs import RunExists, create_run
+
+    cfg = build_config(ALGOS[algo], config_file, overrides, env=env, seed=seed)
+    keys = run_keys(run)
+    client = connect_or_fail(redis_url)
+    try:
+        created = create_run(client, keys, algo, cfg)
+    except RunExists as e:
+        raise click.ClickException(str(e)) from None
+    client.hdel(keys.control, "stop")  # roles of a re-created run do not stop at once
+    click.echo(
+        f"{'created' if created else 'kept (identical config)'} run {run}: {algo} on {cfg.env}"
+    )
+    log.info("config: %s", cfg.to_dict())
+
+
+@run_group.command("list")
+@redis_option()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def run_list(redis_url: str | None, as_json: bool) -> None:
+    """List the runs in a Redis."""
+    from qrl.runs import list_runs
+
+    runs = list_runs(connect_or_fail(redis_url))
+    if as_json:
+        click.echo(json.dumps(runs, indent=2))
+        return
+    if not runs:
+        click.echo("no runs")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("run", "algo", "env", "created", "state")
+    for r in runs:
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"] or 0))
+        table.add_row(r["run"], r["algo"], r["env"], created, "stopped" if r["stopped"] else "")
+    Console().print(table)
+
+
+@run_group.command("stop")
+@redis_and_run
+def run_stop(redis_url: str | None, run: str) -> None:
+    """Ask every role of a run to stop (they finish their in-flight batch and exit 0)."""
+    from qrl.control import request_stop
+
+    keys = run_keys(run)
+    request_stop(connect_or_fail(redis_url), keys)
+    click.echo(f"asked run {run} to stop")
+
+
+@run_group.command("delete")
+@click.argument("name")
+@redis_option()
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def run_delete(name: str, redis_url: str | None, yes: bool) -> None:
+    """Delete every key of run NAME (config, weights, streams, replay, metrics)."""
+    from qrl.runs import delete_run
+
+    keys = run_keys(name, "NAME")
+    client = connect_or_fail(redis_url)
+    if not client.exists(keys.config) and not any(client.scan_iter(keys.pattern(), count=100)):
+        raise click.ClickException(f"no run {name!r} in this Redis")
+    if not yes:
+        click.confirm(f"Delete run {name!r} and all its data?", abort=True)
+    n = delete_run(client, keys)
+    click.echo(f"deleted run {name} ({n} keys)")
+
+
+def register(main: click.Group) -> None:
+    main.add_command(run_group)

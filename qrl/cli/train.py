@@ -1,0 +1,133 @@
+"""``qrl train ALGO``: a whole job in one command (one subcommand per algorithm, made from
+its builder); :func:`qrl.train.run_training` does the work."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from qrl.algos import ALGOS, Algorithm
+from qrl.cli.options import (
+    VERBOSE,
+    build_config,
+    config_options,
+    device_option,
+    redis_option,
+    stack,
+)
+
+
+@click.group("train")
+def train_group() -> None:
+    """Run a whole training job in one command: Redis, roles, progress, evaluation."""
+
+
+_job_options = stack(
+    redis_option("Join this Redis instead of starting an embedded one. Default: $QRL_REDIS_URL."),
+    click.option(
+        "--run",
+        envvar="QRL_RUN",
+        default=None,
+        help="Run name (default: $QRL_RUN, else ALGO-ENV-sSEED-TIME).",
+    ),
+    click.option(
+        "--run-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Where config, metrics.csv, logs and checkpoint go (default runs/RUN).",
+    ),
+    click.option(
+        "--target-return",
+        type=float,
+        default=None,
+        help="Stop with success once the evaluation mean reaches this "
+        "(default: the env's reward threshold).",
+    ),
+    click.option(
+        "--max-time",
+        type=float,
+        default=None,
+        help="Wall-clock budget in seconds (default 90 unless --max-steps).",
+    ),
+    click.option("--max-steps", type=int, default=None, help="Env-step budget."),
+    click.option(
+        "--eval-every",
+        type=float,
+        default=1.0,
+        show_default=True,
+        help="Seconds between evaluations.",
+    ),
+    click.option(
+        "--eval-episodes",
+        type=int,
+        default=10,
+        show_default=True,
+        help="Episodes per evaluation.",
+    ),
+)
+
+
+def train_command(algo: Algorithm) -> click.Command:
+    counts = [r.count for r in algo.roles if r.count]
+    torch_learner = any(r.torch for r in algo.roles)
+
+    def cmd(
+        env: str | None,
+        seed: int | None,
+        config_file: Path | None,
+        overrides: tuple[str, ...],
+        redis_url: str | None,
+        run: str | None,
+        run_dir: Path | None,
+        target_return: float | None,
+        max_time: float | None,
+        max_steps: int | None,
+        eval_every: float,
+        eval_episodes: int,
+        device: str = "auto",
+        **count_values: int | None,
+    ) -> None:
+        from qrl.train import Budget, default_run_name, default_target, run_training
+
+        cfg = build_config(algo, config_file, overrides, env=env, seed=seed, **count_values)
+        run = run or default_run_name(algo.name, cfg.env, cfg.seed)
+        budget = Budget(
+            target_return if target_return is not None else default_target(cfg.env),
+            max_time if max_time is not None else (None if max_steps else 90.0),
+            max_steps,
+            eval_every,
+            eval_episodes,
+        )
+        code = run_training(
+            algo,
+            cfg,
+            budget,
+            redis_url=redis_url,
+            run=run,
+            run_dir=run_dir or Path("runs") / run,
+            device=device,
+        )
+        sys.exit(code)
+
+    for field in counts:
+        cmd = click.option(
+            f"--{field}",
+            field,
+            type=int,
+            default=None,
+            help=algo.config.model_fields[field].description,
+        )(cmd)
+    if torch_learner:
+        cmd = device_option(cmd)
+    cmd = config_options(_job_options(VERBOSE(cmd)))
+    return click.command(algo.name, help=algo.summary)(cmd)
+
+
+for _algo in ALGOS.values():
+    train_group.add_command(train_command(_algo))
+
+
+def register(main: click.Group) -> None:
+    main.add_command(train_group)

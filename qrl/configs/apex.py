@@ -1,0 +1,62 @@
+"""Ape-X's configuration (Horgan et al. 2018): double DQN with a dueling head and n-step
+returns, a Redis prioritized replay, per-actor epsilons. The defaults solve CartPole-v1 on a
+2-core machine (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from qrl.configs.base import Config, Layers
+
+
+class ApexConfig(Config):
+    """Ape-X: actors -> experience stream -> replay fillers -> prioritized replay -> learner."""
+
+    # network
+    hidden: Layers = Field((256, 256), description="Hidden layer sizes of the Q-network.")
+    dueling: bool = Field(True, description="Dueling head (value + advantage).")
+    # learning
+    gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
+    n_step: int = Field(3, ge=1, le=100, description="Steps of the n-step return.")
+    lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate.")
+    adam_eps: float = Field(1e-5, gt=0, description="Adam epsilon.")
+    batch_size: int = Field(64, ge=1, le=65_536, description="Transitions per learner update.")
+    grad_clip: float = Field(10.0, gt=0, description="Gradient norm clip.")
+    target_update: int = Field(500, ge=1, description="Updates between target-network syncs.")
+    learning_starts: int = Field(
+        1000, ge=0, description="Transitions in the replay before the first update."
+    )
+    publish_every: int = Field(10, ge=1, description="Updates between weight publications.")
+    # replay
+    replay_capacity: int = Field(100_000, ge=1, description="Transitions the replay keeps.")
+    replay_mode: Literal["rank", "proportional"] = Field(
+        "rank", description="Prioritized sampling: rank-based or proportional."
+    )
+    alpha: float = Field(0.6, ge=0, le=1, description="Priority exponent.")
+    beta: float = Field(0.4, ge=0, le=1, description="Importance-sampling exponent.")
+    replays: int = Field(1, ge=1, le=64, description="Replay-filling processes `qrl train` runs.")
+    # actors
+    actors: int = Field(
+        2, ge=1, le=4096, description="Actor processes (also sets the per-actor epsilons)."
+    )
+    envs_per_actor: int = Field(8, ge=1, le=4096, description="Environments per actor process.")
+    eps_base: float = Field(0.4, gt=0, lt=1, description="Ape-X epsilon base.")
+    eps_alpha: float = Field(7.0, ge=0, description="Ape-X epsilon exponent spread.")
+    actor_batch: int = Field(
+        256, ge=1, le=1_000_000, description="Transitions per experience-stream entry."
+    )
+    weight_poll: int = Field(10, ge=1, description="Vector steps between weight-version checks.")
+    stream_maxlen: int = Field(
+        64, ge=1, description="Experience-stream entries waiting before actors back off."
+    )
+    claim_idle_ms: int = Field(
+        30_000, ge=1, description="A dead consumer's entries are claimed after this idle time."
+    )
+    steps_per_update: float = Field(
+        4.0,
+        ge=0,
+        description="Rate limit: actors together take at most learning_starts + this x "
+        "(learner updates) env steps (0: no limit).",
+    )

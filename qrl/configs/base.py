@@ -1,0 +1,135 @@
+"""The base of every algorithm's configuration, validated by pydantic.
+
+One path for every source: a TOML file, ``--set KEY=VALUE`` options and the run's config in
+Redis all become a dict of typed values that :func:`parse_config` validates strictly
+(``dueling=ture`` is not a boolean, ``lr=-1`` is out of range, an unknown key is refused
+with the closest known name). ``--set`` values are read as TOML values (``true``, ``5e-4``,
+``"text"``), falling back to the raw string, so ``hidden=128,128`` and ``env=CartPole-v1``
+need no quotes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+C = TypeVar("C", bound="Config")
+
+
+class ConfigError(ValueError):
+    """A configuration value or file that cannot be used; the message is one line naming the
+    field (or the file) and the problem."""
+
+
+def _layers(value: Any) -> Any:
+    """``"128,128"`` or ``[128, 128]`` as a tuple (``""`` is no layers, which is refused)."""
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        try:
+            return tuple(int(p) for p in parts)
+        except ValueError:
+            return value  # reported by the validator as not a tuple of integers
+    return tuple(value) if isinstance(value, list) else value
+
+
+Layers = Annotated[
+    tuple[Annotated[int, Field(ge=1, le=65_536)], ...],
+    BeforeValidator(_layers),
+    Field(min_length=1, max_length=16),
+]
+"""Hidden layer sizes, e.g. ``(256, 256)``; ``--set hidden=128,128``."""
+
+
+class Config(BaseModel):
+    """Fields every algorithm has. Subclasses add theirs with a default and a one-line
+    ``description`` (shown by ``--help`` texts and docs)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    env: str = Field("CartPole-v1", min_length=1, description="Gymnasium environment id.")
+    seed: int = Field(0, ge=0, lt=2**31, description="Random seed of every role.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able values (tuples as lists), as stored in Redis and checkpoints."""
+        return self.model_dump(mode="json")
+
+    def replace(self: C, **changes: Any) -> C:
+        """A copy with ``changes``, validated like any other input."""
+        return parse_config(type(self), {**self.to_dict(), **changes})
+
+
+def _one_line(e: ValidationError, cls: type[Config]) -> str:
+    problems = []
+    for err in e.errors():
+        name = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(name, list(cls.model_fields), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            names = ", ".join(cls.model_fields)
+            problems.append(f"unknown field {name!r} ({hint}KEY one of: {names})")
+        elif name:
+            problems.append(f"{name}={err['input']!r}: {err['msg']}")
+        else:  # a check across fields
+            problems.append(err["msg"].removeprefix("Value error, "))
+    return f"{cls.__name__}: " + "; ".join(problems)
+
+
+def parse_config(cls: type[C], data: dict[str, Any]) -> C:
+    """``cls`` from ``data``; raises :class:`ConfigError` with one line naming each bad field."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_one_line(e, cls)) from None
+
+
+def parse_value(raw: str) -> Any:
+    """A ``--set`` value: a TOML value if it reads as one, else the string itself."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def parse_overrides(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as a dict of typed values."""
+    out = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {pair!r}: expected KEY=VALUE")
+        out[key.strip()] = parse_value(raw.strip())
+    return out
+
+
+def read_config_file(path: Path, algo: str, algos: list[str]) -> dict[str, Any]:
+    """Config fields from a TOML file (top-level keys, overridden by an ``[ALGO]`` table;
+    tables of the other algorithms in ``algos`` are ignored, so one file can serve all), or
+    from a run's ``config.json`` (its ``config`` object)."""
+    try:
+        text = path.read_text()
+        if path.suffix == ".json":
+            import json
+
+            data = json.loads(text)
+            return dict(data.get("config", data))
+        data = tomllib.loads(text)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: {e}") from None
+    unknown = [k for k, v in data.items() if isinstance(v, dict) and k not in algos]
+    if unknown:
+        raise ConfigError(
+            f"{path}: unexpected tables {unknown} (fields go at the top level or in an "
+            f"[{'|'.join(sorted(algos))}] table)"
+        )
+    values = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    values.update(data.get(algo, {}))
+    return values

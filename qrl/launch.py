@@ -1,0 +1,181 @@
+"""Starting a role: one function, :func:`run_role`, whatever starts it (``qrl actor apex``
+and the other role commands, the processes of ``qrl train``, the compose services, which
+run those commands).
+
+A :class:`RoleSpec` says which role of which run; :func:`run_role` connects, reads the
+run's config from Redis (all a joining process needs is the URL and the run name), takes a
+process number, asks the algorithm's builder to make the role and runs it in the one role
+loop (:func:`qrl.loop.run_role`). :func:`start_process` runs a spec in a child process.
+
+Child processes start with ``forkserver``: a server process imports torch, gymnasium and
+qrl once, and every role process is forked from it, so a role starts in milliseconds
+without inheriting ``qrl train``'s threads or Redis connections (docs/benchmarks.md has the
+start-up cost of fork, forkserver and spawn).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Literal
+
+import redis
+
+from qrl.algos import ALGOS
+from qrl.algos.base import RoleContext
+from qrl.checkpoint import CheckpointError
+from qrl.codec import CodecError
+from qrl.connection import RedisUnavailable, connect, failure_exit
+from qrl.control import StopFlag, on_stop_signals
+from qrl.embedded import die_with_parent
+from qrl.keys import RunKeys
+from qrl.loop import RoleFailed
+from qrl.loop import run_role as run_loop
+from qrl.runs import RunNotFound, load_run_config
+
+log = logging.getLogger(__name__)
+
+# what the process server imports once, before it forks role processes
+PRELOAD = ["torch", "gymnasium", "qrl.launch", "qrl.actors.base", "qrl.learners.base"]
+
+
+class LaunchError(RuntimeError):
+    """A role could not start (no Redis, no such run, a checkpoint that does not fit...)."""
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """One role process: which role of which run, and its options."""
+
+    algo: str
+    role: str
+    run: str
+    redis_url: str | None = None
+    ident: int | Literal["auto"] = "auto"
+    limit: int | None = None  # stop after this many steps (actors) or updates (learners)
+    device: str = "auto"
+    threads: int = 1
+    checkpoint: Path | None = None
+    run_dir: Path | None = None  # a learner writes metrics.csv and TensorBoard files here
+    checkpoint_every: float = 60.0
+    redis_deadline: float | None = None
+
+
+def setup_logging(level: int, force: bool = True) -> None:
+    """qrl's log format at ``level``; without ``force``, only if logging is not set up yet."""
+    logging.basicConfig(
+        level=max(level, logging.DEBUG),
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
+        datefmt="%H:%M:%S",
+        force=force,
+    )
+
+
+def next_id(client: redis.Redis, keys: RunKeys, role: str) -> int:
+    """The run's next free number for ``role`` (``--id auto``)."""
+    return int(client.hincrby(keys.ids, role, 1)) - 1
+
+
+def run_role(spec: RoleSpec) -> int:
+    """Run the role of ``spec`` in this process until the run stops, a signal comes, or its
+    limit is reached; returns how far its counter advanced. SIGINT/SIGTERM before the role
+    runs end the process with exit code 0. Raises :class:`LaunchError` if it cannot start
+    and :class:`qrl.loop.RoleFailed` if it failed."""
+    algo = ALGOS[spec.algo]
+    roledef = algo.role(spec.role)
+    stopping = threading.Event()
+    running = threading.Event()
+
+    def on_signal() -> None:
+        stopping.set()
+        if not running.is_set():
+            sys.exit(0)  # imports, waiting for Redis: nothing to finish
+
+    if threading.current_thread() is threading.main_thread():
+        on_stop_signals(on_signal)
+    opener = partial(connect, spec.redis_url, deadline=spec.redis_deadline)
+    try:
+        keys = RunKeys(spec.run)
+        client = connect(spec.redis_url, wait=30, deadline=spec.redis_deadline)
+        cfg = load_run_config(client, keys, algo.name, algo.config)
+    except (RedisUnavailable, RunNotFound, CodecError, ValueError) as e:
+        raise LaunchError(str(e)) from e
+    ident = next_id(client, keys, roledef.name) if spec.ident == "auto" else int(spec.ident)
+    checkpoint = spec.checkpoint
+    if checkpoint is None and spec.run_dir is not None:
+        checkpoint = spec.run_dir / "checkpoint.pt"
+    ctx = RoleContext(client, opener, keys, cfg, ident, spec.device, spec.threads, checkpoint)
+    try:
+        role = roledef.make(ctx)
+    except (CheckpointError, RuntimeError, ValueError) as e:
+        raise LaunchError(str(e)) from e
+    log.info(
+        "%s %d of run %r (%s on %s), pid %d", roledef.name, ident, spec.run, algo.name, cfg.env,
+        os.getpid(),
+    )  # fmt: skip
+    done = threading.Event()
+    writer = None
+    if spec.run_dir is not None and roledef.kind == "learner":
+        from qrl.runlog import follow
+
+        writer = follow(opener, keys, spec.run_dir, done)
+    running.set()
+    try:
+        return run_loop(
+            role,
+            client,
+            keys,
+            ident,
+            StopFlag(client, keys, signals=False, local=stopping),
+            limit=spec.limit,
+            checkpoint_every=spec.checkpoint_every if roledef.kind == "learner" else None,
+        )
+    finally:
+        if writer is not None:
+            done.set()
+            writer.join(timeout=10)
+
+
+def process_context() -> multiprocessing.context.BaseContext:
+    """The start method of role processes (``forkserver``, preloaded; ``spawn`` where the
+    platform has no fork)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def start_process(spec: RoleSpec, log_path: Path, name: str) -> multiprocessing.Process:
+    """Run ``spec`` in a child process whose output goes to ``log_path``; it gets SIGTERM
+    when its parent dies and has its own process group (a terminal's Ctrl-C reaches only the
+    parent, which stops the roles in order)."""
+    proc = process_context().Process(target=_process_main, args=(spec, log_path), name=name)
+    proc.start()
+    return proc  # type: ignore[return-value]
+
+
+def _process_main(spec: RoleSpec, log_path: Path) -> None:
+    die_with_parent()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    setup_logging(logging.INFO)
+    try:
+        run_role(spec)
+    except (LaunchError, RoleFailed) as e:
+        log.error("%s", e)
+        sys.exit(1)
+    except Exception as e:
+        failure = failure_exit(e)
+        if failure is None:
+            raise
+        log.error("%s", failure[1])
+        sys.exit(failure[0])

@@ -1,0 +1,72 @@
+"""The command line as a user meets it: configuration errors found before anything starts,
+in one line naming the field; the Redis URL from the environment for every command."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from qrl.runs import load_run
+from tests.cli import qrl
+
+
+@pytest.mark.parametrize(
+    "setting, field",
+    [
+        ("dueling=ture", "dueling"),  # not a boolean: no silent False
+        ("hidden=", "hidden"),  # no layers
+        ("lr=-1", "lr"),  # out of range
+        ("gama=0.9", "gamma"),  # unknown: the closest name is suggested
+    ],
+)
+def test_bad_settings_fail_fast_with_one_line(setting, field, tmp_path):
+    start = time.monotonic()
+    out = qrl("train", "apex", "--set", setting, "--run-dir", str(tmp_path / "run"), timeout=60)
+    assert out.returncode == 2
+    assert time.monotonic() - start < 30  # before any role or Redis starts
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0] and lines[0].startswith("Error:"), out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bad_config_file_names_the_file_and_field(tmp_path):
+    cfg = tmp_path / "es.toml"
+    cfg.write_text("[es]\npopulation = 5\n")  # must be even
+    out = qrl("train", "es", "--config", str(cfg), timeout=60)
+    assert out.returncode == 2 and "population" in out.stderr
+
+
+def test_train_takes_the_redis_url_from_the_environment(r, redis_server, tmp_path):
+    run = "env-url-train"
+    out = qrl(
+        "train", "es", "--run", run, "--run-dir", str(tmp_path / run), "--max-time", "60",
+        env={"QRL_REDIS_URL": redis_server.url, "PATH": "/usr/bin:/bin"},
+        timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    from qrl.keys import RunKeys
+
+    algo, config = load_run(r, RunKeys(run))  # the job ran in that Redis, not an embedded one
+    assert algo == "es" and config["env"] == "CartPole-v1"
+    result = json.loads((tmp_path / run / "result.json").read_text())
+    assert result["reached"] is True
+
+
+def test_a_run_config_json_reproduces_the_run(tmp_path):
+    first = tmp_path / "a"
+    out = qrl(
+        "train", "es", "--set", "population=24", "--run-dir", str(first), "--max-time", "1",
+        "--target-return", "1e9", timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr[-2000:]  # budget ran out: a config.json is there
+    again = tmp_path / "b"
+    out = qrl(
+        "train", "es", "--config", str(first / "config.json"), "--run-dir", str(again),
+        "--max-time", "1", "--target-return", "1e9", timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr[-2000:]
+    a = json.loads((first / "config.json").read_text())["config"]
+    b = json.loads((again / "config.json").read_text())["config"]
+    assert a == b and b["population"] == 24
