@@ -12,8 +12,11 @@ runs with no Python hooks, and arrays are built in the same pass that checks the
 Decoding trusts nothing: the frame is decompressed with a size cap (no LZ4 bombs), must be
 complete, the top level must carry a known version and the expected kind, the fields must be
 exactly the schema's, each of the right type, arrays of an allowed dtype whose shape matches
-the byte count. Any failure raises :class:`CodecError` with a message saying what was wrong,
-and nothing else: no pickle, no code runs on decode.
+the byte count. msgpack runs with limits derived from the schema (the longest string, list
+and map it admits, binaries up to the payload cap, no extension types), so a container bomb
+is refused at its first oversized header, and a schema's ``max_bytes`` caps its payloads.
+Any failure raises :class:`CodecError` with a message saying what was wrong, and nothing
+else: no pickle, no code runs on decode.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import struct
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import lz4.frame
@@ -32,6 +36,10 @@ import numpy as np
 SCHEMA_VERSION = 1
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # decompressed size cap
 MAX_NDIM = 8
+MAX_ARRAY_EXTENT = 1 << 32  # bytes a shape may describe, with its zero dimensions taken as 1
+MAX_STR = 256  # default longest str field, map key or plain string
+MAX_ITEMS = 1024  # default longest list or map field
+INT_BOUND = 1 << 53  # default |int field| (exact as a float, safe in int64 arithmetic)
 
 # dtype allow-list: code <-> little-endian numpy dtype
 _DTYPES: tuple[np.dtype, ...] = tuple(
@@ -45,6 +53,11 @@ _CODE_OF_NAME = {dt.name: i for i, dt in enumerate(_DTYPES)}
 _CODE_OF_DTYPE = {dt: i for i, dt in enumerate(_DTYPES)}
 ALLOWED_DTYPES: frozenset[str] = frozenset(dt.name for dt in _DTYPES)
 _HEADERS = [struct.Struct(f"<BB{n}I") for n in range(MAX_NDIM + 1)]
+
+
+def size_cap(nbytes: int) -> int:
+    """A payload cap for messages of about ``nbytes``: twice that, plus 64 KiB of slack."""
+    return min(2 * int(nbytes) + 65_536, DEFAULT_MAX_BYTES)
 
 
 class CodecError(ValueError):
@@ -62,9 +75,11 @@ class Field:
 
     ``type`` is one of ``int, float, str, bytes, bool, list, dict, np.ndarray``. For arrays,
     ``dtypes`` restricts the dtype, ``ndim`` the number of dimensions, and ``finite`` rejects
-    NaN and infinity. A ``dict`` with ``values`` is a map from names to values of that field
-    (e.g. named arrays); without it, a dict or list holds plain values only. ``optional``
-    fields may be absent (decoded as ``None``).
+    NaN and infinity. ``bounds`` ``(lo, hi)`` bounds a number or every element of an array
+    (ints default to ``+-INT_BOUND``). A ``dict`` with ``values`` is a map from names to
+    values of that field (e.g. named arrays); without it, a dict or list holds plain values
+    only. ``max_len`` caps a str, list or dict (default ``MAX_STR``, ``MAX_ITEMS``).
+    ``optional`` fields may be absent (decoded as ``None``).
     """
 
     type: type
@@ -73,6 +88,13 @@ class Field:
     finite: bool = False
     optional: bool = False
     values: Field | None = None
+    bounds: tuple[float, float] | None = None
+    max_len: int | None = None
+
+    @property
+    def longest(self) -> int:
+        """The most characters (str) or items (list, dict) this field admits."""
+        return self.max_len or (MAX_STR if self.type is str else MAX_ITEMS)
 
     def check(self, name: str, value: Any) -> Any:
         """``value`` checked (and, for arrays, built) as this field; raises CodecError."""
@@ -90,6 +112,12 @@ class Field:
             raise CodecError(f"field {name!r} must be {want}, got {type(value).__name__}")
         if t is float and self.finite and not math.isfinite(value):
             raise CodecError(f"field {name!r} is not finite ({value})")
+        if t in (int, float):
+            lo, hi = self.bounds or (-INT_BOUND, INT_BOUND)
+            if not lo <= value <= hi and (t is int or self.bounds is not None):
+                raise CodecError(f"field {name!r} is {value}, out of [{lo}, {hi}]")
+        elif t in (str, list, dict) and len(value) > self.longest:
+            raise CodecError(f"field {name!r} holds {len(value)} items, over {self.longest}")
         if self.values is not None and t is dict:
             out = {}
             for k, v in value.items():
@@ -123,6 +151,10 @@ class Field:
         arr = np.ndarray(shape, dtype, raw)  # a read-only view of the bytes, no copy
         if self.finite and dtype.kind == "f" and not np.isfinite(arr).all():
             raise CodecError(f"field {name!r} contains NaN or infinity")
+        if self.bounds is not None and arr.size:
+            lo, hi = self.bounds
+            if arr.min() < lo or arr.max() > hi:
+                raise CodecError(f"field {name!r} has values out of [{lo}, {hi}]")
         return arr
 
 
@@ -143,6 +175,9 @@ def _parse_header(name: str, head: bytes) -> tuple[np.dtype, str, tuple[int, ...
     if len(head) != 2 + 4 * ndim:
         raise CodecError(f"field {name!r}: array shape truncated or overlong")
     dtype, shape = _DTYPES[dcode], _HEADERS[ndim].unpack(head)[2:]
+    # an empty array may name huge dimensions beside its zero (0 bytes, yet numpy refuses it)
+    if math.prod(d or 1 for d in shape) * dtype.itemsize > MAX_ARRAY_EXTENT:
+        raise CodecError(f"field {name!r}: array shape {shape} is too large")
     parsed = dtype, dtype.name, shape, math.prod(shape) * dtype.itemsize
     if len(_HEADER_CACHE) >= _HEADER_CACHE_SIZE:
         _HEADER_CACHE.clear()
@@ -153,11 +188,32 @@ def _parse_header(name: str, head: bytes) -> tuple[np.dtype, str, tuple[int, ...
 @dataclass(frozen=True)
 class Schema:
     """A message kind and its fields. ``check`` may add cross-field validation; it raises
-    :class:`CodecError` (or ``ValueError``) on a bad message."""
+    :class:`CodecError` (or ``ValueError``) on a bad message. ``max_bytes`` caps a payload's
+    decompressed size (size it to the largest message a run sends)."""
 
     kind: str
     fields: Mapping[str, Field]
     check: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+    @cached_property
+    def limits(self) -> dict[str, int]:
+        """msgpack's limits for this schema: the longest string, list and map it admits."""
+        strs, items = [MAX_STR, len(self.kind), *map(len, self.fields)], [3, len(self.fields)]
+        for f in self.fields.values():
+            for g in (f, f.values) if f.values is not None else (f,):
+                if g.type is str:
+                    strs.append(g.longest)
+                elif g.type in (list, dict):
+                    items.append(g.longest)
+                    strs.append(MAX_STR)  # keys and plain strings inside
+        return {
+            "max_str_len": max(strs),
+            "max_array_len": max(items),
+            "max_map_len": max(items),
+            "max_bin_len": self.max_bytes,
+            "max_ext_len": 0,
+        }
 
 
 _PLAIN = (type(None), bool, int, float, str, bytes)
@@ -292,11 +348,12 @@ def _envelope_error(msg: Any, schema: Schema) -> CodecError:
     return CodecError(f"unexpected fields in {kind!r}: {extra}")
 
 
-def decode(payload: bytes, schema: Schema, *, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
-    """Decode a payload and validate it against ``schema``. Raises only :class:`CodecError`."""
-    raw = _decompress(payload, max_bytes)
+def decode(payload: bytes, schema: Schema, *, max_bytes: int | None = None) -> dict[str, Any]:
+    """Decode a payload and validate it against ``schema`` (at most ``max_bytes``
+    decompressed, default the schema's). Raises only :class:`CodecError`."""
+    raw = _decompress(payload, schema.max_bytes if max_bytes is None else max_bytes)
     try:
-        msg = msgpack.unpackb(raw)
+        msg = msgpack.unpackb(raw, **schema.limits)
     except Exception as e:  # msgpack raises several types for malformed input
         raise CodecError(f"malformed msgpack: {type(e).__name__}: {e}") from e
     fields = schema.fields
@@ -316,20 +373,20 @@ def decode(payload: bytes, schema: Schema, *, max_bytes: int = DEFAULT_MAX_BYTES
     if not ok:
         raise _envelope_error(msg, schema)
     out: dict[str, Any] = {}
-    for name, spec in fields.items():
-        value = data.get(name)
-        if value is None and name not in data and not spec.optional:
-            raise CodecError(f"missing field {name!r} in {kind!r}")
-        # arrays, the bulk of every batch, skip one call
-        if spec.type is np.ndarray and value is not None:
-            out[name] = spec._array(name, value)
-        else:
-            out[name] = spec.check(name, value)
-    if schema.check is not None:
-        try:
+    try:
+        for name, spec in fields.items():
+            value = data.get(name)
+            if value is None and name not in data and not spec.optional:
+                raise CodecError(f"missing field {name!r} in {kind!r}")
+            # arrays, the bulk of every batch, skip one call
+            if spec.type is np.ndarray and value is not None:
+                out[name] = spec._array(name, value)
+            else:
+                out[name] = spec.check(name, value)
+        if schema.check is not None:
             schema.check(out)
-        except CodecError:
-            raise
-        except (ValueError, TypeError, KeyError, IndexError) as e:
-            raise CodecError(f"invalid {kind!r}: {e}") from e
+    except CodecError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as e:
+        raise CodecError(f"invalid {kind!r}: {type(e).__name__}: {e}") from e
     return out

@@ -1,14 +1,28 @@
-"""The schemas of every message qrl sends, in one place. Decoding validates against them."""
+"""The schemas of every message qrl sends, in one place. Decoding validates against them.
+
+Besides types, dtypes and shapes, every schema bounds what its numbers may be (semantic
+bounds), so a message that decodes cannot overflow what consumes it: rewards, n-step
+returns, logits, priorities and float observations within ``+-VALUE_BOUND``, episode returns
+within ``+-RETURN_BOUND``, counts where a mean is taken at least 1, sums of squares at least
+0 and consistent with their sums, versions and ids non-negative. Each schema's payload cap
+(``max_bytes``) is sized to the largest message the run's config makes.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
-from qrl.codec import CodecError, Field, Schema
+from qrl.codec import INT_BOUND, CodecError, Field, Schema, size_cap
 
 FLOATS = ("float32",)
+VALUE_BOUND = 1e6  # |reward|, |n-step return|, |logit|, priority, |float observation|
+RETURN_BOUND = 1e9  # |episode return|
+MAX_COUNT = 2.0**40  # observations counted in one ES results message
+NATURAL = Field(int, bounds=(0, INT_BOUND))
+BATCH_ID = Field(str, max_len=64)
 
 
 def _same_length(msg: dict[str, Any], names: tuple[str, ...]) -> int:
@@ -19,41 +33,58 @@ def _same_length(msg: dict[str, Any], names: tuple[str, ...]) -> int:
     return n
 
 
-def experience_schema(obs_shape: tuple[int, ...], obs_dtype: str, n_actions: int) -> Schema:
-    """An Ape-X actor's batch of n-step transitions with initial priorities."""
+def _floats(ndim: int | None, bound: float = VALUE_BOUND) -> Field:
+    return Field(np.ndarray, dtypes=FLOATS, ndim=ndim, finite=True, bounds=(-bound, bound))
+
+
+def _obs(obs_shape: tuple[int, ...], obs_dtype: str, lead: int) -> Field:
+    """Observations with ``lead`` leading axes; float ones finite and bounded."""
+    is_float = np.dtype(obs_dtype).kind == "f"
+    bounds = (-VALUE_BOUND, VALUE_BOUND) if is_float else None
+    ndim = lead + len(obs_shape)
+    return Field(np.ndarray, dtypes=(obs_dtype,), ndim=ndim, finite=True, bounds=bounds)
+
+
+def _obs_bytes(obs_shape: tuple[int, ...], obs_dtype: str) -> int:
+    return math.prod(obs_shape) * np.dtype(obs_dtype).itemsize
+
+
+def experience_schema(
+    obs_shape: tuple[int, ...], obs_dtype: str, n_actions: int, max_rows: int = 4096
+) -> Schema:
+    """An Ape-X actor's batch of at most ``max_rows`` n-step transitions with initial
+    priorities."""
     obs_shape = tuple(obs_shape)
 
     def check(msg: dict[str, Any]) -> None:
-        _same_length(msg, ("obs", "action", "ret", "disc", "next_obs", "priority"))
+        n = _same_length(msg, ("obs", "action", "ret", "disc", "next_obs", "priority"))
+        if n > max_rows:
+            raise CodecError(f"{n} transitions, more than {max_rows}")
         for name in ("obs", "next_obs"):
             if msg[name].shape[1:] != obs_shape:
                 raise CodecError(f"{name} rows have shape {msg[name].shape[1:]}, not {obs_shape}")
-        a = msg["action"]
-        if len(a) and (a.min() < 0 or a.max() >= n_actions):
-            raise CodecError(f"action out of range [0, {n_actions})")
-        d = msg["disc"]
-        if len(d) and (d.min() < 0 or d.max() > 1):
-            raise CodecError("discount out of [0, 1]")
-        if (msg["priority"] < 0).any():
-            raise CodecError("negative priority")
-        if not msg["batch"] or len(msg["batch"]) > 64:
+        if not msg["batch"]:
             raise CodecError("batch id must be 1-64 characters")
 
-    obs = Field(np.ndarray, dtypes=(obs_dtype,), ndim=1 + len(obs_shape), finite=True)
+    obs = _obs(obs_shape, obs_dtype, 1)
+    row = 2 * _obs_bytes(obs_shape, obs_dtype) + 16
     return Schema(
         "apex.experience",
         {
             "obs": obs,
-            "action": Field(np.ndarray, dtypes=("int32",), ndim=1),
-            "ret": Field(np.ndarray, dtypes=FLOATS, ndim=1, finite=True),
-            "disc": Field(np.ndarray, dtypes=FLOATS, ndim=1, finite=True),
+            "action": Field(np.ndarray, dtypes=("int32",), ndim=1, bounds=(0, n_actions - 1)),
+            "ret": _floats(1),
+            "disc": Field(np.ndarray, dtypes=FLOATS, ndim=1, finite=True, bounds=(0, 1)),
             "next_obs": obs,
-            "priority": Field(np.ndarray, dtypes=FLOATS, ndim=1, finite=True),
-            "version": Field(int),
-            "actor": Field(int),
-            "batch": Field(str),
+            "priority": Field(
+                np.ndarray, dtypes=FLOATS, ndim=1, finite=True, bounds=(0, VALUE_BOUND)
+            ),
+            "version": NATURAL,
+            "actor": NATURAL,
+            "batch": BATCH_ID,
         },
         check=check,
+        max_bytes=size_cap(max_rows * row),
     )
 
 
@@ -68,24 +99,33 @@ def _check_metrics(msg: dict[str, Any]) -> None:
 
 METRICS = Schema(
     "metrics",
-    {"role": Field(str), "id": Field(int), "time": Field(float), "values": Field(dict)},
+    {
+        "role": Field(str),
+        "id": Field(int),
+        "time": Field(float),
+        "values": Field(dict, max_len=16_384),  # lists of up to this many numbers, too
+    },
     check=_check_metrics,
+    max_bytes=1 << 20,
 )
 
 
 def unroll_schema(
-    obs_shape: tuple[int, ...], obs_dtype: str, n_actions: int, unroll: int
+    obs_shape: tuple[int, ...], obs_dtype: str, n_actions: int, unroll: int, envs: int = 1024
 ) -> Schema:
-    """An IMPALA actor's batch of B unrolls of length T, time-major: observations ``[T+1, B]``
-    (the last one bootstraps), actions, rewards, terminations and truncations ``[T, B]``,
-    behaviour logits ``[T, B, A]``, and for truncated steps the episode's final observation
-    (``trunc_obs[k]`` belongs to step ``trunc_idx[k] = (t, b)``) so the learner can bootstrap."""
+    """An IMPALA actor's batch of B <= ``envs`` unrolls of length T, time-major:
+    observations ``[T+1, B]`` (the last one bootstraps), actions, rewards, terminations and
+    truncations ``[T, B]``, behaviour logits ``[T, B, A]``, and for truncated steps the
+    episode's final observation (``trunc_obs[k]`` belongs to step ``trunc_idx[k] = (t, b)``)
+    so the learner can bootstrap."""
     obs_shape = tuple(obs_shape)
 
     def check(msg: dict[str, Any]) -> None:
         obs = msg["obs"]
-        if obs.shape[0] != unroll + 1 or obs.shape[2:] != obs_shape:
-            raise CodecError(f"obs has shape {obs.shape}, expected ({unroll + 1}, B, *{obs_shape})")
+        if obs.shape[0] != unroll + 1 or obs.shape[2:] != obs_shape or obs.shape[1] > envs:
+            raise CodecError(
+                f"obs has shape {obs.shape}, expected ({unroll + 1}, B <= {envs}, *{obs_shape})"
+            )
         tb = (unroll, obs.shape[1])
         for name in ("action", "reward", "terminated", "truncated"):
             if msg[name].shape != tb:
@@ -94,74 +134,83 @@ def unroll_schema(
             raise CodecError(
                 f"logits have shape {msg['logits'].shape}, expected {(*tb, n_actions)}"
             )
-        a = msg["action"]
-        if a.size and (a.min() < 0 or a.max() >= n_actions):
-            raise CodecError(f"action out of range [0, {n_actions})")
         idx, tobs = msg["trunc_idx"], msg["trunc_obs"]
         if idx.shape != (len(tobs), 2) or tobs.shape[1:] != obs_shape:
             raise CodecError("trunc_idx and trunc_obs disagree")
-        if len(idx) and (idx.min() < 0 or idx[:, 0].max() >= tb[0] or idx[:, 1].max() >= tb[1]):
+        if len(idx) and (idx[:, 0].max() >= tb[0] or idx[:, 1].max() >= tb[1]):
             raise CodecError("trunc_idx out of range")
         if int(msg["truncated"].sum()) != len(idx) or (
             len(idx) and not msg["truncated"][idx[:, 0], idx[:, 1]].all()
         ):
             raise CodecError("every truncated step needs exactly one final observation")
-        if msg["version"] < 0:
-            raise CodecError("negative policy version")
 
-    obs = Field(np.ndarray, dtypes=(obs_dtype,), finite=True)
+    step = 2 * _obs_bytes(obs_shape, obs_dtype) + 4 * n_actions + 18
     return Schema(
         "impala.unrolls",
         {
-            "obs": obs,
-            "action": Field(np.ndarray, dtypes=("int32",), ndim=2),
-            "reward": Field(np.ndarray, dtypes=FLOATS, ndim=2, finite=True),
+            "obs": _obs(obs_shape, obs_dtype, 2),
+            "action": Field(np.ndarray, dtypes=("int32",), ndim=2, bounds=(0, n_actions - 1)),
+            "reward": _floats(2),
             "terminated": Field(np.ndarray, dtypes=("bool",), ndim=2),
             "truncated": Field(np.ndarray, dtypes=("bool",), ndim=2),
-            "logits": Field(np.ndarray, dtypes=FLOATS, ndim=3, finite=True),
-            "trunc_obs": obs,
-            "trunc_idx": Field(np.ndarray, dtypes=("int32",), ndim=2),
-            "version": Field(int),
-            "actor": Field(int),
-            "batch": Field(str),
+            "logits": _floats(3),
+            "trunc_obs": _obs(obs_shape, obs_dtype, 1),
+            "trunc_idx": Field(np.ndarray, dtypes=("int32",), ndim=2, bounds=(0, 2**31 - 1)),
+            "version": NATURAL,
+            "actor": NATURAL,
+            "batch": BATCH_ID,
         },
         check=check,
+        max_bytes=size_cap((unroll + 1) * envs * step),
     )
 
 
-def es_results_schema(obs_dim: int, noise_size: int, dim: int) -> Schema:
-    """An ES worker's batch of antithetic pair results for one generation, with the sums of
-    the raw observations it saw (for the master's observation normalization)."""
+def check_obs_stats(count: float, total: np.ndarray, sumsq: np.ndarray) -> None:
+    """Raise CodecError unless ``count`` observations could have these sums: a whole count of
+    at least 1, ``|sum| <= count x VALUE_BOUND``, ``0 <= sumsq <= count x VALUE_BOUND^2`` and
+    ``sum^2 <= count x sumsq`` (Cauchy-Schwarz, with room for rounding)."""
+    if not (1 <= count <= MAX_COUNT and count == int(count)):
+        raise CodecError(f"observation count {count} is not a whole number in [1, {MAX_COUNT}]")
+    if (np.abs(total) > count * VALUE_BOUND).any():
+        raise CodecError("observation sum out of count x bound")
+    if (sumsq < 0).any() or (sumsq > count * VALUE_BOUND**2).any():
+        raise CodecError("observation sum of squares out of [0, count x bound^2]")
+    if (total**2 > count * sumsq * (1 + 1e-3) + 1e-6).any():
+        raise CodecError("observation sums disagree (sum^2 > count x sum of squares)")
+
+
+def es_results_schema(obs_dim: int, noise_size: int, dim: int, max_pairs: int = 65_536) -> Schema:
+    """An ES worker's batch of at most ``max_pairs`` antithetic pair results for one
+    generation, with the sums of the raw observations it saw (for the master's observation
+    normalization)."""
 
     def check(msg: dict[str, Any]) -> None:
         n = _same_length(msg, ("index", "return_pos", "return_neg", "length_pos", "length_neg"))
-        if n == 0:
-            raise CodecError("empty results batch")
-        if msg["index"].min() < 0 or msg["index"].max() > noise_size - dim:
-            raise CodecError(f"noise index out of [0, {noise_size - dim}]")
+        if not 0 < n <= max_pairs:
+            raise CodecError(f"{n} results, expected 1 to {max_pairs}")
         for name in ("obs_sum", "obs_sumsq"):
             if msg[name].shape != (obs_dim,):
                 raise CodecError(f"{name} has shape {msg[name].shape}, expected ({obs_dim},)")
-        if msg["obs_count"] < 0 or msg["generation"] < 0:
-            raise CodecError("negative count or generation")
+        check_obs_stats(msg["obs_count"], msg["obs_sum"], msg["obs_sumsq"])
 
-    def vec(dtype: str) -> Field:
-        return Field(np.ndarray, dtypes=(dtype,), ndim=1, finite=True)
+    def vec(dtype: str, lo: float, hi: float) -> Field:
+        return Field(np.ndarray, dtypes=(dtype,), ndim=1, finite=True, bounds=(lo, hi))
 
     return Schema(
         "es.results",
         {
-            "generation": Field(int),
-            "index": vec("int64"),
-            "return_pos": vec("float32"),
-            "return_neg": vec("float32"),
-            "length_pos": vec("int32"),
-            "length_neg": vec("int32"),
-            "obs_sum": vec("float64"),
-            "obs_sumsq": vec("float64"),
+            "generation": NATURAL,
+            "index": vec("int64", 0, noise_size - dim),
+            "return_pos": vec("float32", -RETURN_BOUND, RETURN_BOUND),
+            "return_neg": vec("float32", -RETURN_BOUND, RETURN_BOUND),
+            "length_pos": vec("int32", 1, 2**31 - 1),
+            "length_neg": vec("int32", 1, 2**31 - 1),
+            "obs_sum": Field(np.ndarray, dtypes=("float64",), ndim=1, finite=True),
+            "obs_sumsq": Field(np.ndarray, dtypes=("float64",), ndim=1, finite=True),
             "obs_count": Field(float, finite=True),
-            "worker": Field(int),
-            "batch": Field(str),
+            "worker": NATURAL,
+            "batch": BATCH_ID,
         },
         check=check,
+        max_bytes=size_cap(max_pairs * 24 + obs_dim * 16),
     )

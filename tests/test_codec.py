@@ -5,6 +5,7 @@ import pytest
 
 from qrl.codec import (
     ALLOWED_DTYPES,
+    DEFAULT_MAX_BYTES,
     SCHEMA_VERSION,
     CodecError,
     Field,
@@ -151,10 +152,11 @@ def test_nested_values_must_be_plain():
     ok = {"a": {"b": [1, 2.5, None]}, "l": [{"c": "d"}]}
     assert decode(encode("x", ok), schema) == ok
     for bad, reason in (
-        ({"a": {"b": msgpack.Timestamp(0)}, "l": []}, "'a.b' holds a Timestamp"),
-        ({"a": {}, "l": [msgpack.Timestamp(1)]}, r"'l\[0\]' holds a Timestamp"),
+        # msgpack extension types (timestamps) are refused by msgpack itself
+        ({"a": {"b": msgpack.Timestamp(0)}, "l": []}, "exceeds max_ext_len"),
+        ({"a": {}, "l": [msgpack.Timestamp(1)]}, "exceeds max_ext_len"),
         ({"a": {b"k": 2}, "l": []}, "non-string key b'k'"),
-        ({"a": {}, "l": msgpack.Timestamp(1)}, "'l' must be list"),
+        ({"a": {}, "l": msgpack.Timestamp(1)}, "exceeds max_ext_len"),
     ):
         with pytest.raises(CodecError, match=reason):
             decode(_frame([1, "x", bad]), schema)
@@ -245,3 +247,110 @@ def test_failed_encode_leaves_nothing_behind_and_threads_do_not_mix():
 
     with ThreadPoolExecutor(8) as pool:
         assert all(pool.map(round_trip, range(16)))
+
+
+def _empty_but_huge(ndim_field: bool) -> bytes:
+    """Issue 12, finding 1: a 0-byte array of shape (0, 2**31-1, 2**31-1)."""
+    import struct
+
+    head = struct.pack("<BB3I", 10, 3, 0, 2**31 - 1, 2**31 - 1)  # float32
+    return _frame([SCHEMA_VERSION, "x", {"a": [head, b""]}])
+
+
+@pytest.mark.parametrize("ndim", [None, 3])
+def test_empty_array_with_huge_dimensions_is_a_codec_error(ndim):
+    schema = Schema("x", {"a": Field(np.ndarray, ndim=ndim, finite=True)})
+    with pytest.raises(CodecError, match="too large"):
+        decode(_empty_but_huge(ndim is not None), schema)
+    # an empty array with sane dimensions still decodes
+    assert decode(encode("x", {"a": np.zeros((0, 84, 84), np.float32)}), schema)["a"].shape == (
+        0,
+        84,
+        84,
+    )
+
+
+def test_every_message_schema_survives_the_empty_huge_array():
+    from qrl.messages import es_results_schema, experience_schema, unroll_schema
+    from qrl.weights import WEIGHTS
+
+    head = __import__("struct").pack("<BB3I", 10, 3, 0, 2**31 - 1, 2**31 - 1)
+    schemas = [
+        experience_schema((4,), "float32", 2),
+        unroll_schema((4,), "float32", 2, 20),
+        es_results_schema(4, 10_000, 100),
+        WEIGHTS,
+    ]
+    for schema in schemas:
+        for name, f in schema.fields.items():
+            if f.type is np.ndarray or f.values is not None:
+                value = [head, b""] if f.values is None else {"w": [head, b""]}
+                with pytest.raises(CodecError):
+                    decode(_frame([SCHEMA_VERSION, schema.kind, {name: value}]), schema)
+
+
+def test_container_bomb_is_refused_at_its_first_header():
+    """Issue 12, finding 2: a million empty lists, 4 KiB compressed, used to cost ~70 MiB
+    before the schema check; msgpack's limits from the schema refuse it before building."""
+    import tracemalloc
+
+    from qrl.messages import unroll_schema
+
+    bomb = lz4.frame.compress(msgpack.packb([SCHEMA_VERSION, "x", {"a": [[]] * 1_000_000}]))
+    assert len(bomb) < 8192
+    for schema in (ANY, unroll_schema((4,), "float32", 2, 20)):
+        tracemalloc.start()
+        try:
+            with pytest.raises(CodecError, match="exceeds max_array_len"):
+                decode(bomb, schema, max_bytes=DEFAULT_MAX_BYTES)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 4 << 20  # the decompressed 1 MB, not a million lists
+
+
+def test_schema_limits_follow_its_fields():
+    schema = Schema(
+        "k",
+        {
+            "s": Field(str, max_len=1000),
+            "l": Field(list, max_len=5000),
+            "p": Field(dict, values=Field(np.ndarray), max_len=7),
+        },
+        max_bytes=1 << 16,
+    )
+    lim = schema.limits
+    assert lim["max_str_len"] == 1000 and lim["max_array_len"] == 5000
+    assert lim["max_bin_len"] == 1 << 16 and lim["max_ext_len"] == 0
+    ok = {"s": "a" * 1000, "l": list(range(5000)), "p": {str(i): np.zeros(1) for i in range(7)}}
+    assert decode(encode("k", ok), schema)["s"] == ok["s"]
+    for bad, reason in (
+        ({**ok, "s": "a" * 1001}, "max_str_len"),
+        ({**ok, "l": list(range(5001))}, "max_array_len"),
+        ({**ok, "p": {str(i): np.zeros(1) for i in range(8)}}, "8 items, over 7"),
+    ):
+        with pytest.raises(CodecError, match=reason):
+            decode(encode("k", bad), schema)
+    # the schema's payload cap applies by default
+    with pytest.raises(CodecError, match="cap"):
+        decode(encode("k", {**ok, "l": [b"x" * 70_000]}), schema)
+
+
+def test_bounds_on_numbers_and_arrays():
+    schema = Schema(
+        "b",
+        {
+            "n": Field(int),
+            "f": Field(float, bounds=(0, 1)),
+            "a": Field(np.ndarray, bounds=(-2, 2)),
+        },
+    )
+    ok = {"n": 3, "f": 0.5, "a": np.array([-2.0, 2.0])}
+    assert decode(encode("b", ok), schema)["n"] == 3
+    for bad, reason in (
+        ({**ok, "n": 2**64 - 1}, "out of"),
+        ({**ok, "f": 1.5}, "out of"),
+        ({**ok, "a": np.array([0.0, 3e38], np.float32)}, "out of"),
+    ):
+        with pytest.raises(CodecError, match=reason):
+            decode(encode("b", bad), schema)

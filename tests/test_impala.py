@@ -99,11 +99,11 @@ def test_unroll_messages_validate_and_stack(r, keys):
     out = decode(encode("impala.unrolls", msg), schema)
     assert out["obs"].shape == (31, 3, 4) and out["logits"].shape == (30, 3, 2)
     for name, bad, reason in [
-        ("action", np.full((30, 3), 2, np.int32), "action out of range"),
+        ("action", np.full((30, 3), 2, np.int32), "action. has values out of"),
         ("reward", np.zeros((29, 3), np.float32), "reward has shape"),
         ("obs", np.zeros((30, 3, 4), np.float32), "obs has shape"),
         ("truncated", np.ones((30, 3), bool), "final observation"),
-        ("version", -1, "negative"),
+        ("version", -1, "version. is -1, out of"),
     ]:
         with pytest.raises(CodecError, match=reason):
             decode(encode("impala.unrolls", {**msg, name: bad}), schema)
