@@ -15,6 +15,12 @@ Delivery contract (``DESIGN.md``):
   entries, once each. Entries a consumer still holds are never handed to it a second time.
 * An entry that fails to decode is moved to the run's dead-letter stream with the reason,
   counted in the run's stats hash, and acknowledged; the consumer keeps running.
+* A poison entry, one delivered more than ``max_deliveries`` times without being
+  acknowledged (whatever failed: a handler that raised, a consumer killed by it), is
+  dead-lettered the same way instead of being handed out again.
+* A consumer that closes with nothing pending leaves the group; consumers that hold nothing
+  and were idle for ``claim_idle_ms`` are removed too, so the group does not grow with every
+  restart.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import Any
 
 import redis
 
-from qrl.codec import DEFAULT_MAX_BYTES, CodecError, Schema, decode
+from qrl.codec import CodecError, Schema, decode
 from qrl.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -51,6 +57,13 @@ local id = redis.call('XADD', KEYS[1], '*', 'd', ARGV[2])
 -- count every entry ever added, in the same step (the run's stats hash, if given)
 if KEYS[2] then redis.call('HINCRBY', KEYS[2], ARGV[3], 1) end
 return id
+"""
+
+_LEAVE = """
+-- remove consumer ARGV[2] from group ARGV[1] unless it still holds entries (they would be lost)
+local held = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
+if #held > 0 then return 0 end
+return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2]) + 1
 """
 
 
@@ -145,8 +158,10 @@ def dead_letter(
 class StreamConsumer:
     """Reads ``stream`` through the consumer group ``qrl`` and decodes with ``schema``.
 
-    Use :meth:`read` then :meth:`ack`, or :meth:`process` with a handler. Undecodable
-    entries never reach the caller: they are dead-lettered and acknowledged.
+    Use :meth:`read` then :meth:`ack`, or :meth:`process` with a handler, and :meth:`close`
+    at the end. Undecodable entries, and entries delivered more than ``max_deliveries``
+    times, never reach the caller: they are dead-lettered and acknowledged. Payloads are
+    decoded with at most ``max_bytes`` (default: the schema's cap).
     """
 
     def __init__(
@@ -160,7 +175,8 @@ class StreamConsumer:
         count: int = 16,
         block_ms: int = 1000,
         claim_idle_ms: int = 30_000,
-        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_bytes: int | None = None,
+        max_deliveries: int = 5,
     ) -> None:
         self.client = client
         self.keys = keys
@@ -172,24 +188,49 @@ class StreamConsumer:
         self.block_ms = block_ms
         self.claim_idle_ms = claim_idle_ms
         self.max_bytes = max_bytes
+        self.max_deliveries = max_deliveries
         self.rejected = 0
         self._own_pending: str | None = "0"  # cursor through what this name left pending
         self._held: set[str] = set()  # delivered to us, not yet acknowledged
         self._claim_cursor = "0-0"
         self._next_claim = 0.0
+        self._leave = client.register_script(_LEAVE)
         ensure_group(client, stream)
 
     # -- reading
-    def _decode(self, raw: Sequence[tuple[Any, dict[bytes, bytes] | None]]) -> list[Entry]:
+    def _poison(self, ids: list[str]) -> dict[str, str]:
+        """Why each of ``ids`` (re-delivered entries) is poison, if it was delivered more
+        than ``max_deliveries`` times."""
+        if not ids:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for i in ids:
+            pipe.xpending_range(self.stream, GROUP, min=i, max=i, count=1)
+        out = {}
+        for i, rows in zip(ids, pipe.execute(), strict=True):
+            n = rows[0]["times_delivered"] if rows else 0
+            if n > self.max_deliveries:
+                out[i] = (
+                    f"poison: delivered {n} times without being acknowledged "
+                    f"(more than {self.max_deliveries}: its consumers failed or died on it)"
+                )
+        return out
+
+    def _decode(
+        self, raw: Sequence[tuple[Any, dict[bytes, bytes] | None]], redelivered: bool = False
+    ) -> list[Entry]:
         good: list[Entry] = []
         bad: list[tuple[str, str, bytes | None]] = []
-        for entry_id, fields in raw:
-            eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        ids = [i.decode() if isinstance(i, bytes) else i for i, _ in raw]
+        poison = self._poison(ids) if redelivered else {}
+        for eid, (_, fields) in zip(ids, raw, strict=True):
             if not fields:  # deleted while pending: nothing to deliver
                 bad.append((eid, "", None))
                 continue
             payload = fields.get(FIELD)
             try:
+                if eid in poison:
+                    raise CodecError(poison[eid])
                 if payload is None or len(fields) != 1:
                     raise CodecError(f"entry fields must be exactly [{FIELD.decode()}]")
                 good.append(Entry(eid, decode(payload, self.schema, max_bytes=self.max_bytes)))
@@ -207,11 +248,13 @@ class StreamConsumer:
             pipe.execute()
         return good
 
-    def _take(self, raw: Sequence[tuple[Any, dict[bytes, bytes] | None]]) -> list[Entry]:
+    def _take(
+        self, raw: Sequence[tuple[Any, dict[bytes, bytes] | None]], redelivered: bool = False
+    ) -> list[Entry]:
         """Decode entries newly delivered to us (skipping any we already hold)."""
         ids = [i.decode() if isinstance(i, bytes) else i for i, _ in raw]
         fresh = [e for e, i in zip(raw, ids, strict=True) if i not in self._held]
-        good = self._decode(fresh)
+        good = self._decode(fresh, redelivered)
         self._held.update(e.id for e in good)
         return good
 
@@ -229,11 +272,15 @@ class StreamConsumer:
                 break
             last = raw[-1][0]
             self._own_pending = last.decode() if isinstance(last, bytes) else last
-            good = self._take(raw)
+            good = self._take(raw, redelivered=True)
             if good:
                 return good
         now = time.monotonic()
         if now >= self._next_claim:
+            if self._held:  # keep what we hold from going idle (JUSTID: no delivery counted)
+                self.client.xclaim(
+                    self.stream, GROUP, self.consumer, 0, sorted(self._held), justid=True
+                )
             _cursor, raw, *_ = self.client.xautoclaim(
                 self.stream,
                 GROUP,
@@ -245,7 +292,8 @@ class StreamConsumer:
             self._claim_cursor = _cursor.decode() if isinstance(_cursor, bytes) else _cursor
             if self._claim_cursor == "0-0":  # scanned the whole pending list
                 self._next_claim = now + max(self.claim_idle_ms / 4000, 0.05)
-            good = self._take(raw)
+                self._prune()
+            good = self._take(raw, redelivered=True)
             if good:
                 log.info("claimed %d pending %s entries", len(good), self.source)
                 return good
@@ -270,6 +318,21 @@ class StreamConsumer:
         """Give up ``entries`` without acknowledging: they stay pending and can be claimed
         again (by any consumer, this one included) once idle."""
         self._held.difference_update(e.id for e in entries)
+
+    def _prune(self) -> None:
+        """Remove consumers that hold nothing and were idle for ``claim_idle_ms``."""
+        for c in self.client.xinfo_consumers(self.stream, GROUP):
+            name = c["name"].decode() if isinstance(c["name"], bytes) else c["name"]
+            if name != self.consumer and not c["pending"] and c["idle"] > self.claim_idle_ms:
+                self._leave(keys=[self.stream], args=[GROUP, name])
+
+    def close(self) -> None:
+        """Leave the group, unless entries are still pending for this consumer (then they
+        stay claimable by others). Best effort: Redis may already be gone."""
+        try:
+            self._leave(keys=[self.stream], args=[GROUP, self.consumer])
+        except redis.RedisError as e:
+            log.debug("could not leave the %s group: %s", self.source, e)
 
     def process(self, handler: Callable[[list[Entry]], None], block_ms: int | None = None) -> int:
         """Read a batch, pass it to ``handler`` and acknowledge it only if the handler

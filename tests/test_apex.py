@@ -279,3 +279,73 @@ def test_learner_fails_loudly_when_its_sampler_dies(r, keys, redis_server):
     os.kill(lrn._sampler.pid, signal.SIGKILL)
     t.join(30)
     assert not t.is_alive() and errors and "sampler process" in str(errors[0])
+
+
+def test_a_batch_skipped_for_a_non_finite_loss_is_not_drawn_forever(r, keys, redis_server):
+    """Issue 12, finding 4: transitions whose returns overflow the loss (~3e38) kept the top
+    priority, so every later batch drew them again and every update was skipped. A skipped
+    batch now goes to the replay's lowest priority, and the learner makes progress."""
+    import threading
+
+    from qrl.connection import connect
+    from qrl.learners.apex import ApexLearner
+    from qrl.replay.store import P_HI, P_LO
+
+    cfg = ApexConfig(learning_starts=100, batch_size=32)
+    create_run(r, keys, "apex", cfg)
+    replay = make_replay(r, keys, cfg)
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((300, 4)).astype(np.float32)
+    ret = np.ones(300, np.float32)
+    ret[:16] = 3.3e38  # stored before the schema bounded returns: two overflow a batch's loss
+    prio = np.where(ret > 1, P_HI, 1.0)
+    replay.insert(replay.layout.pack(obs, np.zeros(300), ret, np.full(300, 0.9), obs), prio)
+    lrn = ApexLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    t = threading.Thread(target=run_role, args=(lrn, r, keys, 0, lambda: False), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 60
+    while lrn.updates < 50 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lrn.stopping.set()
+    t.join(30)
+    assert lrn.updates >= 50 and lrn.skipped >= 1  # skipped some, then went on
+    # exactly what happens to a skipped batch: its transitions sink to the lowest priority
+    lrn.start_threads()
+    b = None
+    while b is None:
+        b = lrn.next_batch(1.0)
+    b.ret[:] = float("inf")
+    assert np.isnan(lrn.update(b))
+    lrn.stop_threads()  # writes the priorities sent so far
+    assert set(r.zmscore(keys.replay_priorities, b.ids)) == {P_LO}
+
+
+def test_experience_with_returns_beyond_the_bound_is_rejected():
+    from qrl.codec import CodecError, decode, encode
+    from qrl.messages import VALUE_BOUND, experience_schema
+
+    schema = experience_schema((4,), "float32", 2, max_rows=8)
+    obs = np.zeros((8, 4), np.float32)
+    msg = {
+        "obs": obs,
+        "action": np.zeros(8, np.int32),
+        "ret": np.full(8, VALUE_BOUND, np.float32),
+        "disc": np.ones(8, np.float32),
+        "next_obs": obs,
+        "priority": np.ones(8, np.float32),
+        "version": 0,
+        "actor": 0,
+        "batch": "b",
+    }
+    assert decode(encode("apex.experience", msg), schema)["ret"][0] == VALUE_BOUND
+    for name, bad, reason in (
+        ("ret", np.full(8, 3e38, np.float32), "'ret' has values out of"),
+        ("priority", np.full(8, 3e38, np.float32), "'priority' has values out of"),
+        ("obs", np.full((8, 4), -3e38, np.float32), "'obs' has values out of"),
+        ("action", np.full(8, 2, np.int32), "'action' has values out of"),
+    ):
+        with pytest.raises(CodecError, match=reason):
+            decode(encode("apex.experience", {**msg, name: bad}), schema)
+    big = {k: np.concatenate([v, v]) if isinstance(v, np.ndarray) else v for k, v in msg.items()}
+    with pytest.raises(CodecError, match="16 transitions, more than 8"):
+        decode(encode("apex.experience", big), schema)

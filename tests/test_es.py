@@ -80,7 +80,15 @@ def test_policy_spec_acts_for_discrete_and_continuous():
     assert act.shape == (3, 1) and (np.abs(act) <= 2.0).all()
 
 
-def _results(gen: int, idx: list[int], rp: list[float], rn: list[float]) -> bytes:
+def _results(
+    gen: int,
+    idx: list[int],
+    rp: list[float],
+    rn: list[float],
+    obs_count: float = 1.0,
+    obs_sum: float = 0.0,
+    obs_sumsq: float = 0.0,
+) -> bytes:
     n = len(idx)
     return encode(
         "es.results",
@@ -91,9 +99,9 @@ def _results(gen: int, idx: list[int], rp: list[float], rn: list[float]) -> byte
             "return_neg": np.array(rn, np.float32),
             "length_pos": np.ones(n, np.int32),
             "length_neg": np.ones(n, np.int32),
-            "obs_sum": np.zeros(4),
-            "obs_sumsq": np.zeros(4),
-            "obs_count": 0.0,
+            "obs_sum": np.full(4, obs_sum),
+            "obs_sumsq": np.full(4, obs_sumsq),
+            "obs_count": obs_count,
             "worker": 0,
             "batch": uuid.uuid4().hex,
         },
@@ -159,3 +167,63 @@ def test_master_resumes_from_its_checkpoint_when_redis_has_nothing(r, keys, redi
     again = ESMaster(lambda: connect(redis_server.url), keys, cfg, checkpoint=ckpt)
     assert again.resumed and again.generation == 7 and again.adam.t == 3
     np.testing.assert_array_equal(again.theta, master.theta)
+
+
+def test_a_result_with_zero_count_and_huge_sums_cannot_wedge_the_master(r, keys, redis_server):
+    """Issue 12, finding 3: obs_count=0 with obs_sum = obs_sumsq = 1e308 made the master's
+    observation statistics inf/NaN for good. It is now refused at decode (dead-lettered) and
+    the generation goes on with the valid results, its published statistics finite."""
+    from qrl.weights import WeightStore
+
+    cfg = ESConfig(population=4, noise_size=10_000)
+    create_run(r, keys, "es", cfg)
+    master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+    master.publish()
+    hostile = _results(0, [1, 2], [1.0, 0.0], [0.0, 1.0], 0.0, 1e308, 1e308)
+    r.xadd(keys.es_results, {FIELD: hostile})
+    r.xadd(keys.es_results, {FIELD: _results(0, [10, 20], [1.0, 0.0], [0.0, 2.0], 8.0, 4.0, 9.0)})
+    assert run_role(master, r, keys, 0, lambda: False, limit=1) == 1
+    w = WeightStore(r, keys, keys.es_params).fetch()  # a worker's view: valid, finite
+    assert w is not None and w.version == 1
+    assert all(np.isfinite(v).all() for v in w.params.values())
+    assert master.obs_count == pytest.approx(1e-2 + 8.0)
+    reasons = [f[b"reason"].decode() for _, f in r.xrange(keys.deadletter)]
+    assert len(reasons) == 1 and "observation count 0.0" in reasons[0]
+
+
+def test_master_refuses_to_apply_or_publish_non_finite_state(r, keys, redis_server):
+    """The master's own guard, behind the schema: results whose update would make the
+    statistics non-finite are dropped, nothing is published, and the next ones go in."""
+    from qrl.streams import Entry
+
+    cfg = ESConfig(population=4, noise_size=10_000)
+    create_run(r, keys, "es", cfg)
+    master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+    master.start(lambda: False)
+    theta, blob = master.theta.copy(), r.hget(keys.es_params, "blob")
+
+    def entry(obs_sum: float) -> Entry:
+        return Entry(
+            "0-1",
+            {
+                "generation": 0,
+                "index": np.array([3, 4]),
+                "return_pos": np.array([1.0, 2.0], np.float32),
+                "return_neg": np.array([0.0, 1.0], np.float32),
+                "obs_count": 1.0,
+                "obs_sum": np.full(4, obs_sum),
+                "obs_sumsq": np.full(4, 1e308),
+            },
+        )
+
+    master.fold(entry(1e308))  # (1e308)^2 overflows: the statistics would be inf/NaN
+    assert not master.apply()
+    assert master.generation == 0 and master.refused == 2
+    np.testing.assert_array_equal(master.theta, theta)
+    assert r.hget(keys.es_params, "blob") == blob  # nothing published
+    assert np.isfinite(master.obs_sum).all() and master.metrics()["refused"] == 2
+    # a finite generation afterwards is applied and published
+    master.fold(entry(0.0))
+    master.obs_new[2] = np.zeros(4)
+    assert master.apply() and master.generation == 1
+    assert r.hget(keys.es_params, "version") == b"1"

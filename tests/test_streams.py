@@ -192,3 +192,101 @@ def test_dead_letters_keep_a_bounded_prefix_of_the_payload(r, keys):
     [(_, fields)] = r.xrange(keys.deadletter)
     assert fields[b"payload"] == big[:DEADLETTER_MAX_PAYLOAD] and DEADLETTER_MAX_PAYLOAD <= 4096
     assert fields[b"size"] == str(len(big)).encode() and fields[b"reason"] == b"too big to keep"
+
+
+def test_an_entry_that_kills_its_consumer_is_dead_lettered_after_n_deliveries(r, keys):
+    p = StreamProducer(r, keys.experience)
+    for i in range(4):
+        p.add(item(i))  # seq 0 kills whoever handles it
+    codes = []
+    for _ in range(8):
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "_poisoned_consumer.py"), _url(r), keys.run],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            timeout=60,
+        )
+        codes.append(proc.returncode)
+        if proc.returncode == 0:
+            break
+    assert codes == [-9] * 5 + [0], codes  # 5 deliveries (the default), then dead-lettered
+    [(_, dead)] = r.xrange(keys.deadletter)
+    assert b"delivered 6 times" in dead[b"reason"] and dead[b"payload"] == item(0)
+    assert [int(x) for x in r.lrange(keys.prefix + "test:done", 0, -1)] == [1, 2, 3]
+    assert r.xlen(keys.experience) == 0 and r.xpending(keys.experience, GROUP)["pending"] == 0
+    assert r.xinfo_consumers(keys.experience, GROUP) == []  # it left the group at the end
+
+
+def _url(r) -> str:
+    kw = r.connection_pool.connection_kwargs
+    return f"redis://{kw['host']}:{kw['port']}/0"
+
+
+def test_a_handler_that_keeps_failing_stops_getting_the_entry(r, keys):
+    p = StreamProducer(r, keys.experience)
+    for i in range(2):
+        p.add(item(i))
+
+    def handler(entries):
+        if any(e.data["seq"] == 0 for e in entries):
+            raise RuntimeError("cannot handle this one")
+        got.extend(e.data["seq"] for e in entries)
+
+    got: list[int] = []
+    failures = 0
+    for _ in range(10):  # a restarted role each time, same consumer name
+        c = StreamConsumer(
+            r, keys, keys.experience, ITEM, consumer="c", count=1, max_deliveries=3, block_ms=10
+        )
+        try:
+            while c.process(handler):
+                pass
+            break
+        except RuntimeError:
+            failures += 1
+    assert failures == 3 and got == [1] and c.rejected == 1
+    [(_, dead)] = r.xrange(keys.deadletter)
+    assert dead[b"reason"].startswith(b"poison: delivered 4 times")
+
+
+def test_held_entries_do_not_age_into_poison(r, keys):
+    """What a consumer holds (assembling a batch) is kept fresh without counting a delivery,
+    so its own claim scans never push it past ``max_deliveries``."""
+    StreamProducer(r, keys.experience).add(item(0))
+    c = StreamConsumer(r, keys, keys.experience, ITEM, claim_idle_ms=20, block_ms=10)
+    held = c.read()
+    for _ in range(10):
+        time.sleep(0.03)
+        assert c.read() == []
+    [row] = r.xpending_range(keys.experience, GROUP, "-", "+", 10)
+    assert row["times_delivered"] == 1 and row["consumer"] == c.consumer.encode()
+    c.ack(held)
+
+
+def test_consumers_leave_the_group_when_they_close(r, keys):
+    from qrl.configs.apex import ApexConfig
+    from qrl.replay.role import ReplayFiller
+
+    for _ in range(3):  # three restarts of a replay role
+        filler = ReplayFiller(r, keys, ApexConfig())
+        filler.consumer.consumer = f"replay-{_}"
+        filler.step(lambda: False)
+        filler.close(lambda: False)
+    assert r.xinfo_consumers(keys.experience, GROUP) == []
+    # a consumer that still holds entries stays (its entries must remain claimable) ...
+    StreamProducer(r, keys.experience).add(item(0))
+    holder = StreamConsumer(r, keys, keys.experience, ITEM, consumer="holder", block_ms=10)
+    assert len(holder.read()) == 1
+    holder.close()
+    assert [c["name"] for c in r.xinfo_consumers(keys.experience, GROUP)] == [b"holder"]
+    # ... until another consumer has claimed them; then its claim scans remove the empty one
+    other = StreamConsumer(r, keys, keys.experience, ITEM, claim_idle_ms=20, block_ms=10)
+    time.sleep(0.05)
+    assert len(other.read()) == 1
+    time.sleep(0.05)
+    other._next_claim = 0.0
+    other.read()
+    assert [c["name"] for c in r.xinfo_consumers(keys.experience, GROUP)] == [
+        other.consumer.encode()
+    ]

@@ -97,6 +97,12 @@ class ApexLearner(Learner):
         if self.updates % self.cfg.target_update == 0:
             self.target.load_state_dict(self.net.state_dict())
 
+    def after_skip(self, b: Batch) -> None:
+        """A batch that gave a non-finite loss goes to the lowest priority, so it is not drawn
+        again and again."""
+        if self._sampler is not None:
+            self._sampler.send_priorities(b.ids, np.zeros(len(b.ids)))
+
     def send_priorities(self, b: Batch) -> None:
         assert b.td is not None and self._sampler is not None
         self._sampler.send_priorities(b.ids, b.td.abs().cpu().numpy() + 1e-6)

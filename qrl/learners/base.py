@@ -88,7 +88,7 @@ class Learner(Role):
         """Called after a successful optimizer step (priorities, acks, target sync)."""
 
     def after_skip(self, batch: Any) -> None:
-        """Called when ``batch`` gave a non-finite loss and no step was taken."""
+        """Called when ``batch`` gave a non-finite loss or gradient and no step was taken."""
 
     def start_threads(self) -> None:
         pass
@@ -101,19 +101,17 @@ class Learner(Role):
 
     # -- shared
     def update(self, batch: Any) -> float:
-        """One guarded gradient step; returns the loss (NaN if skipped as non-finite: then
-        no step is taken and nothing is published)."""
+        """One guarded gradient step; returns the loss (NaN if skipped because the loss or
+        the gradient is not finite: then no step is taken and nothing is published)."""
         loss = self.loss(batch)
         if not torch.isfinite(loss):
-            self.skipped += 1
-            log.warning(
-                "non-finite loss at update %d: skipped, weights not published", self.updates
-            )
-            self.after_skip(batch)
-            return float("nan")
+            return self._skip(batch, "loss")
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.net.parameters(), self.cfg.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), self.cfg.grad_clip)
+        if not torch.isfinite(norm):
+            self.opt.zero_grad(set_to_none=True)
+            return self._skip(batch, "gradient")
         self.opt.step()
         self.updates += 1
         self.after_step(batch)
@@ -121,7 +119,18 @@ class Learner(Role):
             self.publish()
         return loss.item()
 
+    def _skip(self, batch: Any, what: str) -> float:
+        self.skipped += 1
+        log.warning(
+            "non-finite %s at update %d: skipped, weights not published", what, self.updates
+        )
+        self.after_skip(batch)
+        return float("nan")
+
     def publish(self) -> None:
+        if not all(torch.isfinite(p).all() for p in self.net.parameters()):
+            log.error("parameters at update %d are not finite: not published", self.updates)
+            return
         self.weights.publish(self.net, version=self.updates)
 
     def save(self) -> None:

@@ -3,6 +3,11 @@ results from the results stream (older ones are counted as stale and dropped), a
 has a population's worth computes the update: centered ranks over the antithetic returns,
 the gradient from the shared noise, L2 weight decay, Adam. A restarted master resumes from
 the last generation it published (the blob carries the optimizer and observation stats).
+
+The master never applies or publishes anything non-finite: a generation whose update would
+make the parameters, the optimizer or the observation statistics non-finite is refused (its
+results are dropped and counted, the generation is gathered again), and saved state that is
+not finite or does not fit is not resumed from.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ from qrl.streams import Entry, StreamConsumer
 from qrl.weights import WeightStore
 
 log = logging.getLogger(__name__)
+
+
+def _finite(*arrays: Any) -> bool:
+    return all(np.isfinite(a).all() for a in arrays)
 
 
 class ESMaster(Role):
@@ -60,6 +69,7 @@ class ESMaster(Role):
         d = self.spec.obs_dim
         self.obs_count, self.obs_sum, self.obs_sumsq = 1e-2, np.zeros(d), np.full(d, 1e-2)
         self.stale = 0  # result pairs of older generations, dropped
+        self.refused = 0  # result pairs of generations refused as non-finite
         self.last_stats: dict[str, float] = {}  # of the last update
         self.resumed = self._resume()
 
@@ -67,28 +77,50 @@ class ESMaster(Role):
     def _resume(self) -> bool:
         """Resume from the last published generation in Redis, else from the checkpoint."""
         w = self.store.fetch()
-        if w is not None:
-            generation, p, meta = w.version, w.params, w.meta
-        elif self.checkpoint is not None and self.checkpoint.exists():
+        if w is not None and self._adopt(w.version, w.params, w.meta, "published"):
+            return True
+        if self.checkpoint is not None and self.checkpoint.exists():
             state = load_checkpoint(self.checkpoint, self.algo, self.cfg)
-            generation, meta = state["step"], state["extra"]
             p = {k: v.numpy() for k, v in state["model"].items()}
-        else:
+            if self._adopt(state["step"], p, state["extra"], str(self.checkpoint)):
+                return True
+            raise ValueError(f"{self.checkpoint} does not hold usable ES parameters")
+        return False
+
+    def _adopt(self, generation: int, p: dict[str, Any], meta: dict[str, Any], src: str) -> bool:
+        """Take saved state if it fits this run's policy and is finite."""
+        dim, d = (self.spec.dim,), (self.spec.obs_dim,)
+        shapes = {"theta": dim, "adam_m": dim, "adam_v": dim, "obs_sum": d, "obs_sumsq": d}
+        try:
+            ok = all(np.shape(p[k]) == s for k, s in shapes.items())
+            t, count = int(meta.get("adam_t", 0)), float(meta.get("obs_count", 1e-2))
+            ok = ok and _finite(count, *(p[k] for k in shapes)) and t >= 0 and count > 0
+        except (KeyError, TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            log.warning(
+                "%s ES state (generation %d) does not fit or is not finite", src, generation
+            )
             return False
-        if p.get("theta") is None or p["theta"].shape != (self.spec.dim,):
-            raise ValueError("saved ES parameters do not fit this run's policy")
         self.generation = generation
         self.theta = p["theta"].astype(np.float32)
-        self.adam.m, self.adam.v = p["adam_m"].copy(), p["adam_v"].copy()
-        self.adam.t = int(meta.get("adam_t", 0))
-        self.obs_count = float(meta.get("obs_count", self.obs_count))
-        self.obs_sum, self.obs_sumsq = p["obs_sum"].copy(), p["obs_sumsq"].copy()
+        self.adam.m, self.adam.v, self.adam.t = p["adam_m"].copy(), p["adam_v"].copy(), t
+        self.obs_count, self.obs_sum, self.obs_sumsq = (
+            count,
+            p["obs_sum"].copy(),
+            p["obs_sumsq"].copy(),
+        )
         log.info("resumed at generation %d", self.generation)
         return True
 
-    def obs_stats(self) -> tuple[np.ndarray, np.ndarray]:
-        mean = self.obs_sum / self.obs_count
-        var = np.maximum(self.obs_sumsq / self.obs_count - mean**2, 1e-4)
+    def obs_stats(
+        self, count: float | None = None, total: Any = None, sumsq: Any = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and std of the observations (of the master's sums, or of those given)."""
+        if count is None:
+            count, total, sumsq = self.obs_count, self.obs_sum, self.obs_sumsq
+        mean = total / count
+        var = np.maximum(sumsq / count - mean**2, 1e-4)
         return mean.astype(np.float32), np.sqrt(var).astype(np.float32)
 
     def params(self) -> dict[str, np.ndarray]:
@@ -150,35 +182,63 @@ class ESMaster(Role):
         """Gather results of the current generation; once a population's worth came, apply
         the update, publish the next generation and acknowledge what went into it."""
         for e in self.consumer.read():
-            d = e.data
-            if d["generation"] != self.generation:
-                self.stale += len(d["index"])
-                self.consumer.ack([e])
-                continue
-            self.used.append(e)
-            self.pairs.append((d["index"], d["return_pos"], d["return_neg"]))
-            self.obs_new[0] += d["obs_count"]
-            self.obs_new[1] += d["obs_sum"]
-            self.obs_new[2] += d["obs_sumsq"]
-        if sum(len(p[0]) for p in self.pairs) < self.cfg.population // 2:
-            return True
-        self.last_stats = self.update(self.pairs)
-        if self.cfg.obs_norm:
-            self.obs_count += self.obs_new[0]
-            self.obs_sum += self.obs_new[1]
-            self.obs_sumsq += self.obs_new[2]
-        self.publish()
-        self.consumer.ack(self.used)  # consumed into the published generation
-        self._new_generation()
+            self.fold(e)
+        if sum(len(p[0]) for p in self.pairs) >= self.cfg.population // 2:
+            self.apply()
         return True
+
+    def fold(self, e: Entry) -> None:
+        """Take one results entry into the current generation (or drop it as stale)."""
+        d = e.data
+        if d["generation"] != self.generation:
+            self.stale += len(d["index"])
+            self.consumer.ack([e])
+            return
+        self.used.append(e)
+        self.pairs.append((d["index"], d["return_pos"], d["return_neg"]))
+        self.obs_new[0] += d["obs_count"]
+        self.obs_new[1] = self.obs_new[1] + d["obs_sum"]
+        self.obs_new[2] = self.obs_new[2] + d["obs_sumsq"]
+
+    def apply(self) -> bool:
+        """Apply the generation's update and statistics, publish, acknowledge; False (and
+        nothing applied or published) if the result would not be finite."""
+        before = self.theta, self.adam.m, self.adam.v, self.adam.t, self.generation
+        obs = self.obs_count, self.obs_sum, self.obs_sumsq
+        if self.cfg.obs_norm:
+            obs = tuple(a + b for a, b in zip(obs, self.obs_new, strict=True))
+        with np.errstate(all="ignore"):
+            stats = self.update(self.pairs)
+            ok = obs[0] > 0 and _finite(
+                self.theta, self.adam.m, self.adam.v, *obs, *self.obs_stats(*obs)
+            )
+        if ok:
+            self.last_stats = stats
+            self.obs_count, self.obs_sum, self.obs_sumsq = obs
+            self.publish()
+        else:
+            self.theta, self.adam.m, self.adam.v, self.adam.t, self.generation = before
+            self.refused += sum(len(p[0]) for p in self.pairs)
+            log.warning(
+                "generation %d: its results would make the parameters or observation "
+                "statistics non-finite: refused, gathering it again",
+                self.generation,
+            )
+        self.consumer.ack(self.used)  # consumed into the published generation, or refused
+        self._new_generation()
+        return bool(ok)
 
     def metrics(self) -> dict[str, float]:
         return {
             "updates": self.generation,
             "generation": self.generation,
             "stale": self.stale,
+            "refused": self.refused,
             **self.last_stats,
         }
+
+    def close(self, should_stop: StopCheck) -> None:
+        self.consumer.close()
 
 
 def policy_from_params(cfg: ESConfig, params: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:

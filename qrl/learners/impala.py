@@ -85,7 +85,7 @@ class ImpalaLearner(Learner):
             self.client_factory(),
             self.keys,
             self.keys.trajectories,
-            unroll_schema(self.obs_shape, obs_dtype, n_actions, cfg.unroll),
+            unroll_schema(self.obs_shape, obs_dtype, n_actions, cfg.unroll, cfg.envs_per_actor),
             count=max(1, cfg.batch_unrolls // per_entry),
             block_ms=100,
             claim_idle_ms=cfg.claim_idle_ms,
@@ -132,6 +132,7 @@ class ImpalaLearner(Learner):
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._ack_done()
+        self.consumer.close()
 
     def next_batch(self, timeout: float) -> UnrollBatch | None:
         try:

@@ -48,7 +48,12 @@ class ReplayFiller(Role):
             client,
             keys,
             keys.experience,
-            experience_schema(obs_shape, obs_dtype, n_actions),
+            experience_schema(
+                obs_shape,
+                obs_dtype,
+                n_actions,
+                max_rows=cfg.actor_batch + cfg.envs_per_actor * cfg.n_step,
+            ),
             count=8,
             claim_idle_ms=cfg.claim_idle_ms,
         )
@@ -65,6 +70,9 @@ class ReplayFiller(Role):
     def step(self, should_stop: StopCheck) -> bool:
         self.consumer.process(self.handle, block_ms=200)
         return True
+
+    def close(self, should_stop: StopCheck) -> None:
+        self.consumer.close()
 
     def metrics(self) -> dict[str, float]:
         return {
