@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from qrl.codec import INT_BOUND, CodecError, Field, Schema, size_cap
+from qrl.schema import INT_BOUND, CodecError, Field, Schema, size_cap
 
 FLOATS = ("float32",)
 VALUE_BOUND = 1e6  # |reward|, |n-step return|, |logit|, priority, |float observation|
@@ -58,8 +58,8 @@ def experience_schema(
 
     def check(msg: dict[str, Any]) -> None:
         n = _same_length(msg, ("obs", "action", "ret", "disc", "next_obs", "priority"))
-        if n > max_rows:
-            raise CodecError(f"{n} transitions, more than {max_rows}")
+        if not 0 < n <= max_rows:
+            raise CodecError(f"{n} transitions, expected 1 to {max_rows}")
         for name in ("obs", "next_obs"):
             if msg[name].shape[1:] != obs_shape:
                 raise CodecError(f"{name} rows have shape {msg[name].shape[1:]}, not {obs_shape}")
@@ -122,9 +122,10 @@ def unroll_schema(
 
     def check(msg: dict[str, Any]) -> None:
         obs = msg["obs"]
-        if obs.shape[0] != unroll + 1 or obs.shape[2:] != obs_shape or obs.shape[1] > envs:
+        want = (unroll + 1, obs_shape)
+        if (obs.shape[0], obs.shape[2:]) != want or not 0 < obs.shape[1] <= envs:
             raise CodecError(
-                f"obs has shape {obs.shape}, expected ({unroll + 1}, B <= {envs}, *{obs_shape})"
+                f"obs has shape {obs.shape}, expected ({want[0]}, 1-{envs}, *{want[1]})"
             )
         tb = (unroll, obs.shape[1])
         for name in ("action", "reward", "terminated", "truncated"):

@@ -347,5 +347,5 @@ def test_experience_with_returns_beyond_the_bound_is_rejected():
         with pytest.raises(CodecError, match=reason):
             decode(encode("apex.experience", {**msg, name: bad}), schema)
     big = {k: np.concatenate([v, v]) if isinstance(v, np.ndarray) else v for k, v in msg.items()}
-    with pytest.raises(CodecError, match="16 transitions, more than 8"):
+    with pytest.raises(CodecError, match="16 transitions, expected 1 to 8"):
         decode(encode("apex.experience", big), schema)

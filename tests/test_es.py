@@ -227,3 +227,27 @@ def test_master_refuses_to_apply_or_publish_non_finite_state(r, keys, redis_serv
     master.obs_new[2] = np.zeros(4)
     assert master.apply() and master.generation == 1
     assert r.hget(keys.es_params, "version") == b"1"
+
+
+def test_master_publishes_again_when_its_parameters_key_is_overwritten(r, keys, redis_server):
+    """Garbage written over the current generation's blob would leave workers on the old
+    generation and the master waiting for results that never come: once it has waited, the
+    master publishes its parameters again as the next generation."""
+    from qrl.weights import WeightStore
+
+    cfg = ESConfig(population=4, noise_size=10_000)
+    create_run(r, keys, "es", cfg)
+    master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+    master.start(lambda: False)
+    master.step(lambda: False)
+    assert master.generation == 0  # waited less than CHECK_AFTER with the key intact
+    master.waiting_since -= 10
+    master.step(lambda: False)  # checked: the key holds generation 0, nothing to do
+    assert master.generation == 0
+    r.hset(keys.es_params, "blob", b"garbage")
+    master.waiting_since -= 10
+    master.step(lambda: False)
+    assert master.generation == 1
+    w = WeightStore(r, keys, keys.es_params).fetch()
+    assert w is not None and w.version == 1
+    np.testing.assert_array_equal(w.params["theta"], master.theta)

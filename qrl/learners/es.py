@@ -7,12 +7,16 @@ the last generation it published (the blob carries the optimizer and observation
 The master never applies or publishes anything non-finite: a generation whose update would
 make the parameters, the optimizer or the observation statistics non-finite is refused (its
 results are dropped and counted, the generation is gathered again), and saved state that is
-not finite or does not fit is not resumed from.
+not finite or does not fit is not resumed from. Workers can only evaluate parameters they
+can read: when no result of the current generation came for ``CHECK_AFTER`` seconds and the
+parameters key no longer holds that generation (something else overwrote it), the master
+publishes its parameters again as a new generation.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,8 @@ from qrl.streams import Entry, StreamConsumer
 from qrl.weights import WeightStore
 
 log = logging.getLogger(__name__)
+
+CHECK_AFTER = 2.0  # seconds without a current result before the published key is checked
 
 
 def _finite(*arrays: Any) -> bool:
@@ -174,6 +180,7 @@ class ESMaster(Role):
         return True
 
     def _new_generation(self) -> None:
+        self.waiting_since = time.monotonic()
         self.pairs: list[tuple[np.ndarray, ...]] = []
         self.used: list[Entry] = []
         self.obs_new = [0.0, np.zeros_like(self.obs_sum), np.zeros_like(self.obs_sumsq)]
@@ -185,7 +192,25 @@ class ESMaster(Role):
             self.fold(e)
         if sum(len(p[0]) for p in self.pairs) >= self.cfg.population // 2:
             self.apply()
+        elif time.monotonic() - self.waiting_since > CHECK_AFTER:
+            self.check_published()
         return True
+
+    def check_published(self) -> None:
+        """Publish again, as a new generation, if the key lost this generation's blob."""
+        self.waiting_since = time.monotonic()
+        w = self.store.fetch()
+        if w is not None and w.version == self.generation:
+            return
+        log.warning(
+            "the parameters key no longer holds generation %d: published again as %d",
+            self.generation,
+            self.generation + 1,
+        )
+        self.consumer.ack(self.used)  # results of the lost generation
+        self.generation += 1
+        self._new_generation()
+        self.publish()
 
     def fold(self, e: Entry) -> None:
         """Take one results entry into the current generation (or drop it as stale)."""
@@ -194,6 +219,7 @@ class ESMaster(Role):
             self.stale += len(d["index"])
             self.consumer.ack([e])
             return
+        self.waiting_since = time.monotonic()
         self.used.append(e)
         self.pairs.append((d["index"], d["return_pos"], d["return_neg"]))
         self.obs_new[0] += d["obs_count"]

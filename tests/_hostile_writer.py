@@ -1,0 +1,103 @@
+"""Until killed: adds hostile-but-decodable entries to a run's stream (extreme values at the
+schema's bounds, empty and largest batches, absurd versions and batch ids) and garbage to its
+weights key (random bytes, and blobs that decode but do not fit), one of each every EVERY
+seconds. ``python tests/_hostile_writer.py URL RUN ALGO EVERY``; prints what it wrote."""
+
+import sys
+import time
+import uuid
+
+import numpy as np
+import redis
+
+from qrl.codec import encode
+from qrl.keys import RunKeys
+from qrl.messages import RETURN_BOUND, VALUE_BOUND
+
+url, run, algo, every = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+r = redis.Redis.from_url(url)
+keys = RunKeys(run)
+rng = np.random.default_rng(12)
+TINY = float(np.finfo(np.float32).smallest_subnormal)
+
+
+def extreme(shape, bound: float) -> np.ndarray:
+    values = np.array([0.0, bound, -bound, TINY, -TINY, 1.0], np.float32)
+    return rng.choice(values, size=shape)
+
+
+def pick(*options):
+    return options[int(rng.integers(len(options)))]
+
+
+def experience() -> tuple[str, dict]:
+    n = pick(1, 280)  # the default run's largest batch: actor_batch + envs x n_step
+    return "apex.experience", {
+        "obs": extreme((n, 4), VALUE_BOUND),
+        "action": rng.integers(0, 2, n).astype(np.int32),
+        "ret": extreme(n, VALUE_BOUND),
+        "disc": rng.choice(np.array([0.0, 1.0], np.float32), n),
+        "next_obs": extreme((n, 4), VALUE_BOUND),
+        "priority": np.abs(extreme(n, VALUE_BOUND)),
+        "version": pick(0, 2**53),
+        "actor": 2**53,
+        "batch": pick(uuid.uuid4().hex, "\U0001f4a3" * 16),
+    }
+
+
+def unrolls() -> tuple[str, dict]:
+    t, b = 20, pick(1, 16)
+    truncated = rng.random((t, b)) < 0.5
+    k = int(truncated.sum())
+    return "impala.unrolls", {
+        "obs": extreme((t + 1, b, 4), VALUE_BOUND),
+        "action": rng.integers(0, 2, (t, b)).astype(np.int32),
+        "reward": extreme((t, b), VALUE_BOUND),
+        "terminated": rng.random((t, b)) < 0.5,
+        "truncated": truncated,
+        "logits": extreme((t, b, 2), VALUE_BOUND),
+        "trunc_obs": extreme((k, 4), VALUE_BOUND),
+        "trunc_idx": np.argwhere(truncated).astype(np.int32).reshape(-1, 2),
+        "version": pick(0, 2**53),
+        "actor": 2**53,
+        "batch": uuid.uuid4().hex,
+    }
+
+
+def es_results() -> tuple[str, dict]:
+    n = pick(1, 64)
+    generation = int(r.hget(keys.es_params, "version") or 0)  # the current one: it is used
+    return "es.results", {
+        "generation": pick(generation, 2**53),
+        "index": rng.integers(0, 5_000_000 - 10_000, n),
+        "return_pos": extreme(n, RETURN_BOUND),
+        "return_neg": extreme(n, RETURN_BOUND),
+        "length_pos": np.full(n, pick(1, 2**31 - 1), np.int32),
+        "length_neg": np.ones(n, np.int32),
+        # statistics an honest worker could have sent: extreme ones would only mislead the
+        # observation normalization (poisoning learning, which no schema can tell apart)
+        "obs_sum": np.zeros(4),
+        "obs_sumsq": np.full(4, float(n)),
+        "obs_count": float(n),
+        "worker": 2**53,
+        "batch": uuid.uuid4().hex,
+    }
+
+
+STREAM, MESSAGE, WEIGHTS = {
+    "apex": (keys.experience, experience, keys.weights),
+    "impala": (keys.trajectories, unrolls, keys.weights),
+    "es": (keys.es_results, es_results, keys.es_params),
+}[algo]
+
+sent = 0
+while True:
+    kind, msg = MESSAGE()
+    r.xadd(STREAM, {"d": encode(kind, msg)})
+    # garbage in the weights key, under the version it holds (readers that fetch now see it)
+    version = int(r.hget(WEIGHTS, "version") or 0)
+    bad = encode("weights", {"version": version, "params": {"x": np.ones(3)}, "meta": None})
+    r.hset(WEIGHTS, "blob", pick(rng.bytes(64), bad))
+    sent += 1
+    print(sent, flush=True)
+    time.sleep(every)

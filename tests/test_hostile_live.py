@@ -1,0 +1,47 @@
+"""Live: ``qrl train apex|impala|es`` on CartPole reaches its target while another process
+keeps adding hostile-but-decodable entries to the run's stream and garbage to its weights
+key (``tests/_hostile_writer.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+import redis
+
+from tests.cli import ROOT, qrl
+
+
+@pytest.mark.live
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("algo", ["apex", "impala", "es"])
+def test_train_reaches_its_target_under_hostile_writes(algo, redis_server, tmp_path):
+    run, url = f"hostile-{algo}-{uuid.uuid4().hex[:8]}", redis_server.url
+    writer = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "_hostile_writer.py"), url, run, algo, "0.1"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        proc = qrl(
+            "train", algo, "--redis", url, "--run", run, "--run-dir", str(tmp_path / "run"),
+            "--seed", "0", "--target-return", "200", "--max-time", "150",
+            timeout=300,
+        )  # fmt: skip
+        assert writer.poll() is None, "the hostile writer stopped"
+    finally:
+        writer.kill()
+        sent = writer.communicate()[0].split()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["reached"] and result["eval_return"] >= 200
+    assert len(sent) >= 50  # hostile entries and weights garbage went in all along
+    r = redis.Redis.from_url(url)
+    stats = {k.decode(): v.decode() for k, v in r.hgetall(f"qrl:{{{run}}}:stats").items()}
+    print(algo, "hostile writes:", len(sent), "stats:", stats)
