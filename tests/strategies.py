@@ -5,13 +5,15 @@ dimensions and every allowed dtype where the schema leaves them free (the weight
 strategy gives the message's fields; ``encode(kind, fields)`` decodes with the matching
 schema (the tests check that it does).
 
-``HOSTILE`` is the hypothesis settings the property tests run with: 2,000 examples each,
-derandomized so that CI is repeatable.
+``HOSTILE`` is the hypothesis settings the property tests run with: 2,000 examples each
+(``QRL_HOSTILE_EXAMPLES`` to change), derandomized so that CI is repeatable.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 
 import numpy as np
 from hypothesis import HealthCheck, settings
@@ -23,7 +25,7 @@ from qrl.messages import MAX_COUNT, RETURN_BOUND, VALUE_BOUND
 from qrl.schema import INT_BOUND, MAX_ARRAY_EXTENT
 
 HOSTILE = settings(
-    max_examples=2000,
+    max_examples=int(os.environ.get("QRL_HOSTILE_EXAMPLES", "2000")),
     deadline=None,
     derandomize=True,
     database=None,
@@ -33,6 +35,7 @@ HOSTILE = settings(
 F32_MAX = float(np.finfo(np.float32).max)
 
 
+@functools.cache
 def floats(bound: float, width: int = 32) -> st.SearchStrategy[float]:
     """Finite floats within ``+-bound``, the extremes often."""
     tiny = float(np.finfo(np.float32 if width == 32 else np.float64).smallest_subnormal)
@@ -42,13 +45,18 @@ def floats(bound: float, width: int = 32) -> st.SearchStrategy[float]:
     return st.sampled_from(edges) | st.floats(-bound, bound, width=width)
 
 
+@functools.cache
 def ints(lo: int, hi: int) -> st.SearchStrategy[int]:
     return st.sampled_from([lo, hi]) | st.integers(lo, hi)
 
 
-def array(dtype: str, shape: tuple[int, ...], values: st.SearchStrategy) -> st.SearchStrategy:
-    """An array of ``shape``; big ones are mostly one drawn value (cheap to draw)."""
-    return hnp.arrays(np.dtype(dtype), shape, elements=values, fill=values)
+@st.composite
+def array(draw, dtype: str, shape: tuple[int, ...], values: st.SearchStrategy) -> np.ndarray:
+    """An array of ``shape`` made of up to four drawn values, placed at random (cheap to
+    draw however large the array)."""
+    palette = np.array(draw(st.lists(values, min_size=1, max_size=4)), dtype)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    return rng.choice(palette, size=shape)
 
 
 def rows(most: int) -> st.SearchStrategy[int]:

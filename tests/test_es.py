@@ -251,3 +251,11 @@ def test_master_publishes_again_when_its_parameters_key_is_overwritten(r, keys, 
     w = WeightStore(r, keys, keys.es_params).fetch()
     assert w is not None and w.version == 1
     np.testing.assert_array_equal(w.params["theta"], master.theta)
+
+
+def test_center_policy_refuses_parameters_that_do_not_fit():
+    from qrl.learners.es import policy_from_params
+
+    cfg = ESConfig()
+    with pytest.raises(ValueError, match="do not fit"):
+        policy_from_params(cfg, {"x": np.ones(3)})  # e.g. garbage in the parameters key

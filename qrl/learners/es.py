@@ -268,10 +268,15 @@ class ESMaster(Role):
 
 
 def policy_from_params(cfg: ESConfig, params: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:
-    """The center policy (no noise) of published or checkpointed ES parameters."""
+    """The center policy (no noise) of published or checkpointed ES parameters; raises
+    ``ValueError`` if they do not fit the run's policy."""
     from qrl.es import normalize
 
     spec = PolicySpec.for_env(cfg.env, cfg.hidden)
+    d = (spec.obs_dim,)
+    shapes = {"theta": (spec.dim,), "obs_mean": d, "obs_std": d}
+    if any(np.shape(params.get(k)) != s for k, s in shapes.items()):
+        raise ValueError("ES parameters do not fit this run's policy")
     theta = np.asarray(params["theta"], np.float32)
     mean = np.asarray(params["obs_mean"]) if cfg.obs_norm else np.zeros(spec.obs_dim)
     std = np.asarray(params["obs_std"]) if cfg.obs_norm else np.ones(spec.obs_dim)
