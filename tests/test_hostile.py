@@ -73,7 +73,7 @@ def filler(client):
     f.close(NEVER)
 
 
-def _valid_experience(n: int = 8) -> bytes:
+def _valid_experience(batch: str, n: int = 8) -> bytes:
     obs = np.ones((n, 4), np.float32)
     return encode(
         "apex.experience",
@@ -86,7 +86,7 @@ def _valid_experience(n: int = 8) -> bytes:
             "priority": np.ones(n, np.float32),
             "version": 0,
             "actor": 0,
-            "batch": uuid.uuid4().hex,
+            "batch": batch,
         },
     )
 
@@ -97,16 +97,14 @@ def test_replay_insert_survives_hostile_experience(filler, msg):
     r, keys = filler.client, filler.keys
     payload = encode("apex.experience", msg)
     decode(payload, filler.consumer.schema)  # it is valid as far as the wire goes
+    valid = uuid.uuid4().hex
     r.xadd(keys.experience, {FIELD: payload})
-    filler.step(NEVER)
+    r.xadd(keys.experience, {FIELD: _valid_experience(valid)})  # right behind it
+    filler.step(NEVER)  # one read takes both
     assert filler.consumer.rejected == 0 and r.xlen(keys.experience) == 0
+    assert r.zscore(keys.replay_batches, valid) is not None  # the valid one went in
     s = filler.replay.sample(16)
-    if s is not None:
-        assert _finite(s.weights, *(s.batch[k] for k in ("obs", "ret", "disc", "next_obs")))
-    before = filler.inserted
-    r.xadd(keys.experience, {FIELD: _valid_experience()})
-    filler.step(NEVER)
-    assert filler.inserted == before + 8  # a valid entry still goes in
+    assert _finite(s.weights, *(s.batch[k] for k in ("obs", "ret", "disc", "next_obs")))
 
 
 # -- the IMPALA learner's batch step

@@ -9,8 +9,9 @@ make the parameters, the optimizer or the observation statistics non-finite is r
 results are dropped and counted, the generation is gathered again), and saved state that is
 not finite or does not fit is not resumed from. Workers can only evaluate parameters they
 can read: when no result of the current generation came for ``CHECK_AFTER`` seconds and the
-parameters key no longer holds that generation (something else overwrote it), the master
-publishes its parameters again as a new generation.
+parameters key holds an older version, or this generation in a blob that does not decode
+(something else overwrote it), the master publishes its parameters again as a new
+generation.
 """
 
 from __future__ import annotations
@@ -197,9 +198,13 @@ class ESMaster(Role):
         return True
 
     def check_published(self) -> None:
-        """Publish again, as a new generation, if the key lost this generation's blob."""
+        """Publish again, as a new generation, if the key lost this generation's blob (a key
+        holding a newer version is another writer's: see :mod:`qrl.weights`)."""
         self.waiting_since = time.monotonic()
-        w = self.store.fetch()
+        stored = self.store.version()
+        if stored > self.generation:
+            return
+        w = self.store.fetch() if stored == self.generation else None
         if w is not None and w.version == self.generation:
             return
         log.warning(
