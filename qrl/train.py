@@ -31,7 +31,7 @@ from qrl.connection import connect, redact
 from qrl.control import StopFlag, request_stop
 from qrl.embedded import EmbeddedRedis
 from qrl.keys import RunKeys
-from qrl.launch import RoleSpec, process_context, start_process
+from qrl.launch import RoleSpec, start_process
 from qrl.metrics import MetricsReader
 from qrl.runlog import Progress, RunLog
 from qrl.runs import create_run
@@ -135,7 +135,6 @@ def run_training(
     budget ran out first, 2 if a role failed or the job was interrupted. A job that reached
     its target leaves the weights that reached it in its checkpoint."""
     console = console or Console(stderr=True)
-    process_context()  # the process server starts loading torch while we set up
     evaluator = Evaluator(algo, cfg, budget.eval_episodes)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
@@ -158,6 +157,7 @@ def run_training(
         client.hdel(keys.control, "stop")  # a rerun of a stopped run starts afresh
         stop = StopFlag(client, keys)
         reader = MetricsReader(client, keys, from_start=True)
+        client.connection_pool.disconnect()  # forked roles inherit no open connection
         for role, i in algo.processes(cfg):
             name = f"{role.name}{i}" if role.count else role.name
             spec = RoleSpec(
