@@ -37,6 +37,7 @@ from qrl.keys import RunKeys
 from qrl.loop import RoleFailed
 from qrl.loop import run_role as run_loop
 from qrl.runs import RunNotFound, load_run_config
+from qrl.tracking import Tracking
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class RoleSpec:
     run_dir: Path | None = None  # a learner writes metrics.csv and TensorBoard files here
     checkpoint_every: float = 60.0
     redis_deadline: float | None = None
+    tracking: Tracking | None = None  # where a learner with run_dir sends metrics besides CSV
 
 
 def setup_logging(level: int, force: bool = True) -> None:
@@ -131,7 +133,8 @@ def run_role(spec: RoleSpec) -> int:
     if spec.run_dir is not None and roledef.kind == "learner":
         from qrl.runlog import follow
 
-        writer = follow(opener, keys, spec.run_dir, done)
+        described = {"algo": algo.name, "run": spec.run, "config": cfg.to_dict()}
+        writer = follow(opener, keys, spec.run_dir, done, tracking=spec.tracking, config=described)
     running.set()
     try:
         return run_loop(

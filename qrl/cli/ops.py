@@ -158,7 +158,8 @@ def _collector(client: Any, keys: Any, stale_after: float) -> Any:
     help="PNG to write (default RUN_DIR/plot.png).",
 )
 def plot_cmd(run_dir: Path, out: Path | None) -> None:
-    """Draw a run's learning curve and throughput (from RUN_DIR/metrics.csv) as a PNG."""
+    """Draw a run's learning curve with its evaluations and target, its loss and its
+    throughput (from RUN_DIR/metrics.csv and result.json) as a PNG."""
     try:
         from qrl.plot import plot_run
     except ImportError as e:  # pragma: no cover
@@ -171,25 +172,62 @@ def plot_cmd(run_dir: Path, out: Path | None) -> None:
 
 
 @click.command("eval")
-@click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--episodes", type=int, default=10, show_default=True)
-@click.option("--seed", type=int, default=12345, show_default=True)
-def eval_cmd(checkpoint: Path, episodes: int, seed: int) -> None:
-    """Play episodes with a saved policy (greedy) and print the mean return."""
+@click.argument(
+    "source", metavar="RUN_DIR|CHECKPOINT", type=click.Path(exists=True, path_type=Path)
+)
+@click.option(
+    "--episodes",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Episodes to play (one env each, in parallel).",
+)
+@click.option(
+    "--env",
+    "env_id",
+    default=None,
+    help="Evaluate on this env id instead (same observation and action spaces).",
+)
+@click.option(
+    "--video",
+    "video_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Record every episode as an MP4 in this directory (pip install 'qrl[video]').",
+)
+@click.option(
+    "--seed", type=int, default=12345, show_default=True, help="Episode I uses seed SEED+I."
+)
+def eval_cmd(
+    source: Path, episodes: int, env_id: str | None, video_dir: Path | None, seed: int
+) -> None:
+    """Play episodes with a trained policy (greedy) from a run directory (its
+    checkpoint.pt) or a checkpoint file; print the mean, std, min and max return."""
+    import importlib.util
+
     import numpy as np
 
-    from qrl.evaluate import evaluate
+    from qrl.checkpoint import find_checkpoint
+    from qrl.evaluate import check_same_spaces, evaluate
     from qrl.policy import policy_from_checkpoint
 
+    if video_dir is not None and importlib.util.find_spec("moviepy") is None:
+        raise click.ClickException("--video needs moviepy: pip install 'qrl[video]'")
     try:
-        p = policy_from_checkpoint(checkpoint)
+        p = policy_from_checkpoint(find_checkpoint(source))
+        env_id = env_id or p.config.env
+        if env_id != p.config.env:
+            check_same_spaces(p.config.env, env_id)
+        returns = np.array(evaluate(env_id, p.act, episodes, seed=seed, video_dir=video_dir))
     except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
-    returns = evaluate(p.config.env, p.act, episodes, seed=seed)
     click.echo(
-        f"{p.config.env}: mean return {np.mean(returns):.2f} over {episodes} episodes "
-        f"(min {np.min(returns):.1f}, max {np.max(returns):.1f}; {p.algo.name} step {p.step})"
+        f"{env_id}: mean return {returns.mean():.2f}, std {returns.std():.2f}, "
+        f"min {returns.min():.2f}, max {returns.max():.2f} over {episodes} episodes "
+        f"({p.algo.name} step {p.step})"
     )
+    if video_dir is not None:
+        click.echo(f"videos in {video_dir}")
 
 
 def register(main: click.Group) -> None:

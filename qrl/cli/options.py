@@ -186,3 +186,40 @@ def id_option(role: str) -> Callable[[F], F]:
         help=f"{role.capitalize()} number (sets its seeds; for Ape-X actors the epsilon); "
         f"auto = the run's next free {role} number.",
     )
+
+
+track_options = stack(
+    click.option(
+        "--track",
+        is_flag=True,
+        help="Also log the metrics to Weights & Biases (pip install 'qrl[wandb]'; "
+        "WANDB_MODE=offline keeps them in RUN_DIR/wandb).",
+    ),
+    click.option(
+        "--wandb-project",
+        envvar="WANDB_PROJECT",
+        default="qrl",
+        show_default=True,
+        help="W&B project (env WANDB_PROJECT).",
+    ),
+    click.option(
+        "--wandb-entity",
+        envvar="WANDB_ENTITY",
+        default=None,
+        help="W&B entity, a user or team (env WANDB_ENTITY; default: yours).",
+    ),
+)
+"""--track, --wandb-project, --wandb-entity: turned into a Tracking by :func:`tracking`."""
+
+
+def tracking(track: bool, wandb_project: str, wandb_entity: str | None) -> Any:
+    """The :class:`qrl.tracking.Tracking` the options ask for; one line and exit code 1,
+    before anything starts, if ``--track`` is given without wandb installed."""
+    from qrl.tracking import Tracking
+
+    t = Tracking(wandb=track, wandb_project=wandb_project, wandb_entity=wandb_entity)
+    try:
+        t.check()
+    except RuntimeError as e:
+        raise click.ClickException(str(e)) from None
+    return t

@@ -16,6 +16,8 @@ from qrl.cli.options import (
     device_option,
     redis_option,
     stack,
+    track_options,
+    tracking,
 )
 
 
@@ -66,6 +68,7 @@ _job_options = stack(
         show_default=True,
         help="Episodes per evaluation.",
     ),
+    track_options,
 )
 
 
@@ -86,11 +89,15 @@ def train_command(algo: Algorithm) -> click.Command:
         max_steps: int | None,
         eval_every: float,
         eval_episodes: int,
+        track: bool,
+        wandb_project: str,
+        wandb_entity: str | None,
         device: str = "auto",
         **count_values: int | None,
     ) -> None:
         from qrl.train import Budget, default_run_name, default_target, run_training
 
+        track_to = tracking(track, wandb_project, wandb_entity)
         cfg = build_config(algo, config_file, overrides, env=env, seed=seed, **count_values)
         run = run or default_run_name(algo.name, cfg.env, cfg.seed)
         budget = Budget(
@@ -108,6 +115,7 @@ def train_command(algo: Algorithm) -> click.Command:
             run=run,
             run_dir=run_dir or Path("runs") / run,
             device=device,
+            tracking=track_to,
         )
         sys.exit(code)
 
