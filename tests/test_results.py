@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from qrl.tracking import WANDB_MISSING
-from tests.cli import ROOT, eval_stats, qrl, train
+from tests.cli import ROOT, eval_stats, qrl, role, train
 
 
 @pytest.fixture(scope="module")
@@ -176,11 +178,15 @@ def _wandb_records(path: Path):
             yield record
 
 
+NO_REDIS = "redis://127.0.0.1:1"  # none: these commands must stop before connecting
+
+
 def test_track_without_wandb_is_one_line_before_anything_starts(tmp_path):
     hide_wandb = "import sys; sys.modules['wandb'] = None; from qrl.cli import main; main()"
+    learner = ["learner", "apex", "--redis", NO_REDIS, "--run", "x"]
     for args in (
         ["train", "es", "--run-dir", str(tmp_path / "run"), "--track"],
-        ["learner", "apex", "--run", "nothing", "--run-dir", str(tmp_path / "run"), "--track"],
+        [*learner, "--run-dir", str(tmp_path / "run"), "--track"],
     ):
         out = subprocess.run(
             [sys.executable, "-c", hide_wandb, *args],
@@ -189,5 +195,37 @@ def test_track_without_wandb_is_one_line_before_anything_starts(tmp_path):
         assert out.returncode == 1, out.stderr
         assert out.stderr.strip() == f"Error: {WANDB_MISSING}"
         assert not (tmp_path / "run").exists()
-    no_dir = qrl("learner", "apex", "--run", "nothing", "--track")
+    no_dir = qrl(*learner, "--track")
     assert no_dir.returncode == 2 and "--track needs --run-dir" in no_dir.stderr
+
+
+def test_hand_started_master_with_track_logs_to_wandb(redis_server, keys, tmp_path, monkeypatch):
+    for var, value in _wandb_offline(tmp_path / "home").items():
+        monkeypatch.setenv(var, value)
+    run_dir = tmp_path / "run"
+    assert qrl("run", "create", "es", "--run", keys.run, "--set", "workers=1").returncode == 0
+    master = role(
+        "es", "master", "--run", keys.run, "--run-dir", str(run_dir), "--track",
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    worker = role("es", "worker", "--run", keys.run, "--max-steps", "20000")
+    try:
+        assert worker.wait(120) == 0
+        time.sleep(2)  # the master's log catches up with the worker's last report
+    finally:
+        master.send_signal(signal.SIGTERM)
+        code = master.wait(60)
+    assert code == 0, master.stderr.read()[-2000:]
+    rows = _rows(run_dir)
+    (wandb_file,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    records = list(_wandb_records(wandb_file))
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert run.project == "qrl" and run.display_name == keys.run
+    steps = [
+        json.loads(i.value_json)
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+        for i in r.history.item
+        if list(i.nested_key) == ["env_steps"]
+    ]
+    assert steps == [int(r["env_steps"]) for r in rows] and steps[-1] >= 20000
