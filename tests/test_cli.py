@@ -4,6 +4,7 @@ in one line naming the field; the Redis URL from the environment for every comma
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -28,6 +29,25 @@ def test_bad_settings_fail_fast_with_one_line(setting, field, tmp_path):
     assert time.monotonic() - start < 30  # before any role or Redis starts
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and lines[0].startswith("Error:"), out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("apex", "--env", "CartPol-v1"), ["CartPol", "Did you mean", "CartPole"]),
+        (("apex", "--env", "Pendulum-v1"), ["continuous", "apex needs discrete"]),
+        (("impala", "--env", "no_such_module:Foo-v0"), ["no_such_module"]),
+    ],
+)
+def test_bad_envs_fail_fast_with_one_line(args, words, tmp_path):
+    env = {**os.environ, "QRL_REDIS_URL": "redis://127.0.0.1:1/0"}
+    run_dir = str(tmp_path / "run")
+    for cmd in (("train", *args, "--run-dir", run_dir), ("run", "create", *args, "--run", "x")):
+        out = qrl(*cmd, env=env, timeout=60)
+        assert out.returncode == 2, (cmd, out.stderr)  # before Redis (port 1: none) is asked
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and all(w in lines[0] for w in words), out.stderr
     assert not (tmp_path / "run").exists()
 
 

@@ -89,9 +89,9 @@ def train_command(algo: Algorithm) -> click.Command:
         device: str = "auto",
         **count_values: int | None,
     ) -> None:
-        from qrl.train import Budget, default_run_name, default_target, run_training
-
         cfg = build_config(algo, config_file, overrides, env=env, seed=seed, **count_values)
+        from qrl.train import Budget, default_run_name, default_target, run_training  # torch
+
         run = run or default_run_name(algo.name, cfg.env, cfg.seed)
         budget = Budget(
             target_return if target_return is not None else default_target(cfg.env),
