@@ -179,16 +179,16 @@ def eval_cmd(checkpoint: Path, episodes: int, seed: int) -> None:
     import numpy as np
 
     from qrl.evaluate import evaluate
-    from qrl.policy import policy_from_checkpoint
+    from qrl.policy import load_policy
 
     try:
-        p = policy_from_checkpoint(checkpoint)
+        p = load_policy(checkpoint)
     except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
     returns = evaluate(p.config.env, p.act, episodes, seed=seed)
     click.echo(
         f"{p.config.env}: mean return {np.mean(returns):.2f} over {episodes} episodes "
-        f"(min {np.min(returns):.1f}, max {np.max(returns):.1f}; {p.algo.name} step {p.step})"
+        f"(min {np.min(returns):.1f}, max {np.max(returns):.1f}; {p.algo} step {p.step})"
     )
 
 
