@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import socket
 import sys
 import threading
 from dataclasses import dataclass
@@ -123,8 +124,8 @@ def run_role(spec: RoleSpec) -> int:
     except (RuntimeError, ValueError) as e:  # CheckpointError is a ValueError
         raise LaunchError(str(e)) from e
     log.info(
-        "%s %d of run %r (%s on %s), pid %d", roledef.name, ident, spec.run, algo.name, cfg.env,
-        os.getpid(),
+        "%s %d of run %r (%s on %s, config %s), pid %d on %s", roledef.name, ident, spec.run,
+        algo.name, cfg.env, cfg.digest(), os.getpid(), socket.gethostname(),
     )  # fmt: skip
     done = threading.Event()
     writer = None

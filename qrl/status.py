@@ -186,7 +186,7 @@ def render(status: dict[str, Any]) -> Any:
         (s["run"], "bold cyan"),
         f"  {s['algo'] or '?'} on {s['env'] or '?'}",
         ("  STOPPED" if s["stopped"] else "", "bold yellow"),
-        f"   weights v{s['weights_version']}",
+        f"   weights v{s['weights_version']}" if s["weights_version"] >= 0 else "   no weights yet",
         f"   policy lag {s['policy_lag']:.1f}" if s["policy_lag"] is not None else "",
         *(f"   {k.replace('_', ' ')} {s[k]:,}" for k in s.get("extra", [])),
         (f"   dead letters {s['dead_letters']}", "red" if s["dead_letters"] else ""),

@@ -72,6 +72,12 @@ def test_train_takes_the_redis_url_from_the_environment(r, redis_server, tmp_pat
     assert algo == "es" and config["env"] == "CartPole-v1"
     result = json.loads((tmp_path / run / "result.json").read_text())
     assert result["reached"] is True
+    logs = sorted((tmp_path / run / "logs").glob("*.log"))
+    assert [p.name for p in logs] == ["master.log", "worker0.log", "worker1.log"]
+    for path in logs:  # INFO by default: a start line with the config digest, a stop summary
+        text = path.read_text()
+        assert f"of run '{run}' (es on CartPole-v1, config " in text, text
+        assert " started at 0 " in text and " stopped after " in text, text
 
 
 def test_a_run_config_json_reproduces_the_run(tmp_path):

@@ -48,6 +48,9 @@ def test_run_create_from_toml_with_overrides_then_list_stop_delete(r, keys, tmp_
     bad = qrl("run", "create", "apex", "--run", keys.run, "--set", "nope=1")
     assert bad.returncode == 2 and "KEY one of" in bad.stderr
 
+    shown = qrl("status", "--run", keys.run, "-v")  # -v after the subcommand works too
+    assert shown.returncode == 0 and "no weights yet" in shown.stdout and "v-1" not in shown.stdout
+
     listed = json.loads(qrl("run", "list", "--json").stdout)
     mine = [x for x in listed if x["run"] == keys.run]
     assert len(mine) == 1 and mine[0]["algo"] == "apex" and not mine[0]["stopped"]

@@ -63,3 +63,14 @@ from qrl.cli import ops, roles, runs, train  # noqa: E402  (they add their comma
 
 for _module in (ops, roles, runs, train):
     _module.register(main)
+
+
+def _verbose_everywhere(cmd: click.Command) -> None:
+    """-v/--verbose on every command, so it works before or after the subcommand."""
+    if not any(p.name == "verbose" for p in cmd.params):
+        VERBOSE(cmd)
+    for sub in getattr(cmd, "commands", {}).values():
+        _verbose_everywhere(sub)
+
+
+_verbose_everywhere(main)
