@@ -96,3 +96,31 @@ def test_a_run_config_json_reproduces_the_run(tmp_path):
     a = json.loads((first / "config.json").read_text())["config"]
     b = json.loads((again / "config.json").read_text())["config"]
     assert a == b and b["population"] == 24
+
+
+def test_config_show_lists_every_field_and_its_toml_round_trips(tmp_path):
+    from qrl.algos import ALGOS
+
+    for name, algo in ALGOS.items():
+        out = qrl("config", "show", name, "--set", "seed=7", timeout=60)
+        assert out.returncode == 0, out.stderr
+        for field, info in algo.config.model_fields.items():
+            assert field in out.stdout and info.description[:30] in out.stdout, field
+        toml = qrl("config", "show", name, "--set", "seed=7", "--toml", timeout=60).stdout
+        (tmp_path / f"{name}.toml").write_text(toml)
+        again = qrl("config", "show", name, "--config", str(tmp_path / f"{name}.toml"), "--toml")
+        assert again.returncode == 0 and again.stdout == toml and "seed = 7" in toml
+
+
+@pytest.mark.parametrize("example", ["cartpole", "lunarlander", "pong"])
+def test_the_example_configs_are_valid_for_each_algorithm_they_name(example):
+    import tomllib
+
+    from tests.cli import ROOT
+
+    path = ROOT / "examples" / f"{example}.toml"
+    algos = [k for k, v in tomllib.loads(path.read_text()).items() if isinstance(v, dict)]
+    assert algos
+    for algo in algos:
+        out = qrl("config", "show", algo, "--config", str(path), "--toml", timeout=60)
+        assert out.returncode == 0, out.stderr

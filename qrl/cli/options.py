@@ -125,10 +125,15 @@ precedence: file, then --env/--seed, then --set)."""
 
 
 def build_config(
-    algo: Algorithm, config_file: Path | None, overrides: tuple[str, ...], **direct: Any
+    algo: Algorithm,
+    config_file: Path | None,
+    overrides: tuple[str, ...],
+    check: bool = True,
+    **direct: Any,
 ) -> Any:
     """The config from a file, then the options given (``None``: not given), then --set;
-    its env is made once to check that it exists and that ``algo`` can act in it."""
+    with ``check``, its env is made once to check that it exists and that ``algo`` can act
+    in it."""
     from qrl.configs.base import ConfigError, parse_config, parse_overrides, read_config_file
     from qrl.envs import check_env
 
@@ -137,7 +142,8 @@ def build_config(
         values.update({k: v for k, v in direct.items() if v is not None})
         values.update(parse_overrides(overrides))
         cfg = parse_config(algo.config, values)
-        check_env(cfg.env, algo.name, algo.actions)
+        if check:
+            check_env(cfg.env, algo.name, algo.actions)
         return cfg
     except (ConfigError, ValueError) as e:
         raise ConfigProblem(str(e)) from None
