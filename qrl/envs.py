@@ -57,7 +57,7 @@ def make_env(env_id: str, seed: int | None = None) -> gym.Env:
         try:
             import ale_py
         except ImportError as e:  # pragma: no cover - depends on the install
-            raise RuntimeError("Atari needs `pip install qrl[atari]` (ale-py, opencv)") from e
+            raise RuntimeError("Atari needs `pip install 'qrl-rl[atari]'` (ale-py, opencv)") from e
         gym.register_envs(ale_py)
         env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0)
         env = gym.wrappers.AtariPreprocessing(

@@ -162,7 +162,7 @@ def plot_cmd(run_dir: Path, out: Path | None) -> None:
     try:
         from qrl.plot import plot_run
     except ImportError as e:  # pragma: no cover
-        raise click.ClickException(f"{e}; install matplotlib (pip install 'qrl[plot]')") from e
+        raise click.ClickException(f"{e}; install matplotlib (pip install 'qrl-rl[plot]')") from e
     try:
         path = plot_run(run_dir, out)
     except (OSError, ValueError) as e:
