@@ -192,3 +192,22 @@ def test_hand_started_master_writes_csv_and_tensorboard_and_qrl_plot_draws_them(
     empty.mkdir()
     missing = qrl("plot", str(empty))
     assert missing.returncode == 1 and "metrics.csv" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "stop", "--run", "ab\n"],  # a trailing newline is not part of a valid name
+        ["status", "--run", "ab\n"],
+        ["status", "--run", "a b"],
+        ["run", "create", "es", "--run", "ab\n"],
+        ["train", "es", "--run", "a/b"],
+    ],
+)
+def test_an_invalid_run_name_is_a_one_line_usage_error(argv):
+    out = qrl(*argv, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and "invalid run name" in out.stderr
+    assert [line for line in out.stderr.splitlines() if line.startswith("Error")] == [
+        line for line in out.stderr.splitlines() if "invalid run name" in line
+    ]
