@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -146,7 +147,9 @@ def run_training(
     )
     keys = RunKeys(run)
     checkpoint = run_dir / "checkpoint.pt"
-    server = None if redis_url else EmbeddedRedis().start()
+    # the embedded Redis has a password of its own: no other user of the machine gets in,
+    # and a QRL_REDIS_PASSWORD meant for another Redis does not apply to it
+    server = None if redis_url else EmbeddedRedis(password=secrets.token_urlsafe(16)).start()
     url = redis_url or server.url  # type: ignore[union-attr]
     procs: dict[str, BaseProcess] = {}
     client = None
