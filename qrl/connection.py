@@ -50,6 +50,15 @@ def redis_deadline() -> float:
 _outages: dict[str, float] = {}
 _outage_lock = threading.Lock()
 os.register_at_fork(after_in_child=_outages.clear)
+_stopping = threading.Event()
+os.register_at_fork(after_in_child=_stopping.clear)
+
+
+def stop_waiting() -> None:
+    """This process is stopping: from now on a lost Redis is not waited for, a failing
+    command raises :class:`RedisUnavailable` at once (so a role asked to stop while Redis
+    is away writes its checkpoint and ends instead of retrying until the deadline)."""
+    _stopping.set()
 
 
 class DeadlineBackoff(AbstractBackoff):
@@ -104,6 +113,12 @@ class DeadlineBackoff(AbstractBackoff):
                         what,
                         self.deadline,
                     )
+        if _stopping.is_set():
+            self._local.since = None
+            raise RedisUnavailable(
+                f"Redis at {self.url} is not answering ({what}) and this process is stopping: "
+                "not waiting for it"
+            ) from error
         if now - self._local.since > self.deadline:
             self._local.since = None
             raise RedisUnavailable(
