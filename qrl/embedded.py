@@ -83,14 +83,8 @@ def is_loopback(bind: str) -> bool:
 def _config_string(text: str) -> str:
     """``text`` as a double-quoted redis.conf string (every byte but letters and digits as
     ``\\xHH``), so any password reads back exactly."""
-    return (
-        '"'
-        + "".join(
-            chr(b) if chr(b).isascii() and chr(b).isalnum() else f"\\x{b:02x}"
-            for b in text.encode()
-        )
-        + '"'
-    )
+    escaped = "".join(chr(b) if bytes([b]).isalnum() else f"\\x{b:02x}" for b in text.encode())
+    return f'"{escaped}"'
 
 
 def die_with_parent() -> None:

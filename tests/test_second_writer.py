@@ -11,6 +11,7 @@ import time
 from functools import partial
 
 import numpy as np
+import pytest
 import torch
 
 from qrl.codec import encode
@@ -18,6 +19,7 @@ from qrl.configs.apex import ApexConfig
 from qrl.configs.es import ESConfig
 from qrl.configs.impala import ImpalaConfig
 from qrl.connection import connect
+from qrl.es import PolicySpec
 from qrl.learners.es import ESMaster
 from qrl.learners.impala import ImpalaLearner
 from qrl.loop import run_role
@@ -174,3 +176,24 @@ def test_apex_learner_publishes_above_a_second_writer(r, keys, redis_server):
     assert not errors and not t.is_alive()
     assert lrn.updates > 1001 and lrn.weights.version() == lrn.updates
     assert lrn.weights.fetch().version == lrn.updates
+
+
+def test_qrl_train_evaluation_skips_parameters_that_do_not_fit(r, keys):
+    from qrl.algos import ALGOS
+    from qrl.train import Evaluator
+
+    cfg = ESConfig(population=4, noise_size=10_000)
+    evaluator = Evaluator(ALGOS["es"], cfg, episodes=1)
+    store = WeightStore(r, keys, keys.es_params)
+    store.publish({"theta": np.zeros(3, np.float32)}, version=1)  # decodes, does not fit
+    with pytest.raises(ValueError, match="do not fit"):  # logged by qrl train, not fatal
+        evaluator(r, keys)
+    assert evaluator.last is None and evaluator(r, keys) is None  # not tried again
+    spec = PolicySpec.for_env(cfg.env, cfg.hidden)
+    good = {
+        "theta": np.zeros(spec.dim, np.float32),
+        "obs_mean": np.zeros(spec.obs_dim, np.float32),
+        "obs_std": np.ones(spec.obs_dim, np.float32),
+    }
+    store.publish(good, version=2)
+    assert evaluator(r, keys) is not None and evaluator.last.version == 2

@@ -134,10 +134,13 @@ class Learner(Role):
     # -- the role (run by :func:`qrl.loop.run_role`)
     def start(self, should_stop: StopCheck) -> bool:
         stored = self.weights.version()
-        # e.g. restarted after SIGKILL: Redis is newer than the file
-        if stored > self.updates and (v := self.weights.load_into(self.net, self.updates)):
-            log.warning("continuing from published weights %d (checkpoint: %d)", v, self.updates)
-            self.updates = stored = v
+        if stored > self.updates:  # e.g. restarted after SIGKILL: Redis is newer than the file
+            loaded = self.weights.load_into(self.net, newer_than=self.updates)
+            if loaded is not None:
+                log.warning(
+                    "continuing from published weights %d (checkpoint: %d)", loaded, self.updates
+                )
+                self.updates = stored = loaded
         if stored != self.updates:
             # actors start from the learner's initial (or resumed) weights; above a newer
             # version that could not be loaded (versions never go back)
