@@ -147,7 +147,7 @@ def default_url() -> str:
 
 
 # a query parameter that carries a secret: password=, ssl_password=, ...
-_QUERY_SECRET = re.compile(r"(?i)([?&;][^=&#;]*password=)[^&#;]*")
+_QUERY_SECRET = re.compile(r"(?i)([?&;][^=&#;]*password=)[^&;]*")  # to the next parameter
 
 
 def _userinfo(url: str) -> tuple[str, str, str] | None:
@@ -161,14 +161,25 @@ def _userinfo(url: str) -> tuple[str, str, str] | None:
     return scheme + sep, userinfo, "@" + host
 
 
+_USER = re.compile(r"[\w.~%!$&'()*+,;=-]*")  # what a user name in a URL may hold
+
+
+def _user_and_secret(userinfo: str) -> tuple[str | None, str]:
+    """A userinfo's user name (None where there is none to show: no ``:``, or a "name" with
+    characters a user name cannot have, so really part of the password) and its secret."""
+    user, colon, password = userinfo.partition(":")
+    if colon and _USER.fullmatch(user):
+        return user, password
+    return None, userinfo
+
+
 def _secrets(url: str) -> list[str]:
     """What in ``url`` is secret, longest first: the password of its userinfo (as written,
     decoded, and its pieces between URL delimiters) and ``password=`` query values."""
     found = [m.group(0).split("=", 1)[1] for m in _QUERY_SECRET.finditer(url)]
-    parts = _userinfo(url)
+    parts = _userinfo(_QUERY_SECRET.sub(r"\1***", url))  # as redact() reads it
     if parts is not None:
-        userinfo = parts[1]
-        password = userinfo.partition(":")[2] if ":" in userinfo else userinfo
+        password = _user_and_secret(parts[1])[1]
         found += [password, unquote(password), *re.split(r"[#/?@:&=]", password)]
     return sorted({s for s in found if len(s) >= 3 and s != "***"}, key=len, reverse=True)
 
@@ -182,13 +193,13 @@ def _scrub(text: str, secrets: list[str]) -> str:
 def redact(url: str) -> str:
     """``url`` without its secrets, for logs and messages: any ``password=`` query parameter
     becomes ``***``, and so does the password of the userinfo (``redis://user:***@host:6379/0``;
-    a userinfo without ``:`` may be a password, so all of it)."""
+    a userinfo that is not ``name:password`` may be a password: all of it)."""
     out = _QUERY_SECRET.sub(r"\1***", url)
     parts = _userinfo(out)
     if parts is not None:
         scheme, userinfo, rest = parts
-        user, colon, _ = userinfo.partition(":")
-        out = f"{scheme}{user}:***{rest}" if colon else f"{scheme}***{rest}"
+        user = _user_and_secret(userinfo)[0]
+        out = f"{scheme}***{rest}" if user is None else f"{scheme}{user}:***{rest}"
     return _scrub(out, _secrets(url))  # whatever an unencoded password left behind
 
 
