@@ -31,7 +31,7 @@ import redis
 from qrl.algos import ALGOS
 from qrl.algos.base import RoleContext
 from qrl.codec import CodecError
-from qrl.connection import RedisUnavailable, connect, failure_exit
+from qrl.connection import RedisUnavailable, connect, failure_exit, stop_waiting
 from qrl.control import StopFlag, on_stop_signals
 from qrl.embedded import die_with_parent
 from qrl.keys import RunKeys
@@ -102,6 +102,7 @@ def run_role(spec: RoleSpec) -> int:
 
     def on_signal() -> None:
         stopping.set()
+        stop_waiting()  # a lost Redis must not keep the final checkpoint waiting
         if not running.is_set():
             sys.exit(0)  # imports, waiting for Redis: nothing to finish
 

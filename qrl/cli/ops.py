@@ -12,13 +12,33 @@ from typing import Any
 
 import click
 
-from qrl.cli.options import connect_or_fail, redis_option, run_keys, run_option
+from qrl.cli.options import (
+    connect_or_fail,
+    redis_option,
+    run_keys,
+    run_option,
+    warn_secret_in_argv,
+)
 
 
 @click.command("redis")
 @click.option("--port", type=int, default=0, help="Port to listen on (default: a free one).")
 @click.option("--bind", "host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--password", default=None, help="Require this password (requirepass).")
+@click.option(
+    "--password",
+    envvar="QRL_REDIS_PASSWORD",
+    default=None,
+    callback=warn_secret_in_argv,
+    help="Require this password. Default: $QRL_REDIS_PASSWORD (on the command line it is "
+    "visible to every user: prefer the variable or --password-file).",
+)
+@click.option(
+    "--password-file",
+    envvar="QRL_REDIS_PASSWORD_FILE",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Read the password from the first line of this file.",
+)
 @click.option("--appendonly", is_flag=True, help="Persist with an append-only file in --dir.")
 @click.option(
     "--dir",
@@ -28,15 +48,29 @@ from qrl.cli.options import connect_or_fail, redis_option, run_keys, run_option
     help="Data directory (default: a temporary one, removed on exit).",
 )
 def redis_cmd(
-    port: int, host: str, password: str | None, appendonly: bool, data_dir: str | None
+    port: int,
+    host: str,
+    password: str | None,
+    password_file: str | None,
+    appendonly: bool,
+    data_dir: str | None,
 ) -> None:
-    """Run a private redis-server in the foreground and print its URL; Ctrl-C stops it."""
+    """Run a private redis-server in the foreground and print its URL (without the
+    password); Ctrl-C stops it. Binding to anything but loopback needs a password."""
     import signal
 
+    from qrl.connection import RedisUnavailable, read_password_file
     from qrl.control import on_stop_signals
     from qrl.embedded import EmbeddedRedis
 
-    server = EmbeddedRedis(port, host, data_dir=data_dir, appendonly=appendonly, password=password)
+    try:
+        if password_file:
+            password = read_password_file(password_file)
+        server = EmbeddedRedis(
+            port, host, data_dir=data_dir, appendonly=appendonly, password=password
+        )
+    except (OSError, RedisUnavailable) as e:
+        raise click.ClickException(str(e)) from None
     stop = threading.Event()
     on_stop_signals(stop.set)
     signal.signal(signal.SIGHUP, lambda *_: stop.set())
@@ -45,9 +79,11 @@ def redis_cmd(
     except (OSError, RuntimeError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     try:
-        click.echo(server.url)
+        click.echo(server.address)
         click.echo(
-            f"redis-server {server.binary} (pid {server.proc.pid}); Ctrl-C to stop", err=True
+            f"redis-server {server.binary} (pid {server.proc.pid}); Ctrl-C to stop"
+            + ("; clients need the password (QRL_REDIS_PASSWORD)" if password else ""),
+            err=True,
         )
         sys.stdout.flush()
         while not stop.is_set() and server.proc.poll() is None:

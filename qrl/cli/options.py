@@ -64,14 +64,34 @@ def stack(*options: Callable[[F], F]) -> Callable[[F], F]:
     return apply
 
 
+def warn_secret_in_argv(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A callback: warn when a password came on the command line, which every user of the
+    machine can read (``ps``); the environment and files are private."""
+    from click.core import ParameterSource
+
+    from qrl.connection import redact
+
+    given = ctx.get_parameter_source(param.name or "") is ParameterSource.COMMANDLINE
+    secret = param.name != "redis_url" or (value is not None and redact(value) != value)
+    if value and given and secret:
+        click.echo(
+            f"Warning: the password in {param.opts[0]} is visible to every user of this "
+            f"machine (ps); set QRL_REDIS_PASSWORD (or QRL_REDIS_PASSWORD_FILE) instead",
+            err=True,
+        )
+    return value
+
+
 def redis_option(help: str | None = None) -> Callable[[F], F]:
     return click.option(
         "--redis",
         "redis_url",
         envvar="QRL_REDIS_URL",
         default=None,
+        callback=warn_secret_in_argv,
         help=help
-        or "Redis URL (redis://, rediss://, unix://; user:password@ allowed). "
+        or "Redis URL (redis://, rediss://, unix://; user:password@ allowed, better the "
+        "password in $QRL_REDIS_PASSWORD or a file named by $QRL_REDIS_PASSWORD_FILE). "
         "Default: $QRL_REDIS_URL.",
     )
 

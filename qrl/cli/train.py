@@ -15,6 +15,7 @@ from qrl.cli.options import (
     config_options,
     device_option,
     redis_option,
+    run_keys,
     stack,
 )
 
@@ -93,6 +94,7 @@ def train_command(algo: Algorithm) -> click.Command:
         from qrl.train import Budget, default_run_name, default_target, run_training  # torch
 
         run = run or default_run_name(algo.name, cfg.env, cfg.seed)
+        run_keys(run)  # an invalid name is a usage error (exit 2), before anything starts
         budget = Budget(
             target_return if target_return is not None else default_target(cfg.env),
             max_time if max_time is not None else (None if max_steps else 90.0),
