@@ -18,16 +18,6 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used here (other algorithm, other config, corrupt)."""
 
 
-def find_checkpoint(path: Path) -> Path:
-    """``path`` itself, or for a run directory its ``checkpoint.pt``."""
-    if not path.is_dir():
-        return path
-    found = path / "checkpoint.pt"
-    if not found.is_file():
-        raise CheckpointError(f"{path} has no checkpoint.pt: not a run directory?")
-    return found
-
-
 def save_checkpoint(
     path: Path,
     algo: str,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import socket
 import sys
 import threading
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ import redis
 from qrl.algos import ALGOS
 from qrl.algos.base import RoleContext
 from qrl.codec import CodecError
-from qrl.connection import RedisUnavailable, connect, failure_exit
+from qrl.connection import RedisUnavailable, connect, failure_exit, stop_waiting
 from qrl.control import StopFlag, on_stop_signals
 from qrl.embedded import die_with_parent
 from qrl.keys import RunKeys
@@ -103,6 +104,7 @@ def run_role(spec: RoleSpec) -> int:
 
     def on_signal() -> None:
         stopping.set()
+        stop_waiting()  # a lost Redis must not keep the final checkpoint waiting
         if not running.is_set():
             sys.exit(0)  # imports, waiting for Redis: nothing to finish
 
@@ -125,8 +127,8 @@ def run_role(spec: RoleSpec) -> int:
     except (RuntimeError, ValueError) as e:  # CheckpointError is a ValueError
         raise LaunchError(str(e)) from e
     log.info(
-        "%s %d of run %r (%s on %s), pid %d", roledef.name, ident, spec.run, algo.name, cfg.env,
-        os.getpid(),
+        "%s %d of run %r (%s on %s, config %s), pid %d on %s", roledef.name, ident, spec.run,
+        algo.name, cfg.env, cfg.digest(), os.getpid(), socket.gethostname(),
     )  # fmt: skip
     done = threading.Event()
     writer = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import reprlib
 import threading
 import time
 from collections import deque
@@ -25,6 +26,7 @@ import redis
 
 from qrl.keys import RunKeys
 from qrl.metrics import MetricsReader
+from qrl.status import finite_values, warn_once
 from qrl.tracking import Tracking, open_sinks
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,9 @@ COLUMNS: dict[str, str | None] = {
     "loss": "losses/loss",
     "policy_lag": "charts/policy_lag",
 }
+
+
+MAX_COUNT = 10**15  # larger counters are not believed (their sums must fit TensorBoard's int64)
 
 
 def _r(x: float | None) -> float | None:
@@ -85,27 +90,41 @@ class Progress:
         self.evals += 1
 
     def fold(self, msg: dict[str, Any]) -> None:
-        """Take one metrics report in; values of the wrong shape are ignored, not fatal."""
-        v, role = msg["values"], msg["role"]
+        """Take one metrics report in. Whoever can write the run's keys can send anything
+        the metrics schema admits: a value that is not a finite number (a counter: not a
+        whole number from 0 to :data:`MAX_COUNT`) is ignored and logged once, never fatal."""
+        role, ident = msg["role"], msg["id"]
+        where = f"metrics of {role}.{ident}"
+        v, _ = finite_values(msg["values"], where, lists=True)
 
         def num(key: str, default: float = 0.0) -> float:
             x = v.get(key, default)
-            return float(x) if isinstance(x, (int, float)) else default
+            return float(x) if not isinstance(x, list) else default
+
+        def count(key: str, default: int) -> int:
+            x = v.get(key, default)
+            if isinstance(x, list) or not 0 <= x <= MAX_COUNT:
+                warn_once(
+                    f"{where}:{key}", "ignoring %s=%s from %s: not a count from 0 to %d",
+                    key, reprlib.repr(x), where, MAX_COUNT,
+                )  # fmt: skip
+                return default
+            return int(x)
 
         def nums(key: str) -> list[float]:
             x = v.get(key, [])
             return [float(i) for i in x] if isinstance(x, list) else []
 
         if role in ("actor", "worker"):
-            self.actor_steps[msg["id"]] = int(num("steps"))
-            self.actor_rate[msg["id"]] = num("steps_per_s")
+            self.actor_steps[ident] = count("steps", self.actor_steps.get(ident, 0))
+            self.actor_rate[ident] = num("steps_per_s")
             self.returns.extend(nums("episode_returns"))
             self.episodes += len(nums("episode_returns"))
         elif role in ("learner", "master"):
-            self.updates = int(num("updates", self.updates))
+            self.updates = count("updates", self.updates)
             self.updates_per_s = num("updates_per_s")
             if "replay_size" in v:
-                self.replay_size = int(num("replay_size"))
+                self.replay_size = count("replay_size", self.replay_size)
             if "loss" in v:
                 self.loss = num("loss")
             if "policy_lag" in v:
@@ -114,7 +133,7 @@ class Progress:
                 if k in v:
                     self.extra[k] = num(k)
         elif role == "replay":
-            self.replay_size = int(num("size", self.replay_size))
+            self.replay_size = count("size", self.replay_size)
 
     def row(self) -> dict[str, Any]:
         """One row of :data:`COLUMNS`."""

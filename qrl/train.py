@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -71,6 +72,7 @@ class Evaluator:
     def __init__(self, algo: Algorithm, cfg: Any, episodes: int) -> None:
         self.algo, self.cfg, self.episodes = algo, cfg, episodes
         self.last: Weights | None = None
+        self.seen = -1  # the newest version fetched, whether it could be evaluated or not
 
     def __call__(self, client: redis.Redis, keys: RunKeys) -> float | None:
         """The mean return of the parameters published since the last call, or ``None``
@@ -83,13 +85,15 @@ class Evaluator:
         torch.set_num_threads(1)  # this process only evaluates: the cores are the roles'
 
         store = WeightStore(client, keys, self.algo.weights_key(keys))
-        w = store.fetch(self.last.version if self.last else -1)
+        w = store.fetch(self.seen)
         if w is None:
             return None
-        self.last = w
-        act = self.algo.policy(self.cfg, w.params)
+        self.seen = w.version
+        act = self.algo.policy(self.cfg, w.params)  # ValueError if they do not fit
         seed = self.cfg.seed * 1000 + 7
-        return float(np.mean(evaluate(self.cfg.env, act, self.episodes, seed=seed)))
+        score = float(np.mean(evaluate(self.cfg.env, act, self.episodes, seed=seed)))
+        self.last = w
+        return score
 
 
 def default_target(env: str) -> float | None:
@@ -145,7 +149,9 @@ def run_training(
     (run_dir / "config.json").write_text(json.dumps(run_config, indent=2))
     keys = RunKeys(run)
     checkpoint = run_dir / "checkpoint.pt"
-    server = None if redis_url else EmbeddedRedis().start()
+    # the embedded Redis has a password of its own: no other user of the machine gets in,
+    # and a QRL_REDIS_PASSWORD meant for another Redis does not apply to it
+    server = None if redis_url else EmbeddedRedis(password=secrets.token_urlsafe(16)).start()
     url = redis_url or server.url  # type: ignore[union-attr]
     procs: dict[str, BaseProcess] = {}
     client = None

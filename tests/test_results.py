@@ -66,7 +66,7 @@ def test_eval_of_a_run_dir_and_of_its_checkpoint_prints_mean_std_min_max(run_dir
     assert by_dir.stdout.startswith("CartPole-v1: ")
 
     not_a_run = qrl("eval", str(run_dir / "logs"))
-    assert not_a_run.returncode == 1 and "no checkpoint.pt" in not_a_run.stderr
+    assert not_a_run.returncode == 1 and "no checkpoint at" in not_a_run.stderr
 
 
 def test_eval_on_another_env_checks_its_spaces(run_dir):

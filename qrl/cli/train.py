@@ -15,6 +15,7 @@ from qrl.cli.options import (
     config_options,
     device_option,
     redis_option,
+    run_keys,
     stack,
     track_options,
     tracking,
@@ -95,11 +96,12 @@ def train_command(algo: Algorithm) -> click.Command:
         device: str = "auto",
         **count_values: int | None,
     ) -> None:
-        from qrl.train import Budget, default_run_name, default_target, run_training
-
         track_to = tracking(track, wandb_project, wandb_entity)
         cfg = build_config(algo, config_file, overrides, env=env, seed=seed, **count_values)
+        from qrl.train import Budget, default_run_name, default_target, run_training  # torch
+
         run = run or default_run_name(algo.name, cfg.env, cfg.seed)
+        run_keys(run)  # an invalid name is a usage error (exit 2), before anything starts
         budget = Budget(
             target_return if target_return is not None else default_target(cfg.env),
             max_time if max_time is not None else (None if max_steps else 90.0),
