@@ -92,6 +92,13 @@ def test_eval_video_writes_an_mp4_per_episode(run_dir, tmp_path):
         data = f.read_bytes()
         assert data[4:8] == b"ftyp" and len(data) > 5000  # an MP4 with frames in it
 
+    out = _without("moviepy", "eval", str(run_dir), "--video", str(tmp_path / "none"))
+    assert (
+        out.returncode == 1
+        and out.stderr == "Error: --video needs moviepy: pip install 'qrl[video]'\n"
+    )
+    assert not (tmp_path / "none").exists()
+
 
 def test_plot_draws_new_evaluations_as_points_the_target_and_the_loss(tmp_path):
     from qrl.plot import draw
@@ -181,17 +188,21 @@ def _wandb_records(path: Path):
 NO_REDIS = "redis://127.0.0.1:1"  # none: these commands must stop before connecting
 
 
+def _without(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``qrl ARGS`` as if ``module`` were not installed."""
+    hide = f"import sys; sys.modules[{module!r}] = None; from qrl.cli import main; main()"
+    return subprocess.run(
+        [sys.executable, "-c", hide, *args], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+
+
 def test_track_without_wandb_is_one_line_before_anything_starts(tmp_path):
-    hide_wandb = "import sys; sys.modules['wandb'] = None; from qrl.cli import main; main()"
     learner = ["learner", "apex", "--redis", NO_REDIS, "--run", "x"]
     for args in (
         ["train", "es", "--run-dir", str(tmp_path / "run"), "--track"],
         [*learner, "--run-dir", str(tmp_path / "run"), "--track"],
     ):
-        out = subprocess.run(
-            [sys.executable, "-c", hide_wandb, *args],
-            capture_output=True, text=True, cwd=ROOT, timeout=60,
-        )  # fmt: skip
+        out = _without("wandb", *args)
         assert out.returncode == 1, out.stderr
         assert out.stderr.strip() == f"Error: {WANDB_MISSING}"
         assert not (tmp_path / "run").exists()
@@ -208,7 +219,7 @@ def test_hand_started_master_with_track_logs_to_wandb(redis_server, keys, tmp_pa
         "es", "master", "--run", keys.run, "--run-dir", str(run_dir), "--track",
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    worker = role("es", "worker", "--run", keys.run, "--max-steps", "20000")
+    worker = role("es", "worker", "--run", keys.run, "--max-steps", "5000")
     try:
         assert worker.wait(120) == 0
         time.sleep(2)  # the master's log catches up with the worker's last report
@@ -228,4 +239,4 @@ def test_hand_started_master_with_track_logs_to_wandb(redis_server, keys, tmp_pa
         for i in r.history.item
         if list(i.nested_key) == ["env_steps"]
     ]
-    assert steps == [int(r["env_steps"]) for r in rows] and steps[-1] >= 20000
+    assert steps == [int(r["env_steps"]) for r in rows] and steps[-1] >= 5000
