@@ -86,7 +86,8 @@ def open_sinks(
     run_dir: Path, tracking: Tracking, run: str | None = None, config: dict[str, Any] | None = None
 ) -> list[Sink]:
     """The sinks ``tracking`` asks for. TensorBoard missing is a one-line warning (metrics.csv
-    still gets everything); W&B missing is an error (``--track`` asked for it)."""
+    still gets everything); W&B missing is an error (``--track`` asked for it); W&B refusing
+    to start (not logged in, say) is one error line, and the run goes on without it."""
     sinks: list[Sink] = []
     if tracking.tensorboard:
         try:
@@ -95,5 +96,10 @@ def open_sinks(
             log.warning("tensorboard is not installed: metrics.csv only (pip install tensorboard)")
     if tracking.wandb:
         tracking.check()
-        sinks.append(WandbSink(run_dir, tracking, run, config or {}))
+        import wandb
+
+        try:
+            sinks.append(WandbSink(run_dir, tracking, run, config or {}))
+        except wandb.errors.Error as e:
+            log.error("W&B did not start, the run goes on without it: %s", e)
     return sinks
