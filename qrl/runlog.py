@@ -11,6 +11,7 @@ a learner or ES master started by hand does it with ``--run-dir`` (:func:`follow
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
 import reprlib
@@ -242,6 +243,10 @@ def follow(
                     time.sleep(1.0)
                     continue
                 out.write(progress)
+            with contextlib.suppress(redis.RedisError):  # what came before the stop, all of it
+                while msgs := reader.read():
+                    for msg in msgs:
+                        progress.fold(msg)
             out.write(progress, force=True)
 
     thread = threading.Thread(target=loop, name="qrl-runlog", daemon=True)

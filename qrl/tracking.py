@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
-WANDB_MISSING = "--track needs Weights & Biases: pip install 'qrl[wandb]'"
+WANDB_MISSING = "--track needs Weights & Biases: pip install 'qrl-rl[wandb]'"
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ def test_eval_video_writes_an_mp4_per_episode(run_dir, tmp_path):
     out = _without("moviepy", "eval", str(run_dir), "--video", str(tmp_path / "none"))
     assert (
         out.returncode == 1
-        and out.stderr == "Error: --video needs moviepy: pip install 'qrl[video]'\n"
+        and out.stderr == "Error: --video needs moviepy: pip install 'qrl-rl[video]'\n"
     )
     assert not (tmp_path / "none").exists()
 

@@ -229,7 +229,7 @@ def plot_cmd(run_dir: Path, out: Path | None) -> None:
     "video_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Record every episode as an MP4 in this directory (pip install 'qrl[video]').",
+    help="Record every episode as an MP4 in this directory (pip install 'qrl-rl[video]').",
 )
 @click.option(
     "--seed", type=int, default=12345, show_default=True, help="Episode I uses seed SEED+I."
@@ -247,7 +247,7 @@ def eval_cmd(
     from qrl.policy import load_policy
 
     if video_dir is not None and importlib.util.find_spec("moviepy") is None:
-        raise click.ClickException("--video needs moviepy: pip install 'qrl[video]'")
+        raise click.ClickException("--video needs moviepy: pip install 'qrl-rl[video]'")
     try:
         p = load_policy(source)
         env_id = env_id or p.env_id

@@ -222,7 +222,7 @@ track_options = stack(
     click.option(
         "--track",
         is_flag=True,
-        help="Also log the metrics to Weights & Biases (pip install 'qrl[wandb]'; "
+        help="Also log the metrics to Weights & Biases (pip install 'qrl-rl[wandb]'; "
         "WANDB_MODE=offline keeps them in RUN_DIR/wandb).",
     ),
     click.option(
