@@ -29,6 +29,7 @@ def r(redis_server) -> redis.Redis:
 
 
 @pytest.fixture
-def keys(request) -> RunKeys:
-    """A fresh run name per test, so tests never see each other's keys."""
+def keys(request, redis_server) -> RunKeys:
+    """A fresh run name per test, so tests never see each other's keys; in the session's
+    Redis (its URL is then in QRL_REDIS_URL), never one that happens to listen on 6379."""
     return RunKeys(f"t{next(_runs)}-{request.node.name[:40].replace('[', '-').strip(']')}")
