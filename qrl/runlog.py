@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import logging
+import math
 import reprlib
 import threading
 import time
@@ -52,8 +53,10 @@ COLUMNS: dict[str, str | None] = {
 MAX_COUNT = 10**15  # larger counters are not believed (their sums must fit TensorBoard's int64)
 
 
-def _r(x: float | None) -> float | None:
-    return None if x is None else round(x, 4)
+def _r(x: float | None, digits: int = 4) -> float | None:
+    """``x`` rounded; ``None`` if there is none or it is not finite (finite reports can still
+    add up past the largest float)."""
+    return None if x is None or not math.isfinite(x) else round(x, digits)
 
 
 @dataclass
@@ -141,9 +144,9 @@ class Progress:
         return {
             "time_s": round(time.monotonic() - self.start, 2),
             "env_steps": self.env_steps,
-            "env_steps_per_s": round(sum(self.actor_rate.values()), 1),
+            "env_steps_per_s": _r(sum(self.actor_rate.values()), 1),
             "updates": self.updates,
-            "updates_per_s": round(self.updates_per_s, 1),
+            "updates_per_s": _r(self.updates_per_s, 1),
             "replay_size": self.replay_size,
             "episodes": self.episodes,
             "episodic_return": _r(self.recent_return),

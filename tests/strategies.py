@@ -172,3 +172,36 @@ def weights(fitting: dict[str, np.ndarray]) -> st.SearchStrategy[dict]:
         st.text(max_size=8), st.floats() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=8)
     )
     return st.fixed_dictionaries({"params": fit | anything, "meta": meta})
+
+
+NUMBER = st.integers(-(2**63), 2**64 - 1) | st.floats()  # msgpack's numbers, NaN and inf too
+NAMES = st.sampled_from(["steps", "updates", "episode_returns", "loss", "size", "x"])
+VALUES = st.dictionaries(NAMES | st.text(max_size=8), NUMBER | st.lists(NUMBER, max_size=8))
+
+
+def metrics() -> st.SearchStrategy[dict]:
+    """A metrics report: any role, id, time and values the schema admits."""
+    return st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["actor", "learner", "replay", "worker", "master"]),
+            "id": ints(-INT_BOUND, INT_BOUND),
+            "time": st.floats(),
+            "values": VALUES,
+        }
+    )
+
+
+def heartbeat() -> st.SearchStrategy[dict]:
+    """A heartbeat: any role, id, host, pid, finite times and values the schema admits."""
+    finite = st.floats(allow_nan=False, allow_infinity=False)
+    return st.fixed_dictionaries(
+        {
+            "role": st.text(max_size=16),
+            "id": ints(-INT_BOUND, INT_BOUND),
+            "host": st.text(max_size=16),
+            "pid": ints(-INT_BOUND, INT_BOUND),
+            "started": finite,
+            "time": finite,
+            "values": VALUES,
+        }
+    )

@@ -8,6 +8,7 @@ once per module, not per example."""
 from __future__ import annotations
 
 import itertools
+import json
 import uuid
 from functools import partial
 
@@ -26,9 +27,12 @@ from qrl.connection import connect
 from qrl.keys import RunKeys
 from qrl.learners.es import ESMaster
 from qrl.learners.impala import ImpalaLearner, stack_unrolls
+from qrl.metrics import MetricsReader
 from qrl.models import QNetwork
 from qrl.replay.role import ReplayFiller
+from qrl.runlog import Progress
 from qrl.runs import create_run
+from qrl.status import collect
 from qrl.streams import FIELD, Entry
 from qrl.weights import WeightStore, module_arrays
 from tests import strategies as hs
@@ -227,3 +231,40 @@ def test_weights_reader_survives_hostile_weights(reader, client, msg):
     assert store.load_into(net, newer_than=v - 1) == v  # valid weights still load
     assert all(bool((p == 0.5).all()) for p in net.state_dict().values())
     assert torch.isfinite(net(torch.zeros(1, 4))).all()
+
+
+# -- the metrics reader (qrl train's progress) and qrl status's collection
+
+
+@pytest.fixture(scope="module")
+def metrics_run(client):
+    keys = RunKeys(f"hostile-metrics-{uuid.uuid4().hex[:8]}")
+    return keys, MetricsReader(client, keys), Progress()
+
+
+@hs.HOSTILE
+@given(msg=hs.metrics())
+def test_metrics_reader_and_progress_survive_hostile_reports(metrics_run, client, msg):
+    keys, reader, progress = metrics_run
+    client.xadd(keys.metrics, {FIELD: encode("metrics", msg)})
+    for m in reader.read():
+        progress.fold(m)
+    row = progress.row()
+    assert all(v is None or np.isfinite(v) for v in row.values())
+    before = progress.updates
+    valid = {"role": "learner", "id": 0, "time": 1.0, "values": {"updates": before + 1}}
+    client.xadd(keys.metrics, {FIELD: encode("metrics", valid)})
+    for m in reader.read():
+        progress.fold(m)
+    assert progress.updates == before + 1  # a valid report still counts
+
+
+@hs.HOSTILE
+@given(msg=hs.heartbeat())
+def test_status_collect_survives_hostile_heartbeats(client, msg):
+    keys = RunKeys("hostile-status")
+    client.set(keys.proc("x.0"), encode("heartbeat", msg), ex=60)
+    client.set(keys.proc("learner.0"), encode("heartbeat", {**msg, "role": "learner", "id": 0}))
+    st_ = collect(client, keys)
+    assert any(p["role"] == "learner" for p in st_["processes"])  # a valid one still shows
+    json.dumps(st_, allow_nan=False)  # plain, finite data (what --json prints)
