@@ -25,8 +25,6 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-import redis
-
 from qrl.algos import ALGOS
 from qrl.algos.base import RoleContext
 from qrl.checkpoint import CheckpointError
@@ -34,6 +32,7 @@ from qrl.codec import CodecError
 from qrl.connection import RedisUnavailable, connect, failure_exit
 from qrl.control import StopFlag, on_stop_signals
 from qrl.embedded import die_with_parent
+from qrl.ids import claim_id, hold_id
 from qrl.keys import RunKeys
 from qrl.loop import RoleFailed
 from qrl.loop import run_role as run_loop
@@ -77,11 +76,6 @@ def setup_logging(level: int, force: bool = True) -> None:
     )
 
 
-def next_id(client: redis.Redis, keys: RunKeys, role: str) -> int:
-    """The run's next free number for ``role`` (``--id auto``)."""
-    return int(client.hincrby(keys.ids, role, 1)) - 1
-
-
 def run_role(spec: RoleSpec) -> int:
     """Run the role of ``spec`` in this process until the run stops, a signal comes, or its
     limit is reached; returns how far its counter advanced. SIGINT/SIGTERM before the role
@@ -106,7 +100,11 @@ def run_role(spec: RoleSpec) -> int:
         cfg = load_run_config(client, keys, algo.name, algo.config)
     except (RedisUnavailable, RunNotFound, CodecError, ValueError) as e:
         raise LaunchError(str(e)) from e
-    ident = next_id(client, keys, roledef.name) if spec.ident == "auto" else int(spec.ident)
+    if spec.ident == "auto":
+        ident = claim_id(client, keys, roledef.name)
+    else:
+        ident = int(spec.ident)
+        hold_id(client, keys, roledef.name, ident)
     checkpoint = spec.checkpoint
     if checkpoint is None and spec.run_dir is not None:
         checkpoint = spec.run_dir / "checkpoint.pt"
