@@ -162,9 +162,9 @@ def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     wheel = _torch_wheel()
     if wheel is not None:
         settings["QRL_TORCH_WHEEL"] = wheel
-    cluster = Cluster("build", tmp_path_factory.mktemp("build"), Build(docker_env, settings, say))
+    cluster = Cluster("apex", tmp_path_factory.mktemp("build"), Build(docker_env, settings, say))
     t0 = time.monotonic()
-    cluster.compose("build", timeout=3600)
+    cluster.compose("build", timeout=3600)  # one image for every profile's services
     size = subprocess.run(
         ["docker", "image", "inspect", "qrl:latest", "--format", "{{.Size}}"],
         capture_output=True,
@@ -307,7 +307,7 @@ def test_apex_cluster_solves_survives_a_killed_actor_and_stops_cleanly(build, tm
         wait_for("the restart", lambda: inspect(victim, "{{.RestartCount}}") == "1", 60)
 
         def back() -> dict[str, Any] | None:
-            new = [p for p in c.processes() if p["host"] == host and p["pid"] != old["pid"]]
+            new = [p for p in c.processes() if p["host"] == host and p["started"] > old["started"]]
             return new[0] if new and c.live().get("actor") == {0, 1, 2, 3} else None
 
         new = wait_for("the restarted actor's heartbeat", back, 120)
