@@ -1,10 +1,11 @@
 """Process numbers of a run (``--id auto``) and the leases that keep them.
 
 A process holds its number by a lease, ``qrl:{RUN}:lease:ROLE.ID``: a string naming the
-holder (``HOST:PID:TOKEN``) with a short TTL that every heartbeat refreshes
-(:func:`qrl.status.beat`), and that a clean stop deletes. :func:`claim_id` gives a joining
-process the smallest number whose lease is free: one nobody holds, one whose holder stopped
-refreshing it for :data:`LEASE_TTL` seconds, or one held by a dead process of this host. So
+holder (``HOST:PID:TOKEN``) with a short TTL, kept alive by a thread of the process for as
+long as it runs (waiting for weights included) and deleted when it ends. :func:`claim_id`
+gives a joining process the smallest number whose lease is free: one nobody holds, one
+whose holder stopped keeping it for :data:`LEASE_TTL` seconds, or one held by a dead
+process of this host. So
 a restarted container (same host name, its old process gone) takes its own number back at
 once, and the numbers of a run (and with them the Ape-X actors' epsilons) stay within the
 count of processes it has, however often they restart.
@@ -16,16 +17,20 @@ is not running here is taken to be dead.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import secrets
 import socket
-from typing import Any
+import threading
 
 import redis
 
 from qrl.keys import RunKeys
 
-LEASE_TTL = 10  # seconds a number stays taken after its holder's last heartbeat
+log = logging.getLogger(__name__)
+
+LEASE_TTL = 10  # seconds a number stays taken after its holder last kept it alive
 _SCAN = 64  # leases read per round trip while looking for a free number
 
 # take KEYS[1] for ARGV[1] if it still holds ARGV[3] ('' = nothing); ARGV[2] = TTL
@@ -35,11 +40,14 @@ if cur ~= ARGV[3] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return 1
 """
-# refresh KEYS[1] for ARGV[2] seconds, or without ARGV[2] delete it, if ARGV[1] holds it
+# keep KEYS[1] for ARGV[1] another ARGV[2] seconds (taking it again if it ran out), unless
+# another holds it; without ARGV[2], delete it if ARGV[1] holds it
 _KEEP = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if ARGV[2] then return redis.call('EXPIRE', KEYS[1], ARGV[2]) end
-return redis.call('DEL', KEYS[1])
+local cur = redis.call('GET', KEYS[1])
+if cur and cur ~= ARGV[1] then return 0 end
+if not ARGV[2] then return redis.call('DEL', KEYS[1]) end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
 """
 
 _HOST = socket.gethostname()
@@ -69,7 +77,43 @@ def _dead_here(name: str) -> bool:
     return False
 
 
-def claim_id(client: redis.Redis, keys: RunKeys, role: str) -> int:
+class Lease:
+    """Number ``ident`` of ``role``, held by this process: a daemon thread keeps the lease
+    alive every third of its TTL until :meth:`release`."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys, role: str, ident: int) -> None:
+        self.client, self.key, self.ident, self.me = (
+            client,
+            keys.lease(role, ident),
+            ident,
+            holder(),
+        )
+        self._done = threading.Event()
+        self._thread = threading.Thread(
+            target=self._keep, name=f"lease-{role}.{ident}", daemon=True
+        )
+        self._thread.start()
+
+    def _keep(self) -> None:
+        lost = False
+        while not self._done.wait(LEASE_TTL / 3):
+            try:
+                kept = self.client.eval(_KEEP, 1, self.key, self.me, LEASE_TTL)
+            except redis.RedisError:
+                continue  # Redis away: the roles report it; the lease is taken again after
+            if not kept and not lost:
+                log.warning("%s is held by another process now", self.key)
+            lost = not kept
+
+    def release(self) -> None:
+        """Give the number back, if this process still holds it."""
+        self._done.set()
+        self._thread.join(timeout=5)
+        with contextlib.suppress(redis.RedisError):  # else it runs out by itself
+            self.client.eval(_KEEP, 1, self.key, self.me)
+
+
+def claim_id(client: redis.Redis, keys: RunKeys, role: str) -> Lease:
     """The smallest free number of ``role`` in the run, taken for this process."""
     take = client.register_script(_TAKE)
     me = holder()
@@ -81,20 +125,11 @@ def claim_id(client: redis.Redis, keys: RunKeys, role: str) -> int:
             if (not current or _dead_here(current)) and take(
                 keys=[keys.lease(role, ident)], args=[me, LEASE_TTL, current]
             ):
-                return ident
+                return Lease(client, keys, role, ident)
         start += _SCAN
 
 
-def hold_id(client: redis.Redis, keys: RunKeys, role: str, ident: int) -> None:
+def hold_id(client: redis.Redis, keys: RunKeys, role: str, ident: int) -> Lease:
     """Take number ``ident`` of ``role`` (an explicit ``--id``), whoever holds it."""
     client.set(keys.lease(role, ident), holder(), ex=LEASE_TTL)
-
-
-def refresh(pipe: Any, keys: RunKeys, role: str, ident: int) -> None:
-    """Queue the refresh of this process's lease on ``pipe`` (with its heartbeat)."""
-    pipe.eval(_KEEP, 1, keys.lease(role, ident), holder(), LEASE_TTL)
-
-
-def release(client: redis.Redis, keys: RunKeys, role: str, ident: int) -> None:
-    """Give the number back (a clean stop), if this process still holds it."""
-    client.eval(_KEEP, 1, keys.lease(role, ident), holder())
+    return Lease(client, keys, role, ident)

@@ -20,10 +20,13 @@ import multiprocessing
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+import redis
 
 from qrl.algos import ALGOS
 from qrl.algos.base import RoleContext
@@ -101,10 +104,28 @@ def run_role(spec: RoleSpec) -> int:
     except (RedisUnavailable, RunNotFound, CodecError, ValueError) as e:
         raise LaunchError(str(e)) from e
     if spec.ident == "auto":
-        ident = claim_id(client, keys, roledef.name)
+        lease = claim_id(client, keys, roledef.name)
     else:
-        ident = int(spec.ident)
-        hold_id(client, keys, roledef.name, ident)
+        lease = hold_id(client, keys, roledef.name, int(spec.ident))
+    try:
+        return _run(spec, client, opener, keys, cfg, lease.ident, stopping, running)
+    finally:
+        lease.release()
+
+
+def _run(
+    spec: RoleSpec,
+    client: redis.Redis,
+    opener: Callable[[], redis.Redis],
+    keys: RunKeys,
+    cfg: Any,
+    ident: int,
+    stopping: threading.Event,
+    running: threading.Event,
+) -> int:
+    """Make the role of ``spec`` as process ``ident`` and run it in the role loop."""
+    algo = ALGOS[spec.algo]
+    roledef = algo.role(spec.role)
     checkpoint = spec.checkpoint
     if checkpoint is None and spec.run_dir is not None:
         checkpoint = spec.run_dir / "checkpoint.pt"

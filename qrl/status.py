@@ -17,7 +17,6 @@ import numpy as np
 import redis
 
 from qrl.codec import CodecError, Field, Schema, decode, encode
-from qrl.ids import refresh, release
 from qrl.keys import RunKeys
 
 STALE_AFTER = 10.0  # seconds without a heartbeat before a process is flagged
@@ -61,13 +60,11 @@ def beat(pipe: Any, keys: RunKeys, role: str, ident: int, now: float, values: di
         },
     )
     pipe.set(keys.proc(proc_name(role, ident)), payload, ex=HEARTBEAT_TTL)
-    refresh(pipe, keys, role, ident)
 
 
 def leave(client: redis.Redis, keys: RunKeys, role: str, ident: int) -> None:
-    """Remove this process's heartbeat and give its number back (it stopped cleanly)."""
+    """Remove this process's heartbeat (it stopped cleanly)."""
     client.delete(keys.proc(proc_name(role, ident)))
-    release(client, keys, role, ident)
 
 
 # --------------------------------------------------------------------------- collect

@@ -1,5 +1,6 @@
-"""Process numbers (``--id auto``): the smallest free number, taken back from a dead
-holder of this host at once and from any other after its lease ran out."""
+"""Process numbers (``--id auto``): the smallest free number, kept alive while its process
+runs, taken back from a dead holder of this host at once and from any other after its lease
+ran out."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ import sys
 import time
 
 from qrl import ids
-from qrl.ids import LEASE_TTL, claim_id, hold_id, holder, release
-from qrl.metrics import report
-from qrl.status import leave
+from qrl.ids import LEASE_TTL, claim_id, hold_id, holder
 
 
 def dead_pid() -> int:
@@ -21,19 +20,19 @@ def dead_pid() -> int:
 
 
 def test_numbers_count_up_from_zero_per_role(r, keys):
-    assert [claim_id(r, keys, "actor") for _ in range(3)] == [0, 1, 2]
-    assert claim_id(r, keys, "worker") == 0
+    leases = [claim_id(r, keys, "actor") for _ in range(3)]
+    assert [lease.ident for lease in leases] == [0, 1, 2]
+    assert claim_id(r, keys, "worker").ident == 0
     assert r.get(keys.lease("actor", 1)).decode() == holder()
     assert 0 < r.ttl(keys.lease("actor", 1)) <= LEASE_TTL
 
 
 def test_a_released_number_is_taken_again(r, keys):
-    for _ in range(3):
-        claim_id(r, keys, "actor")
-    release(r, keys, "actor", 1)
+    leases = [claim_id(r, keys, "actor") for _ in range(3)]
+    leases[1].release()
     assert r.get(keys.lease("actor", 1)) is None
-    assert claim_id(r, keys, "actor") == 1
-    assert claim_id(r, keys, "actor") == 3
+    assert claim_id(r, keys, "actor").ident == 1
+    assert claim_id(r, keys, "actor").ident == 3
 
 
 def test_a_dead_holder_of_this_host_gives_its_number_back_at_once(r, keys):
@@ -42,29 +41,36 @@ def test_a_dead_holder_of_this_host_gives_its_number_back_at_once(r, keys):
     r.set(keys.lease("actor", 1), f"{host}:1:ab", ex=LEASE_TTL)  # alive (init)
     r.set(keys.lease("actor", 2), f"other-host:{dead_pid()}:ab", ex=LEASE_TTL)  # unknown
     r.set(keys.lease("actor", 3), f"{host}:{pid}:ab", ex=LEASE_TTL)  # this pid, before
-    assert claim_id(r, keys, "actor") == 0  # its process died
-    assert claim_id(r, keys, "actor") == 3  # a restarted container whose process has its pid
-    assert claim_id(r, keys, "actor") == 4
+    assert claim_id(r, keys, "actor").ident == 0  # its process died
+    assert claim_id(r, keys, "actor").ident == 3  # a restarted container's process, same pid
+    assert claim_id(r, keys, "actor").ident == 4
 
 
-def test_a_live_holders_lease_outlives_its_ttl_through_heartbeats(r, keys, monkeypatch):
+def test_a_lease_lives_while_its_process_does(r, keys, monkeypatch):
     monkeypatch.setattr(ids, "LEASE_TTL", 1)
-    assert claim_id(r, keys, "actor") == 0
-    for _ in range(3):  # 1.5 s: past the TTL, refreshed by the reports
-        report(r, keys, "actor", 0, steps=1)
-        time.sleep(0.5)
-    r.set(keys.lease("actor", 0), "other-host:1", xx=True, keepttl=True)  # as if another took it
-    report(r, keys, "actor", 0, steps=1)  # does not refresh a lease it no longer holds
-    time.sleep(1.2)
-    assert r.get(keys.lease("actor", 0)) is None  # expired: free again
-    assert claim_id(r, keys, "actor") == 0
+    lease = claim_id(r, keys, "actor")
+    time.sleep(2.5)  # past its TTL: kept alive
+    assert r.get(keys.lease("actor", 0)).decode() == holder()
+    r.delete(keys.lease("actor", 0))  # as if Redis had lost it: taken again
+    time.sleep(1)
+    assert r.get(keys.lease("actor", 0)).decode() == holder()
+    r.set(keys.lease("actor", 0), "other-host:1:ab", ex=2)  # another took it: left alone
+    time.sleep(1)
+    assert r.get(keys.lease("actor", 0)) == b"other-host:1:ab"
+    lease.release()  # not its holder any more: the other's lease stays
+    assert r.get(keys.lease("actor", 0)) == b"other-host:1:ab"
+    r.delete(keys.lease("actor", 0))
+    lease = claim_id(r, keys, "actor")
+    lease.release()
+    time.sleep(0.5)  # no thread keeps it after the release
+    assert lease.ident == 0 and r.get(keys.lease("actor", 0)) is None
 
 
-def test_an_explicit_number_is_held_and_a_clean_stop_frees_it(r, keys):
-    hold_id(r, keys, "actor", 0)
-    assert claim_id(r, keys, "actor") == 1
-    leave(r, keys, "actor", 0)
-    assert claim_id(r, keys, "actor") == 0
-    r.set(keys.lease("actor", 1), "other-host:5", ex=LEASE_TTL)
-    leave(r, keys, "actor", 1)  # not its holder any more: the lease stays
-    assert r.get(keys.lease("actor", 1)) == b"other-host:5"
+def test_an_explicit_number_is_held_and_released(r, keys):
+    explicit = hold_id(r, keys, "actor", 0)
+    assert claim_id(r, keys, "actor").ident == 1
+    explicit.release()
+    assert claim_id(r, keys, "actor").ident == 0
+    r.set(keys.lease("actor", 1), "other-host:5:ab", ex=LEASE_TTL)
+    hold_id(r, keys, "actor", 1).release()  # held, then released
+    assert r.get(keys.lease("actor", 1)) is None
