@@ -25,11 +25,11 @@ ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/qrl PATH=/opt/qrl/bin:$PATH
 COPY --from=torch /opt/qrl /opt/qrl
 
-# qrl with TensorBoard (the learners write event files next to metrics.csv)
+# qrl (TensorBoard comes with it: the learners write event files next to metrics.csv)
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY qrl ./qrl
-RUN pip install ".[tensorboard]" && rm -rf /src
+RUN pip install . && rm -rf /src
 
 # not root; /runs (checkpoints) is a volume in docker-compose.yml and takes this owner
 RUN useradd --create-home --uid 1000 qrl && mkdir /runs && chown qrl:qrl /runs

@@ -4,9 +4,9 @@
 processes ready (torch, gymnasium and the algorithm's actor and learner modules imported)
 depends on the start method:
 
-* ``fork``: the parent imports everything first and forks (the children inherit it). Fast,
-  but the children inherit the parent's threads and connections.
-* ``forkserver`` (qrl's choice): a server process imports :data:`qrl.launch.PRELOAD` once,
+* ``fork`` (qrl's choice while the parent has no thread): the parent imports everything
+  first and forks; the children inherit the imports.
+* ``forkserver``: a server process imports :data:`qrl.launch.PRELOAD` once,
   while the parent goes on; each child is forked from that clean server.
 * ``spawn``: every child is a fresh interpreter that imports everything itself.
 
@@ -29,11 +29,15 @@ METHODS = ("fork", "forkserver", "spawn")
 ROLE_MODULES = ("qrl.actors.apex", "qrl.learners.apex", "qrl.replay.role")
 
 
-def _child(q, t0: float) -> None:  # noqa: ANN001
+def _child(q, t0: float, learner: bool) -> None:  # noqa: ANN001
     import importlib
 
     for m in ROLE_MODULES:
         importlib.import_module(m)
+    if learner:  # a learner's first optimizer imports torch._dynamo
+        import torch
+
+        torch.optim.Adam(torch.nn.Linear(2, 2).parameters())
     q.put(time.time() - t0)
 
 
@@ -42,17 +46,22 @@ def measure(method: str, n: int, t0: float) -> None:
     import importlib
     import multiprocessing as mp
 
-    if method == "forkserver":
-        from qrl.launch import process_context
+    if method == "forkserver":  # started first: the server preloads while the parent imports
+        from multiprocessing import forkserver
 
-        ctx = process_context()  # as qrl train: the server preloads while we go on
+        from qrl.launch import PRELOAD
+
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        forkserver.ensure_running()
     else:
         ctx = mp.get_context(method)
-    if method == "fork":  # as qrl train did before: import everything, then fork
+    importlib.import_module("qrl.train")  # what the parent of qrl train imports itself
+    if method == "fork":  # as qrl train: import everything, then fork
         for m in ROLE_MODULES:
             importlib.import_module(m)
     q = ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(q, t0)) for _ in range(n)]
+    procs = [ctx.Process(target=_child, args=(q, t0, i == 0)) for i in range(n)]
     for p in procs:
         p.start()
     ready = sorted(q.get() for _ in procs)

@@ -1,3 +1,15 @@
 """qrl: Redis-backed distributed reinforcement learning (Ape-X, IMPALA, Evolution Strategies)."""
 
 __version__ = "0.1.0"
+
+
+def load_policy(path):  # type: ignore[no-untyped-def]
+    """The trained (greedy) policy in a run directory or checkpoint file: ``.predict(obs)``
+    for one observation or a batch, ``.algo``, ``.config``, ``.env_id``
+    (:func:`qrl.policy.load_policy`; imports torch when called, not when qrl is imported)."""
+    from qrl.policy import load_policy
+
+    return load_policy(path)
+
+
+__all__ = ["__version__", "load_policy"]

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 import time
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote
 
 import redis
 from redis.backoff import AbstractBackoff, ExponentialBackoff
+from redis.connection import parse_url
 from redis.exceptions import AuthenticationError, NoPermissionError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -19,6 +21,8 @@ from redis.retry import Retry
 log = logging.getLogger(__name__)
 
 ENV_URL = "QRL_REDIS_URL"
+ENV_PASSWORD = "QRL_REDIS_PASSWORD"
+ENV_PASSWORD_FILE = "QRL_REDIS_PASSWORD_FILE"
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -46,6 +50,15 @@ def redis_deadline() -> float:
 _outages: dict[str, float] = {}
 _outage_lock = threading.Lock()
 os.register_at_fork(after_in_child=_outages.clear)
+_stopping = threading.Event()
+os.register_at_fork(after_in_child=_stopping.clear)
+
+
+def stop_waiting() -> None:
+    """This process is stopping: from now on a lost Redis is not waited for, a failing
+    command raises :class:`RedisUnavailable` at once (so a role asked to stop while Redis
+    is away writes its checkpoint and ends instead of retrying until the deadline)."""
+    _stopping.set()
 
 
 class DeadlineBackoff(AbstractBackoff):
@@ -61,6 +74,7 @@ class DeadlineBackoff(AbstractBackoff):
 
     def __init__(self, url: str, deadline: float) -> None:
         self.url, self.deadline = redact(url), deadline
+        self._full_url = url  # only to take its secrets out of error messages
         self._exp = ExponentialBackoff(cap=2.0, base=0.05)
         self._local = threading.local()
 
@@ -85,6 +99,7 @@ class DeadlineBackoff(AbstractBackoff):
         error = sys.exc_info()[1]  # the failure being retried (we run in redis-py's except)
         if isinstance(error, AuthenticationError):
             raise error
+        what = redact_text(str(error), self._full_url)
         now = time.monotonic()
         self._local.armed = False
         if failures == 1 or getattr(self._local, "since", None) is None:
@@ -95,14 +110,20 @@ class DeadlineBackoff(AbstractBackoff):
                     log.warning(
                         "Redis at %s not answering (%s); retrying with backoff for up to %.0fs",
                         self.url,
-                        error,
+                        what,
                         self.deadline,
                     )
+        if _stopping.is_set():
+            self._local.since = None
+            raise RedisUnavailable(
+                f"Redis at {self.url} is not answering ({what}) and this process is stopping: "
+                "not waiting for it"
+            ) from error
         if now - self._local.since > self.deadline:
             self._local.since = None
             raise RedisUnavailable(
                 f"Redis at {self.url} has not answered for {self.deadline:.0f}s "
-                f"({error}); giving up (set {ENV_DEADLINE} to wait longer)"
+                f"({what}); giving up (set {ENV_DEADLINE} to wait longer)"
             ) from error
         return self._exp.compute(failures)
 
@@ -125,16 +146,91 @@ def default_url() -> str:
     return os.environ.get(ENV_URL) or DEFAULT_URL
 
 
+# a query parameter that carries a secret: password=, ssl_password=, ...
+_QUERY_SECRET = re.compile(r"(?i)([?&;][^=&#;]*password=)[^&;]*")  # to the next parameter
+
+
+def _userinfo(url: str) -> tuple[str, str, str] | None:
+    """``(scheme://, userinfo, @rest)`` of ``url``, or None if it has no userinfo. The
+    userinfo runs to the *last* ``@``, so a password with ``#``, ``/``, ``?`` or ``@`` in
+    it (which a URL should percent-encode, but people do not) is never cut short."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return None
+    userinfo, _, host = rest.rpartition("@")
+    return scheme + sep, userinfo, "@" + host
+
+
+_USER = re.compile(r"[\w.~%!$&'()*+,;=-]*")  # what a user name in a URL may hold
+
+
+def _user_and_secret(userinfo: str) -> tuple[str | None, str]:
+    """A userinfo's user name (None where there is none to show: no ``:``, or a "name" with
+    characters a user name cannot have, so really part of the password) and its secret."""
+    user, colon, password = userinfo.partition(":")
+    if colon and _USER.fullmatch(user):
+        return user, password
+    return None, userinfo
+
+
+def _secrets(url: str) -> list[str]:
+    """What in ``url`` is secret, longest first: the password of its userinfo (as written,
+    decoded, and its pieces between URL delimiters) and ``password=`` query values."""
+    found = [m.group(0).split("=", 1)[1] for m in _QUERY_SECRET.finditer(url)]
+    parts = _userinfo(_QUERY_SECRET.sub(r"\1***", url))  # as redact() reads it
+    if parts is not None:
+        password = _user_and_secret(parts[1])[1]
+        found += [password, unquote(password), *re.split(r"[#/?@:&=]", password)]
+    return sorted({s for s in found if len(s) >= 3 and s != "***"}, key=len, reverse=True)
+
+
+def _scrub(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
+
+
 def redact(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """``url`` without its secrets, for logs and messages: any ``password=`` query parameter
+    becomes ``***``, and so does the password of the userinfo (``redis://user:***@host:6379/0``;
+    a userinfo that is not ``name:password`` may be a password: all of it)."""
+    out = _QUERY_SECRET.sub(r"\1***", url)
+    parts = _userinfo(out)
+    if parts is not None:
+        scheme, userinfo, rest = parts
+        user = _user_and_secret(userinfo)[0]
+        out = f"{scheme}***{rest}" if user is None else f"{scheme}{user}:***{rest}"
+    return _scrub(out, _secrets(url))  # whatever an unencoded password left behind
+
+
+def redact_text(text: str, url: str) -> str:
+    """``text`` (e.g. an error message about ``url``) with ``url`` redacted and every piece
+    of its secrets that may have leaked into it (a URL parser that misread an unencoded
+    password reports its pieces as host or port) replaced by ``***``."""
+    return _scrub(text.replace(url, redact(url)), _secrets(url))
+
+
+def env_password() -> str | None:
+    """The Redis password from ``QRL_REDIS_PASSWORD``, else from the file that
+    ``QRL_REDIS_PASSWORD_FILE`` names (e.g. a docker secret), else None. Either keeps it
+    out of the command line, where anyone on the machine can read it (``ps``)."""
+    password = os.environ.get(ENV_PASSWORD)
+    if password:
+        return password
+    path = os.environ.get(ENV_PASSWORD_FILE)
+    return read_password_file(path) if path else None
+
+
+def read_password_file(path: str | os.PathLike[str]) -> str:
+    """The password in a file: its first line, without the line end."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            password = f.readline().rstrip("\r\n")
+    except OSError as e:
+        raise RedisUnavailable(f"cannot read the password file {path}: {e.strerror}") from None
+    if not password:
+        raise RedisUnavailable(f"the password file {path} is empty")
+    return password
 
 
 def connect(
@@ -154,7 +250,12 @@ def connect(
     """
     url = url or default_url()
     backoff = DeadlineBackoff(url, wait)  # the first PING waits at most ``wait``
+    options: dict[str, object] = {}
+    if url.startswith("rediss://"):
+        options["ssl_check_hostname"] = True  # unless the URL says ?ssl_check_hostname=false
     try:
+        if "password" not in parse_url(url) and (password := env_password()):
+            options["password"] = password
         client = redis.Redis.from_url(
             url,
             retry=Retry(backoff, -1, (RedisConnectionError, RedisTimeoutError, OSError)),
@@ -162,16 +263,17 @@ def connect(
             socket_timeout=socket_timeout,
             socket_connect_timeout=5.0,
             health_check_interval=30,
+            **options,
         )
     except ValueError as e:
-        raise RedisUnavailable(f"bad Redis URL {redact(url)!r}: {e}") from e
+        raise RedisUnavailable(f"bad Redis URL {redact(url)!r}: {redact_text(str(e), url)}") from e
     try:
         client.ping()
     except (RedisUnavailable, RedisConnectionError, RedisTimeoutError, OSError) as e:
         cause = e.__cause__ or e
         raise RedisUnavailable(
-            f"cannot reach Redis at {redact(url)}: {cause}. Start one with `qrl redis`, "
-            f"pass --redis URL, or set {ENV_URL}."
+            f"cannot reach Redis at {redact(url)}: {redact_text(str(cause), url)}. Start one "
+            f"with `qrl redis`, pass --redis URL, or set {ENV_URL}."
         ) from e
     backoff.deadline = redis_deadline() if deadline is None else deadline
     return client

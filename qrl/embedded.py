@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import ipaddress
 import logging
 import os
 import shutil
@@ -20,8 +21,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
+
+from qrl.connection import redact
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,27 @@ def signal_on_parent_death(sig: int = signal.SIGTERM) -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
 
 
+def is_loopback(bind: str) -> bool:
+    """True if every address in ``bind`` (redis-server's ``--bind``: addresses separated by
+    spaces) is a loopback address, reachable only from this machine."""
+    addresses = bind.split()
+
+    def loopback(address: str) -> bool:
+        try:
+            return ipaddress.ip_address(address.removeprefix("-")).is_loopback
+        except ValueError:
+            return address == "localhost"
+
+    return bool(addresses) and all(map(loopback, addresses))
+
+
+def _config_string(text: str) -> str:
+    """``text`` as a double-quoted redis.conf string (every byte but letters and digits as
+    ``\\xHH``), so any password reads back exactly."""
+    escaped = "".join(chr(b) if bytes([b]).isalnum() else f"\\x{b:02x}" for b in text.encode())
+    return f'"{escaped}"'
+
+
 def die_with_parent() -> None:
     """For ``preexec_fn``: the child gets SIGTERM when its parent dies (Linux) and has its own
     process group, so a terminal's Ctrl-C reaches the parent, which stops it in order."""
@@ -73,8 +98,11 @@ class EmbeddedRedis:
     """A ``redis-server`` child process. Use as a context manager or call start()/stop().
 
     ``appendonly=True`` turns on AOF persistence in ``data_dir`` (a temporary directory by
-    default, removed on stop). ``password`` sets ``requirepass``. Extra ``redis-server``
-    arguments may be given as ``args``.
+    default, removed on stop). ``password`` sets ``requirepass``; it reaches the server in a
+    private config file, not its command line (which ``ps`` shows to everyone). Binding to
+    anything but loopback without a password is refused: anyone who can reach the port
+    could read and write every run. Extra ``redis-server`` arguments may be given as
+    ``args``.
     """
 
     def __init__(
@@ -99,14 +127,29 @@ class EmbeddedRedis:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __repr__(self) -> str:
-        return f"EmbeddedRedis({self.url!r})"
+        return f"EmbeddedRedis({redact(self.url)!r})"
 
     @property
     def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}{self.host}:{self.port}/0"
+        """The URL to connect with, password included (keep it out of logs)."""
+        return self._url(f":{quote(self.password, safe='')}@" if self.password else "")
+
+    @property
+    def address(self) -> str:
+        """The URL without the password: what may be printed and logged."""
+        return self._url("")
+
+    def _url(self, auth: str) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"redis://{auth}{host}:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
+        if not self.password and not is_loopback(self.host):
+            raise ValueError(
+                f"refusing to bind redis-server to {self.host} without a password: anyone "
+                "who can reach it could read and write every run (set QRL_REDIS_PASSWORD "
+                "or pass --password-file FILE)"
+            )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
             self.binary,
@@ -120,17 +163,31 @@ class EmbeddedRedis:
             "--logfile", str(self.data_dir / "redis.log"),
             "--loglevel", "warning",
         ]  # fmt: skip
-        if self.password:
-            cmd += ["--requirepass", self.password]
         cmd += list(self.args)
-        self.proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,  # noqa: PLW1509
-        )
-        atexit.register(self.stop)
+        conf = None
+        if self.password:  # in a file only this user can read, gone once the server is up
+            fd, conf = tempfile.mkstemp(prefix="qrl-redis-", suffix=".conf")
+            with os.fdopen(fd, "w") as f:
+                f.write(f"requirepass {_config_string(self.password)}\n")
+            cmd.insert(1, conf)  # the config file comes first, then the options
+        try:
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,  # noqa: PLW1509
+            )
+            atexit.register(self.stop)
+            self._wait_ready(timeout)
+        finally:
+            if conf is not None:
+                os.unlink(conf)
+        log.debug("embedded redis-server %s at %s", self.binary, self.address)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self.proc is not None
         client = redis.Redis(
             host=self.host, port=self.port, password=self.password, socket_connect_timeout=1
         )
@@ -149,8 +206,6 @@ class EmbeddedRedis:
                     raise RuntimeError(f"redis-server on port {self.port} did not answer") from None
                 time.sleep(0.02)
         client.close()
-        log.debug("embedded redis-server %s at %s", self.binary, self.url)
-        return self
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL) and remove its temporary directory."""

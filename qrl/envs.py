@@ -18,27 +18,56 @@ def find_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     return gym.spec(env_id)
 
 
+def action_kind(space: gym.Space) -> str:
+    """``discrete``, ``continuous`` (a Box) or the space's class name."""
+    if isinstance(space, gym.spaces.Discrete):
+        return "discrete"
+    if isinstance(space, gym.spaces.Box):
+        return "continuous"
+    return type(space).__name__
+
+
+def check_env(env_id: str, algo: str, actions: frozenset[str]) -> None:
+    """Make ``env_id`` once; raise ``ValueError`` (one line) if it cannot be made (with
+    gymnasium's suggestion for a near miss) or its actions are not of a kind in ``actions``."""
+    try:
+        env = make_env(env_id)
+    except (gym.error.Error, ImportError, RuntimeError, ValueError) as e:
+        msg = str(e).removeprefix(f"cannot make environment {env_id!r}: ")
+        raise ValueError(f"environment {env_id!r}: {msg}") from None
+    try:
+        kind = action_kind(env.action_space)
+        if kind not in actions:
+            raise ValueError(
+                f"{env_id} has {kind} actions ({env.action_space}); {algo} needs "
+                f"{' or '.join(sorted(actions))} actions"
+            )
+    finally:
+        env.close()
+
+
 def is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/") or "NoFrameskip" in env_id
 
 
-def make_env(env_id: str, seed: int | None = None) -> gym.Env:
+def make_env(env_id: str, seed: int | None = None, render_mode: str | None = None) -> gym.Env:
     """One environment. Atari ids (``ALE/...``) get the standard DQN preprocessing: no-op
-    starts, frame skip 4 with max-pooling, 84x84 grayscale uint8, a stack of 4 frames."""
+    starts, frame skip 4 with max-pooling, 84x84 grayscale uint8, a stack of 4 frames.
+    ``render_mode`` is gymnasium's (``"rgb_array"`` to record video)."""
     if is_atari(env_id):
         try:
             import ale_py
         except ImportError as e:  # pragma: no cover - depends on the install
-            raise RuntimeError("Atari needs `pip install qrl[atari]` (ale-py, opencv)") from e
+            raise RuntimeError("Atari needs `pip install 'qrl-rl[atari]'` (ale-py, opencv)") from e
         gym.register_envs(ale_py)
-        env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0)
+        env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0, render_mode=render_mode)
         env = gym.wrappers.AtariPreprocessing(
             env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30
         )
         env = gym.wrappers.FrameStackObservation(env, 4)
     else:
         try:
-            env = gym.make(env_id)
+            env = gym.make(env_id, render_mode=render_mode)
         except gym.error.Error as e:
             raise ValueError(f"cannot make environment {env_id!r}: {e}") from e
     if seed is not None:

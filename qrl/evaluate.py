@@ -1,8 +1,11 @@
-"""Evaluation: play whole episodes with a fixed policy and report the mean return."""
+"""Evaluation: play whole episodes with a fixed policy and report their returns."""
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -16,11 +19,31 @@ def evaluate(
     episodes: int = 10,
     seed: int = 10_000,
     max_steps: int = 100_000,
+    video_dir: Path | None = None,
 ) -> list[float]:
     """Run ``episodes`` episodes in parallel (one env each, seeds ``seed + i``) with
-    ``policy`` (a batch of observations -> a batch of actions); returns their returns."""
+    ``policy`` (a batch of observations -> a batch of actions); returns their returns.
+    With ``video_dir``, each episode is recorded there as ``episode-I-episode-0.mp4``
+    (gymnasium's ``RecordVideo``, which needs moviepy)."""
+
+    def make(i: int) -> gym.Env:
+        if video_dir is None:
+            return make_env(env_id)
+        with warnings.catch_warnings():
+            if i > 0:  # the folder exists because episode 0 made it
+                warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+            return gym.wrappers.RecordVideo(
+                make_env(env_id, render_mode="rgb_array"),
+                str(video_dir),
+                episode_trigger=lambda n: n == 0,  # the env's first episode, the one that counts
+                name_prefix=f"episode-{i}",
+            )
+
+    if video_dir is not None:
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # frames as arrays: no display
+
     envs = gym.vector.SyncVectorEnv(
-        [lambda: make_env(env_id) for _ in range(episodes)],
+        [lambda i=i: make(i) for i in range(episodes)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     try:
@@ -36,3 +59,27 @@ def evaluate(
         return returns.tolist()
     finally:
         envs.close()
+
+
+def _signature(space: gym.Space) -> str:
+    """What a policy depends on: the kind, shape and dtype (and the number of actions)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return f"Discrete({space.n})"
+    return f"{type(space).__name__} of shape {space.shape}, {space.dtype}"
+
+
+def check_same_spaces(trained_on: str, env_id: str) -> None:
+    """Raise ``ValueError`` (one line) unless ``env_id`` has the observation and action
+    spaces (kind, shape, dtype, number of actions) of ``trained_on``."""
+    envs = [make_env(trained_on), make_env(env_id)]
+    try:
+        for what in ("observation_space", "action_space"):
+            a, b = (getattr(e, what) for e in envs)
+            if _signature(a) != _signature(b):
+                raise ValueError(
+                    f"{env_id} does not fit a policy trained on {trained_on}: its "
+                    f"{what.replace('_', ' ')} is {_signature(b)}, the policy's {_signature(a)}"
+                )
+    finally:
+        for e in envs:
+            e.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")  # the whole name: fullmatch
 
 
 _KEY = re.compile(r"^qrl:\{([A-Za-z0-9][A-Za-z0-9_.\-]{0,63})\}:")
@@ -22,7 +22,7 @@ def _glob_escape(text: str) -> str:
 
 def check_run_name(run: str) -> str:
     """Return ``run`` if it is a valid run name (letters, digits, ``_.-``, at most 64)."""
-    if not isinstance(run, str) or not _RUN_NAME.match(run):
+    if not isinstance(run, str) or not _RUN_NAME.fullmatch(run):
         raise ValueError(
             f"invalid run name {run!r}: use 1-64 letters, digits, '_', '.' or '-', "
             "starting with a letter or digit"

@@ -7,10 +7,10 @@ run's config from Redis (all a joining process needs is the URL and the run name
 process number, asks the algorithm's builder to make the role and runs it in the one role
 loop (:func:`qrl.loop.run_role`). :func:`start_process` runs a spec in a child process.
 
-Child processes start with ``forkserver``: a server process imports torch, gymnasium and
-qrl once, and every role process is forked from it, so a role starts in milliseconds
-without inheriting ``qrl train``'s threads or Redis connections (docs/benchmarks.md has the
-start-up cost of fork, forkserver and spawn).
+Child processes are forked while the parent has no thread, no torch op run and no open
+Redis connection, so they inherit torch's imports and nothing live; a parent with threads
+gets ``forkserver`` instead (:func:`process_context`; docs/benchmarks.md has the start-up
+cost of fork, forkserver and spawn).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -30,9 +31,8 @@ import redis
 
 from qrl.algos import ALGOS
 from qrl.algos.base import RoleContext
-from qrl.checkpoint import CheckpointError
 from qrl.codec import CodecError
-from qrl.connection import RedisUnavailable, connect, failure_exit
+from qrl.connection import RedisUnavailable, connect, failure_exit, stop_waiting
 from qrl.control import StopFlag, on_stop_signals
 from qrl.embedded import die_with_parent
 from qrl.ids import claim_id, hold_id
@@ -40,11 +40,20 @@ from qrl.keys import RunKeys
 from qrl.loop import RoleFailed
 from qrl.loop import run_role as run_loop
 from qrl.runs import RunNotFound, load_run_config
+from qrl.tracking import Tracking
 
 log = logging.getLogger(__name__)
 
-# what the process server imports once, before it forks role processes
-PRELOAD = ["torch", "gymnasium", "qrl.launch", "qrl.actors.base", "qrl.learners.base"]
+# what the process server imports once, before it forks role processes (torch._dynamo: what
+# a learner's first torch.optim optimizer imports, 1.4 s here, paid once instead of per learner)
+PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "gymnasium",
+    "qrl.launch",
+    "qrl.actors.base",
+    "qrl.learners.base",
+]
 
 
 class LaunchError(RuntimeError):
@@ -67,6 +76,7 @@ class RoleSpec:
     run_dir: Path | None = None  # a learner writes metrics.csv and TensorBoard files here
     checkpoint_every: float = 60.0
     redis_deadline: float | None = None
+    tracking: Tracking | None = None  # where a learner with run_dir sends metrics besides CSV
 
 
 def setup_logging(level: int, force: bool = True) -> None:
@@ -91,6 +101,7 @@ def run_role(spec: RoleSpec) -> int:
 
     def on_signal() -> None:
         stopping.set()
+        stop_waiting()  # a lost Redis must not keep the final checkpoint waiting
         if not running.is_set():
             sys.exit(0)  # imports, waiting for Redis: nothing to finish
 
@@ -132,18 +143,19 @@ def _run(
     ctx = RoleContext(client, opener, keys, cfg, ident, spec.device, spec.threads, checkpoint)
     try:
         role = roledef.make(ctx)
-    except (CheckpointError, RuntimeError, ValueError) as e:
+    except (RuntimeError, ValueError) as e:  # CheckpointError is a ValueError
         raise LaunchError(str(e)) from e
     log.info(
-        "%s %d of run %r (%s on %s), pid %d", roledef.name, ident, spec.run, algo.name, cfg.env,
-        os.getpid(),
+        "%s %d of run %r (%s on %s, config %s), pid %d on %s", roledef.name, ident, spec.run,
+        algo.name, cfg.env, cfg.digest(), os.getpid(), socket.gethostname(),
     )  # fmt: skip
     done = threading.Event()
     writer = None
     if spec.run_dir is not None and roledef.kind == "learner":
         from qrl.runlog import follow
 
-        writer = follow(opener, keys, spec.run_dir, done)
+        described = {"algo": algo.name, "run": spec.run, "config": cfg.to_dict()}
+        writer = follow(opener, keys, spec.run_dir, done, tracking=spec.tracking, config=described)
     running.set()
     try:
         return run_loop(
@@ -162,9 +174,15 @@ def _run(
 
 
 def process_context() -> multiprocessing.context.BaseContext:
-    """The start method of role processes (``forkserver``, preloaded; ``spawn`` where the
-    platform has no fork)."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
+    """The start method of role processes, chosen by measurement (docs/benchmarks.md):
+    ``fork`` while the caller has started no thread (``qrl train`` forks its roles after it
+    imported torch, before it runs any torch op or thread: nothing live is inherited and
+    the children share the imports); otherwise ``forkserver`` preloaded with
+    :data:`PRELOAD`, never a fork of live threads; ``spawn`` where neither exists."""
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    if "forkserver" not in methods:
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
@@ -175,7 +193,9 @@ def start_process(spec: RoleSpec, log_path: Path, name: str) -> multiprocessing.
     """Run ``spec`` in a child process whose output goes to ``log_path``; it gets SIGTERM
     when its parent dies and has its own process group (a terminal's Ctrl-C reaches only the
     parent, which stops the roles in order)."""
-    proc = process_context().Process(target=_process_main, args=(spec, log_path), name=name)
+    ctx = process_context()
+    log.debug("starting %s with %s", name, ctx.get_start_method())
+    proc = ctx.Process(target=_process_main, args=(spec, log_path), name=name)
     proc.start()
     return proc  # type: ignore[return-value]
 

@@ -1,11 +1,19 @@
 """Trained policies from checkpoints: the greedy policy a run's checkpoint holds, whatever
-the algorithm (its builder says how to act with its parameters)."""
+the algorithm (its builder says how to act with its parameters).
+
+    import qrl
+    policy = qrl.load_policy("runs/my-run")        # a run directory or a checkpoint.pt
+    action = policy.predict(obs)                   # one observation -> one action
+    actions = policy.predict(batch_of_obs)         # a batch -> a batch
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from qrl.algos import ALGOS, Algorithm
 from qrl.algos.base import Policy
@@ -15,15 +23,59 @@ from qrl.configs.base import parse_config
 
 @dataclass
 class LoadedPolicy:
-    algo: Algorithm
+    """A trained policy: ``predict`` acts greedily; ``algo``, ``config`` and ``env_id`` say
+    what it is; ``step`` is the learner's update (or generation) it was saved at."""
+
+    algorithm: Algorithm
     config: Any
     act: Policy  # a batch of observations -> a batch of greedy actions
     step: int
+    _obs_shape: tuple[int, ...] | None = field(default=None, repr=False)
+
+    @property
+    def algo(self) -> str:
+        return self.algorithm.name
+
+    @property
+    def env_id(self) -> str:
+        return str(self.config.env)
+
+    @property
+    def observation_shape(self) -> tuple[int, ...]:
+        if self._obs_shape is None:
+            from qrl.envs import make_env
+
+            env = make_env(self.env_id)
+            self._obs_shape = tuple(env.observation_space.shape or ())
+            env.close()
+        return self._obs_shape
+
+    def predict(self, obs: Any, deterministic: bool = True) -> np.ndarray:
+        """The action for one observation, or the actions for a batch of them (an array whose
+        first axis is the batch). qrl's policies are greedy: ``deterministic=False`` is
+        refused rather than silently ignored."""
+        if not deterministic:
+            raise ValueError("qrl policies act greedily: predict(obs, deterministic=True)")
+        obs = np.asarray(obs)
+        shape = self.observation_shape
+        if obs.shape == shape:
+            return self.act(obs[None])[0]
+        if obs.shape[1:] != shape:
+            raise ValueError(
+                f"observation shape {obs.shape}: {self.env_id} observations are {shape} "
+                f"(or a batch of them, {('N', *shape)})"
+            )
+        return self.act(obs)
 
 
-def policy_from_checkpoint(path: Path) -> LoadedPolicy:
-    """The greedy policy in checkpoint ``path``; raises ``CheckpointError`` (a
-    ``ValueError``) if it cannot be used."""
+def load_policy(path: str | Path) -> LoadedPolicy:
+    """The greedy policy in a checkpoint file or a run directory (its ``checkpoint.pt``);
+    raises ``CheckpointError`` (a ``ValueError``) if it cannot be used."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "checkpoint.pt"
+    if not path.exists():
+        raise CheckpointError(f"no checkpoint at {path}")
     state = load_checkpoint(path)
     algo = ALGOS.get(state["algo"])
     if algo is None:

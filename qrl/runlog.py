@@ -1,9 +1,10 @@
-"""A run's metrics on disk: ``metrics.csv`` and TensorBoard event files in the run directory.
+"""A run's metrics on disk: ``metrics.csv``, TensorBoard event files and (``--track``)
+Weights & Biases.
 
 :class:`Progress` folds the run's metrics stream (every role's reports) into one row of
-stable columns; :class:`RunLog` appends that row to ``metrics.csv`` and, when the
-``tensorboard`` package is installed, to TensorBoard under stable tags (``charts/...``,
-``losses/...``), with env steps as the x axis. ``qrl train`` does this in its own process;
+stable columns; :class:`RunLog` appends that row to ``metrics.csv`` and hands its scalars
+to the sinks of :mod:`qrl.tracking` under stable tags (``charts/...``, ``losses/...``),
+with env steps as the x axis. ``qrl train`` does this in its own process;
 a learner or ES master started by hand does it with ``--run-dir`` (:func:`follow`).
 ``qrl plot RUN_DIR`` draws ``metrics.csv`` (:mod:`qrl.plot`).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import reprlib
 import threading
 import time
 from collections import deque
@@ -24,6 +26,8 @@ import redis
 
 from qrl.keys import RunKeys
 from qrl.metrics import MetricsReader
+from qrl.status import finite_values, warn_once
+from qrl.tracking import Tracking, open_sinks
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +41,14 @@ COLUMNS: dict[str, str | None] = {
     "replay_size": "charts/replay_size",
     "episodes": None,
     "episodic_return": "charts/episodic_return",
-    "eval_return": "charts/eval_return",
+    "eval_return": "charts/eval_return",  # the last evaluation's mean, repeated
+    "evals": None,  # evaluations so far: a row where it grew has a new eval_return
     "loss": "losses/loss",
     "policy_lag": "charts/policy_lag",
 }
+
+
+MAX_COUNT = 10**15  # larger counters are not believed (their sums must fit TensorBoard's int64)
 
 
 def _r(x: float | None) -> float | None:
@@ -61,6 +69,7 @@ class Progress:
     episodes: int = 0
     eval_return: float | None = None
     best_eval: float | None = None
+    evals: int = 0
     loss: float | None = None
     policy_lag: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
@@ -74,28 +83,48 @@ class Progress:
         """Mean return of the last 50 episodes the actors finished (with exploration)."""
         return sum(self.returns) / len(self.returns) if self.returns else None
 
+    def record_eval(self, score: float) -> None:
+        """A new evaluation's mean return."""
+        self.eval_return = score
+        self.best_eval = max(score, self.best_eval if self.best_eval is not None else score)
+        self.evals += 1
+
     def fold(self, msg: dict[str, Any]) -> None:
-        """Take one metrics report in; values of the wrong shape are ignored, not fatal."""
-        v, role = msg["values"], msg["role"]
+        """Take one metrics report in. Whoever can write the run's keys can send anything
+        the metrics schema admits: a value that is not a finite number (a counter: not a
+        whole number from 0 to :data:`MAX_COUNT`) is ignored and logged once, never fatal."""
+        role, ident = msg["role"], msg["id"]
+        where = f"metrics of {role}.{ident}"
+        v, _ = finite_values(msg["values"], where, lists=True)
 
         def num(key: str, default: float = 0.0) -> float:
             x = v.get(key, default)
-            return float(x) if isinstance(x, (int, float)) else default
+            return float(x) if not isinstance(x, list) else default
+
+        def count(key: str, default: int) -> int:
+            x = v.get(key, default)
+            if isinstance(x, list) or not 0 <= x <= MAX_COUNT:
+                warn_once(
+                    f"{where}:{key}", "ignoring %s=%s from %s: not a count from 0 to %d",
+                    key, reprlib.repr(x), where, MAX_COUNT,
+                )  # fmt: skip
+                return default
+            return int(x)
 
         def nums(key: str) -> list[float]:
             x = v.get(key, [])
             return [float(i) for i in x] if isinstance(x, list) else []
 
         if role in ("actor", "worker"):
-            self.actor_steps[msg["id"]] = int(num("steps"))
-            self.actor_rate[msg["id"]] = num("steps_per_s")
+            self.actor_steps[ident] = count("steps", self.actor_steps.get(ident, 0))
+            self.actor_rate[ident] = num("steps_per_s")
             self.returns.extend(nums("episode_returns"))
             self.episodes += len(nums("episode_returns"))
         elif role in ("learner", "master"):
-            self.updates = int(num("updates", self.updates))
+            self.updates = count("updates", self.updates)
             self.updates_per_s = num("updates_per_s")
             if "replay_size" in v:
-                self.replay_size = int(num("replay_size"))
+                self.replay_size = count("replay_size", self.replay_size)
             if "loss" in v:
                 self.loss = num("loss")
             if "policy_lag" in v:
@@ -104,7 +133,7 @@ class Progress:
                 if k in v:
                     self.extra[k] = num(k)
         elif role == "replay":
-            self.replay_size = int(num("size", self.replay_size))
+            self.replay_size = count("size", self.replay_size)
 
     def row(self) -> dict[str, Any]:
         """One row of :data:`COLUMNS`."""
@@ -118,16 +147,26 @@ class Progress:
             "episodes": self.episodes,
             "episodic_return": _r(self.recent_return),
             "eval_return": _r(self.eval_return),
+            "evals": self.evals,
             "loss": _r(self.loss),
             "policy_lag": _r(self.policy_lag),
         }
 
 
 class RunLog:
-    """Appends :class:`Progress` rows to ``RUN_DIR/metrics.csv`` and TensorBoard events in
-    ``RUN_DIR/tb`` (at most one row per ``every`` seconds)."""
+    """Appends :class:`Progress` rows to ``RUN_DIR/metrics.csv`` and their scalars to the
+    sinks ``tracking`` names (at most one row per ``every`` seconds); an evaluation's return
+    goes to the sinks only in the row where it is new. ``run`` and ``config`` name and
+    describe the run to W&B."""
 
-    def __init__(self, run_dir: Path, every: float = 0.5, tensorboard: bool = True) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        every: float = 0.5,
+        tracking: Tracking | None = None,
+        run: str | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.every, self._next = every, 0.0
         path = run_dir / "metrics.csv"
@@ -141,14 +180,12 @@ class RunLog:
         self._csv = csv.DictWriter(self._file, fieldnames=list(COLUMNS))
         if not keep:
             self._csv.writeheader()
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                log.info("tensorboard is not installed: metrics.csv only (pip install tensorboard)")
-            else:
-                self._tb = SummaryWriter(str(run_dir / "tb"), flush_secs=5)
+        self._evals = 0
+        try:
+            self._sinks = open_sinks(run_dir, tracking or Tracking(), run, config)
+        except BaseException:
+            self._file.close()
+            raise
 
     def write(self, progress: Progress, force: bool = False) -> bool:
         now = time.monotonic()
@@ -158,16 +195,18 @@ class RunLog:
         row = progress.row()
         self._csv.writerow(row)
         self._file.flush()
-        if self._tb is not None:
-            for col, tag in COLUMNS.items():
-                if tag is not None and row[col] is not None:
-                    self._tb.add_scalar(tag, row[col], row["env_steps"], walltime=time.time())
+        scalars = {t: row[c] for c, t in COLUMNS.items() if t is not None and row[c] is not None}
+        if row["evals"] == self._evals:
+            scalars.pop(COLUMNS["eval_return"], None)  # not a new measurement
+        self._evals = row["evals"]
+        for sink in self._sinks:
+            sink.log(scalars, row["env_steps"])
         return True
 
     def close(self) -> None:
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        for sink in self._sinks:
+            sink.close()
 
     def __enter__(self) -> RunLog:
         return self
@@ -182,15 +221,18 @@ def follow(
     run_dir: Path,
     stop: threading.Event,
     every: float = 1.0,
+    tracking: Tracking | None = None,
+    config: dict[str, Any] | None = None,
 ) -> threading.Thread:
     """Follow the run's metrics stream from its start in a daemon thread (its own Redis
-    connection), writing ``run_dir``'s metrics.csv and TensorBoard files until ``stop``."""
+    connection), writing ``run_dir``'s metrics.csv and the sinks of ``tracking`` until
+    ``stop``."""
 
     def loop() -> None:
         client = connect()
         reader = MetricsReader(client, keys, from_start=True)
         progress = Progress()
-        with RunLog(run_dir, every) as out:
+        with RunLog(run_dir, every, tracking, keys.run, config) as out:
             while not stop.is_set():
                 try:
                     for msg in reader.read(block_ms=500):

@@ -9,8 +9,12 @@ status`` flags it stale after :data:`STALE_AFTER` seconds, and Redis forgets it 
 
 from __future__ import annotations
 
+import logging
+import math
 import os
+import reprlib
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -18,6 +22,8 @@ import redis
 
 from qrl.codec import CodecError, Field, Schema, decode, encode
 from qrl.keys import RunKeys
+
+log = logging.getLogger(__name__)
 
 STALE_AFTER = 10.0  # seconds without a heartbeat before a process is flagged
 HEARTBEAT_TTL = 120  # seconds a silent process stays listed (as stale)
@@ -29,14 +35,52 @@ HEARTBEAT = Schema(
         "id": Field(int),
         "host": Field(str),
         "pid": Field(int),
-        "started": Field(float),
-        "time": Field(float),
+        "started": Field(float, finite=True),
+        "time": Field(float, finite=True),
         "values": Field(dict),
     },
 )
 
 _HOST = socket.gethostname()
 _started: dict[int, float] = {}  # pid -> first heartbeat (forked roles inherit the module)
+
+
+_warned: set[str] = set()
+
+
+def warn_once(what: str, message: str, *args: Any) -> None:
+    """Log ``message`` the first time this process meets ``what``: a bad value that comes
+    again with every report is logged once, not once a second."""
+    if what not in _warned:
+        _warned.add(what)
+        log.warning(message, *args)
+
+
+def is_finite(x: Any) -> bool:
+    """True for an int or float (not a bool) that is finite as a float."""
+    if type(x) is int:
+        return abs(x) <= 2**1023
+    return type(x) is float and math.isfinite(x)
+
+
+def finite_values(
+    values: Mapping[str, Any], where: str, lists: bool = False
+) -> tuple[dict[str, Any], list[str]]:
+    """The values of a report or heartbeat that are finite numbers (or, with ``lists``, lists
+    of them), and the names of the others (NaN, inf, other types: whoever wrote them), which
+    are dropped and logged once per ``where`` and name."""
+    good: dict[str, Any] = {}
+    bad: list[str] = []
+    for name, x in values.items():
+        if is_finite(x) or (lists and type(x) is list and all(is_finite(i) for i in x)):
+            good[name] = x
+            continue
+        bad.append(name)
+        warn_once(
+            f"{where}:{name}", "ignoring %s=%s from %s: not a finite number",
+            name, reprlib.repr(x), where,
+        )  # fmt: skip
+    return good, bad
 
 
 def proc_name(role: str, ident: int) -> str:
@@ -119,8 +163,11 @@ def collect(
             continue  # expired between SCAN and MGET
         try:
             hb = decode(blob, HEARTBEAT)
-        except CodecError:
+        except CodecError as e:
+            warn_once(f"heartbeat:{e}", "ignoring a heartbeat of run %s: %s", keys.run, e)
             continue
+        where = f"heartbeat {hb['role']}.{hb['id']}@{hb['host']}:{hb['pid']}"
+        hb["values"], hb["bad"] = finite_values(hb["values"], where)
         age = now - hb["time"]
         procs.append({**hb, "age_s": round(age, 1), "stale": age > stale_after})
     procs.sort(key=lambda p: (p["role"], p["id"], p["host"], p["pid"]))
@@ -174,6 +221,13 @@ def collect(
 _SHOWN = ("steps", "updates", "inserted", "generation", "version", "rejected", "skipped")
 
 
+def _shown(proc: dict[str, Any], name: str) -> str:
+    """A heartbeat's value for a table cell: '?' where it sent something not a number."""
+    if name in proc["values"]:
+        return f"{proc['values'][name]:,.0f}"
+    return "?" if name in proc.get("bad", []) else ""
+
+
 def render(status: dict[str, Any]) -> Any:
     """A rich renderable of :func:`collect`'s result."""
     from rich.console import Group
@@ -186,25 +240,24 @@ def render(status: dict[str, Any]) -> Any:
         (s["run"], "bold cyan"),
         f"  {s['algo'] or '?'} on {s['env'] or '?'}",
         ("  STOPPED" if s["stopped"] else "", "bold yellow"),
-        f"   weights v{s['weights_version']}",
+        f"   weights v{s['weights_version']}" if s["weights_version"] >= 0 else "   no weights yet",
         f"   policy lag {s['policy_lag']:.1f}" if s["policy_lag"] is not None else "",
         *(f"   {k.replace('_', ' ')} {s[k]:,}" for k in s.get("extra", [])),
         (f"   dead letters {s['dead_letters']}", "red" if s["dead_letters"] else ""),
     )
     procs = Table("process", "host:pid", "up", "heartbeat", "rate/s", "counters", box=None)
     for p in s["processes"]:
-        v = p["values"]
-        rate = v.get(_RATE.get(p["role"], "updates_per_s"))
+        v, bad = p["values"], p.get("bad", [])
         beat_age = f"{p['age_s']:.0f}s ago" + (" STALE" if p["stale"] else "")
-        procs.add_row(
+        cells = (
             f"{p['role']}.{p['id']}",
             f"{p['host']}:{p['pid']}",
             f"{s['time'] - p['started']:.0f}s",
             beat_age,
-            f"{rate:,.0f}" if rate is not None else "",
-            " ".join(f"{k} {v[k]:,.0f}" for k in _SHOWN if k in v),
-            style="bold red" if p["stale"] else None,
-        )
+            _shown(p, _RATE.get(p["role"], "updates_per_s")),
+            " ".join(f"{k} {_shown(p, k)}" for k in _SHOWN if k in v or k in bad),
+        )  # Text: a host or role name is shown as written, never read as markup
+        procs.add_row(*map(Text, cells), style="bold red" if p["stale"] else None)
     if not s["processes"]:
         procs.add_row("(no process has reported)", "", "", "", "", "")
     rates = Table("role", "total rate/s", box=None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -31,10 +32,11 @@ from qrl.connection import connect, redact
 from qrl.control import StopFlag, request_stop
 from qrl.embedded import EmbeddedRedis
 from qrl.keys import RunKeys
-from qrl.launch import RoleSpec, process_context, start_process
+from qrl.launch import RoleSpec, start_process
 from qrl.metrics import MetricsReader
 from qrl.runlog import Progress, RunLog
 from qrl.runs import create_run
+from qrl.tracking import Tracking
 from qrl.weights import Weights, WeightStore
 
 log = logging.getLogger(__name__)
@@ -69,10 +71,12 @@ class Evaluator:
 
     def __init__(self, algo: Algorithm, cfg: Any, episodes: int) -> None:
         self.algo, self.cfg, self.episodes = algo, cfg, episodes
-        self.score: float | None = None
         self.last: Weights | None = None
+        self.seen = -1  # the newest version fetched, whether it could be evaluated or not
 
     def __call__(self, client: redis.Redis, keys: RunKeys) -> float | None:
+        """The mean return of the parameters published since the last call, or ``None``
+        if none were."""
         import numpy as np
         import torch
 
@@ -81,13 +85,15 @@ class Evaluator:
         torch.set_num_threads(1)  # this process only evaluates: the cores are the roles'
 
         store = WeightStore(client, keys, self.algo.weights_key(keys))
-        w = store.fetch(self.last.version if self.last else -1)
-        if w is not None:
-            self.last = w
-            act = self.algo.policy(self.cfg, w.params)
-            seed = self.cfg.seed * 1000 + 7
-            self.score = float(np.mean(evaluate(self.cfg.env, act, self.episodes, seed=seed)))
-        return self.score
+        w = store.fetch(self.seen)
+        if w is None:
+            return None
+        self.seen = w.version
+        act = self.algo.policy(self.cfg, w.params)  # ValueError if they do not fit
+        seed = self.cfg.seed * 1000 + 7
+        score = float(np.mean(evaluate(self.cfg.env, act, self.episodes, seed=seed)))
+        self.last = w
+        return score
 
 
 def default_target(env: str) -> float | None:
@@ -130,21 +136,22 @@ def run_training(
     run_dir: Path,
     device: str = "auto",
     console: Console | None = None,
+    tracking: Tracking | None = None,
 ) -> int:
     """Run a whole job; returns the exit code: 0 if the target return was reached, 1 if the
     budget ran out first, 2 if a role failed or the job was interrupted. A job that reached
     its target leaves the weights that reached it in its checkpoint."""
     console = console or Console(stderr=True)
-    process_context()  # the process server starts loading torch while we set up
     evaluator = Evaluator(algo, cfg, budget.eval_episodes)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
-    (run_dir / "config.json").write_text(
-        json.dumps({"algo": algo.name, "run": run, "config": cfg.to_dict()}, indent=2)
-    )
+    run_config = {"algo": algo.name, "run": run, "config": cfg.to_dict()}
+    (run_dir / "config.json").write_text(json.dumps(run_config, indent=2))
     keys = RunKeys(run)
     checkpoint = run_dir / "checkpoint.pt"
-    server = None if redis_url else EmbeddedRedis().start()
+    # the embedded Redis has a password of its own: no other user of the machine gets in,
+    # and a QRL_REDIS_PASSWORD meant for another Redis does not apply to it
+    server = None if redis_url else EmbeddedRedis(password=secrets.token_urlsafe(16)).start()
     url = redis_url or server.url  # type: ignore[union-attr]
     procs: dict[str, BaseProcess] = {}
     client = None
@@ -158,6 +165,7 @@ def run_training(
         client.hdel(keys.control, "stop")  # a rerun of a stopped run starts afresh
         stop = StopFlag(client, keys)
         reader = MetricsReader(client, keys, from_start=True)
+        client.connection_pool.disconnect()  # forked roles inherit no open connection
         for role, i in algo.processes(cfg):
             name = f"{role.name}{i}" if role.count else role.name
             spec = RoleSpec(
@@ -179,7 +187,7 @@ def run_training(
         interactive = console.is_terminal
         next_line = time.monotonic() + 5
         with (
-            RunLog(run_dir) as runlog,
+            RunLog(run_dir, tracking=tracking, run=run, config=run_config) as runlog,
             Live(_table(progress, run), console=console, refresh_per_second=2, transient=False)
             if interactive
             else _Null() as live,
@@ -197,8 +205,7 @@ def run_training(
                         score = None
                     eval_s = time.monotonic() - now  # evaluate at most ~20% of the time
                     if score is not None:
-                        progress.eval_return = score
-                        progress.best_eval = max(score, progress.best_eval or score)
+                        progress.record_eval(score)
                         reached = budget.target_return is not None and score >= budget.target_return
                     next_eval = time.monotonic() + max(budget.eval_every, 4 * eval_s)
                 runlog.write(progress)

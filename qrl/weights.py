@@ -4,12 +4,19 @@ The parameters live in one hash ``{version, blob}`` written by a Lua script that
 version not newer than the stored one, so readers always see a matching pair and versions
 only increase. Checking for new weights is one HGET; the blob is fetched only when the
 version changed. The same store carries ES parameters (with the generation as version).
+
+A key has one writer, its learner. Should another write it (a second learner, an old one
+restarted, anyone with access to the run's keys), :meth:`WeightStore.publish` stores the
+learner's parameters above whatever version it finds and returns that version: the learner
+carries on from it, with one warning. Garbage in the key (a version that is not a number, a
+blob that does not decode, a key that is not a hash) is never fatal: readers ignore it and
+keep their weights, the next publish overwrites it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,14 +30,28 @@ from qrl.streams import dead_letter
 
 log = logging.getLogger(__name__)
 
+# Store version ARGV[1] with blob ARGV[2] if it is newer than the stored one: {1, version};
+# else nothing is written: {0, stored version}. A stored version that is not a whole number
+# from -1 to MAX_VERSION, or a key that is not a hash, is garbage: it is overwritten.
 _PUBLISH = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'hash' and kind ~= 'none' then
+  redis.call('DEL', KEYS[1])
+end
 local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '-1')
-if tonumber(ARGV[1]) <= cur then
-  return redis.error_reply('QRL version ' .. ARGV[1] .. ' is not newer than ' .. cur)
+if cur == nil or cur ~= math.floor(cur) or cur < -1 or cur > tonumber(ARGV[3]) then
+  cur = -1
+end
+local version = tonumber(ARGV[1])
+if version <= cur then
+  return {0, cur}
 end
 redis.call('HSET', KEYS[1], 'version', ARGV[1], 'blob', ARGV[2])
-return 1
+return {1, version}
 """
+
+MAX_VERSION = 2**53 - 1  # larger stored versions are garbage (Lua numbers are doubles)
+_PUBLISH_TRIES = 5
 
 
 def _check_version(msg: dict[str, Any]) -> None:
@@ -89,32 +110,60 @@ class WeightStore:
         self.key = key or keys.weights
         self._publish = client.register_script(_PUBLISH)
         self._rejected: bytes | None = None  # version whose blob failed, not fetched again
+        self._overtaken = self._wrongtype = False  # warned about (once)
 
     def publish(
         self,
         params: Mapping[str, np.ndarray] | torch.nn.Module,
         version: int,
         meta: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Store ``params`` (arrays, or a module's state dict) as ``version``, atomically.
-        Raises ``ValueError`` if ``version`` is not newer than the stored one."""
-        if isinstance(params, torch.nn.Module):
-            params = module_arrays(params)
-        blob = encode("weights", {"version": int(version), "params": dict(params), "meta": meta})
-        try:
-            self._publish(keys=[self.key], args=[int(version), blob])
-        except redis.ResponseError as e:
-            if "QRL version" in str(e):
-                raise ValueError(str(e).removeprefix("QRL ")) from e
-            raise
+    ) -> int:
+        """Store ``params`` (arrays, or a module's state dict) as ``version``, atomically;
+        returns the version stored, which the caller carries on from.
+
+        Versions only go up. If the key already holds ``version`` or a newer one, another
+        writer got there first (a second learner of the run, an old one restarted, anyone
+        with access to the run's keys): the parameters are stored above it, as that version
+        + 1, with a warning the first time. A stored version that is not a whole number from
+        0 to :data:`MAX_VERSION` (or a key that is not a hash) is garbage and overwritten."""
+        arrays = module_arrays(params) if isinstance(params, torch.nn.Module) else dict(params)
+        version = int(version)
+        for _ in range(_PUBLISH_TRIES):
+            blob = encode("weights", {"version": version, "params": arrays, "meta": meta})
+            done, stored = self._publish(keys=[self.key], args=[version, blob, MAX_VERSION])
+            if done:
+                return version
+            if not self._overtaken:
+                self._overtaken = True
+                log.warning(
+                    "%s holds version %d, not older than this writer's %d: another writer? "
+                    "publishing above it (version %d) and carrying on from there",
+                    self.key, stored, version, stored + 1,
+                )  # fmt: skip
+            version = int(stored) + 1
+        log.warning("%s: another writer keeps getting ahead; not published this time", self.key)
+        return version
 
     def version(self) -> int:
-        """The stored version, -1 if nothing was published (one HGET)."""
-        v = self.client.hget(self.key, "version")
+        """The stored version, -1 if nothing (or garbage) was published (one HGET)."""
+        v = self._read(lambda: self.client.hget(self.key, "version"))
         try:
-            return int(v) if v is not None else -1
+            v = int(v) if v is not None else -1
         except ValueError:
             return -1
+        return v if 0 <= v <= MAX_VERSION else -1
+
+    def _read(self, command: Callable[[], Any]) -> Any:
+        """``command()``, or None if the key is not a hash (garbage: logged once)."""
+        try:
+            return command()
+        except redis.ResponseError as e:
+            if not str(e).startswith("WRONGTYPE"):
+                raise
+            if not self._wrongtype:
+                self._wrongtype = True
+                log.warning("%s is not a hash (written by something else): ignored", self.key)
+            return None
 
     def fetch(self, newer_than: int = -1) -> Weights | None:
         """The stored weights if their version is newer than ``newer_than``, else ``None``.
@@ -122,7 +171,8 @@ class WeightStore:
         reader keeps its current weights."""
         if self.version() <= newer_than:
             return None
-        version, blob = self.client.hmget(self.key, ["version", "blob"])
+        pair = self._read(lambda: self.client.hmget(self.key, ["version", "blob"]))
+        version, blob = pair or (None, None)
         if blob is None or (version is not None and version == self._rejected):
             return None
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,8 +35,19 @@ def train(algo: str, run_dir: Path, *args: str, timeout: float = 240) -> dict[st
     return json.loads((run_dir / "result.json").read_text())
 
 
+def eval_stats(stdout: str) -> dict[str, float]:
+    """The numbers ``qrl eval`` printed: mean, std, min, max and episodes."""
+    found = re.search(
+        r"mean return (\S+), std (\S+), min (\S+), max (\S+) over (\d+) episodes", stdout
+    )
+    assert found, stdout
+    return dict(
+        zip(("mean", "std", "min", "max", "episodes"), map(float, found.groups()), strict=True)
+    )
+
+
 def eval_mean(checkpoint: Path, episodes: int = 5) -> tuple[float, str]:
     """``qrl eval CHECKPOINT``: the mean return it printed, and its whole output."""
     out = qrl("eval", str(checkpoint), "--episodes", str(episodes), timeout=120)
     assert out.returncode == 0, out.stderr
-    return float(out.stdout.split("mean return ")[1].split()[0]), out.stdout
+    return eval_stats(out.stdout)["mean"], out.stdout

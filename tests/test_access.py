@@ -10,6 +10,7 @@ import subprocess
 import pytest
 import redis
 
+from qrl.connection import RedisUnavailable, connect
 from qrl.embedded import EmbeddedRedis, find_redis_server, free_port
 from qrl.keys import RunKeys
 from tests.cli import ROOT, qrl
@@ -69,12 +70,9 @@ def _tls_redis_server() -> str | None:
     return None
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make certificates")
-def test_a_run_works_over_tls_with_a_self_signed_certificate(tmp_path):
-    binary = _tls_redis_server()
-    if binary is None:
-        pytest.skip("no redis-server built with TLS on PATH")
-    ssl = tmp_path / "tls"
+def _tls_args(ssl, san: str) -> tuple[str, ...]:
+    """A CA and a server certificate for ``san`` (subjectAltName) in directory ``ssl``; the
+    redis-server options that serve TLS with it on a free port (the port is args[1])."""
     ssl.mkdir()
 
     def sh(*args: str) -> None:
@@ -83,18 +81,33 @@ def test_a_run_works_over_tls_with_a_self_signed_certificate(tmp_path):
     sh("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
        "-days", "1", "-subj", "/CN=qrl-test-ca")  # fmt: skip
     sh("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-       "-subj", "/CN=127.0.0.1")  # fmt: skip
-    (ssl / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+       "-subj", "/CN=qrl-test-server")  # fmt: skip
+    (ssl / "ext.cnf").write_text(f"subjectAltName={san}\n")
     sh("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
        "-CAcreateserial", "-out", "server.crt", "-days", "1", "-extfile", "ext.cnf")  # fmt: skip
-    tls_port = free_port()
-    args = (
-        "--tls-port", str(tls_port),
+    return (
+        "--tls-port", str(free_port()),
         "--tls-cert-file", str(ssl / "server.crt"),
         "--tls-key-file", str(ssl / "server.key"),
         "--tls-ca-cert-file", str(ssl / "ca.crt"),
         "--tls-auth-clients", "no",
     )  # fmt: skip
+
+
+def _tls_binary() -> str:
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl to make certificates")
+    binary = _tls_redis_server()
+    if binary is None:
+        pytest.skip("no redis-server built with TLS on PATH")
+    return binary
+
+
+def test_a_run_works_over_tls_with_a_self_signed_certificate(tmp_path):
+    binary = _tls_binary()
+    ssl = tmp_path / "tls"
+    args = _tls_args(ssl, "IP:127.0.0.1,DNS:localhost")
+    tls_port = args[1]
     with EmbeddedRedis(password="pw", args=args, binary=binary):
         url = f"rediss://:pw@127.0.0.1:{tls_port}/0?ssl_ca_certs={ssl / 'ca.crt'}"
         done = _es_job(url, "tls-run", tmp_path)
@@ -105,6 +118,24 @@ def test_a_run_works_over_tls_with_a_self_signed_certificate(tmp_path):
         untrusted = qrl("run", "list", "--redis", f"rediss://:pw@127.0.0.1:{tls_port}/0")
         assert untrusted.returncode == 1 and "cannot reach Redis" in untrusted.stderr
         assert ":pw@" not in untrusted.stderr
+
+
+def test_tls_checks_the_host_name_unless_the_url_says_not_to(tmp_path):
+    binary = _tls_binary()
+    ssl = tmp_path / "tls"
+    args = _tls_args(ssl, "DNS:localhost")  # a certificate for localhost, not 127.0.0.1
+    ca = f"ssl_ca_certs={ssl / 'ca.crt'}"
+    with EmbeddedRedis(password="pw", args=args, binary=binary):
+        by_name = connect(f"rediss://:pw@localhost:{args[1]}/0?{ca}")
+        assert by_name.ping()
+        # set by qrl, whatever redis-py's default (off before redis-py 6)
+        assert by_name.connection_pool.connection_kwargs["ssl_check_hostname"] is True
+        with pytest.raises(RedisUnavailable) as info:  # the name does not match
+            connect(f"rediss://:pw@127.0.0.1:{args[1]}/0?{ca}")
+        assert "127.0.0.1" in str(info.value) and "pw@" not in str(info.value)
+        off = connect(f"rediss://:pw@127.0.0.1:{args[1]}/0?{ca}&ssl_check_hostname=false")
+        assert off.ping()
+        assert off.connection_pool.connection_kwargs["ssl_check_hostname"] is False
 
 
 def test_the_documented_acl_rule_is_in_the_readme():

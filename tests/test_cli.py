@@ -4,6 +4,7 @@ in one line naming the field; the Redis URL from the environment for every comma
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -31,6 +32,25 @@ def test_bad_settings_fail_fast_with_one_line(setting, field, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("apex", "--env", "CartPol-v1"), ["CartPol", "Did you mean", "CartPole"]),
+        (("apex", "--env", "Pendulum-v1"), ["continuous", "apex needs discrete"]),
+        (("impala", "--env", "no_such_module:Foo-v0"), ["no_such_module"]),
+    ],
+)
+def test_bad_envs_fail_fast_with_one_line(args, words, tmp_path):
+    env = {**os.environ, "QRL_REDIS_URL": "redis://127.0.0.1:1/0"}
+    run_dir = str(tmp_path / "run")
+    for cmd in (("train", *args, "--run-dir", run_dir), ("run", "create", *args, "--run", "x")):
+        out = qrl(*cmd, env=env, timeout=60)
+        assert out.returncode == 2, (cmd, out.stderr)  # before Redis (port 1: none) is asked
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and all(w in lines[0] for w in words), out.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_bad_config_file_names_the_file_and_field(tmp_path):
     cfg = tmp_path / "es.toml"
     cfg.write_text("[es]\npopulation = 5\n")  # must be even
@@ -52,6 +72,12 @@ def test_train_takes_the_redis_url_from_the_environment(r, redis_server, tmp_pat
     assert algo == "es" and config["env"] == "CartPole-v1"
     result = json.loads((tmp_path / run / "result.json").read_text())
     assert result["reached"] is True
+    logs = sorted((tmp_path / run / "logs").glob("*.log"))
+    assert [p.name for p in logs] == ["master.log", "worker0.log", "worker1.log"]
+    for path in logs:  # INFO by default: a start line with the config digest, a stop summary
+        text = path.read_text()
+        assert f"of run '{run}' (es on CartPole-v1, config " in text, text
+        assert " started at 0 " in text and " stopped after " in text, text
 
 
 def test_a_run_config_json_reproduces_the_run(tmp_path):
@@ -70,3 +96,31 @@ def test_a_run_config_json_reproduces_the_run(tmp_path):
     a = json.loads((first / "config.json").read_text())["config"]
     b = json.loads((again / "config.json").read_text())["config"]
     assert a == b and b["population"] == 24
+
+
+def test_config_show_lists_every_field_and_its_toml_round_trips(tmp_path):
+    from qrl.algos import ALGOS
+
+    for name, algo in ALGOS.items():
+        out = qrl("config", "show", name, "--set", "seed=7", timeout=60)
+        assert out.returncode == 0, out.stderr
+        for field, info in algo.config.model_fields.items():
+            assert field in out.stdout and info.description[:30] in out.stdout, field
+        toml = qrl("config", "show", name, "--set", "seed=7", "--toml", timeout=60).stdout
+        (tmp_path / f"{name}.toml").write_text(toml)
+        again = qrl("config", "show", name, "--config", str(tmp_path / f"{name}.toml"), "--toml")
+        assert again.returncode == 0 and again.stdout == toml and "seed = 7" in toml
+
+
+@pytest.mark.parametrize("example", ["cartpole", "lunarlander", "pong"])
+def test_the_example_configs_are_valid_for_each_algorithm_they_name(example):
+    import tomllib
+
+    from tests.cli import ROOT
+
+    path = ROOT / "examples" / f"{example}.toml"
+    algos = [k for k, v in tomllib.loads(path.read_text()).items() if isinstance(v, dict)]
+    assert algos
+    for algo in algos:
+        out = qrl("config", "show", algo, "--config", str(path), "--toml", timeout=60)
+        assert out.returncode == 0, out.stderr

@@ -37,7 +37,7 @@ import pytest
 import redis
 
 from qrl.keys import RunKeys
-from tests.cli import ROOT, eval_mean, qrl
+from tests.cli import ROOT, eval_mean, eval_stats, qrl
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
 
@@ -323,7 +323,7 @@ def test_apex_cluster_solves_survives_a_killed_actor_and_stops_cleanly(build, tm
                 f"test ! -f /runs/{RUN}/checkpoint.pt || "
                 f"qrl eval /runs/{RUN}/checkpoint.pt --episodes 10",
             )  # fmt: skip
-            return float(out.split("mean return ")[1].split()[0]) if out else None
+            return eval_stats(out)["mean"] if out else None
 
         took = solve(c, t0, evaluate)
         stop(c)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 
+import numpy as np
 import redis
 
 from qrl.embedded import EmbeddedRedis
@@ -117,3 +118,44 @@ def test_roles_give_up_with_a_clear_message_after_the_deadline(tmp_path):
         text = (tmp_path / f"{name}.log").read_text()
         assert codes[name] == 3, f"{name} exited {codes[name]}:\n{text[-3000:]}"
         assert "has not answered for 3s" in text, f"{name}:\n{text[-3000:]}"
+
+
+def test_a_learner_stopped_while_redis_is_away_writes_its_final_checkpoint(tmp_path):
+    from qrl.checkpoint import load_checkpoint
+    from qrl.configs.apex import ApexConfig
+    from qrl.replay.role import make_replay
+    from qrl.runs import create_run
+
+    server = EmbeddedRedis(data_dir=tmp_path / "redis").start()
+    keys, cfg = RunKeys("final-ckpt"), ApexConfig(learning_starts=100, publish_every=5)
+    client = redis.Redis.from_url(server.url)
+    create_run(client, keys, "apex", cfg)
+    replay = make_replay(client, keys, cfg)
+    obs = np.zeros((300, 4), np.float32)
+    replay.insert(
+        replay.layout.pack(obs, np.zeros(300), np.ones(300), np.ones(300), obs), np.ones(300)
+    )
+    ckpt = tmp_path / "learner.pt"
+    log = (tmp_path / "learner.log").open("w")
+    argv = ["learner", "apex", "--checkpoint", str(ckpt)]
+    proc = _start(argv, server.url, keys.run, deadline=60, log=log)
+    try:
+        _wait_version(server.url, keys, 20, timeout=120)
+        server.stop()
+        time.sleep(1.5)  # its once-a-second report now waits for Redis
+        ckpt.unlink(missing_ok=True)  # so a checkpoint found was written with Redis gone
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(30)  # well before the 60 s Redis deadline
+        except subprocess.TimeoutExpired:
+            code = None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.stop()
+        log.close()
+    text = (tmp_path / "learner.log").read_text()
+    assert code == 3, f"exit {code}:\n{text[-3000:]}"  # it gave up on Redis, saying so
+    assert "is stopping: not waiting for it" in text and "Traceback" not in text, text[-3000:]
+    assert load_checkpoint(ckpt, "apex", cfg)["step"] >= 20  # nothing learned was lost

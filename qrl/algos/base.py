@@ -76,6 +76,7 @@ class Algorithm:
     weights_key: Callable[[RunKeys], str]  # where the learner publishes
     streams: Callable[[RunKeys], dict[str, str]]  # what `qrl status` reports as streams
     status: Callable[[redis.Redis, RunKeys], dict[str, Any]] = no_status  # more for status
+    actions: frozenset[str] = frozenset({"discrete"})  # action spaces it handles
 
     def role(self, name: str) -> RoleDef:
         for r in self.roles:

@@ -56,6 +56,7 @@ ALGORITHM = Algorithm(
         ),
     ),
     policy=_center_policy,
+    actions=frozenset({"discrete", "continuous"}),
     weights_key=lambda keys: keys.es_params,
     streams=lambda keys: {"es_results": keys.es_results},
 )

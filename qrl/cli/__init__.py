@@ -59,7 +59,18 @@ def main(ctx: click.Context, redis_deadline: float) -> None:
     ctx.obj = Settings(redis_deadline=redis_deadline)
 
 
-from qrl.cli import ops, roles, runs, train  # noqa: E402  (they add their commands to main)
+from qrl.cli import config, ops, roles, runs, train  # noqa: E402  (they add their commands)
 
-for _module in (ops, roles, runs, train):
+for _module in (config, ops, roles, runs, train):
     _module.register(main)
+
+
+def _verbose_everywhere(cmd: click.Command) -> None:
+    """-v/--verbose on every command, so it works before or after the subcommand."""
+    if not any(p.name == "verbose" for p in cmd.params):
+        VERBOSE(cmd)
+    for sub in getattr(cmd, "commands", {}).values():
+        _verbose_everywhere(sub)
+
+
+_verbose_everywhere(main)

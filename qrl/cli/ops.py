@@ -12,13 +12,33 @@ from typing import Any
 
 import click
 
-from qrl.cli.options import connect_or_fail, redis_option, run_keys, run_option
+from qrl.cli.options import (
+    connect_or_fail,
+    redis_option,
+    run_keys,
+    run_option,
+    warn_secret_in_argv,
+)
 
 
 @click.command("redis")
 @click.option("--port", type=int, default=0, help="Port to listen on (default: a free one).")
 @click.option("--bind", "host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--password", default=None, help="Require this password (requirepass).")
+@click.option(
+    "--password",
+    envvar="QRL_REDIS_PASSWORD",
+    default=None,
+    callback=warn_secret_in_argv,
+    help="Require this password. Default: $QRL_REDIS_PASSWORD (on the command line it is "
+    "visible to every user: prefer the variable or --password-file).",
+)
+@click.option(
+    "--password-file",
+    envvar="QRL_REDIS_PASSWORD_FILE",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Read the password from the first line of this file.",
+)
 @click.option("--appendonly", is_flag=True, help="Persist with an append-only file in --dir.")
 @click.option(
     "--dir",
@@ -28,15 +48,29 @@ from qrl.cli.options import connect_or_fail, redis_option, run_keys, run_option
     help="Data directory (default: a temporary one, removed on exit).",
 )
 def redis_cmd(
-    port: int, host: str, password: str | None, appendonly: bool, data_dir: str | None
+    port: int,
+    host: str,
+    password: str | None,
+    password_file: str | None,
+    appendonly: bool,
+    data_dir: str | None,
 ) -> None:
-    """Run a private redis-server in the foreground and print its URL; Ctrl-C stops it."""
+    """Run a private redis-server in the foreground and print its URL (without the
+    password); Ctrl-C stops it. Binding to anything but loopback needs a password."""
     import signal
 
+    from qrl.connection import RedisUnavailable, read_password_file
     from qrl.control import on_stop_signals
     from qrl.embedded import EmbeddedRedis
 
-    server = EmbeddedRedis(port, host, data_dir=data_dir, appendonly=appendonly, password=password)
+    try:
+        if password_file:
+            password = read_password_file(password_file)
+        server = EmbeddedRedis(
+            port, host, data_dir=data_dir, appendonly=appendonly, password=password
+        )
+    except (OSError, RedisUnavailable) as e:
+        raise click.ClickException(str(e)) from None
     stop = threading.Event()
     on_stop_signals(stop.set)
     signal.signal(signal.SIGHUP, lambda *_: stop.set())
@@ -45,9 +79,11 @@ def redis_cmd(
     except (OSError, RuntimeError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     try:
-        click.echo(server.url)
+        click.echo(server.address)
         click.echo(
-            f"redis-server {server.binary} (pid {server.proc.pid}); Ctrl-C to stop", err=True
+            f"redis-server {server.binary} (pid {server.proc.pid}); Ctrl-C to stop"
+            + ("; clients need the password (QRL_REDIS_PASSWORD)" if password else ""),
+            err=True,
         )
         sys.stdout.flush()
         while not stop.is_set() and server.proc.poll() is None:
@@ -158,11 +194,12 @@ def _collector(client: Any, keys: Any, stale_after: float) -> Any:
     help="PNG to write (default RUN_DIR/plot.png).",
 )
 def plot_cmd(run_dir: Path, out: Path | None) -> None:
-    """Draw a run's learning curve and throughput (from RUN_DIR/metrics.csv) as a PNG."""
+    """Draw a run's learning curve with its evaluations and target, its loss and its
+    throughput (from RUN_DIR/metrics.csv and result.json) as a PNG."""
     try:
         from qrl.plot import plot_run
     except ImportError as e:  # pragma: no cover
-        raise click.ClickException(f"{e}; install matplotlib (pip install 'qrl[plot]')") from e
+        raise click.ClickException(f"{e}; install matplotlib (pip install 'qrl-rl[plot]')") from e
     try:
         path = plot_run(run_dir, out)
     except (OSError, ValueError) as e:
@@ -171,25 +208,61 @@ def plot_cmd(run_dir: Path, out: Path | None) -> None:
 
 
 @click.command("eval")
-@click.argument("checkpoint", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--episodes", type=int, default=10, show_default=True)
-@click.option("--seed", type=int, default=12345, show_default=True)
-def eval_cmd(checkpoint: Path, episodes: int, seed: int) -> None:
-    """Play episodes with a saved policy (greedy) and print the mean return."""
+@click.argument(
+    "source", metavar="RUN_DIR|CHECKPOINT", type=click.Path(exists=True, path_type=Path)
+)
+@click.option(
+    "--episodes",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Episodes to play (one env each, in parallel).",
+)
+@click.option(
+    "--env",
+    "env_id",
+    default=None,
+    help="Evaluate on this env id instead (same observation and action spaces).",
+)
+@click.option(
+    "--video",
+    "video_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Record every episode as an MP4 in this directory (pip install 'qrl[video]').",
+)
+@click.option(
+    "--seed", type=int, default=12345, show_default=True, help="Episode I uses seed SEED+I."
+)
+def eval_cmd(
+    source: Path, episodes: int, env_id: str | None, video_dir: Path | None, seed: int
+) -> None:
+    """Play episodes with a trained policy (greedy) from a run directory (its
+    checkpoint.pt) or a checkpoint file; print the mean, std, min and max return."""
+    import importlib.util
+
     import numpy as np
 
-    from qrl.evaluate import evaluate
-    from qrl.policy import policy_from_checkpoint
+    from qrl.evaluate import check_same_spaces, evaluate
+    from qrl.policy import load_policy
 
+    if video_dir is not None and importlib.util.find_spec("moviepy") is None:
+        raise click.ClickException("--video needs moviepy: pip install 'qrl[video]'")
     try:
-        p = policy_from_checkpoint(checkpoint)
+        p = load_policy(source)
+        env_id = env_id or p.env_id
+        if env_id != p.env_id:
+            check_same_spaces(p.env_id, env_id)
+        returns = np.array(evaluate(env_id, p.act, episodes, seed=seed, video_dir=video_dir))
     except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
-    returns = evaluate(p.config.env, p.act, episodes, seed=seed)
     click.echo(
-        f"{p.config.env}: mean return {np.mean(returns):.2f} over {episodes} episodes "
-        f"(min {np.min(returns):.1f}, max {np.max(returns):.1f}; {p.algo.name} step {p.step})"
+        f"{env_id}: mean return {returns.mean():.2f}, std {returns.std():.2f}, "
+        f"min {returns.min():.2f}, max {returns.max():.2f} over {episodes} episodes "
+        f"({p.algo} step {p.step})"
     )
+    if video_dir is not None:
+        click.echo(f"videos in {video_dir}")
 
 
 def register(main: click.Group) -> None:

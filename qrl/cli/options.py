@@ -64,14 +64,34 @@ def stack(*options: Callable[[F], F]) -> Callable[[F], F]:
     return apply
 
 
+def warn_secret_in_argv(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A callback: warn when a password came on the command line, which every user of the
+    machine can read (``ps``); the environment and files are private."""
+    from click.core import ParameterSource
+
+    from qrl.connection import redact
+
+    given = ctx.get_parameter_source(param.name or "") is ParameterSource.COMMANDLINE
+    secret = param.name != "redis_url" or (value is not None and redact(value) != value)
+    if value and given and secret:
+        click.echo(
+            f"Warning: the password in {param.opts[0]} is visible to every user of this "
+            f"machine (ps); set QRL_REDIS_PASSWORD (or QRL_REDIS_PASSWORD_FILE) instead",
+            err=True,
+        )
+    return value
+
+
 def redis_option(help: str | None = None) -> Callable[[F], F]:
     return click.option(
         "--redis",
         "redis_url",
         envvar="QRL_REDIS_URL",
         default=None,
+        callback=warn_secret_in_argv,
         help=help
-        or "Redis URL (redis://, rediss://, unix://; user:password@ allowed). "
+        or "Redis URL (redis://, rediss://, unix://; user:password@ allowed, better the "
+        "password in $QRL_REDIS_PASSWORD or a file named by $QRL_REDIS_PASSWORD_FILE). "
         "Default: $QRL_REDIS_URL.",
     )
 
@@ -125,17 +145,27 @@ precedence: file, then --env/--seed, then --set)."""
 
 
 def build_config(
-    algo: Algorithm, config_file: Path | None, overrides: tuple[str, ...], **direct: Any
+    algo: Algorithm,
+    config_file: Path | None,
+    overrides: tuple[str, ...],
+    check: bool = True,
+    **direct: Any,
 ) -> Any:
-    """The config from a file, then the options given (``None``: not given), then --set."""
+    """The config from a file, then the options given (``None``: not given), then --set;
+    with ``check``, its env is made once to check that it exists and that ``algo`` can act
+    in it."""
     from qrl.configs.base import ConfigError, parse_config, parse_overrides, read_config_file
+    from qrl.envs import check_env
 
     try:
         values = read_config_file(config_file, algo.name, list(ALGOS)) if config_file else {}
         values.update({k: v for k, v in direct.items() if v is not None})
         values.update(parse_overrides(overrides))
-        return parse_config(algo.config, values)
-    except ConfigError as e:
+        cfg = parse_config(algo.config, values)
+        if check:
+            check_env(cfg.env, algo.name, algo.actions)
+        return cfg
+    except (ConfigError, ValueError) as e:
         raise ConfigProblem(str(e)) from None
 
 
@@ -186,3 +216,40 @@ def id_option(role: str) -> Callable[[F], F]:
         help=f"{role.capitalize()} number (sets its seeds; for Ape-X actors the epsilon); "
         f"auto = the run's next free {role} number.",
     )
+
+
+track_options = stack(
+    click.option(
+        "--track",
+        is_flag=True,
+        help="Also log the metrics to Weights & Biases (pip install 'qrl[wandb]'; "
+        "WANDB_MODE=offline keeps them in RUN_DIR/wandb).",
+    ),
+    click.option(
+        "--wandb-project",
+        envvar="WANDB_PROJECT",
+        default="qrl",
+        show_default=True,
+        help="W&B project (env WANDB_PROJECT).",
+    ),
+    click.option(
+        "--wandb-entity",
+        envvar="WANDB_ENTITY",
+        default=None,
+        help="W&B entity, a user or team (env WANDB_ENTITY; default: yours).",
+    ),
+)
+"""--track, --wandb-project, --wandb-entity: turned into a Tracking by :func:`tracking`."""
+
+
+def tracking(track: bool, wandb_project: str, wandb_entity: str | None) -> Any:
+    """The :class:`qrl.tracking.Tracking` the options ask for; one line and exit code 1,
+    before anything starts, if ``--track`` is given without wandb installed."""
+    from qrl.tracking import Tracking
+
+    t = Tracking(wandb=track, wandb_project=wandb_project, wandb_entity=wandb_entity)
+    try:
+        t.check()
+    except RuntimeError as e:
+        raise click.ClickException(str(e)) from None
+    return t

@@ -10,13 +10,27 @@ from typing import Any
 import click
 
 from qrl.algos import ALGOS, Algorithm, RoleDef
-from qrl.cli.options import VERBOSE, device_option, id_option, redis_and_run, settings, stack
+from qrl.cli.options import (
+    VERBOSE,
+    device_option,
+    id_option,
+    redis_and_run,
+    settings,
+    stack,
+    track_options,
+    tracking,
+)
 
 
 def _run(algo: Algorithm, role: RoleDef, **opts: Any) -> None:
     from qrl.launch import LaunchError, RoleSpec, run_role
     from qrl.loop import RoleFailed
 
+    if "track" in opts:  # a learner
+        track = tracking(opts.pop("track"), opts.pop("wandb_project"), opts.pop("wandb_entity"))
+        if track.wandb and opts["run_dir"] is None:
+            raise click.UsageError("--track needs --run-dir (the learner logs the run's metrics)")
+        opts["tracking"] = track
     spec = RoleSpec(algo.name, role.name, redis_deadline=settings().redis_deadline, **opts)
     try:
         run_role(spec)
@@ -52,6 +66,7 @@ _learner_options = stack(
         show_default=True,
         help="Seconds between checkpoints (the first after 10 s; one also on a clean stop).",
     ),
+    track_options,
     click.option(
         "--max-updates", "limit", type=int, default=None, help="Stop after this many updates."
     ),

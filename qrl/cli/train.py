@@ -15,7 +15,10 @@ from qrl.cli.options import (
     config_options,
     device_option,
     redis_option,
+    run_keys,
     stack,
+    track_options,
+    tracking,
 )
 
 
@@ -66,6 +69,7 @@ _job_options = stack(
         show_default=True,
         help="Episodes per evaluation.",
     ),
+    track_options,
 )
 
 
@@ -86,13 +90,18 @@ def train_command(algo: Algorithm) -> click.Command:
         max_steps: int | None,
         eval_every: float,
         eval_episodes: int,
+        track: bool,
+        wandb_project: str,
+        wandb_entity: str | None,
         device: str = "auto",
         **count_values: int | None,
     ) -> None:
-        from qrl.train import Budget, default_run_name, default_target, run_training
-
+        track_to = tracking(track, wandb_project, wandb_entity)
         cfg = build_config(algo, config_file, overrides, env=env, seed=seed, **count_values)
+        from qrl.train import Budget, default_run_name, default_target, run_training  # torch
+
         run = run or default_run_name(algo.name, cfg.env, cfg.seed)
+        run_keys(run)  # an invalid name is a usage error (exit 2), before anything starts
         budget = Budget(
             target_return if target_return is not None else default_target(cfg.env),
             max_time if max_time is not None else (None if max_steps else 90.0),
@@ -108,6 +117,7 @@ def train_command(algo: Algorithm) -> click.Command:
             run=run,
             run_dir=run_dir or Path("runs") / run,
             device=device,
+            tracking=track_to,
         )
         sys.exit(code)
 

@@ -11,6 +11,8 @@ need no quotes.
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -61,6 +63,11 @@ class Config(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values (tuples as lists), as stored in Redis and checkpoints."""
         return self.model_dump(mode="json")
+
+    def digest(self) -> str:
+        """A short hash of every value: two processes with the same digest run one config."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def replace(self: C, **changes: Any) -> C:
         """A copy with ``changes``, validated like any other input."""

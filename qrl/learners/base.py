@@ -122,7 +122,10 @@ class Learner(Role):
         return loss.item()
 
     def publish(self) -> None:
-        self.weights.publish(self.net, version=self.updates)
+        """Publish the weights as version ``updates``; if another writer stored a newer
+        version, they go above it and the learner counts on from there (see
+        :meth:`qrl.weights.WeightStore.publish`)."""
+        self.updates = self.weights.publish(self.net, version=self.updates)
 
     def save(self) -> None:
         if self.checkpoint is not None:
@@ -132,13 +135,16 @@ class Learner(Role):
     def start(self, should_stop: StopCheck) -> bool:
         stored = self.weights.version()
         if stored > self.updates:  # e.g. restarted after SIGKILL: Redis is newer than the file
-            if self.weights.load_into(self.net, newer_than=self.updates) is not None:
+            loaded = self.weights.load_into(self.net, newer_than=self.updates)
+            if loaded is not None:
                 log.warning(
-                    "continuing from published weights %d (checkpoint: %d)", stored, self.updates
+                    "continuing from published weights %d (checkpoint: %d)", loaded, self.updates
                 )
-            self.updates = stored  # versions never go back
-        if stored < self.updates or stored < 0:
-            self.publish()  # actors start from the learner's initial (or resumed) weights
+                self.updates = stored = loaded
+        if stored != self.updates:
+            # actors start from the learner's initial (or resumed) weights; above a newer
+            # version that could not be loaded (versions never go back)
+            self.publish()
         self.stopping.clear()
         self.start_threads()
         return True

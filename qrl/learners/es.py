@@ -65,24 +65,42 @@ class ESMaster(Role):
 
     # -- state in the published blob
     def _resume(self) -> bool:
-        """Resume from the last published generation in Redis, else from the checkpoint."""
+        """Resume from the last published generation in Redis, else from the checkpoint.
+        Published parameters that do not fit (anyone with the run's keys may write them) are
+        ignored with a warning; a checkpoint that does not fit is an error."""
         w = self.store.fetch()
         if w is not None:
-            generation, p, meta = w.version, w.params, w.meta
-        elif self.checkpoint is not None and self.checkpoint.exists():
-            state = load_checkpoint(self.checkpoint, self.algo, self.cfg)
-            generation, meta = state["step"], state["extra"]
-            p = {k: v.numpy() for k, v in state["model"].items()}
-        else:
+            if self._adopt(w.version, w.params, w.meta):
+                return True
+            log.warning("published generation %d does not fit this run: ignored", w.version)
+        if self.checkpoint is None or not self.checkpoint.exists():
             return False
-        if p.get("theta") is None or p["theta"].shape != (self.spec.dim,):
+        state = load_checkpoint(self.checkpoint, self.algo, self.cfg)
+        p = {k: v.numpy() for k, v in state["model"].items()}
+        if not self._adopt(state["step"], p, state["extra"]):
             raise ValueError("saved ES parameters do not fit this run's policy")
+        return True
+
+    def _adopt(self, generation: int, p: dict[str, Any], meta: dict[str, Any]) -> bool:
+        """Take saved state if every part of it has the right shape; else change nothing."""
+        dim, d = (self.spec.dim,), (self.spec.obs_dim,)
+        shapes = {"theta": dim, "adam_m": dim, "adam_v": dim, "obs_sum": d, "obs_sumsq": d}
+        if any(getattr(p.get(k), "shape", None) != v for k, v in shapes.items()):
+            return False
+        adam_t, obs_count = meta.get("adam_t", 0), meta.get("obs_count", self.obs_count)
+        if type(adam_t) is not int or adam_t < 0 or type(obs_count) not in (int, float):
+            return False
+        if not (np.isfinite(obs_count) and obs_count > 0):
+            return False
         self.generation = generation
         self.theta = p["theta"].astype(np.float32)
-        self.adam.m, self.adam.v = p["adam_m"].copy(), p["adam_v"].copy()
-        self.adam.t = int(meta.get("adam_t", 0))
-        self.obs_count = float(meta.get("obs_count", self.obs_count))
-        self.obs_sum, self.obs_sumsq = p["obs_sum"].copy(), p["obs_sumsq"].copy()
+        self.adam.m, self.adam.v = p["adam_m"].astype(np.float64), p["adam_v"].astype(np.float64)
+        self.adam.t = adam_t
+        self.obs_count = float(obs_count)
+        self.obs_sum, self.obs_sumsq = (
+            p["obs_sum"].astype(np.float64),
+            p["obs_sumsq"].astype(np.float64),
+        )
         log.info("resumed at generation %d", self.generation)
         return True
 
@@ -107,7 +125,11 @@ class ESMaster(Role):
         return {"adam_t": self.adam.t, "obs_count": self.obs_count}
 
     def publish(self) -> None:
-        self.store.publish(self.params(), version=self.generation, meta=self.meta())
+        """Publish the generation; above a newer one another writer stored, and go on from
+        there (see :meth:`qrl.weights.WeightStore.publish`)."""
+        self.generation = self.store.publish(
+            self.params(), version=self.generation, meta=self.meta()
+        )
 
     def save(self) -> None:
         if self.checkpoint is not None:
@@ -136,8 +158,8 @@ class ESMaster(Role):
         return self.generation
 
     def start(self, should_stop: StopCheck) -> bool:
-        if self.store.version() < self.generation or self.store.version() < 0:
-            self.publish()
+        if self.store.version() != self.generation:  # not what it resumed from: publish
+            self.publish()  # (above a newer version that did not fit)
         self._new_generation()
         return True
 
@@ -182,10 +204,14 @@ class ESMaster(Role):
 
 
 def policy_from_params(cfg: ESConfig, params: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:
-    """The center policy (no noise) of published or checkpointed ES parameters."""
+    """The center policy (no noise) of published or checkpointed ES parameters; raises
+    ``ValueError`` if they do not fit the run's policy."""
     from qrl.es import normalize
 
     spec = PolicySpec.for_env(cfg.env, cfg.hidden)
+    shapes = {"theta": (spec.dim,), "obs_mean": (spec.obs_dim,), "obs_std": (spec.obs_dim,)}
+    if any(np.shape(params.get(k)) != v for k, v in shapes.items()):
+        raise ValueError("ES parameters do not fit this run's policy")
     theta = np.asarray(params["theta"], np.float32)
     mean = np.asarray(params["obs_mean"]) if cfg.obs_norm else np.zeros(spec.obs_dim)
     std = np.asarray(params["obs_std"]) if cfg.obs_norm else np.ones(spec.obs_dim)

@@ -1,0 +1,199 @@
+"""A second writer of a weights key: when the key holds a newer version than the learner's
+own, the learner publishes above it and carries on from there (one warning); garbage in the
+key (a version that is not a number, a blob that does not decode, a key that is not a hash)
+crashes neither learners nor readers. IMPALA, ES and Ape-X learners against a real Redis."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+
+from qrl.codec import encode
+from qrl.configs.apex import ApexConfig
+from qrl.configs.es import ESConfig
+from qrl.configs.impala import ImpalaConfig
+from qrl.connection import connect
+from qrl.es import PolicySpec
+from qrl.learners.es import ESMaster
+from qrl.learners.impala import ImpalaLearner
+from qrl.loop import run_role
+from qrl.replay.role import make_replay
+from qrl.runs import create_run
+from qrl.streams import FIELD
+from qrl.weights import WeightStore, module_arrays
+from tests.test_es import _results
+from tests.test_impala import _actor_message
+
+GARBAGE = [  # what the weights hash may hold after someone else wrote it
+    {"version": "garbage", "blob": b"junk"},
+    {"version": "1e400", "blob": b"junk"},
+    {"version": "nan", "blob": b"junk"},
+    {"version": str(2**62), "blob": b"junk"},
+    {"version": "-7"},
+]
+
+
+def _net(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def test_publish_goes_above_a_newer_version_and_warns_once(r, keys, caplog):
+    ours, theirs, reader = WeightStore(r, keys), WeightStore(r, keys), WeightStore(r, keys)
+    assert ours.publish(_net(0), version=3) == 3
+    assert theirs.publish(_net(1), version=10) == 10  # a second learner
+    with caplog.at_level(logging.WARNING, "qrl.weights"):
+        assert ours.publish(_net(0), version=4) == 11
+        assert ours.publish(_net(0), version=11) == 12  # taken already: above it again
+    warned = [rec for rec in caplog.records if "another writer" in rec.getMessage()]
+    assert len(warned) == 1 and "holds version 10" in warned[0].getMessage()
+    w = reader.fetch()
+    assert w.version == 12 == reader.version()  # the blob says 12 too: readers accept it
+    mine = module_arrays(_net(0))
+    assert all(np.array_equal(w.params[k], mine[k]) for k in mine)
+
+
+def test_garbage_in_the_weights_key_is_ignored_by_readers_and_overwritten(r, keys):
+    store = WeightStore(r, keys)
+    actor = _net(1)
+    for n, garbage in enumerate(GARBAGE):
+        r.delete(keys.weights)
+        r.hset(keys.weights, mapping=garbage)
+        assert store.version() == -1 and store.fetch() is None
+        assert store.load_into(actor) is None
+        assert store.publish(_net(0), version=n) == n  # overwritten, not refused
+        assert store.version() == n and store.fetch().version == n
+    r.delete(keys.weights)
+    r.set(keys.weights, b"not a hash")  # the wrong Redis type
+    assert store.version() == -1 and store.fetch() is None and store.load_into(actor) is None
+    assert store.publish(_net(0), version=0) == 0 and store.fetch().version == 0
+
+
+def test_impala_learner_publishes_above_a_second_writer(r, keys, redis_server):
+    cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
+    create_run(r, keys, "impala", cfg)
+    lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+    msg = {FIELD: encode("impala.unrolls", _actor_message(cfg, r, keys))}
+
+    def train_once() -> None:  # the learner's loop, one update at a time
+        done, deadline = lrn.updates, time.monotonic() + 30
+        r.xadd(keys.trajectories, msg)
+        while lrn.updates == done and time.monotonic() < deadline:
+            assert lrn.step(lambda: False)
+
+    lrn.start(lambda: False)
+    try:
+        train_once()
+        assert lrn.updates == 1 == lrn.weights.version()
+        WeightStore(r, keys).publish(_net(5), version=50)  # someone else's weights, newer
+        train_once()  # no ValueError: published above them
+        assert lrn.updates == 51 == lrn.weights.version()
+        for garbage in GARBAGE[:2]:
+            r.hset(keys.weights, mapping=garbage)
+            train_once()
+            assert lrn.weights.version() == lrn.updates and lrn.weights.fetch() is not None
+        assert lrn.updates == 53
+    finally:
+        lrn.close(lambda: True)
+
+
+def test_es_master_publishes_above_a_second_writer_and_survives_garbage(r, keys, redis_server):
+    cfg = ESConfig(population=4, noise_size=10_000, obs_norm=False)
+    create_run(r, keys, "es", cfg)
+    master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+
+    def generation_done(gen: int) -> None:  # the master's loop, one generation
+        r.xadd(keys.es_results, {FIELD: _results(gen, [10, 20], [1.0, 0.0], [0.0, 2.0])})
+        deadline = time.monotonic() + 30
+        while master.generation == gen and time.monotonic() < deadline:
+            assert master.step(lambda: False)
+
+    master.start(lambda: False)
+    other = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+    other.generation = 20
+    other.publish()  # a second master
+    generation_done(0)  # no ValueError: published above it
+    assert master.generation == 21 == master.store.version()
+    assert master.store.fetch().version == 21
+    # the generation it now works on is the one it published: its results count
+    generation_done(21)
+    assert master.generation == 22 and master.stale == 0
+    # a restarted master does not crash on garbage or on parameters that do not fit
+    unfit = {"theta": np.zeros(3, np.float32), "adam_m": np.zeros(3), "adam_v": np.zeros(3)}
+    WeightStore(r, keys, keys.es_params).publish(unfit, version=30, meta={"adam_t": "x"})
+    again = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+    assert not again.resumed and again.generation == 0
+    again.start(lambda: False)
+    assert again.generation == 31 == again.store.version()
+    for garbage in GARBAGE:
+        r.delete(keys.es_params)
+        r.hset(keys.es_params, mapping=garbage)
+        assert not ESMaster(lambda: connect(redis_server.url), keys, cfg).resumed
+
+
+def test_apex_learner_publishes_above_a_second_writer(r, keys, redis_server):
+    from qrl.learners.apex import ApexLearner
+
+    cfg = ApexConfig(learning_starts=100, publish_every=5)
+    create_run(r, keys, "apex", cfg)
+    replay = make_replay(r, keys, cfg)
+    obs = np.zeros((200, 4), np.float32)
+    replay.insert(
+        replay.layout.pack(obs, np.zeros(200), np.ones(200), np.ones(200), obs), np.ones(200)
+    )
+    lrn = ApexLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_role(lrn, r, keys, 0, stop.is_set)
+        except BaseException as e:  # noqa: BLE001 - the test reports whatever it was
+            errors.append(e)
+
+    def wait_for(pred) -> None:
+        deadline = time.monotonic() + 60
+        while not pred() and not errors and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        wait_for(lambda: lrn.updates >= 10)
+        WeightStore(r, keys).publish(module_arrays(lrn.net), version=1000)
+        wait_for(lambda: lrn.weights.version() > 1000)
+        r.hset(keys.weights, "version", "garbage")
+        wait_for(lambda: lrn.weights.version() > 1001)
+    finally:
+        stop.set()
+        t.join(60)
+    assert not errors and not t.is_alive()
+    assert lrn.updates > 1001 and lrn.weights.version() == lrn.updates
+    assert lrn.weights.fetch().version == lrn.updates
+
+
+def test_qrl_train_evaluation_skips_parameters_that_do_not_fit(r, keys):
+    from qrl.algos import ALGOS
+    from qrl.train import Evaluator
+
+    cfg = ESConfig(population=4, noise_size=10_000)
+    evaluator = Evaluator(ALGOS["es"], cfg, episodes=1)
+    store = WeightStore(r, keys, keys.es_params)
+    store.publish({"theta": np.zeros(3, np.float32)}, version=1)  # decodes, does not fit
+    with pytest.raises(ValueError, match="do not fit"):  # logged by qrl train, not fatal
+        evaluator(r, keys)
+    assert evaluator.last is None and evaluator(r, keys) is None  # not tried again
+    spec = PolicySpec.for_env(cfg.env, cfg.hidden)
+    good = {
+        "theta": np.zeros(spec.dim, np.float32),
+        "obs_mean": np.zeros(spec.obs_dim, np.float32),
+        "obs_std": np.ones(spec.obs_dim, np.float32),
+    }
+    store.publish(good, version=2)
+    assert evaluator(r, keys) is not None and evaluator.last.version == 2
