@@ -94,10 +94,10 @@ class RunKeys:
         """Run control flags (hash), e.g. ``stop``."""
         return self._k("control")
 
-    @property
-    def ids(self) -> str:
-        """Next free process number per role (hash), for ``--id auto``."""
-        return self._k("ids")
+    def lease(self, role: str, ident: int) -> str:
+        """Who holds process number ``ident`` of ``role`` (string with a TTL, see
+        :mod:`qrl.ids`)."""
+        return self._k(f"lease:{role}.{ident}")
 
     def proc(self, name: str) -> str:
         """One process's heartbeat (string with a TTL), ``name`` = ``role.id@host:pid``."""

@@ -21,10 +21,11 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import redis
 
@@ -34,6 +35,7 @@ from qrl.codec import CodecError
 from qrl.connection import RedisUnavailable, connect, failure_exit, stop_waiting
 from qrl.control import StopFlag, on_stop_signals
 from qrl.embedded import die_with_parent
+from qrl.ids import claim_id, hold_id
 from qrl.keys import RunKeys
 from qrl.loop import RoleFailed
 from qrl.loop import run_role as run_loop
@@ -87,11 +89,6 @@ def setup_logging(level: int, force: bool = True) -> None:
     )
 
 
-def next_id(client: redis.Redis, keys: RunKeys, role: str) -> int:
-    """The run's next free number for ``role`` (``--id auto``)."""
-    return int(client.hincrby(keys.ids, role, 1)) - 1
-
-
 def run_role(spec: RoleSpec) -> int:
     """Run the role of ``spec`` in this process until the run stops, a signal comes, or its
     limit is reached; returns how far its counter advanced. SIGINT/SIGTERM before the role
@@ -117,7 +114,29 @@ def run_role(spec: RoleSpec) -> int:
         cfg = load_run_config(client, keys, algo.name, algo.config)
     except (RedisUnavailable, RunNotFound, CodecError, ValueError) as e:
         raise LaunchError(str(e)) from e
-    ident = next_id(client, keys, roledef.name) if spec.ident == "auto" else int(spec.ident)
+    if spec.ident == "auto":
+        lease = claim_id(client, keys, roledef.name)
+    else:
+        lease = hold_id(client, keys, roledef.name, int(spec.ident))
+    try:
+        return _run(spec, client, opener, keys, cfg, lease.ident, stopping, running)
+    finally:
+        lease.release()
+
+
+def _run(
+    spec: RoleSpec,
+    client: redis.Redis,
+    opener: Callable[[], redis.Redis],
+    keys: RunKeys,
+    cfg: Any,
+    ident: int,
+    stopping: threading.Event,
+    running: threading.Event,
+) -> int:
+    """Make the role of ``spec`` as process ``ident`` and run it in the role loop."""
+    algo = ALGOS[spec.algo]
+    roledef = algo.role(spec.role)
     checkpoint = spec.checkpoint
     if checkpoint is None and spec.run_dir is not None:
         checkpoint = spec.run_dir / "checkpoint.pt"

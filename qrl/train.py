@@ -235,8 +235,10 @@ def run_training(
             server.stop()
     row = progress.row()
     verdict = "reached" if reached else "did not reach"
+    target = "no target" if budget.target_return is None else f"target {budget.target_return}"
     console.print(
-        f"{verdict} target {budget.target_return} in {row['time_s']:.1f}s: "
+        f"{verdict if budget.target_return is not None else 'ran with'} {target} in "
+        f"{row['time_s']:.1f}s: "
         f"eval {row['eval_return']}, "
         f"{row['env_steps']} env steps, {row['updates']} updates; run dir {run_dir}"
     )

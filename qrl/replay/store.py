@@ -5,7 +5,7 @@ Layout (keys from :class:`qrl.keys.RunKeys`):
 * ``replay:prio``  sorted set, member = transition id, score = priority ``p_i`` (> 0)
 * ``replay:data``  hash, transition id -> fixed-size record (see :class:`RecordLayout`)
 * ``replay:meta``  hash: ``hi`` (next id), ``lo`` (oldest id still present), ``inserted``,
-  ``evicted``
+  ``evicted``, ``batches`` (producer batches inserted, each once)
 * ``replay:batches`` sorted set of inserted producer batch ids (idempotence), scored by the
   id after their last transition; trimmed with the eviction, so it stays bounded too
 
@@ -60,7 +60,10 @@ if ARGV[2] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[2]) then
   return -1
 end
 local hi = redis.call('HINCRBY', KEYS[3], 'hi', n)
-if ARGV[2] ~= '' then redis.call('ZADD', KEYS[4], hi, ARGV[2]) end
+if ARGV[2] ~= '' then
+  redis.call('ZADD', KEYS[4], hi, ARGV[2])
+  redis.call('HINCRBY', KEYS[3], 'batches', 1)
+end
 local first = hi - n
 local fmt, sub = string.format, string.sub
 local z, h = {}, {}
@@ -310,11 +313,12 @@ class PrioritizedReplay:
         return self.last_size
 
     def stats(self) -> dict[str, int]:
-        meta = self.client.hmget(self.keys.replay_meta, ["inserted", "evicted"])
+        meta = self.client.hmget(self.keys.replay_meta, ["inserted", "evicted", "batches"])
         return {
             "size": self.size(),
             "inserted": int(meta[0] or 0),
             "evicted": int(meta[1] or 0),
+            "batches": int(meta[2] or 0),
         }
 
     def rank_probabilities(self, n: int) -> np.ndarray:

@@ -1,0 +1,76 @@
+"""Process numbers (``--id auto``): the smallest free number, kept alive while its process
+runs, taken back from a dead holder of this host at once and from any other after its lease
+ran out."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from qrl import ids
+from qrl.ids import LEASE_TTL, claim_id, hold_id, holder
+
+
+def dead_pid() -> int:
+    """The pid of a process of this host that has exited."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_numbers_count_up_from_zero_per_role(r, keys):
+    leases = [claim_id(r, keys, "actor") for _ in range(3)]
+    assert [lease.ident for lease in leases] == [0, 1, 2]
+    assert claim_id(r, keys, "worker").ident == 0
+    assert r.get(keys.lease("actor", 1)).decode() == holder()
+    assert 0 < r.ttl(keys.lease("actor", 1)) <= LEASE_TTL
+
+
+def test_a_released_number_is_taken_again(r, keys):
+    leases = [claim_id(r, keys, "actor") for _ in range(3)]
+    leases[1].release()
+    assert r.get(keys.lease("actor", 1)) is None
+    assert claim_id(r, keys, "actor").ident == 1
+    assert claim_id(r, keys, "actor").ident == 3
+
+
+def test_a_dead_holder_of_this_host_gives_its_number_back_at_once(r, keys):
+    host, pid, _ = holder().split(":")
+    r.set(keys.lease("actor", 0), f"{host}:{dead_pid()}:ab", ex=LEASE_TTL)
+    r.set(keys.lease("actor", 1), f"{host}:1:ab", ex=LEASE_TTL)  # alive (init)
+    r.set(keys.lease("actor", 2), f"other-host:{dead_pid()}:ab", ex=LEASE_TTL)  # unknown
+    r.set(keys.lease("actor", 3), f"{host}:{pid}:ab", ex=LEASE_TTL)  # this pid, before
+    assert claim_id(r, keys, "actor").ident == 0  # its process died
+    assert claim_id(r, keys, "actor").ident == 3  # a restarted container's process, same pid
+    assert claim_id(r, keys, "actor").ident == 4
+
+
+def test_a_lease_lives_while_its_process_does(r, keys, monkeypatch):
+    monkeypatch.setattr(ids, "LEASE_TTL", 1)
+    lease = claim_id(r, keys, "actor")
+    time.sleep(2.5)  # past its TTL: kept alive
+    assert r.get(keys.lease("actor", 0)).decode() == holder()
+    r.delete(keys.lease("actor", 0))  # as if Redis had lost it: taken again
+    time.sleep(1)
+    assert r.get(keys.lease("actor", 0)).decode() == holder()
+    r.set(keys.lease("actor", 0), "other-host:1:ab", ex=2)  # another took it: left alone
+    time.sleep(1)
+    assert r.get(keys.lease("actor", 0)) == b"other-host:1:ab"
+    lease.release()  # not its holder any more: the other's lease stays
+    assert r.get(keys.lease("actor", 0)) == b"other-host:1:ab"
+    r.delete(keys.lease("actor", 0))
+    lease = claim_id(r, keys, "actor")
+    lease.release()
+    time.sleep(0.5)  # no thread keeps it after the release
+    assert lease.ident == 0 and r.get(keys.lease("actor", 0)) is None
+
+
+def test_an_explicit_number_is_held_and_released(r, keys):
+    explicit = hold_id(r, keys, "actor", 0)
+    assert claim_id(r, keys, "actor").ident == 1
+    explicit.release()
+    assert claim_id(r, keys, "actor").ident == 0
+    r.set(keys.lease("actor", 1), "other-host:5:ab", ex=LEASE_TTL)
+    hold_id(r, keys, "actor", 1).release()  # held, then released
+    assert r.get(keys.lease("actor", 1)) is None
