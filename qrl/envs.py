@@ -53,21 +53,23 @@ def is_atari(env_id: str) -> bool:
 def make_env(env_id: str, seed: int | None = None, render_mode: str | None = None) -> gym.Env:
     """One environment. Atari ids (``ALE/...``) get the standard DQN preprocessing: no-op
     starts, frame skip 4 with max-pooling, 84x84 grayscale uint8, a stack of 4 frames.
-    ``render_mode`` is gymnasium's (``"rgb_array"`` to record video)."""
+    ``render_mode`` is gymnasium's (``"rgb_array"`` to record video); it is passed only when
+    given, so envs that take no ``render_mode`` argument still work."""
+    extra = {} if render_mode is None else {"render_mode": render_mode}
     if is_atari(env_id):
         try:
             import ale_py
         except ImportError as e:  # pragma: no cover - depends on the install
             raise RuntimeError("Atari needs `pip install 'qrl-rl[atari]'` (ale-py, opencv)") from e
         gym.register_envs(ale_py)
-        env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0, render_mode=render_mode)
+        env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0, **extra)
         env = gym.wrappers.AtariPreprocessing(
             env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30
         )
         env = gym.wrappers.FrameStackObservation(env, 4)
     else:
         try:
-            env = gym.make(env_id, render_mode=render_mode)
+            env = gym.make(env_id, **extra)
         except gym.error.Error as e:
             raise ValueError(f"cannot make environment {env_id!r}: {e}") from e
     if seed is not None:
