@@ -26,6 +26,7 @@ import threading
 
 import redis
 
+from qrl.connection import RedisUnavailable
 from qrl.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class Lease:
         while not self._done.wait(LEASE_TTL / 3):
             try:
                 kept = self.client.eval(_KEEP, 1, self.key, self.me, LEASE_TTL)
-            except redis.RedisError:
+            except (redis.RedisError, RedisUnavailable):
                 continue  # Redis away: the roles report it; the lease is taken again after
             if not kept and not lost:
                 log.warning("%s is held by another process now", self.key)
@@ -109,7 +110,7 @@ class Lease:
         """Give the number back, if this process still holds it."""
         self._done.set()
         self._thread.join(timeout=5)
-        with contextlib.suppress(redis.RedisError):  # else it runs out by itself
+        with contextlib.suppress(redis.RedisError, RedisUnavailable):  # else it runs out
             self.client.eval(_KEEP, 1, self.key, self.me)
 
 

@@ -41,7 +41,9 @@ def test_train_reaches_its_target_under_hostile_writes(algo, redis_server, tmp_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["reached"] and result["eval_return"] >= 200
-    assert len(sent) >= 20  # hostile entries and weights garbage went in all along
+    # hostile entries and weights garbage went in all along (one pair every 0.25 s; ES may
+    # solve in a few seconds, so the bar is set by how long the job ran)
+    assert len(sent) >= max(5, 0.5 * result["time_s"] / 0.25), (len(sent), result["time_s"])
     r = redis.Redis.from_url(url)
     stats = {k.decode(): v.decode() for k, v in r.hgetall(f"qrl:{{{run}}}:stats").items()}
     print(algo, "hostile writes:", len(sent), "stats:", stats)
