@@ -13,6 +13,7 @@ import time
 from urllib.parse import quote
 
 import redis
+from redis.crc import key_slot
 
 from qrl.embedded import EmbeddedRedis, free_port
 
@@ -70,6 +71,10 @@ class LocalCluster:
         """A plain (not cluster) client of one node: what that node alone holds."""
         n = self.nodes[node]
         return redis.Redis(host=n.host, port=n.port, password=self.password)
+
+    def node_of(self, key: str) -> int:
+        """Which node (index into :attr:`nodes`) holds ``key``: the slots are split evenly."""
+        return min(key_slot(key.encode()) // (SLOTS // len(self.nodes)), len(self.nodes) - 1)
 
     def keys_per_node(self, pattern: str = "*") -> list[list[bytes]]:
         """The keys matching ``pattern`` that each node holds, in node order."""

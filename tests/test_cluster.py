@@ -2,8 +2,25 @@
 
 from __future__ import annotations
 
+import itertools
+import json
+
+import numpy as np
 import pytest
 import redis
+
+from qrl.cluster import ClusterClient
+from qrl.codec import Field, Schema, encode
+from qrl.connection import RedisUnavailable, connect
+from qrl.ids import claim_id
+from qrl.keys import RunKeys
+from qrl.metrics import MetricsReader, report
+from qrl.replay.store import PrioritizedReplay, RecordLayout
+from qrl.runs import delete_run
+from qrl.status import collect
+from qrl.streams import StreamConsumer, StreamProducer
+from qrl.weights import WeightStore
+from tests.cli import qrl
 
 
 def test_fixture_is_a_cluster_of_three_masters_with_a_password(redis_cluster):
@@ -18,3 +35,139 @@ def test_fixture_is_a_cluster_of_three_masters_with_a_password(redis_cluster):
         pytest.raises(redis.AuthenticationError),
     ):
         bare.ping()
+
+
+def run_on(cluster, node: int, prefix: str) -> RunKeys:
+    """A fresh run whose keys live on ``node`` of ``cluster``."""
+    for i in itertools.count():
+        keys = RunKeys(f"{prefix}-{i}")
+        if cluster.node_of(keys.config) == node:
+            return keys
+    raise AssertionError("unreachable")
+
+
+def held(cluster, keys: RunKeys) -> list[int]:
+    """How many keys of run ``keys`` each node holds."""
+    return [len(k) for k in cluster.keys_per_node(keys.pattern())]
+
+
+def test_any_node_url_gives_a_cluster_client_that_reaches_every_node(redis_cluster):
+    client = connect(redis_cluster.urls[1])
+    assert isinstance(client, ClusterClient)
+    runs = [run_on(redis_cluster, node, "reach") for node in range(3)]
+    for keys in runs:
+        client.set(keys.config, keys.run)  # MOVED from node 1 for two of them, followed
+    assert [held(redis_cluster, keys) for keys in runs] == [[1, 0, 0], [0, 1, 0], [0, 0, 1]]
+    # SCAN walks every master, not the node of the URL alone
+    found = {RunKeys.run_of(k) for k in client.scan_iter(match="qrl:{reach-*}:config")}
+    assert found >= {keys.run for keys in runs}
+    for keys in runs:
+        assert delete_run(client, keys) == 1
+    assert [held(redis_cluster, keys) for keys in runs] == [[0, 0, 0]] * 3
+    client.close()
+
+
+def test_run_commands_through_one_node_see_every_node(redis_cluster, tmp_path):
+    runs = [run_on(redis_cluster, node, "cli") for node in range(3)]
+    for keys, url in zip(runs, redis_cluster.urls[::-1], strict=True):
+        made = qrl("run", "create", "apex", "--run", keys.run, "--redis", url, timeout=60)
+        assert made.returncode == 0, made.stderr
+    assert [held(redis_cluster, keys) for keys in runs] == [[1, 0, 0], [0, 1, 0], [0, 0, 1]]
+    with connect(redis_cluster.urls[2]) as client:  # more keys than the config to delete
+        for keys in runs:
+            report(client, keys, "actor", 0, steps=5)
+    url = redis_cluster.urls[0]
+    listed = qrl("run", "list", "--json", "--redis", url, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    by_name = {r["run"]: r for r in json.loads(listed.stdout)}
+    assert {keys.run for keys in runs} <= by_name.keys()
+    assert {by_name[keys.run]["algo"] for keys in runs} == {"apex"}
+
+    for keys in runs:
+        shown = qrl("status", "--run", keys.run, "--json", "--redis", url, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        status = json.loads(shown.stdout)
+        assert status["run"] == keys.run and status["algo"] == "apex"
+        assert [(p["role"], p["values"]["steps"]) for p in status["processes"]] == [("actor", 5)]
+    unnamed = qrl("status", "--redis", url, timeout=60)  # several runs: it names them all
+    assert unnamed.returncode == 2 and all(keys.run in unnamed.stderr for keys in runs)
+
+    for keys in runs:
+        assert held(redis_cluster, keys) == [
+            3 if n == redis_cluster.node_of(keys.config) else 0 for n in range(3)
+        ]  # config, metrics, heartbeat
+        gone = qrl("run", "delete", keys.run, "--yes", "--redis", url, timeout=60)
+        assert gone.returncode == 0, gone.stderr
+        assert held(redis_cluster, keys) == [0, 0, 0]
+    left = json.loads(qrl("run", "list", "--json", "--redis", url, timeout=60).stdout)
+    assert not {r["run"] for r in left} & {keys.run for keys in runs}
+
+
+ITEM = Schema("item", {"seq": Field(int), "x": Field(np.ndarray, dtypes=("float32",))})
+
+
+def test_streams_weights_leases_metrics_and_replay_through_a_cluster_client(redis_cluster):
+    keys = run_on(redis_cluster, 2, "data")
+    client = connect(redis_cluster.urls[0])  # not the node that holds the run
+
+    producer = StreamProducer(client, keys.experience, maxlen=100, keys=keys)
+    for i in range(5):
+        producer.add(encode("item", {"seq": i, "x": np.full(3, i, np.float32)}))
+    client.xadd(keys.experience, {"d": b"not msgpack"})  # dead-lettered in a transaction
+    consumer = StreamConsumer(client, keys, keys.experience, ITEM, count=16, block_ms=10)
+    got = consumer.read()
+    assert [e.data["seq"] for e in got] == list(range(5))
+    consumer.ack(got)  # XACK + XDEL in one transaction
+    assert client.xlen(keys.experience) == 0 and client.xlen(keys.deadletter) == 1
+    assert client.hget(keys.stats, "produced:experience") == b"5"
+    consumer.close()
+
+    store = WeightStore(client, keys)
+    params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    assert store.publish(params, version=3) == 3
+    fetched = WeightStore(connect(redis_cluster.urls[1]), keys).fetch()
+    assert fetched.version == 3
+    np.testing.assert_array_equal(fetched.params["w"], params["w"])
+
+    first, second = claim_id(client, keys, "actor"), claim_id(client, keys, "actor")
+    assert (first.ident, second.ident) == (0, 1)
+    first.release()
+    assert claim_id(client, keys, "actor").ident == 0
+
+    report(client, keys, "learner", 0, updates=7)
+    assert [m["values"]["updates"] for m in MetricsReader(client, keys, True).read()] == [7]
+    status = collect(client, keys)
+    assert [p["role"] for p in status["processes"]] == ["learner"]
+
+    layout = RecordLayout((4,), "float32")
+    ids = np.arange(50)
+    obs = ids[:, None] * np.ones(4, np.float32)
+    records = layout.pack(obs, ids, ids * 0.5, np.ones(50), obs)
+    for mode in ("rank", "proportional"):
+        replay = PrioritizedReplay(client, keys, layout, 40, mode=mode, seed=1)
+        assert replay.insert(records, np.linspace(0.1, 2.0, 50), batch_id=mode) == 10
+        assert replay.insert(records, np.ones(50), batch_id=mode) == -1  # seen: skipped
+        sample = replay.sample(16)
+        assert len(sample.ids) == 16 and set(sample.batch["action"]) <= set(range(10, 50))
+        np.testing.assert_array_equal(sample.batch["obs"][:, 0], sample.batch["action"])
+        replay.update_priorities(sample.ids, np.full(16, 3.0))
+        delete_run(client, keys)
+    assert held(redis_cluster, keys) == [0, 0, 0]
+    client.close()
+
+
+def test_password_from_the_environment_and_database_zero_only(redis_cluster, monkeypatch):
+    address = redis_cluster.addresses[1]
+    monkeypatch.setenv("QRL_REDIS_PASSWORD", redis_cluster.password)
+    with connect(address) as client:
+        assert isinstance(client, ClusterClient) and client.ping()
+    monkeypatch.setenv("QRL_REDIS_PASSWORD", "wrong")
+    with pytest.raises(RedisUnavailable, match="cannot reach"):
+        connect(address)
+    monkeypatch.setenv("QRL_REDIS_PASSWORD", redis_cluster.password)
+    other_db = redis_cluster.addresses[2].removesuffix("/0") + "/3"
+    with pytest.raises(RedisUnavailable, match="only database 0"):
+        connect(other_db)
+    out = qrl("run", "list", "--redis", other_db, timeout=60)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("Error: ") and "only database 0: end the URL with /0" in out.stderr
