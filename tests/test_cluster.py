@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 
 import numpy as np
 import pytest
@@ -171,3 +172,21 @@ def test_password_from_the_environment_and_database_zero_only(redis_cluster, mon
     out = qrl("run", "list", "--redis", other_db, timeout=60)
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
     assert out.stderr.startswith("Error: ") and "only database 0: end the URL with /0" in out.stderr
+
+
+def test_train_apex_solves_cartpole_on_a_cluster(redis_cluster, tmp_path):
+    keys = run_on(redis_cluster, 2, "train")
+    env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
+    env["QRL_REDIS_PASSWORD"] = redis_cluster.password  # the URL without it: no ps warning
+    run_dir = tmp_path / "run"
+    args = ("--env", "CartPole-v1", "--run", keys.run, "--run-dir", str(run_dir))
+    out = qrl("train", "apex", *args, "--redis", redis_cluster.addresses[0], env=env, timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["reached"] and result["updates"] > 0
+    on_nodes = held(redis_cluster, keys)  # one run, one hash tag: one node
+    assert on_nodes[2] >= 5 and on_nodes[:2] == [0, 0], on_nodes
+    logs = (run_dir / "logs" / "learner.log").read_text()
+    assert "Traceback" not in logs and "MovedError" not in logs
+    with connect(redis_cluster.urls[1]) as client:
+        delete_run(client, keys)
