@@ -5,6 +5,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -22,6 +25,7 @@ from qrl.status import collect
 from qrl.streams import StreamConsumer, StreamProducer
 from qrl.weights import WeightStore
 from tests.cli import qrl
+from tests.cluster import LocalCluster
 
 
 def test_fixture_is_a_cluster_of_three_masters_with_a_password(redis_cluster):
@@ -190,3 +194,32 @@ def test_train_apex_solves_cartpole_on_a_cluster(redis_cluster, tmp_path):
     assert "Traceback" not in logs and "MovedError" not in logs
     with connect(redis_cluster.urls[1]) as client:
         delete_run(client, keys)
+
+
+def test_a_stalled_node_is_waited_for_until_the_deadline():
+    """A node that stops answering (SIGSTOP) is retried with backoff, commands and whole
+    transactions alike, as on a single Redis; past the deadline: RedisUnavailable."""
+    with LocalCluster(password=None) as cluster:
+        keys = run_on(cluster, 1, "stall")
+        pid = cluster.nodes[1].proc.pid
+        client = connect(cluster.urls[0], deadline=30, socket_timeout=0.5)
+        client.set(keys.config, b"x")
+        os.kill(pid, signal.SIGSTOP)
+        threading.Timer(2.0, os.kill, (pid, signal.SIGCONT)).start()
+        start = time.monotonic()
+        pipe = client.pipeline(transaction=True)  # retried whole (idempotent, as qrl's are)
+        pipe.hset(keys.stats, "n", 7)
+        pipe.hget(keys.stats, "n")
+        assert pipe.execute()[1] == b"7"
+        assert client.get(keys.config) == b"x"
+        assert 1.5 < time.monotonic() - start < 15
+        short = connect(cluster.urls[2], deadline=1.5, socket_timeout=0.5)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            with pytest.raises(RedisUnavailable, match="has not answered for 2s"):
+                short.get(keys.config)
+            assert time.monotonic() - start < 10
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert client.hget(keys.stats, "n") == b"7"
