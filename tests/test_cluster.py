@@ -223,3 +223,23 @@ def test_a_stalled_node_is_waited_for_until_the_deadline():
         finally:
             os.kill(pid, signal.SIGCONT)
         assert client.hget(keys.stats, "n") == b"7"
+
+
+def test_an_acl_user_limited_to_its_run_gets_the_cluster(redis_cluster):
+    """The README's rule for a run's user (no @dangerous, so no INFO) is enough: cluster mode
+    is found with CLUSTER INFO, the slot map read with CLUSTER SLOTS."""
+    keys, other = run_on(redis_cluster, 0, "acl"), run_on(redis_cluster, 1, "acl-other")
+    rule = f"on >runner-pw resetkeys ~{keys.prefix}* +@all -@admin -@dangerous".split()
+    for node in range(3):  # ACLs are per node
+        with redis_cluster.client(node) as c:
+            c.execute_command("ACL SETUSER", "runner", *rule)
+    host_port = redis_cluster.addresses[2].removeprefix("redis://")
+    client = connect(f"redis://runner:runner-pw@{host_port}")
+    assert isinstance(client, ClusterClient)
+    store = WeightStore(client, keys)
+    assert store.publish({"w": np.ones(2, np.float32)}, version=0) == 0
+    assert store.fetch().version == 0
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        client.set(other.config, b"x")
+    delete_run(client, keys)
+    client.close()
