@@ -296,12 +296,22 @@ def connect(
                 f"{redact(url)} is a node of a Redis Cluster, which has only database 0: "
                 f"end the URL with /0, not /{parsed['db']}"
             )
-        try:
-            client = ClusterClient(url, retry=Retry(backoff, -1, RETRY_ON), **options)
-        except (*lost, RedisClusterException) as e:
-            raise _unreachable(url, e) from e
+        client = _cluster_client(url, Retry(backoff, -1, RETRY_ON), wait, options)
     backoff.deadline = redis_deadline() if deadline is None else deadline
     return client
+
+
+def _cluster_client(url: str, retry: Retry, wait: float, options: dict) -> ClusterClient:
+    """The cluster's client, once its slot map covers every slot: a cluster still being
+    formed (its nodes up, not yet joined) is waited for up to ``wait`` seconds too."""
+    until = time.monotonic() + wait
+    while True:
+        try:
+            return ClusterClient(url, retry=retry, **options)
+        except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException) as e:
+            if time.monotonic() >= until:
+                raise _unreachable(url, e) from e
+            time.sleep(0.2)
 
 
 def _unreachable(url: str, error: BaseException) -> RedisUnavailable:
