@@ -279,11 +279,10 @@ def connect(
         )
     except ValueError as e:
         raise RedisUnavailable(f"bad Redis URL {redact(url)!r}: {redact_text(str(e), url)}") from e
-    lost = (RedisUnavailable, RedisConnectionError, RedisTimeoutError, OSError)
     try:
         client.ping()
         cluster = _cluster_enabled(client)
-    except lost as e:
+    except (RedisUnavailable, RedisConnectionError, RedisTimeoutError, OSError) as e:
         raise _unreachable(url, e) from e
     except ResponseError as e:  # a cluster node refuses SELECT of another database
         if "cluster" not in str(e).lower():

@@ -58,7 +58,9 @@ def held(cluster, keys: RunKeys) -> list[int]:
     return [len(k) for k in cluster.keys_per_node(keys.pattern())]
 
 
-def test_any_node_url_gives_a_cluster_client_that_reaches_every_node(redis_cluster):
+def test_any_node_url_gives_a_cluster_client_that_reaches_every_node(redis_cluster, redis_server):
+    with connect(redis_server.url) as single:  # not a cluster node: a plain client
+        assert type(single) is redis.Redis
     client = connect(redis_cluster.urls[1])
     assert isinstance(client, ClusterClient)
     runs = [run_on(redis_cluster, node, "reach") for node in range(3)]
