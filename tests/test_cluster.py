@@ -25,7 +25,7 @@ from qrl.runs import delete_run
 from qrl.status import collect
 from qrl.streams import StreamConsumer, StreamProducer
 from qrl.weights import WeightStore
-from tests.cli import qrl
+from tests.cli import qrl, qrl_redis
 from tests.cluster import LocalCluster
 from tests.test_access import _tls_args, _tls_binary
 
@@ -269,3 +269,24 @@ def test_a_cluster_over_tls_checks_every_node_certificate(tmp_path):
         client.close()
         with pytest.raises(RedisUnavailable, match="cannot reach"):  # without the CA
             connect(f"rediss://:{pw}@127.0.0.1:{cluster.tls_ports[0]}/0")
+
+
+def test_qrl_redis_cluster_starts_a_local_cluster_that_one_url_reaches():
+    """`qrl redis --cluster 3`: three node URLs; a run created through one node is listed
+    through another; Ctrl-C stops every node."""
+    proc, urls, pids, banner = qrl_redis("--cluster", "3", nodes=3)
+    try:
+        assert len(set(urls)) == 3 and "a cluster of 3 nodes" in banner, (urls, banner)
+        env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_PASSWORD"}
+        created = qrl("run", "create", "apex", "--run", "cl1", "--redis", urls[2], env=env)
+        assert created.returncode == 0, created.stderr
+        listed = qrl("run", "list", "--json", "--redis", urls[0], env=env)
+        assert [r["run"] for r in json.loads(listed.stdout)] == ["cl1"], listed.stdout
+        with redis.Redis.from_url(urls[1]) as node:
+            assert node.execute_command("CLUSTER INFO")["cluster_known_nodes"] == "3"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
