@@ -4,6 +4,9 @@ initial priorities from the actor's own |TD error|, batches pushed to the experi
 Follow one batch: ``ApexActor.step`` calls ``env.step``; ``NStep.add`` turns rewards into
 n-step transitions; ``ApexActor.flush`` computes priorities and pushes the batch with
 :class:`qrl.streams.StreamProducer`; the replay role (``qrl/replay/role.py``) inserts it.
+With a sharded replay, each env slot's transitions go to its shard's stream
+(:func:`qrl.replay.shards.shard_of_slots`): one n-step accumulator and one pending batch per
+shard, all pushed together once ``actor_batch`` transitions are ready.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from qrl.codec import encode
 from qrl.configs.apex import ApexConfig
 from qrl.keys import RunKeys
 from qrl.models import QNetwork
+from qrl.replay.shards import shard_of_slots
+from qrl.streams import StreamProducer
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +83,20 @@ class ApexActor(VectorActor):
         self.net = QNetwork(self.obs_shape, self.n_actions, cfg.hidden, cfg.dueling)
         self.net.eval()
         self.eps = epsilons(cfg, actor_id)
-        self.nstep = NStep(cfg.envs_per_actor, cfg.n_step, cfg.gamma)
-        self.pending: list[tuple[np.ndarray, int, float, float, np.ndarray]] = []
+        # per shard: its env slots, its stream, its n-step accumulator, its pending batch
+        shard = shard_of_slots(actor_id, cfg.envs_per_actor, cfg.replay_shards)
+        self.routes = [
+            (
+                np.flatnonzero(shard == s),
+                StreamProducer(client, k.experience, cfg.stream_maxlen, keys=k),
+            )
+            for s, k in enumerate(keys.shards(cfg.replay_shards))
+            if (shard == s).any()
+        ]
+        self.nsteps = [NStep(len(slots), cfg.n_step, cfg.gamma) for slots, _ in self.routes]
+        self.pending: list[list[tuple[np.ndarray, int, float, float, np.ndarray]]] = [
+            [] for _ in self.routes
+        ]
         self.counted = 0  # steps already added to the run's global env-step counter
         self.throttled_s = 0.0
 
@@ -103,11 +120,22 @@ class ApexActor(VectorActor):
         return np.abs(ret + disc * best - q_sa).astype(np.float32)
 
     def flush(self, should_stop: Callable[[], bool]) -> bool:
-        """Push the pending transitions as one batch; False if stopped while waiting."""
-        if not self.pending:
-            return True
-        obs, act, ret, disc, nxt = zip(*self.pending, strict=True)
-        self.pending = []
+        """Push each shard's pending transitions as one batch; False if stopped while
+        waiting."""
+        for (_, producer), pending in zip(self.routes, self.pending, strict=True):
+            if pending and not self.push(producer, pending, should_stop):
+                return False
+            pending.clear()
+        return self.throttle(should_stop)
+
+    def push(
+        self,
+        producer: StreamProducer,
+        pending: list[tuple[np.ndarray, int, float, float, np.ndarray]],
+        should_stop: Callable[[], bool],
+    ) -> bool:
+        """Push ``pending`` as one batch to ``producer``'s stream."""
+        obs, act, ret, disc, nxt = zip(*pending, strict=True)
         obs_a = np.stack(obs).astype(self.obs_dtype)
         nxt_a = np.stack(nxt).astype(self.obs_dtype)
         act_a = np.asarray(act, np.int32)
@@ -126,9 +154,7 @@ class ApexActor(VectorActor):
                 "batch": uuid.uuid4().hex,
             },
         )
-        if self.producer.add(payload, should_stop=should_stop) is None:
-            return False
-        return self.throttle(should_stop)
+        return producer.add(payload, should_stop=should_stop) is not None
 
     def throttle(self, should_stop: Callable[[], bool]) -> bool:
         """Count our steps in the run's total and wait while the total is ahead of what the
@@ -151,8 +177,11 @@ class ApexActor(VectorActor):
         """One vector step; pushes a batch when ``actor_batch`` transitions are ready."""
         actions = self.act(obs)
         next_obs, true_next, rewards, term, trunc = self.step_envs(actions)
-        self.pending += self.nstep.add(obs, actions, rewards, true_next, term, trunc)
-        if len(self.pending) >= self.cfg.actor_batch and not self.flush(should_stop):
+        step = (obs, actions, rewards, true_next, term, trunc)
+        for (slots, _), nstep, pending in zip(self.routes, self.nsteps, self.pending, strict=True):
+            pending += nstep.add(*(a if len(self.routes) == 1 else a[slots] for a in step))
+        ready = sum(map(len, self.pending)) >= self.cfg.actor_batch
+        if ready and not self.flush(should_stop):
             return None
         return next_obs
 
@@ -160,4 +189,5 @@ class ApexActor(VectorActor):
         self.flush(should_stop)
 
     def extra_metrics(self) -> dict[str, float]:
-        return {"throttled_s": self.throttled_s}
+        waited = sum(producer.waited_s for _, producer in self.routes)
+        return {"throttled_s": self.throttled_s, "backpressure_s": waited}
