@@ -64,6 +64,8 @@ class ReplayFiller(Role):
             claim_idle_ms=cfg.claim_idle_ms,
         )
         self.inserted = 0
+        if cfg.replay_shards > 1:
+            log.info("filler %d drains shard %d of %d", ident, self.shard, cfg.replay_shards)
 
     def handle(self, entries: list[Entry]) -> None:
         layout = self.replay.layout
