@@ -19,7 +19,8 @@ _RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")  # the whole name: f
 
 
 _KEY = re.compile(r"^qrl:\{([A-Za-z0-9][A-Za-z0-9_.\-]{0,63})\}:")
-_TAG = re.compile(r"[0-9]{1,3}\.[0-9]{1,6}")  # a shard's tag: SHARD.SALT
+MAX_SHARDS = 64  # replay shards a run may have
+_TAG = re.compile(r"[0-9]{1,2}\.[0-9]{1,6}")  # a shard's tag: SHARD.SALT
 
 
 def _glob_escape(text: str) -> str:
@@ -184,8 +185,8 @@ class RunKeys:
 
 @cache
 def _shard_tag(run: str, shard: int, n: int) -> str:
-    if not 0 <= shard < n <= 1000:
-        raise ValueError(f"shard {shard} of {n}: need 0 <= shard < n <= 1000")
+    if not 0 <= shard < n <= MAX_SHARDS:
+        raise ValueError(f"shard {shard} of {n}: need 0 <= shard < n <= {MAX_SHARDS}")
     # the middle half of the shard's range: clear of the edges, which a cluster's split
     # may place a slot or two either way
     width = REDIS_CLUSTER_HASH_SLOTS / n

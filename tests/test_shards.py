@@ -6,6 +6,7 @@ and ``qrl run delete``."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 
@@ -16,6 +17,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
 from qrl.actors.apex import ApexActor
 from qrl.configs.apex import ApexConfig
+from qrl.connection import connect
 from qrl.embedded import EmbeddedRedis
 from qrl.envs import env_spec
 from qrl.keys import RunKeys
@@ -23,6 +25,7 @@ from qrl.models import QNetwork
 from qrl.replay.role import ReplayFiller, make_replay
 from qrl.replay.shards import ShardedReplay, shard_of_slots
 from qrl.replay.store import BUCKETS_PER_OCTAVE, P_LO, PrioritizedReplay
+from qrl.runlog import Progress
 from qrl.runs import create_run, delete_run
 from qrl.streams import GROUP, ensure_group
 from qrl.weights import WeightStore
@@ -378,3 +381,45 @@ def test_train_apex_with_three_shards_solves_cartpole(tmp_path):
         assert f"filler {s} drains shard {s} of 3" in (logs / f"replay{s}.log").read_text()
     config = json.loads((run_dir / "config.json").read_text())
     assert config["config"]["replay_shards"] == 3
+
+
+@pytest.mark.timeout(500)
+def test_train_apex_with_three_shards_solves_cartpole_on_a_cluster(redis_cluster, tmp_path):
+    """Through one node's URL: the shards' hash tags put each shard on its own node of the
+    three (slots split in thirds), beside the run's other keys on the node of ``{RUN}``."""
+    keys = RunKeys("sharded-train")
+    env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
+    env["QRL_REDIS_PASSWORD"] = redis_cluster.password  # the URL without it: no ps warning
+    run_dir = tmp_path / "run"
+    out = qrl(
+        "train", "apex", "--env", "CartPole-v1", "--seed", "0", "--run", keys.run,
+        "--run-dir", str(run_dir), "--set", "replay_shards=3", "--max-time", "150",
+        "--redis", redis_cluster.addresses[1], env=env, timeout=400,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads((run_dir / "result.json").read_text())["reached"]
+    held = [{k.decode() for k in node} for node in redis_cluster.keys_per_node(keys.pattern())]
+    assert sum(1 for node in held if node) >= 2, held  # spread over at least two nodes
+    for s, k in enumerate(keys.shards(3)):  # in fact shard s on node s
+        assert {k.replay_priorities, k.replay_data, k.replay_meta, k.experience} <= held[s]
+        assert int(redis_cluster.client(s).hget(k.replay_meta, "inserted")) > 1000
+    for log in (run_dir / "logs").iterdir():
+        assert "Traceback" not in log.read_text(), log.name
+    with connect(redis_cluster.urls[2]) as client:
+        delete_run(client, keys)
+    assert redis_cluster.keys_per_node(keys.pattern()) == [[], [], []]
+
+
+def test_progress_sums_the_fillers_shard_sizes():
+    """``qrl train``'s progress (metrics.csv): the replay size is the sum over shards of the
+    latest size a filler of each reported, two fillers of one shard counted once."""
+    progress = Progress()
+    for ident, shard, size in [(0, 0, 100), (1, 1, 80), (2, 2, 60), (3, 0, 110), (1, 1, 90)]:
+        progress.fold({"role": "replay", "id": ident, "values": {"size": size, "shard": shard}})
+    assert progress.replay_size == 110 + 90 + 60
+    progress.fold({"role": "replay", "id": 9, "values": {"size": 5, "shard": 10**6}})  # no shard
+    assert progress.replay_size == 260 and len(progress.shard_sizes) == 3
+    one = Progress()  # an unsharded run's fillers send no shard: all shard 0
+    for ident, size in [(0, 10), (1, 12)]:
+        one.fold({"role": "replay", "id": ident, "values": {"size": size}})
+    assert one.replay_size == 12

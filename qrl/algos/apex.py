@@ -9,7 +9,7 @@ import redis
 
 from qrl.algos.base import Algorithm, RoleContext, RoleDef, torch_policy
 from qrl.configs.apex import ApexConfig
-from qrl.keys import RunKeys
+from qrl.keys import MAX_SHARDS, RunKeys
 
 
 def _actor(ctx: RoleContext) -> Any:
@@ -36,7 +36,7 @@ def _shards(keys: RunKeys, config: dict[str, Any]) -> list[RunKeys]:
     """The keys of the run's replay shards, as its stored config says (1 if it says
     nothing sensible)."""
     n = config.get("replay_shards", 1)
-    return keys.shards(n if isinstance(n, int) and 1 <= n <= 64 else 1)
+    return keys.shards(n if isinstance(n, int) and 1 <= n <= MAX_SHARDS else 1)
 
 
 def _streams(keys: RunKeys, config: dict[str, Any]) -> dict[str, str]:

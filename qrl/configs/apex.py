@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from qrl.configs.base import Config, Layers
+from qrl.keys import MAX_SHARDS
 
 
 class ApexConfig(Config):
@@ -39,7 +40,7 @@ class ApexConfig(Config):
     replay_shards: int = Field(
         1,
         ge=1,
-        le=64,
+        le=MAX_SHARDS,
         description="Replay shards, each with its own hash tag, stream, filler and "
         "capacity/shards (1: one unsharded replay); see README 'Outgrowing one Redis'.",
     )
