@@ -42,7 +42,7 @@ class ApexConfig(Config):
         ge=1,
         le=MAX_SHARDS,
         description="Replay shards, each with its own hash tag, stream, filler and "
-        "capacity/shards (1: one unsharded replay); see README 'Outgrowing one Redis'.",
+        "capacity/shards (1: one unsharded replay); see README 'Sharded replay'.",
     )
     replays: int = Field(
         1,
