@@ -137,10 +137,10 @@ class Progress:
             for k in ("dropped", "generation", "stale"):
                 if k in v:
                     self.extra[k] = num(k)
-        elif role == "replay":  # a filler: the size of its shard; the replay's is their sum
-            shard = count("shard", 0)
-            if shard < MAX_SHARDS:
-                self.shard_sizes[shard] = count("size", self.shard_sizes.get(shard, 0))
+        elif role == "replay" and "size" in v:  # a filler: its shard's size, the replay's
+            shard, size = count("shard", 0), count("size", -1)  # is their sum; -1: not a count
+            if size >= 0 and shard < MAX_SHARDS:
+                self.shard_sizes[shard] = size
                 self.replay_size = sum(self.shard_sizes.values())
 
     def row(self) -> dict[str, Any]:
