@@ -5,8 +5,7 @@ Follow one batch: ``ApexActor.step`` calls ``env.step``; ``NStep.add`` turns rew
 n-step transitions; ``ApexActor.flush`` computes priorities and pushes the batch with
 :class:`qrl.streams.StreamProducer`; the replay role (``qrl/replay/role.py``) inserts it.
 With a sharded replay, each env slot's transitions go to its shard's stream
-(:func:`qrl.replay.shards.shard_of_slots`): one n-step accumulator and one pending batch per
-shard, all pushed together once ``actor_batch`` transitions are ready.
+(:func:`qrl.replay.shards.shard_of_slots`): a flush pushes one batch per shard.
 """
 
 from __future__ import annotations
@@ -48,6 +47,7 @@ class NStep:
     def __init__(self, num_envs: int, n: int, gamma: float) -> None:
         self.n, self.gamma = n, gamma
         self.buf: list[deque[tuple[np.ndarray, int, float]]] = [deque() for _ in range(num_envs)]
+        self.slots: list[int] = []  # the env slot of each transition the last add returned
 
     def add(
         self,
@@ -59,7 +59,7 @@ class NStep:
         truncated: np.ndarray,
     ) -> list[tuple[np.ndarray, int, float, float, np.ndarray]]:
         """``next_obs`` must be the true next observation (the final one for ended episodes)."""
-        out = []
+        out, self.slots = [], []
         for j, buf in enumerate(self.buf):
             buf.append((obs[j], int(actions[j]), float(rewards[j])))
             ended = terminated[j] or truncated[j]
@@ -68,6 +68,7 @@ class NStep:
                 disc = 0.0 if terminated[j] else self.gamma ** len(buf)
                 o, a, _ = buf.popleft()
                 out.append((o, a, ret, disc, next_obs[j]))
+                self.slots.append(j)
                 if not ended:
                     break
         return out
@@ -83,20 +84,15 @@ class ApexActor(VectorActor):
         self.net = QNetwork(self.obs_shape, self.n_actions, cfg.hidden, cfg.dueling)
         self.net.eval()
         self.eps = epsilons(cfg, actor_id)
-        # per shard: its env slots, its stream, its n-step accumulator, its pending batch
-        shard = shard_of_slots(actor_id, cfg.envs_per_actor, cfg.replay_shards)
-        self.routes = [
-            (
-                np.flatnonzero(shard == s),
-                StreamProducer(client, k.experience, cfg.stream_maxlen, keys=k),
-            )
-            for s, k in enumerate(keys.shards(cfg.replay_shards))
-            if (shard == s).any()
+        self.nstep = NStep(cfg.envs_per_actor, cfg.n_step, cfg.gamma)
+        self.pending: list[tuple[np.ndarray, int, float, float, np.ndarray]] = []
+        self.pending_slots: list[int] = []
+        # each shard's stream (its own keys: on a cluster, its own node), and each slot's shard
+        self.producers = [
+            StreamProducer(client, k.experience, maxlen=cfg.stream_maxlen, keys=k)
+            for k in keys.shards(cfg.replay_shards)
         ]
-        self.nsteps = [NStep(len(slots), cfg.n_step, cfg.gamma) for slots, _ in self.routes]
-        self.pending: list[list[tuple[np.ndarray, int, float, float, np.ndarray]]] = [
-            [] for _ in self.routes
-        ]
+        self.shard_of = shard_of_slots(actor_id, cfg.envs_per_actor, cfg.replay_shards)
         self.counted = 0  # steps already added to the run's global env-step counter
         self.throttled_s = 0.0
 
@@ -120,12 +116,16 @@ class ApexActor(VectorActor):
         return np.abs(ret + disc * best - q_sa).astype(np.float32)
 
     def flush(self, should_stop: Callable[[], bool]) -> bool:
-        """Push each shard's pending transitions as one batch; False if stopped while
-        waiting."""
-        for (_, producer), pending in zip(self.routes, self.pending, strict=True):
-            if pending and not self.push(producer, pending, should_stop):
+        """Push the pending transitions, one batch per shard (the shard of their env slot);
+        False if stopped while waiting."""
+        if not self.pending:
+            return True
+        pending, shard = self.pending, self.shard_of[self.pending_slots]
+        self.pending, self.pending_slots = [], []
+        for s, producer in enumerate(self.producers):
+            rows = [pending[i] for i in np.flatnonzero(shard == s)]
+            if rows and not self.push(producer, rows, should_stop):
                 return False
-            pending.clear()
         return self.throttle(should_stop)
 
     def push(
@@ -134,7 +134,7 @@ class ApexActor(VectorActor):
         pending: list[tuple[np.ndarray, int, float, float, np.ndarray]],
         should_stop: Callable[[], bool],
     ) -> bool:
-        """Push ``pending`` as one batch to ``producer``'s stream."""
+        """Push ``pending`` as one batch to ``producer``'s stream; False if stopped."""
         obs, act, ret, disc, nxt = zip(*pending, strict=True)
         obs_a = np.stack(obs).astype(self.obs_dtype)
         nxt_a = np.stack(nxt).astype(self.obs_dtype)
@@ -177,11 +177,9 @@ class ApexActor(VectorActor):
         """One vector step; pushes a batch when ``actor_batch`` transitions are ready."""
         actions = self.act(obs)
         next_obs, true_next, rewards, term, trunc = self.step_envs(actions)
-        step = (obs, actions, rewards, true_next, term, trunc)
-        for (slots, _), nstep, pending in zip(self.routes, self.nsteps, self.pending, strict=True):
-            pending += nstep.add(*(a if len(self.routes) == 1 else a[slots] for a in step))
-        ready = sum(map(len, self.pending)) >= self.cfg.actor_batch
-        if ready and not self.flush(should_stop):
+        self.pending += self.nstep.add(obs, actions, rewards, true_next, term, trunc)
+        self.pending_slots += self.nstep.slots
+        if len(self.pending) >= self.cfg.actor_batch and not self.flush(should_stop):
             return None
         return next_obs
 
@@ -189,5 +187,5 @@ class ApexActor(VectorActor):
         self.flush(should_stop)
 
     def extra_metrics(self) -> dict[str, float]:
-        waited = sum(producer.waited_s for _, producer in self.routes)
+        waited = sum(p.waited_s for p in self.producers)
         return {"throttled_s": self.throttled_s, "backpressure_s": waited}

@@ -265,9 +265,11 @@ class PrioritizedReplay:
         self._insert = client.register_script(_INSERT)
         self._fetch = client.register_script(_FETCH_RANKS)
         self._proportional = client.register_script(_SAMPLE_PROPORTIONAL)
-        self._sample_keys = [keys.replay_priorities, keys.replay_data]
         self._rank_cdf: np.ndarray | None = None
         self.last_size = 0  # transitions present at the last call (the replay never shrinks)
+
+    def sample_keys(self) -> list[str]:
+        return [self.keys.replay_priorities, self.keys.replay_data]
 
     # -- writing
     def insert(self, records: list[bytes], priorities: np.ndarray, batch_id: str = "") -> int:
@@ -347,7 +349,7 @@ class PrioritizedReplay:
 
     def mass(self) -> tuple[int, float]:
         """``(transitions present, sum of their proportional sampling weights)``."""
-        n, _, total = self._proportional(keys=self._sample_keys, args=self._bucket_args(b""))
+        n, _, total = self._proportional(keys=self.sample_keys(), args=self._bucket_args(b""))
         return int(n), float(total)
 
     def _bucket_args(self, u: bytes) -> list[object]:
@@ -363,13 +365,13 @@ class PrioritizedReplay:
             cdf = self._cdf()[: min(n, self.capacity)]
             ranks = np.minimum(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1)
             n_now, flat = self._fetch(
-                keys=self._sample_keys, args=["desc", " ".join(map(str, ranks.tolist()))]
+                keys=self.sample_keys(), args=["desc", " ".join(map(str, ranks.tolist()))]
             )
             ids, recs = flat[0::3], flat[2::3]
             probs = ((ranks + 1.0) ** -self.alpha / cdf[-1])[: len(ids)]
         else:
             n_now, flat, _ = self._proportional(
-                keys=self._sample_keys, args=self._bucket_args(u.astype("<f8").tobytes())
+                keys=self.sample_keys(), args=self._bucket_args(u.astype("<f8").tobytes())
             )
             n = int(n_now)
             ids, recs = flat[0::4], flat[2::4]
