@@ -48,8 +48,11 @@ PLAIN_DATA = "bench:plain:data"
 class Plain:
     """The raw Redis work, pipelined, no Lua: ids are consecutive integers like qrl's."""
 
-    def __init__(self, client: redis.Redis, capacity: int) -> None:
+    def __init__(
+        self, client: redis.Redis, capacity: int, prio: str = PLAIN_PRIO, data: str = PLAIN_DATA
+    ) -> None:
         self.client, self.capacity = client, capacity
+        self.prio, self.data = prio, data  # one hash tag, so one node of a cluster
         self.lo = self.hi = 0
 
     def insert(self, records: list[bytes], priorities: np.ndarray, evict: bool = False) -> None:
@@ -63,12 +66,12 @@ class Plain:
         h[0::2] = ids
         h[1::2] = records
         pipe = self.client.pipeline(transaction=False)
-        pipe.execute_command("ZADD", PLAIN_PRIO, *z)
-        pipe.execute_command("HSET", PLAIN_DATA, *h)
+        pipe.execute_command("ZADD", self.prio, *z)
+        pipe.execute_command("HSET", self.data, *h)
         if evict and self.hi - self.lo > self.capacity:
             old = list(range(self.lo, self.hi - self.capacity))
-            pipe.execute_command("ZREM", PLAIN_PRIO, *old)
-            pipe.execute_command("HDEL", PLAIN_DATA, *old)
+            pipe.execute_command("ZREM", self.prio, *old)
+            pipe.execute_command("HDEL", self.data, *old)
             self.lo = self.hi - self.capacity
         pipe.execute()
 
@@ -77,19 +80,19 @@ class Plain:
         pipe = self.client.pipeline(transaction=False)
         for s in range(self.lo, self.hi - self.capacity, 4096):
             old = list(range(s, min(s + 4096, self.hi - self.capacity)))
-            pipe.execute_command("ZREM", PLAIN_PRIO, *old)
-            pipe.execute_command("HDEL", PLAIN_DATA, *old)
+            pipe.execute_command("ZREM", self.prio, *old)
+            pipe.execute_command("HDEL", self.data, *old)
         pipe.execute()
         self.lo = max(self.lo, self.hi - self.capacity)
 
     def sample(self, ranks: list[int]) -> list[bytes]:
         pipe = self.client.pipeline(transaction=False)
         for r in ranks:
-            pipe.execute_command("ZRANGE", PLAIN_PRIO, r, r, "REV", "WITHSCORES")
+            pipe.execute_command("ZRANGE", self.prio, r, r, "REV", "WITHSCORES")
         found = pipe.execute()
         # RESP3 replies pair each member with its score, RESP2 ones are flat
         members = [m[0][0] if isinstance(m[0], list) else m[0] for m in found if m]
-        return self.client.execute_command("HMGET", PLAIN_DATA, *members)
+        return self.client.execute_command("HMGET", self.data, *members)
 
 
 def transitions(layout: RecordLayout, n: int, batch: int, rng: np.random.Generator):
