@@ -279,11 +279,10 @@ def connect(
         )
     except ValueError as e:
         raise RedisUnavailable(f"bad Redis URL {redact(url)!r}: {redact_text(str(e), url)}") from e
-    lost = (RedisUnavailable, RedisConnectionError, RedisTimeoutError, OSError)
     try:
         client.ping()
         cluster = _cluster_enabled(client)
-    except lost as e:
+    except (RedisUnavailable, RedisConnectionError, RedisTimeoutError, OSError) as e:
         raise _unreachable(url, e) from e
     except ResponseError as e:  # a cluster node refuses SELECT of another database
         if "cluster" not in str(e).lower():
@@ -296,12 +295,22 @@ def connect(
                 f"{redact(url)} is a node of a Redis Cluster, which has only database 0: "
                 f"end the URL with /0, not /{parsed['db']}"
             )
-        try:
-            client = ClusterClient(url, retry=Retry(backoff, -1, RETRY_ON), **options)
-        except (*lost, RedisClusterException) as e:
-            raise _unreachable(url, e) from e
+        client = _cluster_client(url, Retry(backoff, -1, RETRY_ON), wait, options)
     backoff.deadline = redis_deadline() if deadline is None else deadline
     return client
+
+
+def _cluster_client(url: str, retry: Retry, wait: float, options: dict) -> ClusterClient:
+    """The cluster's client, once its slot map covers every slot: a cluster still being
+    formed (its nodes up, not yet joined) is waited for up to ``wait`` seconds too."""
+    until = time.monotonic() + wait
+    while True:
+        try:
+            return ClusterClient(url, retry=retry, **options)
+        except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException) as e:
+            if time.monotonic() >= until:
+                raise _unreachable(url, e) from e
+            time.sleep(0.2)
 
 
 def _unreachable(url: str, error: BaseException) -> RedisUnavailable:

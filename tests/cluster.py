@@ -28,25 +28,28 @@ class ClusterUnsupported(RuntimeError):
 class LocalCluster:
     """Three cluster nodes on 127.0.0.1; ``with LocalCluster() as c:`` or start()/stop()."""
 
-    def __init__(self, nodes: int = 3, password: str | None = PASSWORD) -> None:
+    def __init__(
+        self,
+        nodes: int = 3,
+        password: str | None = PASSWORD,
+        *,
+        tls: tuple[str, ...] = (),
+        binary: str | None = None,
+    ) -> None:
+        """``tls``: redis-server's certificate options (``--tls-cert-file ...``); with them
+        each node also serves TLS on a port of its own (:attr:`tls_ports`), the cluster bus
+        included. ``binary``: a redis-server other than qrl's choice (one built with TLS)."""
         self.password = password
         self.bus_ports = [free_port() for _ in range(nodes)]  # not port + 10000: maybe taken
-        self.nodes = [
-            EmbeddedRedis(
-                password=password,
-                args=(
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",  # in the node's own directory
-                    "--cluster-port",
-                    str(bus),
-                    "--cluster-node-timeout",
-                    "5000",
-                ),  # fmt: skip
-            )
-            for bus in self.bus_ports
-        ]
+        self.tls_ports = [free_port() for _ in range(nodes)] if tls else []
+        self.nodes = []
+        for i, bus in enumerate(self.bus_ports):
+            args = ["--cluster-enabled", "yes", "--cluster-port", str(bus)]
+            args += ["--cluster-config-file", "nodes.conf"]  # in the node's own directory
+            args += ["--cluster-node-timeout", "5000"]
+            if tls:
+                args += ["--tls-port", str(self.tls_ports[i]), "--tls-cluster", "yes", *tls]
+            self.nodes.append(EmbeddedRedis(password=password, args=tuple(args), binary=binary))
 
     @property
     def urls(self) -> list[str]:

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from qrl.streams import StreamConsumer, StreamProducer
 from qrl.weights import WeightStore
 from tests.cli import qrl
 from tests.cluster import LocalCluster
+from tests.test_access import _tls_args, _tls_binary
 
 
 def test_fixture_is_a_cluster_of_three_masters_with_a_password(redis_cluster):
@@ -56,7 +58,9 @@ def held(cluster, keys: RunKeys) -> list[int]:
     return [len(k) for k in cluster.keys_per_node(keys.pattern())]
 
 
-def test_any_node_url_gives_a_cluster_client_that_reaches_every_node(redis_cluster):
+def test_any_node_url_gives_a_cluster_client_that_reaches_every_node(redis_cluster, redis_server):
+    with connect(redis_server.url) as single:  # not a cluster node: a plain client
+        assert type(single) is redis.Redis
     client = connect(redis_cluster.urls[1])
     assert isinstance(client, ClusterClient)
     runs = [run_on(redis_cluster, node, "reach") for node in range(3)]
@@ -243,3 +247,25 @@ def test_an_acl_user_limited_to_its_run_gets_the_cluster(redis_cluster):
         client.set(other.config, b"x")
     delete_run(client, keys)
     client.close()
+
+
+def test_a_cluster_over_tls_checks_every_node_certificate(tmp_path):
+    binary = _tls_binary()
+    certs = _tls_args(tmp_path / "tls", "IP:127.0.0.1,DNS:localhost")[2:]  # not the port
+    with LocalCluster(tls=certs, binary=binary) as cluster:
+        ca = f"ssl_ca_certs={tmp_path / 'tls' / 'ca.crt'}"
+        pw = quote(cluster.password, safe="")
+        url = f"rediss://:{pw}@127.0.0.1:{cluster.tls_ports[1]}/0?{ca}"
+        client = connect(url)
+        assert isinstance(client, ClusterClient)
+        runs = [run_on(cluster, node, "tls") for node in range(3)]
+        for keys in runs:  # each node reached over TLS, its certificate checked
+            client.set(keys.config, keys.run)
+            assert client.get(keys.config) == keys.run.encode()
+        for node in client.get_nodes():
+            kwargs = node.redis_connection.connection_pool.connection_kwargs
+            assert node.port in cluster.tls_ports and kwargs["ssl_check_hostname"] is True
+        assert sorted(map(len, cluster.keys_per_node("qrl:{tls-*"))) == [1, 1, 1]
+        client.close()
+        with pytest.raises(RedisUnavailable, match="cannot reach"):  # without the CA
+            connect(f"rediss://:{pw}@127.0.0.1:{cluster.tls_ports[0]}/0")
