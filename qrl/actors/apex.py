@@ -4,6 +4,8 @@ initial priorities from the actor's own |TD error|, batches pushed to the experi
 Follow one batch: ``ApexActor.step`` calls ``env.step``; ``NStep.add`` turns rewards into
 n-step transitions; ``ApexActor.flush`` computes priorities and pushes the batch with
 :class:`qrl.streams.StreamProducer`; the replay role (``qrl/replay/role.py``) inserts it.
+With a sharded replay, each env slot's transitions go to its shard's stream
+(:func:`qrl.replay.shards.shard_of_slots`): a flush pushes one batch per shard.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from qrl.codec import encode
 from qrl.configs.apex import ApexConfig
 from qrl.keys import RunKeys
 from qrl.models import QNetwork
+from qrl.replay.shards import shard_of_slots
+from qrl.streams import StreamProducer
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,7 @@ class NStep:
     def __init__(self, num_envs: int, n: int, gamma: float) -> None:
         self.n, self.gamma = n, gamma
         self.buf: list[deque[tuple[np.ndarray, int, float]]] = [deque() for _ in range(num_envs)]
+        self.slots: list[int] = []  # the env slot of each transition the last add returned
 
     def add(
         self,
@@ -54,7 +59,7 @@ class NStep:
         truncated: np.ndarray,
     ) -> list[tuple[np.ndarray, int, float, float, np.ndarray]]:
         """``next_obs`` must be the true next observation (the final one for ended episodes)."""
-        out = []
+        out, self.slots = [], []
         for j, buf in enumerate(self.buf):
             buf.append((obs[j], int(actions[j]), float(rewards[j])))
             ended = terminated[j] or truncated[j]
@@ -63,6 +68,7 @@ class NStep:
                 disc = 0.0 if terminated[j] else self.gamma ** len(buf)
                 o, a, _ = buf.popleft()
                 out.append((o, a, ret, disc, next_obs[j]))
+                self.slots.append(j)
                 if not ended:
                     break
         return out
@@ -80,6 +86,13 @@ class ApexActor(VectorActor):
         self.eps = epsilons(cfg, actor_id)
         self.nstep = NStep(cfg.envs_per_actor, cfg.n_step, cfg.gamma)
         self.pending: list[tuple[np.ndarray, int, float, float, np.ndarray]] = []
+        self.pending_slots: list[int] = []
+        # each shard's stream (its own keys: on a cluster, its own node), and each slot's shard
+        self.producers = [
+            StreamProducer(client, k.experience, maxlen=cfg.stream_maxlen, keys=k)
+            for k in keys.shards(cfg.replay_shards)
+        ]
+        self.shard_of = shard_of_slots(actor_id, cfg.envs_per_actor, cfg.replay_shards)
         self.counted = 0  # steps already added to the run's global env-step counter
         self.throttled_s = 0.0
 
@@ -103,11 +116,26 @@ class ApexActor(VectorActor):
         return np.abs(ret + disc * best - q_sa).astype(np.float32)
 
     def flush(self, should_stop: Callable[[], bool]) -> bool:
-        """Push the pending transitions as one batch; False if stopped while waiting."""
+        """Push the pending transitions, one batch per shard (the shard of their env slot);
+        False if stopped while waiting."""
         if not self.pending:
             return True
-        obs, act, ret, disc, nxt = zip(*self.pending, strict=True)
-        self.pending = []
+        pending, shard = self.pending, self.shard_of[self.pending_slots]
+        self.pending, self.pending_slots = [], []
+        for s, producer in enumerate(self.producers):
+            rows = [pending[i] for i in np.flatnonzero(shard == s)]
+            if rows and not self.push(producer, rows, should_stop):
+                return False
+        return self.throttle(should_stop)
+
+    def push(
+        self,
+        producer: StreamProducer,
+        pending: list[tuple[np.ndarray, int, float, float, np.ndarray]],
+        should_stop: Callable[[], bool],
+    ) -> bool:
+        """Push ``pending`` as one batch to ``producer``'s stream; False if stopped."""
+        obs, act, ret, disc, nxt = zip(*pending, strict=True)
         obs_a = np.stack(obs).astype(self.obs_dtype)
         nxt_a = np.stack(nxt).astype(self.obs_dtype)
         act_a = np.asarray(act, np.int32)
@@ -126,9 +154,7 @@ class ApexActor(VectorActor):
                 "batch": uuid.uuid4().hex,
             },
         )
-        if self.producer.add(payload, should_stop=should_stop) is None:
-            return False
-        return self.throttle(should_stop)
+        return producer.add(payload, should_stop=should_stop) is not None
 
     def throttle(self, should_stop: Callable[[], bool]) -> bool:
         """Count our steps in the run's total and wait while the total is ahead of what the
@@ -152,6 +178,7 @@ class ApexActor(VectorActor):
         actions = self.act(obs)
         next_obs, true_next, rewards, term, trunc = self.step_envs(actions)
         self.pending += self.nstep.add(obs, actions, rewards, true_next, term, trunc)
+        self.pending_slots += self.nstep.slots
         if len(self.pending) >= self.cfg.actor_batch and not self.flush(should_stop):
             return None
         return next_obs
@@ -160,4 +187,5 @@ class ApexActor(VectorActor):
         self.flush(should_stop)
 
     def extra_metrics(self) -> dict[str, float]:
-        return {"throttled_s": self.throttled_s}
+        waited = sum(p.waited_s for p in self.producers)
+        return {"throttled_s": self.throttled_s, "backpressure_s": waited}

@@ -63,6 +63,7 @@ class ApexLearner(Learner):
                 cfg.batch_size,
                 cfg.learning_starts,
                 cfg.seed,
+                cfg.replay_shards,
             )
         )
 
