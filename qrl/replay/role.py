@@ -65,7 +65,10 @@ class ReplayFiller(Role):
         )
         self.inserted = 0
         if cfg.replay_shards > 1:
-            log.info("filler %d drains shard %d of %d", ident, self.shard, cfg.replay_shards)
+            log.info(
+                "filler %d drains shard %d of %d (each shard needs a filler: fillers 0-%d)",
+                ident, self.shard, cfg.replay_shards, cfg.replay_shards - 1,
+            )  # fmt: skip
 
     def handle(self, entries: list[Entry]) -> None:
         layout = self.replay.layout
