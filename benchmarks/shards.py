@@ -10,6 +10,9 @@ Atari transitions, as the frame replay stores them, are in ``benchmarks/atari_by
 Every shard is first filled to its capacity (``--capacity`` / S), untimed; then, in
 alternating rounds (median of ``--rounds``), transitions/s and MB/s of records for:
 
+Redis bytes per transition: ``used_memory`` (summed over a cluster's nodes) grown by
+filling qrl's shards, over the transitions they hold.
+
 * insert, qrl: producer batches of ``--batch`` go to the shards in turn, as the fillers
   insert them: ``PrioritizedReplay.insert`` of the shard (one Lua script: ZADD + HSET and,
   at capacity, the FIFO eviction of as many, ZREM + HDEL);
@@ -59,11 +62,15 @@ def measure(url: str, cluster: bool, shards: int, args: argparse.Namespace) -> d
     )
     plains = [Plain(pclient, cap, k.prefix + "plain:prio", k.prefix + "plain:data")
               for k in keys.shards(shards)]  # fmt: skip
-    # fill every shard to capacity, untimed
+    # fill every shard to capacity, untimed; qrl's first, to read its memory
+    before = used_memory(pclient)
+    for s in range(shards):
+        for i in range(-(-cap // args.batch)):
+            replay.parts[s].insert(*pool[i % len(pool)])
+    bytes_per = (used_memory(pclient) - before) / (shards * cap)
     for s in range(shards):
         for i in range(-(-cap // args.batch)):
             records, prio = pool[i % len(pool)]
-            replay.parts[s].insert(records, prio)
             plains[s].insert(records, prio, evict=True)
     cdf = np.cumsum(np.arange(1, cap + 1, dtype=np.float64) ** -args.alpha)
     share = [args.batch // shards + (s < args.batch % shards) for s in range(shards)]
@@ -104,7 +111,15 @@ def measure(url: str, cluster: bool, shards: int, args: argparse.Namespace) -> d
         pclient.delete(k.prefix + "plain:data")
     qclient.close()
     pclient.close()
-    return {k: statistics.median(v) for k, v in rates.items()}
+    return {"bytes": bytes_per, **{k: statistics.median(v) for k, v in rates.items()}}
+
+
+def used_memory(client: redis.Redis) -> int:
+    """Redis's ``used_memory``, summed over a cluster's nodes."""
+    if isinstance(client, RedisCluster):
+        per_node = client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        return sum(v["used_memory"] for v in per_node.values())
+    return client.info("memory")["used_memory"]
 
 
 def main() -> None:
@@ -128,7 +143,7 @@ def main() -> None:
         f"alternating rounds of {args.seconds:g} s"
     )
     head = f"{'where':<8} {'S':>2} {'operation':<7} {'qrl tr/s':>10} {'MB/s':>6}"
-    print(f"{head} {'plain tr/s':>11} {'MB/s':>6} {'qrl/plain':>9}")
+    print(f"{head} {'plain tr/s':>11} {'MB/s':>6} {'qrl/plain':>9} {'B/tr in Redis':>13}")
     for where in args.where:
         with ExitStack() as stack:
             if where == "node":
@@ -141,7 +156,7 @@ def main() -> None:
                                  ("sample", m["q_smp"], m["p_smp"])):  # fmt: skip
                     print(
                         f"{where:<8} {shards:>2} {op:<7} {q:>10,.0f} {q * record_mb:>6.1f} "
-                        f"{p:>11,.0f} {p * record_mb:>6.1f} {q / p:>9.2f}",
+                        f"{p:>11,.0f} {p * record_mb:>6.1f} {q / p:>9.2f} {m['bytes']:>13.0f}",
                         flush=True,
                     )
 
