@@ -23,6 +23,7 @@ from qrl.codec import encode
 from qrl.configs.apex import ApexConfig
 from qrl.keys import RunKeys
 from qrl.models import QNetwork
+from qrl.replay.frames import is_frame_stack, pack_frames
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class NStep:
     def __init__(self, num_envs: int, n: int, gamma: float) -> None:
         self.n, self.gamma = n, gamma
         self.buf: list[deque[tuple[np.ndarray, int, float]]] = [deque() for _ in range(num_envs)]
+        self.slots: list[int] = []  # the env slot of each transition the last add returned
 
     def add(
         self,
@@ -54,7 +56,7 @@ class NStep:
         truncated: np.ndarray,
     ) -> list[tuple[np.ndarray, int, float, float, np.ndarray]]:
         """``next_obs`` must be the true next observation (the final one for ended episodes)."""
-        out = []
+        out, self.slots = [], []
         for j, buf in enumerate(self.buf):
             buf.append((obs[j], int(actions[j]), float(rewards[j])))
             ended = terminated[j] or truncated[j]
@@ -63,6 +65,7 @@ class NStep:
                 disc = 0.0 if terminated[j] else self.gamma ** len(buf)
                 o, a, _ = buf.popleft()
                 out.append((o, a, ret, disc, next_obs[j]))
+                self.slots.append(j)
                 if not ended:
                     break
         return out
@@ -80,6 +83,8 @@ class ApexActor(VectorActor):
         self.eps = epsilons(cfg, actor_id)
         self.nstep = NStep(cfg.envs_per_actor, cfg.n_step, cfg.gamma)
         self.pending: list[tuple[np.ndarray, int, float, float, np.ndarray]] = []
+        self.pending_slots: list[int] = []
+        self.frames = is_frame_stack(self.obs_shape, self.obs_dtype)  # send frames once
         self.counted = 0  # steps already added to the run's global env-step counter
         self.throttled_s = 0.0
 
@@ -107,24 +112,27 @@ class ApexActor(VectorActor):
         if not self.pending:
             return True
         obs, act, ret, disc, nxt = zip(*self.pending, strict=True)
-        self.pending = []
+        slots = np.asarray(self.pending_slots)
+        self.pending, self.pending_slots = [], []
         obs_a = np.stack(obs).astype(self.obs_dtype)
         nxt_a = np.stack(nxt).astype(self.obs_dtype)
         act_a = np.asarray(act, np.int32)
         ret_a, disc_a = np.asarray(ret, np.float32), np.asarray(disc, np.float32)
+        rows = {
+            "action": act_a,
+            "ret": ret_a,
+            "disc": disc_a,
+            "priority": self.priorities(obs_a, act_a, ret_a, disc_a, nxt_a),
+        }
+        if self.frames:  # each frame once, per env-slot chunk (qrl/replay/frames.py)
+            kind, fields = "apex.frames", pack_frames(obs_a, nxt_a, slots)
+            order = fields.pop("order")
+            fields.update({k: v[order] for k, v in rows.items()})
+        else:
+            kind, fields = "apex.experience", {"obs": obs_a, "next_obs": nxt_a, **rows}
         payload = encode(
-            "apex.experience",
-            {
-                "obs": obs_a,
-                "action": act_a,
-                "ret": ret_a,
-                "disc": disc_a,
-                "next_obs": nxt_a,
-                "priority": self.priorities(obs_a, act_a, ret_a, disc_a, nxt_a),
-                "version": self.version,
-                "actor": self.actor_id,
-                "batch": uuid.uuid4().hex,
-            },
+            kind,
+            {**fields, "version": self.version, "actor": self.actor_id, "batch": uuid.uuid4().hex},
         )
         if self.producer.add(payload, should_stop=should_stop) is None:
             return False
@@ -152,6 +160,7 @@ class ApexActor(VectorActor):
         actions = self.act(obs)
         next_obs, true_next, rewards, term, trunc = self.step_envs(actions)
         self.pending += self.nstep.add(obs, actions, rewards, true_next, term, trunc)
+        self.pending_slots += self.nstep.slots
         if len(self.pending) >= self.cfg.actor_batch and not self.flush(should_stop):
             return None
         return next_obs

@@ -12,8 +12,9 @@ from qrl.configs.apex import ApexConfig
 from qrl.envs import env_spec
 from qrl.keys import RunKeys
 from qrl.loop import Role, StopCheck
-from qrl.messages import experience_schema
-from qrl.replay.store import PrioritizedReplay, RecordLayout
+from qrl.messages import experience_schema, frames_schema
+from qrl.replay.frames import FrameBatch, is_frame_stack, layout_for, replay_class
+from qrl.replay.store import PrioritizedReplay
 from qrl.streams import Entry, StreamConsumer
 
 log = logging.getLogger(__name__)
@@ -22,11 +23,12 @@ log = logging.getLogger(__name__)
 def make_replay(
     client: redis.Redis, keys: RunKeys, cfg: ApexConfig, seed: int | None = None
 ) -> PrioritizedReplay:
-    obs_shape, obs_dtype, _ = env_spec(cfg.env)
-    return PrioritizedReplay(
+    obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
+    layout = layout_for(obs_shape, obs_dtype, n_actions)
+    return replay_class(layout)(
         client,
         keys,
-        RecordLayout(obs_shape, obs_dtype),
+        layout,
         cfg.replay_capacity,
         mode=cfg.replay_mode,  # type: ignore[arg-type]
         alpha=cfg.alpha,
@@ -44,16 +46,15 @@ class ReplayFiller(Role):
         self.client, self.keys, self.ident = client, keys, ident
         self.replay = make_replay(client, keys, cfg)
         obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
+        rows = cfg.actor_batch + cfg.envs_per_actor * cfg.n_step
+        self.frames = is_frame_stack(obs_shape, obs_dtype)
         self.consumer = StreamConsumer(
             client,
             keys,
             keys.experience,
-            experience_schema(
-                obs_shape,
-                obs_dtype,
-                n_actions,
-                max_rows=cfg.actor_batch + cfg.envs_per_actor * cfg.n_step,
-            ),
+            frames_schema(obs_shape, n_actions, max_rows=rows)
+            if self.frames
+            else experience_schema(obs_shape, obs_dtype, n_actions, max_rows=rows),
             count=8,
             claim_idle_ms=cfg.claim_idle_ms,
         )
@@ -63,9 +64,14 @@ class ReplayFiller(Role):
         layout = self.replay.layout
         for e in entries:
             d = e.data
-            records = layout.pack(d["obs"], d["action"], d["ret"], d["disc"], d["next_obs"])
-            if self.replay.insert(records, d["priority"], batch_id=d["batch"]) >= 0:
-                self.inserted += len(records)
+            if self.frames:
+                rows: object = FrameBatch(
+                    *(d[k] for k in ("frames", "counts", "refs", "action", "ret", "disc"))
+                )
+            else:
+                rows = layout.pack(d["obs"], d["action"], d["ret"], d["disc"], d["next_obs"])
+            if self.replay.insert(rows, d["priority"], batch_id=d["batch"]) >= 0:  # type: ignore[arg-type]
+                self.inserted += len(d["action"])
 
     def step(self, should_stop: StopCheck) -> bool:
         self.consumer.process(self.handle, block_ms=200)

@@ -29,6 +29,7 @@ import redis
 
 from qrl.embedded import signal_on_parent_death
 from qrl.keys import RunKeys
+from qrl.replay.frames import replay_class
 from qrl.replay.store import PrioritizedReplay, RecordLayout, Sample
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class SamplerSpec:
     seed: int
 
     def replay(self, seed: int | None = None) -> PrioritizedReplay:
-        return PrioritizedReplay(
+        return replay_class(self.layout)(
             self.connect(),
             self.keys,
             self.layout,
