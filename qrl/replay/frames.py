@@ -147,33 +147,55 @@ class FrameLayout(RecordLayout):
                 out[i : i + 1] = np.zeros(1, self.dtype)
         return out
 
-    def _decode(self, row: np.ndarray, item: Any) -> None:
-        rel_b, blob = item
-        if not isinstance(blob, bytes) or len(rel_b) != 4 or len(blob) < _HEAD.size:
+    def _parse(self, blob: Any) -> tuple[np.ndarray, int, int, list[bytes]]:
+        """A stored chunk's records, frame count, frames per block and LZ4 blocks; raises
+        ``ValueError`` unless its header, sizes and references are consistent."""
+        if not isinstance(blob, bytes) or len(blob) < _HEAD.size:
             raise ValueError("chunk missing")
-        (rel,) = struct.unpack("<I", rel_b)
         version, g, n, f = _HEAD.unpack_from(blob)
-        n_blocks = -(-f // g) if g else -1
+        n_blocks = -(-f // g) if g else 0
         at = _HEAD.size + n * self.rec.itemsize
-        if version != _VERSION or not 0 <= rel < n or n_blocks < 1 or len(blob) < at + 4 * n_blocks:
+        if version != _VERSION or n < 1 or n_blocks < 1 or len(blob) < at + 4 * n_blocks:
             raise ValueError("chunk header")
-        sizes = np.frombuffer(blob, "<u4", n_blocks, at).astype(np.int64)
-        ends = at + 4 * n_blocks + np.cumsum(sizes)
+        ends = (at + 4 * n_blocks + np.cumsum(np.frombuffer(blob, "<u4", n_blocks, at))).tolist()
         if ends[-1] != len(blob):
             raise ValueError("chunk size")
-        r = np.frombuffer(blob, self.rec, 1, _HEAD.size + rel * self.rec.itemsize)[0]
-        refs = r["refs"].astype(np.int64)
+        recs = np.frombuffer(blob, self.rec, n, _HEAD.size)
+        if recs["refs"].max() >= f:
+            raise ValueError("frame reference out of the chunk")
+        return (
+            recs,
+            f,
+            g,
+            [blob[a:b] for a, b in zip([at + 4 * n_blocks, *ends[:-1]], ends, strict=True)],
+        )
+
+    def _block(self, blocks: list[bytes], b: int, f: int, g: int) -> np.ndarray:
+        """Frames ``b*g ..`` of a chunk, decompressed to exactly their expected size."""
+        want = (min(f, (b + 1) * g) - b * g) * self.frame_bytes
+        raw = lz4.block.decompress(blocks[b], uncompressed_size=want)
+        if len(raw) != want:
+            raise ValueError("LZ4 block size")
+        return np.frombuffer(raw, np.uint8).reshape(-1, *self.obs_shape[1:])
+
+    def chunk_frames(self, blob: bytes) -> np.ndarray:
+        """Every frame of a stored chunk, in order."""
+        _, f, g, blocks = self._parse(blob)
+        return np.concatenate([self._block(blocks, b, f, g) for b in range(len(blocks))])
+
+    def _decode(self, row: np.ndarray, item: Any) -> None:
+        rel_b, blob = item
+        recs, f, g, blocks = self._parse(blob)
+        (rel,) = struct.unpack("<I", rel_b)
+        if rel >= len(recs):
+            raise ValueError("transition out of its chunk")
+        r = recs[rel]
         ok = 0 <= r["action"] < self.n_actions and np.isfinite(r["ret"]) and 0 <= r["disc"] <= 1
-        if not ok or refs.max() >= f or abs(r["ret"]) > 1e6:
-            raise ValueError("chunk record")
-        frames: dict[int, np.ndarray] = {}
-        for b in np.unique(refs // g).tolist():
-            want = (min(f, (b + 1) * g) - b * g) * self.frame_bytes
-            raw = lz4.block.decompress(blob[ends[b] - sizes[b] : ends[b]], uncompressed_size=want)
-            if len(raw) != want:
-                raise ValueError("LZ4 block size")
-            frames[b] = np.frombuffer(raw, np.uint8).reshape(-1, *self.obs_shape[1:])
-        stack = np.stack([frames[j // g][j % g] for j in refs.tolist()])
+        if not ok or abs(r["ret"]) > 1e6:
+            raise ValueError("chunk record out of bounds")
+        refs = r["refs"].tolist()
+        frames = {b: self._block(blocks, b, f, g) for b in {j // g for j in refs}}
+        stack = np.stack([frames[j // g][j % g] for j in refs])
         s = self.obs_shape[0]
         row["obs"], row["next_obs"] = stack[:s], stack[s:]
         row["action"], row["ret"], row["disc"], row["ok"] = r["action"], r["ret"], r["disc"], True
