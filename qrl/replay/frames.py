@@ -19,15 +19,16 @@ frames twice, and consecutive transitions share ``stack - 1`` of them. Instead:
   ``new_lo``: exactly those with no transition left.
 * Sampling is the plain replay's scripts with another ``records`` function: each sampled
   id comes with its chunk (one Lua call). The sampler decodes and checks every chunk
-  (sizes, references, LZ4 blocks decompressed to their exact expected size); a transition
-  whose chunk is missing or corrupt is dropped from the batch and set to the lowest
-  priority, so it is not drawn again.
+  (sizes, a CRC-32, references, LZ4 blocks decompressed to their exact expected size); a
+  transition whose chunk is missing or corrupt is dropped from the batch and set to the
+  lowest priority, so it is not drawn again.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,7 @@ from qrl.messages import check_chunks
 from qrl.replay.store import P_HI, P_LO, PrioritizedReplay, RecordLayout, Sample
 
 FRAMES_PER_BLOCK = 8
-_HEAD = struct.Struct("<BBHH")  # version, frames per block, transitions, frames
+_HEAD = struct.Struct("<BBHHI")  # version, frames per block, transitions, frames, CRC-32
 _VERSION = 1
 
 
@@ -110,15 +111,16 @@ def _record_dtype(stack: int) -> np.dtype:
 
 
 def encode_chunk(frames: np.ndarray, records: np.ndarray) -> bytes:
-    """One chunk as stored: header, records, LZ4 block sizes (u32), LZ4 blocks."""
+    """One chunk as stored: header (with the CRC-32 of the rest), records, LZ4 block sizes
+    (u32), LZ4 blocks."""
     g = FRAMES_PER_BLOCK
     blocks = [
         lz4.block.compress(frames[i : i + g].tobytes(), store_size=False)
         for i in range(0, len(frames), g)
     ]
     sizes = np.asarray([len(b) for b in blocks], "<u4")
-    head = _HEAD.pack(_VERSION, g, len(records), len(frames))
-    return b"".join([head, records.tobytes(), sizes.tobytes(), *blocks])
+    body = b"".join([records.tobytes(), sizes.tobytes(), *blocks])
+    return _HEAD.pack(_VERSION, g, len(records), len(frames), zlib.crc32(body)) + body
 
 
 @dataclass
@@ -152,14 +154,14 @@ class FrameLayout(RecordLayout):
         ``ValueError`` unless its header, sizes and references are consistent."""
         if not isinstance(blob, bytes) or len(blob) < _HEAD.size:
             raise ValueError("chunk missing")
-        version, g, n, f = _HEAD.unpack_from(blob)
+        version, g, n, f, crc = _HEAD.unpack_from(blob)
         n_blocks = -(-f // g) if g else 0
         at = _HEAD.size + n * self.rec.itemsize
         if version != _VERSION or n < 1 or n_blocks < 1 or len(blob) < at + 4 * n_blocks:
             raise ValueError("chunk header")
         ends = (at + 4 * n_blocks + np.cumsum(np.frombuffer(blob, "<u4", n_blocks, at))).tolist()
-        if ends[-1] != len(blob):
-            raise ValueError("chunk size")
+        if ends[-1] != len(blob) or zlib.crc32(memoryview(blob)[_HEAD.size :]) != crc:
+            raise ValueError("chunk size or CRC")
         recs = np.frombuffer(blob, self.rec, n, _HEAD.size)
         if recs["refs"].max() >= f:
             raise ValueError("frame reference out of the chunk")
