@@ -62,6 +62,15 @@ def frame_sizes(client: redis.Redis, keys: RunKeys, layout: FrameLayout) -> list
     return sizes
 
 
+def fill_from_actor(client: redis.Redis, keys: RunKeys, cfg: ApexConfig, n: int) -> ApexActor:
+    """A real actor (with the initial weights, published) and replay filler on the run;
+    they play until ``n`` transitions were inserted."""
+    actor = ApexActor(client, keys, cfg, actor_id=0)
+    WeightStore(client, keys).publish(actor.net, version=0)
+    fill(actor, ReplayFiller(client, keys, cfg), n)
+    return actor
+
+
 def fill(actor: ApexActor, filler: ReplayFiller, n: int) -> None:
     """Play until ``n`` transitions were inserted."""
     never = lambda: False  # noqa: E731
