@@ -6,11 +6,12 @@ n-step 3), against the LZ4-compressed size of one 84x84 frame.
 A real Ape-X actor (Nature CNN with the initial weights, the per-slot epsilons) plays Pong
 and pushes its batches to the experience stream; a real replay filler drains them into the
 frame replay (qrl/replay/frames.py), whose capacity is ``--transitions`` (measured full, as a
-replay runs). Bytes per transition, three ways, each divided by the transitions present:
-the ``used_memory`` Redis frees when the replay's keys are deleted (exactly what they hold),
-the sum of ``MEMORY USAGE`` over those keys, and the growth of ``used_memory_dataset`` over
-the whole fill (used memory less client buffers and Redis's own overhead: it also counts
-what the stream, Lua and the allocator keep beyond the replay). One frame's LZ4 size is
+replay runs). Bytes per transition, two ways, each divided by the transitions present:
+the ``used_memory`` Redis frees when the replay's keys are deleted (exactly what they hold;
+the growth of ``used_memory`` over the fill also counts client buffers and the weights, and
+moves with them) and the sum of ``MEMORY USAGE`` over those keys. Then the chunks stored are
+inserted again and again into a replay of ``--million`` transitions (default 1M), whose
+``used_memory`` freed on delete is the memory 1M Pong transitions take. One frame's LZ4 size is
 the mean over every distinct frame stored, each compressed alone with the settings the
 replay stores with (``lz4.block``, default mode, no size header). For scale, the plain
 layout (obs and next obs stacks raw in every record) is measured on 1000 transitions.
@@ -29,7 +30,7 @@ from qrl.configs.apex import ApexConfig
 from qrl.connection import connect
 from qrl.embedded import EmbeddedRedis
 from qrl.keys import RunKeys
-from qrl.replay.frames import FrameLayout
+from qrl.replay.frames import FrameBatch, FrameLayout, FrameReplay
 from qrl.replay.role import ReplayFiller
 from qrl.replay.store import PrioritizedReplay, RecordLayout
 from qrl.runs import create_run
@@ -66,13 +67,8 @@ def fill_from_actor(client: redis.Redis, keys: RunKeys, cfg: ApexConfig, n: int)
     """A real actor (with the initial weights, published) and replay filler on the run;
     they play until ``n`` transitions were inserted."""
     actor = ApexActor(client, keys, cfg, actor_id=0)
+    filler = ReplayFiller(client, keys, cfg)
     WeightStore(client, keys).publish(actor.net, version=0)
-    fill(actor, ReplayFiller(client, keys, cfg), n)
-    return actor
-
-
-def fill(actor: ApexActor, filler: ReplayFiller, n: int) -> None:
-    """Play until ``n`` transitions were inserted."""
     never = lambda: False  # noqa: E731
     actor.start(never)
     while filler.inserted < n:
@@ -80,6 +76,29 @@ def fill(actor: ApexActor, filler: ReplayFiller, n: int) -> None:
         if actor.units % 32 == 0:
             while filler.consumer.process(filler.handle, block_ms=1):
                 pass
+    return actor
+
+
+def scale_up(client: redis.Redis, keys: RunKeys, layout: FrameLayout, total: int) -> float:
+    """Bytes per transition of a replay of ``total`` transitions (its capacity): the stored
+    chunks re-inserted again and again, each as one batch, into a new run's replay."""
+    chunks = []
+    for _, blob in client.hscan_iter(keys.replay_frames):
+        recs, _, _, _ = layout.parse(blob)
+        frames = layout.chunk_frames(blob)
+        counts = np.asarray([(len(recs), len(frames))], np.int32)
+        chunks.append(
+            FrameBatch(frames, counts, recs["refs"], *(recs[k] for k in ("action", "ret", "disc")))
+        )
+    big = RunKeys("bench-atari-1m")
+    replay = FrameReplay(client, big, layout, total)
+    while replay.size() < total:
+        for c in chunks:
+            replay.insert(c, np.ones(len(c)))
+    held = int(client.info("memory")["used_memory"])
+    n = replay.size()
+    client.delete(*replay_keys(big))
+    return (held - int(client.info("memory")["used_memory"])) / n
 
 
 def plain_bytes(client: redis.Redis, actor: ApexActor, n: int) -> float:
@@ -99,6 +118,7 @@ def main() -> None:
     ap.add_argument("--transitions", type=int, default=20_000)
     ap.add_argument("--envs", type=int, default=8, help="envs per actor (chunks per batch)")
     ap.add_argument("--actor-batch", type=int, default=256, help="transitions per batch")
+    ap.add_argument("--million", type=int, default=1_000_000, help="replay size to scale to")
     args = ap.parse_args()
     cfg = ApexConfig(
         env=ENV,
@@ -113,17 +133,13 @@ def main() -> None:
         client = connect(server.url)
         keys = RunKeys("bench-atari")
         create_run(client, keys, "apex", cfg)
-        actor = ApexActor(client, keys, cfg, actor_id=0)
-        filler = ReplayFiller(client, keys, cfg)
-        WeightStore(client, keys).publish(actor.net, version=0)
-        before = int(client.info("memory")["used_memory_dataset"])
-        fill(actor, filler, args.transitions)
+        actor = fill_from_actor(client, keys, cfg, args.transitions)
         n = int(client.zcard(keys.replay_priorities))
-        grown = (int(client.info("memory")["used_memory_dataset"]) - before) / n
         usage = replay_bytes(client, keys) / n
         layout = FrameLayout(actor.obs_shape, "uint8", actor.n_actions)
         sizes = frame_sizes(client, keys, layout)
         held = int(client.info("memory")["used_memory"])
+        big = scale_up(client, keys, layout, args.million) if args.million else 0.0
         client.delete(*replay_keys(keys))
         freed = (held - int(client.info("memory")["used_memory"])) / n
         frame = float(np.mean(sizes))
@@ -132,10 +148,15 @@ def main() -> None:
     print(f"batches of {args.actor_batch} (~{args.actor_batch // args.envs} per env-slot chunk)")
     print(f"{'one 84x84 frame, LZ4 block (mean)':<42} {frame:>10.0f} B")
     print(f"{'frames stored per transition':<42} {len(sizes) / n:>10.3f}")
-    ways = (("freed on DEL", freed), ("MEMORY USAGE", usage), ("dataset growth", grown))
-    for what, b in ways:
+    for what, b in (("freed on DEL", freed), ("MEMORY USAGE", usage)):
         print(f"{'bytes/transition (' + what + ')':<42} {b:>10.0f} B  ratio {b / frame:.2f}")
-    print(f"{'1M transitions (freed on DEL)':<42} {freed * 1e6 / 2**30:>10.3f} GiB")
+    print(f"{'1M transitions, projected from those':<42} {freed * 1e6 / 2**30:>10.3f} GiB")
+    if big:
+        m = args.million
+        print(
+            f"{f'bytes/transition, {m} in the replay':<42} {big:>10.0f} B  ratio {big / frame:.2f}"
+        )
+        print(f"{f'{m} transitions (freed on DEL)':<42} {big * m / 2**30:>10.3f} GiB")
     print(f"{'plain layout bytes/transition':<42} {plain:>10.0f} B  ({plain / freed:.0f}x)")
 
 

@@ -236,7 +236,7 @@ def test_corrupt_or_missing_chunks_are_dropped_with_the_lowest_priority(r, keys,
     starts = sorted(chunks)
     flipped = bytearray(chunks[starts[0]])
     flipped[-20] ^= 0xFF  # inside the last LZ4 block: caught by the CRC
-    recs, f, _, _ = layout._parse(chunks[starts[1]])
+    recs, f, _, _ = layout.parse(chunks[starts[1]])
     bad_refs = recs.copy()
     bad_refs["refs"][0, 0] = f  # beyond the chunk's frames, with a valid CRC
     bad_action = recs.copy()

@@ -149,7 +149,7 @@ class FrameLayout(RecordLayout):
                 out[i : i + 1] = np.zeros(1, self.dtype)
         return out
 
-    def _parse(self, blob: Any) -> tuple[np.ndarray, int, int, list[bytes]]:
+    def parse(self, blob: Any) -> tuple[np.ndarray, int, int, list[bytes]]:
         """A stored chunk's records, frame count, frames per block and LZ4 blocks; raises
         ``ValueError`` unless its header, sizes and references are consistent."""
         if not isinstance(blob, bytes) or len(blob) < _HEAD.size:
@@ -182,12 +182,12 @@ class FrameLayout(RecordLayout):
 
     def chunk_frames(self, blob: bytes) -> np.ndarray:
         """Every frame of a stored chunk, in order."""
-        _, f, g, blocks = self._parse(blob)
+        _, f, g, blocks = self.parse(blob)
         return np.concatenate([self._block(blocks, b, f, g) for b in range(len(blocks))])
 
     def _decode(self, row: np.ndarray, item: Any) -> None:
         rel_b, blob = item
-        recs, f, g, blocks = self._parse(blob)
+        recs, f, g, blocks = self.parse(blob)
         (rel,) = struct.unpack("<I", rel_b)
         if rel >= len(recs):
             raise ValueError("transition out of its chunk")
