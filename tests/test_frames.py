@@ -9,17 +9,20 @@ import gymnasium as gym
 import lz4.block
 import numpy as np
 import pytest
+from hypothesis import given
 
 from qrl.actors.apex import NStep
 from qrl.codec import decode, encode
 from qrl.configs.apex import ApexConfig
 from qrl.envs import make_env
+from qrl.keys import RunKeys
 from qrl.messages import frames_schema
 from qrl.replay.frames import FrameBatch, FrameLayout, FrameReplay, encode_chunk, pack_frames
 from qrl.replay.role import ReplayFiller
 from qrl.replay.store import P_LO
 from qrl.runs import create_run
 from qrl.streams import StreamProducer
+from tests import strategies as hs
 
 ENV = "ALE/Pong-v5"
 SHAPE = (4, 84, 84)
@@ -162,6 +165,26 @@ def synthetic(n_slots: int, steps: int, rng) -> list:
             ]
             out.append((np.stack(f[:4]), int(rng.integers(6)), 1.0, GAMMA**3, np.stack(f[3:]), j))
     return out
+
+
+@hs.HOSTILE
+@given(msg=hs.frames())
+def test_any_admitted_chunks_round_trip(r, msg):
+    """Whatever ``frames_schema`` admits goes in, and every transition comes out as the
+    stacks its references name (a replay that evicts as it goes)."""
+    layout = FrameLayout((4, 6, 6), "uint8", 6)
+    replay = FrameReplay(r, RunKeys("hostile-frames"), layout, 100, seed=0)
+    d = decode(encode("apex.frames", msg), frames_schema((4, 6, 6), 6))
+    first = replay.stats()["inserted"]
+    replay.insert(batch_of(d), d["priority"], batch_id=d["batch"] + str(first))
+    got = fetch_all(replay)
+    starts = np.repeat(np.cumsum(d["counts"][:, 1]) - d["counts"][:, 1], d["counts"][:, 0])
+    for k in range(len(d["refs"])):
+        if first + k in got:
+            row, stack = got[first + k], d["frames"][starts[k] + d["refs"][k].astype(int)]
+            assert row["ok"] and (row["obs"] == stack[:4]).all()
+            assert (row["next_obs"] == stack[4:]).all() and row["ret"] == d["ret"][k]
+    assert all(row["ok"] for row in got.values())
 
 
 def test_eviction_keeps_exactly_the_chunks_still_referenced(r, keys):
