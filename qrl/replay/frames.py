@@ -26,6 +26,7 @@ frames twice, and consecutive transitions share ``stack - 1`` of them. Instead:
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 import zlib
@@ -140,18 +141,36 @@ class FrameLayout(RecordLayout):
         self.frame_bytes = math.prod(self.obs_shape[1:])
 
     def unpack(self, records: list[Any]) -> np.ndarray:
-        """Decode ``[rel, chunk]`` pairs (from the sampling scripts) into a batch."""
+        """Decode ``[rel, chunk]`` pairs (from the sampling scripts) into a batch: per
+        transition its record and the LZ4 blocks its frames are in, then every stack with
+        one gather."""
+        s, g = self.obs_shape[0], 0
         out = np.zeros(len(records), self.dtype)
+        rows, recs, raws, idx, at = [], [], [], [], 0
         for i, item in enumerate(records):
             try:
-                self._decode(out[i : i + 1], item)
+                r, g, blocks = self._transition(item)
             except (ValueError, TypeError, IndexError, struct.error, lz4.block.LZ4BlockError):
-                out[i : i + 1] = np.zeros(1, self.dtype)
+                continue
+            first = {}
+            for b, raw in blocks.items():
+                first[b], at = at, at + len(raw) // self.frame_bytes
+                raws.append(raw)
+            idx.append([first[j // g] + j % g for j in r["refs"].tolist()])
+            rows.append(i)
+            recs.append(r)
+        if rows:
+            frames = np.frombuffer(b"".join(raws), np.uint8).reshape(-1, *self.obs_shape[1:])
+            stacks, rec = frames[np.asarray(idx)], np.asarray(recs, self.rec)
+            out["obs"][rows], out["next_obs"][rows] = stacks[:, :s], stacks[:, s:]
+            for name in ("action", "ret", "disc"):
+                out[name][rows] = rec[name]
+            out["ok"][rows] = True
         return out
 
     def parse(self, blob: Any) -> tuple[np.ndarray, int, int, list[bytes]]:
         """A stored chunk's records, frame count, frames per block and LZ4 blocks; raises
-        ``ValueError`` unless its header, sizes and references are consistent."""
+        ``ValueError`` unless its header and sizes are consistent and its CRC matches."""
         if not isinstance(blob, bytes) or len(blob) < _HEAD.size:
             raise ValueError("chunk missing")
         version, g, n, f, crc = _HEAD.unpack_from(blob)
@@ -159,48 +178,39 @@ class FrameLayout(RecordLayout):
         at = _HEAD.size + n * self.rec.itemsize
         if version != _VERSION or n < 1 or n_blocks < 1 or len(blob) < at + 4 * n_blocks:
             raise ValueError("chunk header")
-        ends = (at + 4 * n_blocks + np.cumsum(np.frombuffer(blob, "<u4", n_blocks, at))).tolist()
+        sizes = struct.unpack_from(f"<{n_blocks}I", blob, at)
+        ends = list(itertools.accumulate(sizes, initial=at + 4 * n_blocks))
         if ends[-1] != len(blob) or zlib.crc32(memoryview(blob)[_HEAD.size :]) != crc:
             raise ValueError("chunk size or CRC")
-        recs = np.frombuffer(blob, self.rec, n, _HEAD.size)
-        if recs["refs"].max() >= f:
-            raise ValueError("frame reference out of the chunk")
-        return (
-            recs,
-            f,
-            g,
-            [blob[a:b] for a, b in zip([at + 4 * n_blocks, *ends[:-1]], ends, strict=True)],
-        )
+        blocks = [blob[a:b] for a, b in itertools.pairwise(ends)]
+        return np.frombuffer(blob, self.rec, n, _HEAD.size), f, g, blocks
 
-    def _block(self, blocks: list[bytes], b: int, f: int, g: int) -> np.ndarray:
+    def _block(self, blocks: list[bytes], b: int, f: int, g: int) -> bytes:
         """Frames ``b*g ..`` of a chunk, decompressed to exactly their expected size."""
         want = (min(f, (b + 1) * g) - b * g) * self.frame_bytes
         raw = lz4.block.decompress(blocks[b], uncompressed_size=want)
         if len(raw) != want:
             raise ValueError("LZ4 block size")
-        return np.frombuffer(raw, np.uint8).reshape(-1, *self.obs_shape[1:])
+        return raw
 
     def chunk_frames(self, blob: bytes) -> np.ndarray:
         """Every frame of a stored chunk, in order."""
         _, f, g, blocks = self.parse(blob)
-        return np.concatenate([self._block(blocks, b, f, g) for b in range(len(blocks))])
+        raw = b"".join(self._block(blocks, b, f, g) for b in range(len(blocks)))
+        return np.frombuffer(raw, np.uint8).reshape(-1, *self.obs_shape[1:])
 
-    def _decode(self, row: np.ndarray, item: Any) -> None:
+    def _transition(self, item: Any) -> tuple[np.void, int, dict[int, bytes]]:
+        """A sampled transition's record, its chunk's frames per block and the blocks its
+        frames are in (decompressed); raises unless every check passes."""
         rel_b, blob = item
         recs, f, g, blocks = self.parse(blob)
         (rel,) = struct.unpack("<I", rel_b)
-        if rel >= len(recs):
-            raise ValueError("transition out of its chunk")
-        r = recs[rel]
-        ok = 0 <= r["action"] < self.n_actions and np.isfinite(r["ret"]) and 0 <= r["disc"] <= 1
-        if not ok or abs(r["ret"]) > 1e6:
-            raise ValueError("chunk record out of bounds")
+        r = recs[rel]  # IndexError past the chunk's transitions
         refs = r["refs"].tolist()
-        frames = {b: self._block(blocks, b, f, g) for b in {j // g for j in refs}}
-        stack = np.stack([frames[j // g][j % g] for j in refs])
-        s = self.obs_shape[0]
-        row["obs"], row["next_obs"] = stack[:s], stack[s:]
-        row["action"], row["ret"], row["disc"], row["ok"] = r["action"], r["ret"], r["disc"], True
+        ok = 0 <= r["action"] < self.n_actions and np.isfinite(r["ret"]) and 0 <= r["disc"] <= 1
+        if not ok or abs(r["ret"]) > 1e6 or max(refs) >= f:
+            raise ValueError("chunk record out of bounds")
+        return r, g, {b: self._block(blocks, b, f, g) for b in sorted({j // g for j in refs})}
 
 
 # the chunks of ids[s..e], with each id's distance to its chunk's start (ring slot id % CAP)
