@@ -13,10 +13,17 @@ from urllib.parse import unquote
 import redis
 from redis.backoff import AbstractBackoff, ExponentialBackoff
 from redis.connection import parse_url
-from redis.exceptions import AuthenticationError, NoPermissionError
+from redis.exceptions import (
+    AuthenticationError,
+    NoPermissionError,
+    RedisClusterException,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
+
+from qrl.cluster import RETRY_ON, ClusterClient
 
 log = logging.getLogger(__name__)
 
@@ -233,15 +240,19 @@ def read_password_file(path: str | os.PathLike[str]) -> str:
     return password
 
 
+Client = redis.Redis | ClusterClient  # what connect() gives: one node's client or a cluster's
+
+
 def connect(
     url: str | None = None,
     *,
     wait: float = 0.0,
     deadline: float | None = None,
     socket_timeout: float | None = 30.0,
-) -> redis.Redis:
+) -> Client:
     """A client for ``url`` (``redis://``, ``rediss://``, ``unix://``; user and password in
-    the URL), checked with PING.
+    the URL), checked with PING. Where ``url`` names a node of a Redis Cluster, the client
+    is a :class:`qrl.cluster.ClusterClient` for the whole cluster (see :mod:`qrl.cluster`).
 
     Commands that fail on a lost connection are retried with exponential backoff (up to 2 s
     apart) for up to ``deadline`` seconds (default :func:`redis_deadline`), then raise
@@ -250,30 +261,80 @@ def connect(
     """
     url = url or default_url()
     backoff = DeadlineBackoff(url, wait)  # the first PING waits at most ``wait``
-    options: dict[str, object] = {}
+    options: dict[str, object] = {
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": 5.0,
+        "health_check_interval": 30,
+    }
     if url.startswith("rediss://"):
         options["ssl_check_hostname"] = True  # unless the URL says ?ssl_check_hostname=false
     try:
-        if "password" not in parse_url(url) and (password := env_password()):
+        if "password" not in (parsed := parse_url(url)) and (password := env_password()):
             options["password"] = password
-        client = redis.Redis.from_url(
+        client: Client = redis.Redis.from_url(
             url,
             retry=Retry(backoff, -1, (RedisConnectionError, RedisTimeoutError, OSError)),
             retry_on_error=[RedisConnectionError, RedisTimeoutError],
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=5.0,
-            health_check_interval=30,
             **options,
         )
     except ValueError as e:
         raise RedisUnavailable(f"bad Redis URL {redact(url)!r}: {redact_text(str(e), url)}") from e
     try:
         client.ping()
+        cluster = _cluster_enabled(client)
     except (RedisUnavailable, RedisConnectionError, RedisTimeoutError, OSError) as e:
-        cause = e.__cause__ or e
-        raise RedisUnavailable(
-            f"cannot reach Redis at {redact(url)}: {redact_text(str(cause), url)}. Start one "
-            f"with `qrl redis`, pass --redis URL, or set {ENV_URL}."
-        ) from e
+        raise _unreachable(url, e) from e
+    except ResponseError as e:  # a cluster node refuses SELECT of another database
+        if "cluster" not in str(e).lower():
+            raise
+        cluster = True
+    if cluster:
+        client.close()
+        if parsed.get("db", 0) != 0:
+            raise RedisUnavailable(
+                f"{redact(url)} is a node of a Redis Cluster, which has only database 0: "
+                f"end the URL with /0, not /{parsed['db']}"
+            )
+        client = _cluster_client(url, Retry(backoff, -1, RETRY_ON), wait, options)
     backoff.deadline = redis_deadline() if deadline is None else deadline
     return client
+
+
+def _cluster_client(url: str, retry: Retry, wait: float, options: dict) -> ClusterClient:
+    """The cluster's client, once its slot map covers every slot: a cluster still being
+    formed (its nodes up, not yet joined) is waited for up to ``wait`` seconds too."""
+    until = time.monotonic() + wait
+    while True:
+        try:
+            return ClusterClient(url, retry=retry, **options)
+        except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException) as e:
+            if time.monotonic() >= until:
+                raise _unreachable(url, e) from e
+            time.sleep(0.2)
+
+
+def _unreachable(url: str, error: BaseException) -> RedisUnavailable:
+    cause = error.__cause__ or error
+    return RedisUnavailable(
+        f"cannot reach Redis at {redact(url)}: {redact_text(str(cause), url)}. Start one "
+        f"with `qrl redis`, pass --redis URL, or set {ENV_URL}."
+    )
+
+
+def _cluster_enabled(client: redis.Redis) -> bool:
+    """Whether the node ``client`` talks to runs in cluster mode. ``CLUSTER INFO`` answers on
+    a cluster node, fails on any other (and is allowed to a user that ``-@dangerous`` keeps
+    from ``INFO``); a user not allowed ``CLUSTER INFO`` either is taken to be on one node."""
+    try:
+        client.execute_command("CLUSTER INFO")
+    except ResponseError:  # NOPERM included
+        return False
+    return True
+
+
+def disconnect(client: Client) -> None:
+    """Close every connection ``client`` has open (before forking: a child opens its own)."""
+    if isinstance(client, ClusterClient):
+        client.disconnect()
+    else:
+        client.connection_pool.disconnect()

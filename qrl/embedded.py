@@ -120,7 +120,8 @@ class EmbeddedRedis:
         self.port = port or free_port(host)
         self.binary = binary or find_redis_server()
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="qrl-redis-")
-        self.data_dir = Path(data_dir) if data_dir else Path(self._tmp.name)
+        # absolute: redis-server changes into --dir before it opens the (relative) logfile
+        self.data_dir = Path(data_dir).resolve() if data_dir else Path(self._tmp.name)
         self.appendonly = appendonly
         self.password = password
         self.args = args

@@ -28,7 +28,7 @@ from rich.table import Table
 
 from qrl.algos import Algorithm
 from qrl.checkpoint import replace_model
-from qrl.connection import connect, redact
+from qrl.connection import connect, disconnect, redact
 from qrl.control import StopFlag, request_stop
 from qrl.embedded import EmbeddedRedis
 from qrl.keys import RunKeys
@@ -165,7 +165,7 @@ def run_training(
         client.hdel(keys.control, "stop")  # a rerun of a stopped run starts afresh
         stop = StopFlag(client, keys)
         reader = MetricsReader(client, keys, from_start=True)
-        client.connection_pool.disconnect()  # forked roles inherit no open connection
+        disconnect(client)  # forked roles inherit no open connection
         for role, i in algo.processes(cfg):
             name = f"{role.name}{i}" if role.count else role.name
             spec = RoleSpec(

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,6 +24,33 @@ def role(*args: str, **kw: Any) -> subprocess.Popen:
     """A long-running ``qrl ARGS`` process (a role); output discarded unless ``kw`` says."""
     kw = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, **kw}
     return subprocess.Popen([sys.executable, "-m", "qrl.cli", *args], cwd=ROOT, **kw)
+
+
+class QrlRedis(NamedTuple):
+    """A running ``qrl redis``: the process, the URLs it printed (one per node), its
+    redis-server pids and the line that named them."""
+
+    proc: subprocess.Popen
+    urls: list[str]
+    pids: list[int]
+    banner: str
+
+
+def qrl_redis(*args: str, nodes: int = 1, **kw: Any) -> QrlRedis:
+    """Start ``qrl redis ARGS`` and wait for its URLs."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qrl.cli", "redis", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+        **kw,
+    )
+    urls = [proc.stdout.readline().strip() for _ in range(nodes)]
+    banner = proc.stderr.readline()
+    pids = [int(p) for p in banner.split("(pid ")[1].split(")")[0].split(", ")]
+    return QrlRedis(proc, urls, pids, banner)
 
 
 def train(algo: str, run_dir: Path, *args: str, timeout: float = 240) -> dict[str, Any]:

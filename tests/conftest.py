@@ -10,6 +10,7 @@ import redis
 
 from qrl.embedded import EmbeddedRedis
 from qrl.keys import RunKeys
+from tests.cluster import ClusterUnsupported, LocalCluster
 
 _runs = itertools.count()
 
@@ -19,6 +20,20 @@ def redis_server():
     with EmbeddedRedis() as server:
         os.environ["QRL_REDIS_URL"] = server.url
         yield server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A three-node Redis Cluster (with a password) for the session: ``.urls`` (any one
+    reaches the cluster), ``.url``, ``.addresses``, ``.password``, ``.client(i)`` and
+    ``.keys_per_node(pattern)`` for one node's own keys. Skipped, with the reason, where
+    redis-server cannot run in cluster mode."""
+    try:
+        cluster = LocalCluster().start()
+    except ClusterUnsupported as e:
+        pytest.skip(str(e))
+    yield cluster
+    cluster.stop()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import redis
 
 from qrl.connection import RedisUnavailable, connect, redact
 from qrl.embedded import EmbeddedRedis, find_redis_server, free_port
+from tests.cli import qrl_redis
 
 
 def test_connect_from_env_url(redis_server, monkeypatch):
@@ -77,23 +78,9 @@ def _redis_cli_ping(url: str) -> str:
     return subprocess.run([cli, "-u", url, "ping"], capture_output=True, text=True).stdout.strip()
 
 
-def _start_qrl_redis(*args: str) -> tuple[subprocess.Popen, str, int]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "qrl.cli", "redis", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    url = proc.stdout.readline().strip()
-    info = proc.stderr.readline()
-    pid = int(info.split("(pid ")[1].split(")")[0])
-    return proc, url, pid
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_qrl_redis_prints_url_and_stops_clean(sig):
-    proc, url, pid = _start_qrl_redis()
+    proc, (url,), (pid,), _ = qrl_redis()
     assert url.startswith("redis://127.0.0.1:")
     assert _redis_cli_ping(url) == "PONG"
     proc.send_signal(sig)  # Ctrl-C
@@ -103,7 +90,7 @@ def test_qrl_redis_prints_url_and_stops_clean(sig):
 
 
 def test_killed_qrl_redis_takes_its_server_along():
-    proc, url, pid = _start_qrl_redis()
+    proc, (url,), (pid,), _ = qrl_redis()
     assert _redis_cli_ping(url) == "PONG"
     proc.kill()
     proc.wait(10)

@@ -159,3 +159,16 @@ def test_a_learner_stopped_while_redis_is_away_writes_its_final_checkpoint(tmp_p
     assert code == 3, f"exit {code}:\n{text[-3000:]}"  # it gave up on Redis, saying so
     assert "is stopping: not waiting for it" in text and "Traceback" not in text, text[-3000:]
     assert load_checkpoint(ckpt, "apex", cfg)["step"] >= 20  # nothing learned was lost
+
+
+def test_a_relative_data_dir_keeps_the_append_only_file_there(tmp_path, monkeypatch):
+    """`qrl redis --appendonly --dir qrl-redis` (a relative folder, as the README writes it):
+    redis-server changes into --dir, so a relative path given to it twice would miss."""
+    monkeypatch.chdir(tmp_path)
+    server = EmbeddedRedis(data_dir="qrl-redis", appendonly=True).start()
+    try:
+        redis.Redis.from_url(server.url).set("k", "v")
+    finally:
+        server.stop()
+    assert (tmp_path / "qrl-redis" / "redis.log").exists()
+    assert any((tmp_path / "qrl-redis").rglob("*.aof")), list((tmp_path / "qrl-redis").rglob("*"))

@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from urllib.parse import quote
@@ -19,7 +17,7 @@ import redis
 
 from qrl.connection import RedisUnavailable, connect, redact
 from qrl.embedded import EmbeddedRedis, free_port
-from tests.cli import ROOT, qrl
+from tests.cli import qrl, qrl_redis
 
 SECRET = "S3cr#t/pa?ss@w:rd"  # what a URL should percent-encode, and people do not
 
@@ -128,20 +126,9 @@ def test_qrl_redis_takes_its_password_from_the_environment_or_a_file(how, tmp_pa
         secret_file.write_text(SECRET)
         args += ["--password-file", str(secret_file)]
         env = _env_without_password()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "qrl.cli", "redis", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        cwd=ROOT,
-        env=env,
-    )
+    proc, (url,), (server_pid,), banner = qrl_redis(*args, env=env)
     try:
-        url = proc.stdout.readline().strip()
-        info = proc.stderr.readline()
-        server_pid = int(info.split("(pid ")[1].split(")")[0])
-        assert url.startswith("redis://0.0.0.0:") and not _leaks(url + info)
+        assert url.startswith("redis://0.0.0.0:") and not _leaks(url + banner)
         for pid in (proc.pid, server_pid):  # nothing secret in `ps`
             assert not _leaks(_cmdline(pid)), _cmdline(pid)
         port = int(url.rsplit(":", 1)[1].split("/")[0])

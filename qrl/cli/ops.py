@@ -41,6 +41,14 @@ from qrl.cli.options import (
 )
 @click.option("--appendonly", is_flag=True, help="Persist with an append-only file in --dir.")
 @click.option(
+    "--cluster",
+    "cluster",
+    type=click.IntRange(1, 16),
+    default=None,
+    help="Run a local Redis Cluster of this many nodes instead (ports --port, --port + 1, ... "
+    "or free ones; no persistence): any node's URL reaches it.",
+)
+@click.option(
     "--dir",
     "data_dir",
     type=click.Path(file_okay=False),
@@ -54,21 +62,29 @@ def redis_cmd(
     password_file: str | None,
     appendonly: bool,
     data_dir: str | None,
+    cluster: int | None,
 ) -> None:
-    """Run a private redis-server in the foreground and print its URL (without the
-    password); Ctrl-C stops it. Binding to anything but loopback needs a password."""
+    """Run a private redis-server (or, with --cluster N, a local Redis Cluster) in the
+    foreground and print its URL (without the password); Ctrl-C stops it. Binding to anything
+    but loopback needs a password."""
     import signal
 
     from qrl.connection import RedisUnavailable, read_password_file
     from qrl.control import on_stop_signals
     from qrl.embedded import EmbeddedRedis
+    from qrl.embedded_cluster import EmbeddedCluster
 
     try:
         if password_file:
             password = read_password_file(password_file)
-        server = EmbeddedRedis(
-            port, host, data_dir=data_dir, appendonly=appendonly, password=password
-        )
+        if cluster and (appendonly or data_dir):
+            raise click.UsageError("--cluster keeps nothing on disk: drop --appendonly/--dir")
+        if cluster:
+            server = EmbeddedCluster(cluster, password, host=host, port=port)
+        else:
+            server = EmbeddedRedis(
+                port, host, data_dir=data_dir, appendonly=appendonly, password=password
+            )
     except (OSError, RedisUnavailable) as e:
         raise click.ClickException(str(e)) from None
     stop = threading.Event()
@@ -78,18 +94,22 @@ def redis_cmd(
         server.start()
     except (OSError, RuntimeError, ValueError) as e:
         raise click.ClickException(str(e)) from None
+    nodes = server.nodes if cluster else [server]
     try:
-        click.echo(server.address)
+        click.echo(server.address if not cluster else "\n".join(server.addresses))
         click.echo(
-            f"redis-server {server.binary} (pid {server.proc.pid}); Ctrl-C to stop"
+            f"redis-server {nodes[0].binary} (pid {', '.join(str(n.proc.pid) for n in nodes)})"
+            + (f", a cluster of {cluster} nodes: any node's URL reaches it" if cluster else "")
+            + "; Ctrl-C to stop"
             + ("; clients need the password (QRL_REDIS_PASSWORD)" if password else ""),
             err=True,
         )
         sys.stdout.flush()
-        while not stop.is_set() and server.proc.poll() is None:
+        while not stop.is_set() and all(n.proc.poll() is None for n in nodes):
             stop.wait(0.5)
         if not stop.is_set():
-            raise click.ClickException(f"redis-server exited with {server.proc.returncode}")
+            codes = ", ".join(str(n.proc.returncode) for n in nodes if n.proc.poll() is not None)
+            raise click.ClickException(f"redis-server exited with {codes}")
     finally:
         server.stop()
     click.echo("redis-server stopped", err=True)
