@@ -9,18 +9,19 @@ import gymnasium as gym
 import lz4.block
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 
 from qrl.actors.apex import NStep
 from qrl.codec import decode, encode
 from qrl.configs.apex import ApexConfig
+from qrl.connection import connect
 from qrl.envs import make_env
 from qrl.keys import RunKeys
 from qrl.messages import frames_schema
 from qrl.replay.frames import FrameBatch, FrameLayout, FrameReplay, encode_chunk, pack_frames
 from qrl.replay.role import ReplayFiller
 from qrl.replay.store import P_LO
-from qrl.runs import create_run
+from qrl.runs import create_run, delete_run
 from qrl.streams import StreamProducer
 from tests import strategies as hs
 
@@ -92,10 +93,6 @@ def message(transitions, batch: str) -> bytes:
     return encode("apex.frames", fields), order
 
 
-def batch_of(d) -> FrameBatch:
-    return FrameBatch(d["frames"], d["counts"], d["refs"], d["action"], d["ret"], d["disc"])
-
-
 def fetch_all(replay: FrameReplay) -> dict[int, np.void]:
     """Every transition present, decoded as the sampler decodes (the sampling script's
     fetch, every rank)."""
@@ -119,7 +116,7 @@ def insert(replay, transitions, size: int) -> list:
         part = transitions[s : s + size]
         payload, order = message(part, f"b{s}")
         d = decode(payload, frames_schema(SHAPE, 6))
-        assert replay.insert(batch_of(d), d["priority"], batch_id=d["batch"]) >= 0
+        assert replay.insert(FrameBatch.of(d), d["priority"], batch_id=d["batch"]) >= 0
         by_id += [part[k] for k in order]
     return by_id
 
@@ -167,7 +164,7 @@ def synthetic(n_slots: int, steps: int, rng) -> list:
     return out
 
 
-@hs.HOSTILE
+@settings(hs.HOSTILE, max_examples=max(1, hs.HOSTILE.max_examples // 4))  # Redis per example
 @given(msg=hs.frames())
 def test_any_admitted_chunks_round_trip(r, msg):
     """Whatever ``frames_schema`` admits goes in, and every transition comes out as the
@@ -176,7 +173,7 @@ def test_any_admitted_chunks_round_trip(r, msg):
     replay = FrameReplay(r, RunKeys("hostile-frames"), layout, 100, seed=0)
     d = decode(encode("apex.frames", msg), frames_schema((4, 6, 6), 6))
     first = replay.stats()["inserted"]
-    replay.insert(batch_of(d), d["priority"], batch_id=d["batch"] + str(first))
+    replay.insert(FrameBatch.of(d), d["priority"], batch_id=d["batch"] + str(first))
     got = fetch_all(replay)
     starts = np.repeat(np.cumsum(d["counts"][:, 1]) - d["counts"][:, 1], d["counts"][:, 0])
     for k in range(len(d["refs"])):
@@ -197,7 +194,7 @@ def test_eviction_keeps_exactly_the_chunks_still_referenced(r, keys):
         payload, order = message(part, f"e{b}")
         d = decode(payload, frames_schema((4, 6, 6), 6))
         first = len(by_id)
-        replay.insert(batch_of(d), d["priority"], batch_id=d["batch"])
+        replay.insert(FrameBatch.of(d), d["priority"], batch_id=d["batch"])
         by_id += [part[k] for k in order]
         for m, _ in d["counts"].tolist():
             starts.append((first, m))
@@ -296,3 +293,26 @@ def test_a_pong_transition_costs_at_most_1_5_frames(r, keys):
     frame = np.mean([len(lz4.block.compress(f, store_size=False)) for f in frames])
     assert 150 < frame < 400  # a Pong frame, not a blank one
     assert held / len(transitions) <= 1.5 * frame, (held / len(transitions), frame)
+
+
+def test_frame_replay_through_a_cluster_client(redis_cluster):
+    """Every script's keys share the run's hash tag: the frame replay works through a
+    cluster client connected to any node."""
+    client = connect(redis_cluster.urls[0])
+    keys = RunKeys("frames-cluster")
+    replay = FrameReplay(client, keys, FrameLayout((4, 6, 6), "uint8", 6), 30, seed=0)
+    rng = np.random.default_rng(2)
+    by_id = []
+    for b in range(4):
+        part = synthetic(2, 8, rng)
+        payload, order = message(part, f"c{b}")
+        d = decode(payload, frames_schema((4, 6, 6), 6))
+        replay.insert(FrameBatch.of(d), d["priority"], batch_id=d["batch"])
+        by_id += [part[k] for k in order]
+    s = replay.sample(16)
+    assert len(s.ids) == 16 and min(int(i) for i in s.ids) >= len(by_id) - 30
+    for i, row in zip(s.ids, s.batch, strict=True):
+        np.testing.assert_array_equal(row["next_obs"], by_id[int(i)][4])
+    replay.update_priorities(s.ids, np.full(16, 3.0))
+    delete_run(client, keys)
+    client.close()

@@ -27,6 +27,7 @@ frames twice, and consecutive transitions share ``stack - 1`` of them. Instead:
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import struct
 import zlib
@@ -38,6 +39,8 @@ import numpy as np
 
 from qrl.messages import check_chunks
 from qrl.replay.store import P_HI, P_LO, PrioritizedReplay, RecordLayout, Sample
+
+log = logging.getLogger(__name__)
 
 FRAMES_PER_BLOCK = 8
 _HEAD = struct.Struct("<BBHHI")  # version, frames per block, transitions, frames, CRC-32
@@ -103,6 +106,11 @@ class FrameBatch:
 
     def __len__(self) -> int:
         return len(self.refs)
+
+    @classmethod
+    def of(cls, msg: dict[str, Any]) -> FrameBatch:
+        """From a decoded ``apex.frames`` message."""
+        return cls(*(msg[k] for k in ("frames", "counts", "refs", "action", "ret", "disc")))
 
 
 def _record_dtype(stack: int) -> np.dtype:
@@ -358,10 +366,10 @@ class FrameReplay(PrioritizedReplay):
         if s is None or s.batch["ok"].all():
             return s
         ok = s.batch["ok"]
-        self.dropped += int((~ok).sum())
-        self.update_priorities(
-            [i for i, k in zip(s.ids, ok, strict=True) if not k], np.zeros((~ok).sum())
-        )
+        bad = [i for i, k in zip(s.ids, ok, strict=True) if not k]
+        self.dropped += len(bad)
+        log.warning("dropped %d sampled transitions: chunk missing or corrupt", len(bad))
+        self.update_priorities(bad, np.zeros(len(bad)))
         if not ok.any():
             return None
         w = s.weights[ok]

@@ -64,13 +64,12 @@ class ReplayFiller(Role):
         layout = self.replay.layout
         for e in entries:
             d = e.data
-            if self.frames:
-                rows: object = FrameBatch(
-                    *(d[k] for k in ("frames", "counts", "refs", "action", "ret", "disc"))
-                )
-            else:
-                rows = layout.pack(d["obs"], d["action"], d["ret"], d["disc"], d["next_obs"])
-            if self.replay.insert(rows, d["priority"], batch_id=d["batch"]) >= 0:  # type: ignore[arg-type]
+            rows = (
+                FrameBatch.of(d)
+                if self.frames
+                else layout.pack(d["obs"], d["action"], d["ret"], d["disc"], d["next_obs"])
+            )
+            if self.replay.insert(rows, d["priority"], batch_id=d["batch"]) >= 0:
                 self.inserted += len(d["action"])
 
     def step(self, should_stop: StopCheck) -> bool:
