@@ -18,6 +18,7 @@ from qrl.connection import connect
 from qrl.envs import make_env
 from qrl.keys import RunKeys
 from qrl.messages import frames_schema
+from qrl.replay import frames as frames_module
 from qrl.replay.frames import FrameBatch, FrameLayout, FrameReplay, encode_chunk, pack_frames
 from qrl.replay.role import ReplayFiller
 from qrl.replay.store import P_LO
@@ -182,6 +183,19 @@ def test_any_admitted_chunks_round_trip(r, msg):
             assert row["ok"] and (row["obs"] == stack[:4]).all()
             assert (row["next_obs"] == stack[4:]).all() and row["ret"] == d["ret"][k]
     assert all(row["ok"] for row in got.values())
+
+
+def test_long_runs_of_one_slot_are_split_into_chunks(r, keys, monkeypatch):
+    monkeypatch.setattr(frames_module, "CHUNK_MAX", 5)
+    part = synthetic(2, 12, np.random.default_rng(3))
+    payload, order = message(part, "long")
+    d = decode(payload, frames_schema((4, 6, 6), 6))
+    assert d["counts"][:, 0].tolist() == [5, 5, 2, 5, 5, 2]
+    replay = FrameReplay(r, keys, FrameLayout((4, 6, 6), "uint8", 6), 100, seed=0)
+    replay.insert(FrameBatch.of(d), d["priority"], batch_id="long")
+    for i, row in fetch_all(replay).items():
+        np.testing.assert_array_equal(row["obs"], part[order[i]][0])
+        np.testing.assert_array_equal(row["next_obs"], part[order[i]][4])
 
 
 def test_eviction_keeps_exactly_the_chunks_still_referenced(r, keys):

@@ -43,6 +43,9 @@ from qrl.replay.store import P_HI, P_LO, PrioritizedReplay, RecordLayout, Sample
 log = logging.getLogger(__name__)
 
 FRAMES_PER_BLOCK = 8
+# transitions per chunk at most: a sampled transition fetches its whole chunk, and the
+# references and counts are u16
+CHUNK_MAX = 256
 _HEAD = struct.Struct("<BBHHI")  # version, frames per block, transitions, frames, CRC-32
 _VERSION = 1
 
@@ -65,16 +68,19 @@ def replay_class(layout: RecordLayout) -> type[PrioritizedReplay]:
 
 def pack_frames(obs: np.ndarray, next_obs: np.ndarray, slots: np.ndarray) -> dict[str, Any]:
     """Transitions ``obs[i] -> next_obs[i]`` of env slots ``slots[i]`` (each slot's in time
-    order) as chunks: ``frames``, ``counts``, ``refs`` and ``order``, the permutation that
-    puts the transitions in chunk order (apply it to their other fields)."""
+    order) as chunks of at most ``CHUNK_MAX`` transitions: ``frames``, ``counts``, ``refs``
+    and ``order``, the permutation that puts the transitions in chunk order (apply it to
+    their other fields)."""
     order = np.argsort(slots, kind="stable")
     frames: list[np.ndarray] = []
     counts, refs = [], np.empty((len(order), 2 * obs.shape[1]), np.uint16)
+    runs = np.split(order, np.flatnonzero(np.diff(slots[order])) + 1)
+    chunks = [run[s : s + CHUNK_MAX] for run in runs for s in range(0, len(run), CHUNK_MAX)]
     row = 0
-    for slot in np.unique(slots):
+    for chunk in chunks:
         index: dict[bytes, int] = {}
-        start, first = len(frames), row
-        for i in order[row : row + int((slots == slot).sum())]:
+        start = len(frames)
+        for i in chunk:
             for k, f in enumerate((*obs[i], *next_obs[i])):
                 key = f.tobytes()
                 j = index.get(key)
@@ -83,7 +89,7 @@ def pack_frames(obs: np.ndarray, next_obs: np.ndarray, slots: np.ndarray) -> dic
                     frames.append(f)
                 refs[row, k] = j
             row += 1
-        counts.append((row - first, len(frames) - start))
+        counts.append((len(chunk), len(frames) - start))
     return {
         "frames": np.stack(frames),
         "counts": np.asarray(counts, np.int32),
