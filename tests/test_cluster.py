@@ -17,6 +17,7 @@ import redis
 from qrl.cluster import ClusterClient
 from qrl.codec import Field, Schema, encode
 from qrl.connection import RedisUnavailable, connect
+from qrl.embedded import server_version
 from qrl.ids import claim_id
 from qrl.keys import RunKeys
 from qrl.metrics import MetricsReader, report
@@ -234,6 +235,8 @@ def test_an_acl_user_limited_to_its_run_gets_the_cluster(redis_cluster):
     is found with CLUSTER INFO, the slot map read with CLUSTER SLOTS."""
     keys, other = run_on(redis_cluster, 0, "acl"), run_on(redis_cluster, 1, "acl-other")
     rule = f"on >runner-pw resetkeys ~{keys.prefix}* +@all -@admin -@dangerous".split()
+    if server_version(redis_cluster.nodes[0].binary) < (7,):
+        rule += ["+cluster|info", "+cluster|slots"]  # Redis 6: CLUSTER is @admin as a whole
     for node in range(3):  # ACLs are per node
         with redis_cluster.client(node) as c:
             c.execute_command("ACL SETUSER", "runner", *rule)
