@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 
-from qrl.keys import RunKeys
+from qrl.keys import MAX_SHARDS, RunKeys
 from qrl.metrics import MetricsReader
 from qrl.status import finite_values, warn_once
 from qrl.tracking import Tracking, open_sinks
@@ -69,6 +69,7 @@ class Progress:
     updates: int = 0
     updates_per_s: float = 0.0
     replay_size: int = 0
+    shard_sizes: dict[int, int] = field(default_factory=dict)  # the fillers' latest, by shard
     returns: deque[float] = field(default_factory=lambda: deque(maxlen=50))
     episodes: int = 0
     eval_return: float | None = None
@@ -136,8 +137,11 @@ class Progress:
             for k in ("dropped", "generation", "stale"):
                 if k in v:
                     self.extra[k] = num(k)
-        elif role == "replay":
-            self.replay_size = count("size", self.replay_size)
+        elif role == "replay" and "size" in v:  # a filler: its shard's size, the replay's
+            shard, size = count("shard", 0), count("size", -1)  # is their sum; -1: not a count
+            if size >= 0 and shard < MAX_SHARDS:
+                self.shard_sizes[shard] = size
+                self.replay_size = sum(self.shard_sizes.values())
 
     def row(self) -> dict[str, Any]:
         """One row of :data:`COLUMNS`."""

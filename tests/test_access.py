@@ -16,7 +16,10 @@ from qrl.keys import RunKeys
 from tests.cli import ROOT, qrl
 
 # the one-line rule the README documents for a run named RUN
-ACL_RULE = "ACL SETUSER {user} on >{password} resetkeys ~qrl:{{{run}}}:* +@all -@admin -@dangerous"
+ACL_RULE = (
+    "ACL SETUSER {user} on >{password} resetkeys ~qrl:{{{run}}}:* ~qrl:{{{run}~*}}:* "
+    "+@all -@admin -@dangerous"
+)
 
 
 def _es_job(url: str, run: str, tmp_path) -> subprocess.CompletedProcess[str]:

@@ -4,6 +4,9 @@ initial priorities from the actor's own |TD error|, batches pushed to the experi
 Follow one batch: ``ApexActor.step`` calls ``env.step``; ``NStep.add`` turns rewards into
 n-step transitions; ``ApexActor.flush`` computes priorities and pushes the batch with
 :class:`qrl.streams.StreamProducer`; the replay role (``qrl/replay/role.py``) inserts it.
+With a sharded replay, each env slot's transitions go to its shard's stream
+(:func:`qrl.replay.shards.shard_of_slots`): a flush pushes one batch per shard. Stacked
+frames (Atari) travel each frame once, in per-env-slot chunks (:mod:`qrl.replay.frames`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from qrl.configs.apex import ApexConfig
 from qrl.keys import RunKeys
 from qrl.models import QNetwork
 from qrl.replay.frames import is_frame_stack, pack_frames
+from qrl.replay.shards import shard_of_slots
+from qrl.streams import StreamProducer
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +89,12 @@ class ApexActor(VectorActor):
         self.nstep = NStep(cfg.envs_per_actor, cfg.n_step, cfg.gamma)
         self.pending: list[tuple[np.ndarray, int, float, float, np.ndarray]] = []
         self.pending_slots: list[int] = []
+        # each shard's stream (its own keys: on a cluster, its own node), and each slot's shard
+        self.producers = [
+            StreamProducer(client, k.experience, maxlen=cfg.stream_maxlen, keys=k)
+            for k in keys.shards(cfg.replay_shards)
+        ]
+        self.shard_of = shard_of_slots(actor_id, cfg.envs_per_actor, cfg.replay_shards)
         self.frames = is_frame_stack(self.obs_shape, self.obs_dtype)  # send frames once
         self.counted = 0  # steps already added to the run's global env-step counter
         self.throttled_s = 0.0
@@ -108,12 +119,30 @@ class ApexActor(VectorActor):
         return np.abs(ret + disc * best - q_sa).astype(np.float32)
 
     def flush(self, should_stop: Callable[[], bool]) -> bool:
-        """Push the pending transitions as one batch; False if stopped while waiting."""
+        """Push the pending transitions, one batch per shard (the shard of their env slot);
+        False if stopped while waiting."""
         if not self.pending:
             return True
-        obs, act, ret, disc, nxt = zip(*self.pending, strict=True)
-        slots = np.asarray(self.pending_slots)
+        pending, slots = self.pending, np.asarray(self.pending_slots)
+        shard = self.shard_of[slots]
         self.pending, self.pending_slots = [], []
+        for s, producer in enumerate(self.producers):
+            mine = np.flatnonzero(shard == s)
+            rows = [pending[i] for i in mine]
+            if rows and not self.push(producer, rows, slots[mine], should_stop):
+                return False
+        return self.throttle(should_stop)
+
+    def push(
+        self,
+        producer: StreamProducer,
+        pending: list[tuple[np.ndarray, int, float, float, np.ndarray]],
+        slots: np.ndarray,
+        should_stop: Callable[[], bool],
+    ) -> bool:
+        """Push ``pending`` (from env slots ``slots``) as one batch to ``producer``'s
+        stream; False if stopped."""
+        obs, act, ret, disc, nxt = zip(*pending, strict=True)
         obs_a = np.stack(obs).astype(self.obs_dtype)
         nxt_a = np.stack(nxt).astype(self.obs_dtype)
         act_a = np.asarray(act, np.int32)
@@ -134,9 +163,7 @@ class ApexActor(VectorActor):
             kind,
             {**fields, "version": self.version, "actor": self.actor_id, "batch": uuid.uuid4().hex},
         )
-        if self.producer.add(payload, should_stop=should_stop) is None:
-            return False
-        return self.throttle(should_stop)
+        return producer.add(payload, should_stop=should_stop) is not None
 
     def throttle(self, should_stop: Callable[[], bool]) -> bool:
         """Count our steps in the run's total and wait while the total is ahead of what the
@@ -169,4 +196,5 @@ class ApexActor(VectorActor):
         self.flush(should_stop)
 
     def extra_metrics(self) -> dict[str, float]:
-        return {"throttled_s": self.throttled_s}
+        waited = sum(p.waited_s for p in self.producers)
+        return {"throttled_s": self.throttled_s, "backpressure_s": waited}

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
+
 from qrl.algos.base import Algorithm, RoleContext, RoleDef, torch_policy
 from qrl.configs.apex import ApexConfig
+from qrl.keys import MAX_SHARDS, RunKeys
 
 
 def _actor(ctx: RoleContext) -> Any:
@@ -27,6 +30,29 @@ def _learner(ctx: RoleContext) -> Any:
     return ApexLearner(
         ctx.connect, ctx.keys, ctx.cfg, ctx.device, checkpoint=ctx.checkpoint, threads=ctx.threads
     )
+
+
+def _shards(keys: RunKeys, config: dict[str, Any]) -> list[RunKeys]:
+    """The keys of the run's replay shards, as its stored config says (1 if it says
+    nothing sensible)."""
+    n = config.get("replay_shards", 1)
+    return keys.shards(n if isinstance(n, int) and 1 <= n <= MAX_SHARDS else 1)
+
+
+def _streams(keys: RunKeys, config: dict[str, Any]) -> dict[str, str]:
+    shards = _shards(keys, config)
+    if len(shards) == 1:
+        return {"experience": keys.experience}
+    return {f"experience.{s}": k.experience for s, k in enumerate(shards)}
+
+
+def _status(client: redis.Redis, keys: RunKeys, config: dict[str, Any]) -> dict[str, Any]:
+    shards = _shards(keys, config)
+    size = sum(client.zcard(k.replay_priorities) for k in shards)
+    if len(shards) == 1:
+        return {"replay_size": size}
+    dead = sum(client.xlen(k.deadletter) for k in shards)
+    return {"replay_size": size, "replay_shards": len(shards), "shard_dead_letters": dead}
 
 
 def _q_network(cfg: ApexConfig) -> Any:
@@ -53,8 +79,10 @@ ALGORITHM = Algorithm(
             ("replay",),
             "service",
             _replay,
-            "Drain a run's experience stream into its prioritized replay (several may run).",
+            "Drain a run's experience stream into its prioritized replay (several may run; "
+            "filler i drains shard i mod replay_shards).",
             count="replays",
+            least=lambda cfg: cfg.replay_shards,  # one filler per shard at least
         ),
         RoleDef(
             "learner",
@@ -75,6 +103,6 @@ ALGORITHM = Algorithm(
     ),
     policy=torch_policy(_q_network),
     weights_key=lambda keys: keys.weights,
-    streams=lambda keys: {"experience": keys.experience},
-    status=lambda client, keys: {"replay_size": client.zcard(keys.replay_priorities)},
+    streams=_streams,
+    status=_status,
 )

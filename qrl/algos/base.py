@@ -50,7 +50,7 @@ class RoleDef:
     ``--max-steps``; a ``service`` takes ``--id``; a ``learner`` (one per run) takes the
     checkpoint options and ``--max-updates``, and ``--device``/``--threads`` if ``torch``.
     ``count`` names the config field that says how many processes ``qrl train`` starts
-    (``None``: one)."""
+    (``None``: one), ``least`` the fewest it starts whatever that field says."""
 
     name: str  # in metrics, heartbeats and logs
     command: tuple[str, ...]  # the CLI command that starts it, e.g. ("actor", NAME)
@@ -59,9 +59,10 @@ class RoleDef:
     help: str
     count: str | None = None
     torch: bool = False
+    least: Callable[[Any], int] | None = None
 
 
-def no_status(client: redis.Redis, keys: RunKeys) -> dict[str, Any]:
+def no_status(client: redis.Redis, keys: RunKeys, config: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
@@ -74,8 +75,10 @@ class Algorithm:
     # (config, published parameters) -> the greedy policy evaluation plays
     policy: Callable[[Any, dict[str, np.ndarray]], Policy]
     weights_key: Callable[[RunKeys], str]  # where the learner publishes
-    streams: Callable[[RunKeys], dict[str, str]]  # what `qrl status` reports as streams
-    status: Callable[[redis.Redis, RunKeys], dict[str, Any]] = no_status  # more for status
+    # what `qrl status` reports as streams, and more values it shows, from the run's keys
+    # and its stored config (a dict as written: fields may be missing or wrong)
+    streams: Callable[[RunKeys, dict[str, Any]], dict[str, str]]
+    status: Callable[[redis.Redis, RunKeys, dict[str, Any]], dict[str, Any]] = no_status
     actions: frozenset[str] = frozenset({"discrete"})  # action spaces it handles
 
     def role(self, name: str) -> RoleDef:
@@ -94,6 +97,7 @@ class Algorithm:
         out = []
         for r in sorted(self.roles, key=lambda r: order[r.kind]):
             n = getattr(cfg, r.count) if r.count else 1
+            n = max(n, r.least(cfg)) if r.least else n
             out += [(r, i) for i in range(n)]
         return out
 

@@ -58,5 +58,5 @@ ALGORITHM = Algorithm(
     policy=_center_policy,
     actions=frozenset({"discrete", "continuous"}),
     weights_key=lambda keys: keys.es_params,
-    streams=lambda keys: {"es_results": keys.es_results},
+    streams=lambda keys, config: {"es_results": keys.es_results},
 )

@@ -61,5 +61,5 @@ ALGORITHM = Algorithm(
     ),
     policy=torch_policy(_policy_value_net),
     weights_key=lambda keys: keys.weights,
-    streams=lambda keys: {"trajectories": keys.trajectories},
+    streams=lambda keys, config: {"trajectories": keys.trajectories},
 )

@@ -197,8 +197,8 @@ def _collector(client: Any, keys: Any, stale_after: float) -> Any:
             algo=name,
             env=config.get("env"),
             weights_key=algo.weights_key(keys) if algo else None,
-            streams=algo.streams(keys) if algo else None,
-            extra=algo.status(client, keys) if algo else None,
+            streams=algo.streams(keys, config) if algo else None,
+            extra=algo.status(client, keys, config) if algo else None,
         )
 
     return status

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from qrl.configs.base import Config, Layers
+from qrl.keys import MAX_SHARDS
 
 
 class ApexConfig(Config):
@@ -36,7 +37,20 @@ class ApexConfig(Config):
     )
     alpha: float = Field(0.6, ge=0, le=1, description="Priority exponent.")
     beta: float = Field(0.4, ge=0, le=1, description="Importance-sampling exponent.")
-    replays: int = Field(1, ge=1, le=64, description="Replay-filling processes `qrl train` runs.")
+    replay_shards: int = Field(
+        1,
+        ge=1,
+        le=MAX_SHARDS,
+        description="Replay shards, each with its own hash tag, stream, filler and "
+        "capacity/shards (1: one unsharded replay); see README 'Sharded replay'.",
+    )
+    replays: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Replay-filling processes `qrl train` runs (at least one per shard; "
+        "filler i drains shard i mod replay_shards).",
+    )
     # actors
     actors: int = Field(
         2, ge=1, le=4096, description="Actor processes (also sets the per-actor epsilons)."

@@ -64,6 +64,7 @@ class ApexLearner(Learner):
                 cfg.batch_size,
                 cfg.learning_starts,
                 cfg.seed,
+                cfg.replay_shards,
             )
         )
 

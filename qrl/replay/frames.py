@@ -31,6 +31,7 @@ import logging
 import math
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -312,7 +313,6 @@ class FrameReplay(PrioritizedReplay):
     ) -> None:
         super().__init__(client, keys, layout, capacity, **kw)
         self._insert = client.register_script(_INSERT)
-        self.dropped = 0  # transitions dropped from sampled batches
 
     def records_lua(self) -> str:
         return _CHUNKS % self.capacity
@@ -368,16 +368,23 @@ class FrameReplay(PrioritizedReplay):
     def sample(self, batch_size: int, beta: float = 0.4) -> Sample | None:
         """As :meth:`PrioritizedReplay.sample`, without the transitions whose chunk was
         missing or corrupt (they get the lowest priority)."""
-        s = super().sample(batch_size, beta)
-        if s is None or s.batch["ok"].all():
-            return s
-        ok = s.batch["ok"]
-        bad = [i for i, k in zip(s.ids, ok, strict=True) if not k]
-        self.dropped += len(bad)
-        log.warning("dropped %d sampled transitions: chunk missing or corrupt", len(bad))
-        self.update_priorities(bad, np.zeros(len(bad)))
-        if not ok.any():
-            return None
-        w = s.weights[ok]
-        ids = [i for i, k in zip(s.ids, ok, strict=True) if k]
-        return Sample(ids, s.batch[ok], w / w.max(), s.probs[ok], s.size)
+        return drop_corrupt(super().sample(batch_size, beta), self.update_priorities)
+
+
+def drop_corrupt(
+    s: Sample | None, update_priorities: Callable[[list[bytes], np.ndarray], None]
+) -> Sample | None:
+    """``s`` without the transitions a :class:`FrameLayout` batch marks not ``ok`` (chunk
+    missing or corrupt), which ``update_priorities`` sets to the lowest priority so they
+    are not drawn again; ``None`` if none is left. Any other batch is returned as it is."""
+    if s is None or "ok" not in (s.batch.dtype.names or ()) or s.batch["ok"].all():
+        return s
+    ok = s.batch["ok"]
+    bad = [i for i, k in zip(s.ids, ok, strict=True) if not k]
+    log.warning("dropped %d sampled transitions: chunk missing or corrupt", len(bad))
+    update_priorities(bad, np.zeros(len(bad)))
+    if not ok.any():
+        return None
+    w = s.weights[ok]
+    ids = [i for i, k in zip(s.ids, ok, strict=True) if k]
+    return Sample(ids, s.batch[ok], w / w.max(), s.probs[ok], s.size)

@@ -1,6 +1,8 @@
 """The replay role: drains the experience stream through the consumer group into the
 prioritized replay, acknowledging each entry only after its insert. Several can run side by
-side; a re-delivered batch is not inserted twice (the insert is idempotent by batch id)."""
+side; a re-delivered batch is not inserted twice (the insert is idempotent by batch id).
+With ``replay_shards`` > 1, filler ``i`` drains shard ``i mod replay_shards``: that shard's
+stream into that shard's replay (:mod:`qrl.replay.shards`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from qrl.keys import RunKeys
 from qrl.loop import Role, StopCheck
 from qrl.messages import experience_schema, frames_schema
 from qrl.replay.frames import FrameBatch, is_frame_stack, layout_for, replay_class
+from qrl.replay.shards import filler_shard, shard_capacity
 from qrl.replay.store import PrioritizedReplay
 from qrl.streams import Entry, StreamConsumer
 
@@ -21,15 +24,16 @@ log = logging.getLogger(__name__)
 
 
 def make_replay(
-    client: redis.Redis, keys: RunKeys, cfg: ApexConfig, seed: int | None = None
+    client: redis.Redis, keys: RunKeys, cfg: ApexConfig, seed: int | None = None, shard: int = 0
 ) -> PrioritizedReplay:
+    """Shard ``shard`` of the run's replay (the whole replay when it has one shard)."""
     obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
     layout = layout_for(obs_shape, obs_dtype, n_actions)
     return replay_class(layout)(
         client,
-        keys,
+        keys.shards(cfg.replay_shards)[shard],
         layout,
-        cfg.replay_capacity,
+        shard_capacity(cfg.replay_capacity, cfg.replay_shards),
         mode=cfg.replay_mode,  # type: ignore[arg-type]
         alpha=cfg.alpha,
         seed=seed,
@@ -43,15 +47,17 @@ class ReplayFiller(Role):
     counter = "inserted"
 
     def __init__(self, client: redis.Redis, keys: RunKeys, cfg: ApexConfig, ident: int = 0) -> None:
-        self.client, self.keys, self.ident = client, keys, ident
-        self.replay = make_replay(client, keys, cfg)
+        self.client, self.ident = client, ident
+        self.shard = filler_shard(ident, cfg.replay_shards)
+        self.replay = make_replay(client, keys, cfg, shard=self.shard)
+        self.keys = self.replay.keys  # the shard's: its stream, dead letters and counters
         obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
         rows = cfg.actor_batch + cfg.envs_per_actor * cfg.n_step
         self.frames = is_frame_stack(obs_shape, obs_dtype)
         self.consumer = StreamConsumer(
             client,
-            keys,
-            keys.experience,
+            self.keys,
+            self.keys.experience,
             frames_schema(obs_shape, n_actions, max_rows=rows)
             if self.frames
             else experience_schema(obs_shape, obs_dtype, n_actions, max_rows=rows),
@@ -59,6 +65,11 @@ class ReplayFiller(Role):
             claim_idle_ms=cfg.claim_idle_ms,
         )
         self.inserted = 0
+        if cfg.replay_shards > 1:
+            log.info(
+                "filler %d drains shard %d of %d (each shard needs a filler: fillers 0-%d)",
+                ident, self.shard, cfg.replay_shards, cfg.replay_shards - 1,
+            )  # fmt: skip
 
     def handle(self, entries: list[Entry]) -> None:
         layout = self.replay.layout
@@ -83,5 +94,6 @@ class ReplayFiller(Role):
         return {
             "inserted": self.inserted,
             "size": self.replay.stats()["size"],
+            "shard": self.shard,
             "rejected": self.consumer.rejected,
         }

@@ -29,8 +29,8 @@ import redis
 
 from qrl.embedded import signal_on_parent_death
 from qrl.keys import RunKeys
-from qrl.replay.frames import replay_class
-from qrl.replay.store import PrioritizedReplay, RecordLayout, Sample
+from qrl.replay.shards import ShardedReplay
+from qrl.replay.store import RecordLayout, Sample
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +50,15 @@ class SamplerSpec:
     batch_size: int
     learning_starts: int
     seed: int
+    shards: int = 1
 
-    def replay(self, seed: int | None = None) -> PrioritizedReplay:
-        return replay_class(self.layout)(
+    def replay(self, seed: int | None = None) -> ShardedReplay:
+        return ShardedReplay(
             self.connect(),
             self.keys,
             self.layout,
             self.capacity,
+            shards=self.shards,
             mode=self.mode,
             alpha=self.alpha,
             seed=seed,
@@ -148,7 +150,7 @@ def _sampler_main(
         raise
 
 
-def _write_priorities(writer: PrioritizedReplay, priorities: Any) -> None:
+def _write_priorities(writer: ShardedReplay, priorities: Any) -> None:
     """Send priority updates until ``None``, merging whatever queued up into one ZADD XX."""
     done = False
     while not done:

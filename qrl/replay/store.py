@@ -131,7 +131,7 @@ return {redis.call('ZCARD', KEYS[1]), out}
 _SAMPLE_PROPORTIONAL = """
 -- KEYS: prio, data; ARGV: alpha, lo, ratio, n_buckets, u (increasing, in [0, 1): float64
 -- little-endian, concatenated)
--- returns {n_present, {id, score, record, prob}...}
+-- returns {n_present, {id, score, record, prob}...}, total mass (%.17g)
 local alpha, lo = tonumber(ARGV[1]), tonumber(ARGV[2])
 local ratio, k = tonumber(ARGV[3]), tonumber(ARGV[4])
 local fmt = string.format
@@ -153,7 +153,7 @@ for b = 0, k - 1 do
   rank = rank + c; total = total + c * w
 end
 local out = {}
-if total <= 0 then return {rank, out} end
+if total <= 0 or #ARGV[5] == 0 then return {rank, out, fmt('%.17g', total)} end
 -- the u are increasing (stratified), so one walk over the buckets serves every draw
 local ids, scores, probs, last, m = {}, {}, {}, nil, nil
 local b, acc = 0, 0
@@ -182,7 +182,7 @@ for s = 1, #ids, 4000 do
     out[4 * i] = probs[i]
   end
 end
-return {rank, out}
+return {rank, out, fmt('%.17g', total)}
 """
 
 
@@ -350,38 +350,40 @@ class PrioritizedReplay:
 
     def sample(self, batch_size: int, beta: float = 0.4) -> Sample | None:
         """A stratified prioritized batch, or ``None`` while the replay is empty."""
-        u = self._stratified(batch_size)
-        if self.mode == "rank":
-            n = self.last_size or self.size()
-            if n == 0:
-                return None
-            cdf = self._cdf()[: min(n, self.capacity)]
-            ranks = np.minimum(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1)
-            probs_all = (ranks + 1.0) ** -self.alpha / cdf[-1]
-            n_now, flat = self._fetch(
-                keys=self.sample_keys(),
-                args=["desc", " ".join(map(str, ranks.tolist()))],
-            )
-            self.last_size = int(n_now)
-            ids, recs = flat[0::3], flat[2::3]
-            probs = probs_all[: len(ids)]
-        else:
-            n_now, flat = self._proportional(
-                keys=self.sample_keys(),
-                args=[
-                    self.alpha,
-                    P_LO,
-                    2 ** (1 / BUCKETS_PER_OCTAVE),
-                    N_BUCKETS,
-                    u.astype("<f8").tobytes(),
-                ],
-            )
-            n = self.last_size = int(n_now)
-            ids, recs = flat[0::4], flat[2::4]
-            probs = np.array([float(x) for x in flat[3::4]])
+        n, ids, recs, probs = self.draw(self._stratified(batch_size))
         if not ids:
             return None
         w = (n * probs) ** -beta
-        return Sample(
-            list(ids), self.layout.unpack(list(recs)), (w / w.max()).astype(np.float32), probs, n
-        )
+        return Sample(ids, self.layout.unpack(recs), (w / w.max()).astype(np.float32), probs, n)
+
+    def mass(self) -> tuple[int, float]:
+        """``(transitions present, sum of their proportional sampling weights)``."""
+        n, _, total = self._proportional(keys=self.sample_keys(), args=self._bucket_args(b""))
+        return int(n), float(total)
+
+    def _bucket_args(self, u: bytes) -> list[object]:
+        return [self.alpha, P_LO, 2 ** (1 / BUCKETS_PER_OCTAVE), N_BUCKETS, u]
+
+    def draw(self, u: np.ndarray) -> tuple[int, list[bytes], list[bytes], np.ndarray]:
+        """The transitions at the increasing positions ``u`` (in [0, 1)) of the sampling
+        distribution: ``(transitions present, ids, records, probabilities)``."""
+        if self.mode == "rank":
+            n = self.last_size or self.size()
+            if n == 0:
+                return 0, [], [], np.zeros(0)
+            cdf = self._cdf()[: min(n, self.capacity)]
+            ranks = np.minimum(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1)
+            n_now, flat = self._fetch(
+                keys=self.sample_keys(), args=["desc", " ".join(map(str, ranks.tolist()))]
+            )
+            ids, recs = flat[0::3], flat[2::3]
+            probs = ((ranks + 1.0) ** -self.alpha / cdf[-1])[: len(ids)]
+        else:
+            n_now, flat, _ = self._proportional(
+                keys=self.sample_keys(), args=self._bucket_args(u.astype("<f8").tobytes())
+            )
+            n = int(n_now)
+            ids, recs = flat[0::4], flat[2::4]
+            probs = np.array([float(x) for x in flat[3::4]])
+        self.last_size = int(n_now)
+        return n, list(ids), list(recs), probs

@@ -1,0 +1,143 @@
+"""The sharded replay (``replay_shards`` = S > 1): S prioritized replays, each over its own
+keys (:meth:`qrl.keys.RunKeys.shards`: its own hash tag, so on a Redis Cluster the shards
+spread over the nodes), each with its own experience stream, filler and eviction; the
+learner draws every batch across all of them.
+
+* **Routing.** Env slot ``g`` of the run (actor ``a``'s env ``j`` is ``g = a x
+  envs_per_actor + j``) sends its transitions to shard ``g mod S``: every shard gets an
+  even share when the run has at least S env slots, and an env slot's consecutive
+  transitions stay in one shard (:func:`shard_of_slots`).
+* **Capacity.** Each shard keeps ``ceil(replay_capacity / S)`` transitions, evicting its own
+  oldest (FIFO per shard).
+* **Fillers.** Filler number ``i`` (``qrl replay --id i``) drains shard ``i mod S``; ``qrl
+  train`` starts ``max(replays, S)`` of them.
+* **Proportional sampling** is exact: shard ``s`` holds priority mass ``M_s`` (the sum of
+  its transitions' bucketed weights, counted by the sampling script), the batch's ``B``
+  stratified positions are cut over ``M = sum M_s`` and each lands in one shard, which draws
+  it from its own distribution. So ``P(i) = M_s / M x w_i / M_s = w_i / M``: the
+  probability of one unsharded replay over the same transitions and priorities. The
+  masses are read afresh for every batch (one extra call per shard).
+* **Rank sampling** is approximate: an exact global rank needs all shards' sorted sets
+  merged, which no single Lua call can do on a cluster. Shard ``s`` gets the batch's share
+  ``n_s / N`` (its size) and ranks within itself: ``P(i) = n_s / N x r_s(i)^-a / sum_{r <=
+  n_s} r^-a``. When the shards hold statistically alike priorities (the routing spreads
+  every actor's epsilons over all shards), ``r_s(i) ~ r(i) n_s / N`` and this equals the
+  global ``r(i)^-a / sum_{r <= N} r^-a`` up to the discreteness of the top ranks
+  (``tests/test_shards.py`` measures the gap). The IS weights use the probability actually
+  used, so they correct for what is left.
+
+IS weights are ``(N P(i))^-b`` over the batch's largest, ``N`` the transitions of all
+shards. Sampled ids name their shard (``b"s:id"``), so priority updates go back to it; with
+one shard, ids and everything else are exactly those of :class:`PrioritizedReplay`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Literal
+
+import numpy as np
+import redis
+
+from qrl.keys import RunKeys
+from qrl.replay.frames import drop_corrupt, replay_class
+from qrl.replay.store import RecordLayout, Sample
+
+
+def shard_capacity(capacity: int, shards: int) -> int:
+    """The transitions each of ``shards`` shards keeps."""
+    return math.ceil(capacity / shards)
+
+
+def shard_of_slots(actor_id: int, envs_per_actor: int, shards: int) -> np.ndarray:
+    """The shard of each env slot of actor ``actor_id``."""
+    return (actor_id * envs_per_actor + np.arange(envs_per_actor)) % shards
+
+
+def filler_shard(ident: int, shards: int) -> int:
+    """The shard filler number ``ident`` drains."""
+    return ident % shards
+
+
+class ShardedReplay:
+    """The learner's view of a run's replay: ``shards`` :class:`PrioritizedReplay` s
+    sampled as one (same interface: ``size``, ``sample``, ``update_priorities``)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        layout: RecordLayout,
+        capacity: int,
+        *,
+        shards: int = 1,
+        mode: Literal["rank", "proportional"] = "rank",
+        alpha: float = 0.6,
+        seed: int | None = None,
+    ) -> None:
+        cap = shard_capacity(capacity, shards)
+        self.parts = [
+            replay_class(layout)(client, k, layout, cap, mode=mode, alpha=alpha, seed=seed)
+            for k in keys.shards(shards)
+        ]
+        self.layout, self.mode = layout, mode
+        self.rng = np.random.default_rng(seed)
+
+    def size(self) -> int:
+        return sum(p.size() for p in self.parts)
+
+    def _shares(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each shard's ``(size, share of the sampling)``: its priority mass
+        (proportional) or its size (rank: the size the next draw ranks over)."""
+        if self.mode == "proportional":
+            sizes, masses = zip(*(p.mass() for p in self.parts), strict=True)
+            return np.array(sizes, np.float64), np.array(masses, np.float64)
+        sizes = np.array([p.last_size or p.size() for p in self.parts], np.float64)
+        return sizes, sizes
+
+    def sample(self, batch_size: int, beta: float = 0.4) -> Sample | None:
+        """A stratified batch across the shards, or ``None`` while they are all empty."""
+        if len(self.parts) == 1:
+            return self.parts[0].sample(batch_size, beta)
+        sizes, shares = self._shares()
+        total = shares.sum()
+        if total <= 0:
+            return None
+        pos = (np.arange(batch_size) + self.rng.random(batch_size)) / batch_size * total
+        edges = np.concatenate([[0.0], np.cumsum(shares)])
+        which = np.clip(np.searchsorted(edges, pos, side="right") - 1, 0, len(self.parts) - 1)
+        ids: list[bytes] = []
+        recs: list[bytes] = []
+        probs = []
+        for s in np.unique(which):
+            if shares[s] <= 0:
+                continue  # only by rounding at an edge: an empty shard has no mass
+            u = np.clip((pos[which == s] - edges[s]) / shares[s], 0.0, np.nextafter(1.0, 0.0))
+            n, got, records, p = self.parts[s].draw(u)
+            sizes[s] = n
+            ids += [b"%d:%s" % (int(s), i) for i in got]
+            recs += records
+            probs.append(p * (shares[s] / total))
+        if not ids:
+            return None
+        prob = np.concatenate(probs)
+        n_all = int(sizes.sum())
+        w = (n_all * prob) ** -beta
+        batch = self.layout.unpack(recs)
+        sample = Sample(ids, batch, (w / w.max()).astype(np.float32), prob, n_all)
+        return drop_corrupt(sample, self.update_priorities)  # frame stacks: see frames.py
+
+    def update_priorities(self, ids: list[bytes], priorities: np.ndarray) -> None:
+        """New priorities, each sent to the shard its id names (ZADD XX there)."""
+        if len(self.parts) == 1:
+            self.parts[0].update_priorities(ids, priorities)
+            return
+        groups: dict[int, tuple[list[bytes], list[float]]] = defaultdict(lambda: ([], []))
+        for i, p in zip(ids, np.asarray(priorities, np.float64).tolist(), strict=True):
+            shard, _, local = i.partition(b":")
+            group = groups[int(shard)]
+            group[0].append(local)
+            group[1].append(p)
+        for s, (local_ids, prios) in groups.items():
+            self.parts[s].update_priorities(local_ids, np.array(prios))
