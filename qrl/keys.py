@@ -161,6 +161,17 @@ class RunKeys:
         return self._k("replay:batches")
 
     @property
+    def replay_frames(self) -> str:
+        """Frame-stack replay: hash chunk (its first transition id) -> LZ4 frames + records."""
+        return self._k("replay:frames")
+
+    @property
+    def replay_index(self) -> str:
+        """Frame-stack replay: string, 4 bytes per ring slot ``id % capacity``: the distance
+        from transition ``id`` to the first transition of its chunk."""
+        return self._k("replay:index")
+
+    @property
     def replay_meta(self) -> str:
         """Prioritized replay: counters (hash: seq, inserted, evicted, batches seen)."""
         return self._k("replay:meta")

@@ -88,6 +88,63 @@ def experience_schema(
     )
 
 
+def check_chunks(counts: np.ndarray, refs: np.ndarray, n_frames: int) -> None:
+    """Raise CodecError unless the chunks are consistent: ``counts[c] = (transitions,
+    frames)`` of chunk ``c``, each at least 1, summing to the rows of ``refs`` and to
+    ``n_frames``; every row's frame references fall inside its own chunk's frames."""
+    if counts.ndim != 2 or counts.shape[1] != 2 or not len(counts) or counts.min() < 1:
+        raise CodecError("chunk counts must be rows of (transitions >= 1, frames >= 1)")
+    if int(counts[:, 0].sum()) != len(refs) or int(counts[:, 1].sum()) != n_frames:
+        raise CodecError(f"chunk counts do not add up to {len(refs)} rows and {n_frames} frames")
+    if len(refs) and (refs >= np.repeat(counts[:, 1], counts[:, 0])[:, None]).any():
+        raise CodecError("a frame reference points outside its chunk")
+
+
+def frames_schema(
+    obs_shape: tuple[int, ...], n_actions: int, max_rows: int = 4096, max_frames: int = 65_535
+) -> Schema:
+    """An Ape-X actor's batch of n-step transitions over stacked frames (``obs_shape`` =
+    ``(stack, H, W)`` uint8), each frame sent once: ``frames [F, H, W]``, chunk ``c`` (one
+    env slot's run of steps) owning ``counts[c] = (transitions, frames)`` of them in order,
+    and per transition ``refs [N, 2 x stack]``: the obs then next-obs frames, as indices
+    into its chunk's frames (see :mod:`qrl.replay.frames`)."""
+    stack, frame = obs_shape[0], tuple(obs_shape[1:])
+    max_frames = min(max_frames, max_rows * 2 * stack)
+
+    def check(msg: dict[str, Any]) -> None:
+        n = _same_length(msg, ("refs", "action", "ret", "disc", "priority"))
+        if not 0 < n <= max_rows:
+            raise CodecError(f"{n} transitions, expected 1 to {max_rows}")
+        f = msg["frames"]
+        if f.shape[1:] != frame or not 0 < len(f) <= max_frames:
+            raise CodecError(f"frames have shape {f.shape}, expected (1-{max_frames}, *{frame})")
+        if msg["refs"].shape[1] != 2 * stack:
+            raise CodecError(f"refs rows hold {msg['refs'].shape[1]}, expected {2 * stack}")
+        check_chunks(msg["counts"], msg["refs"], len(f))
+        if not msg["batch"]:
+            raise CodecError("batch id must be 1-64 characters")
+
+    return Schema(
+        "apex.frames",
+        {
+            "frames": Field(np.ndarray, dtypes=("uint8",), ndim=3),
+            "counts": Field(np.ndarray, dtypes=("int32",), ndim=2, bounds=(1, max_frames)),
+            "refs": Field(np.ndarray, dtypes=("uint16",), ndim=2),
+            "action": Field(np.ndarray, dtypes=("int32",), ndim=1, bounds=(0, n_actions - 1)),
+            "ret": _floats(1),
+            "disc": Field(np.ndarray, dtypes=FLOATS, ndim=1, finite=True, bounds=(0, 1)),
+            "priority": Field(
+                np.ndarray, dtypes=FLOATS, ndim=1, finite=True, bounds=(0, VALUE_BOUND)
+            ),
+            "version": NATURAL,
+            "actor": NATURAL,
+            "batch": BATCH_ID,
+        },
+        check=check,
+        max_bytes=size_cap(max_frames * math.prod(frame) + max_rows * (4 * stack + 16)),
+    )
+
+
 def _check_metrics(msg: dict[str, Any]) -> None:
     for k, v in msg["values"].items():
         ok = isinstance(v, (int, float)) or (

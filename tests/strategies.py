@@ -86,6 +86,32 @@ def experience(draw, obs_shape=(4,), n_actions=2, max_rows=64) -> dict:
 
 
 @st.composite
+def frames(draw, frame=(6, 6), stack=4, n_actions=6, max_rows=64) -> dict:
+    """An ``apex.frames`` message: 1-4 chunks, each any number of frames with any pixels
+    and transitions whose references point anywhere inside their own chunk."""
+    counts = draw(
+        st.lists(st.tuples(rows(max_rows // 4), ints(1, 3 * stack)), min_size=1, max_size=4)
+    )
+    counts = np.asarray(counts, np.int32)
+    n, f = int(counts[:, 0].sum()), int(counts[:, 1].sum())
+    refs = np.concatenate(
+        [draw(array("uint16", (m, 2 * stack), ints(0, k - 1))) for m, k in counts.tolist()]
+    )
+    return {
+        "frames": draw(array("uint8", (f, *frame), ints(0, 255))),
+        "counts": counts,
+        "refs": refs,
+        "action": draw(array("int32", (n,), ints(0, n_actions - 1))),
+        "ret": draw(array("float32", (n,), floats(VALUE_BOUND))),
+        "disc": draw(array("float32", (n,), floats(1.0).map(abs))),
+        "priority": draw(array("float32", (n,), floats(VALUE_BOUND).map(abs))),
+        "version": draw(NATURAL),
+        "actor": draw(NATURAL),
+        "batch": draw(BATCH_ID),
+    }
+
+
+@st.composite
 def unrolls(draw, unroll: int, envs: int, obs_shape=(4,), n_actions=2) -> dict:
     b = draw(rows(envs))
     tb = (unroll, b)

@@ -188,7 +188,16 @@ def test_train_apex_solves_cartpole_on_a_cluster(redis_cluster, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
     env["QRL_REDIS_PASSWORD"] = redis_cluster.password  # the URL without it: no ps warning
     run_dir = tmp_path / "run"
-    args = ("--env", "CartPole-v1", "--run", keys.run, "--run-dir", str(run_dir))
+    args = (
+        "--env",
+        "CartPole-v1",
+        "--run",
+        keys.run,
+        "--run-dir",
+        str(run_dir),
+        "--max-time",
+        "150",
+    )
     out = qrl("train", "apex", *args, "--redis", redis_cluster.addresses[0], env=env, timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())

@@ -5,7 +5,8 @@ Follow one batch: ``ApexActor.step`` calls ``env.step``; ``NStep.add`` turns rew
 n-step transitions; ``ApexActor.flush`` computes priorities and pushes the batch with
 :class:`qrl.streams.StreamProducer`; the replay role (``qrl/replay/role.py``) inserts it.
 With a sharded replay, each env slot's transitions go to its shard's stream
-(:func:`qrl.replay.shards.shard_of_slots`): a flush pushes one batch per shard.
+(:func:`qrl.replay.shards.shard_of_slots`): a flush pushes one batch per shard. Stacked
+frames (Atari) travel each frame once, in per-env-slot chunks (:mod:`qrl.replay.frames`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from qrl.codec import encode
 from qrl.configs.apex import ApexConfig
 from qrl.keys import RunKeys
 from qrl.models import QNetwork
+from qrl.replay.frames import is_frame_stack, pack_frames
 from qrl.replay.shards import shard_of_slots
 from qrl.streams import StreamProducer
 
@@ -93,6 +95,7 @@ class ApexActor(VectorActor):
             for k in keys.shards(cfg.replay_shards)
         ]
         self.shard_of = shard_of_slots(actor_id, cfg.envs_per_actor, cfg.replay_shards)
+        self.frames = is_frame_stack(self.obs_shape, self.obs_dtype)  # send frames once
         self.counted = 0  # steps already added to the run's global env-step counter
         self.throttled_s = 0.0
 
@@ -120,11 +123,13 @@ class ApexActor(VectorActor):
         False if stopped while waiting."""
         if not self.pending:
             return True
-        pending, shard = self.pending, self.shard_of[self.pending_slots]
+        pending, slots = self.pending, np.asarray(self.pending_slots)
+        shard = self.shard_of[slots]
         self.pending, self.pending_slots = [], []
         for s, producer in enumerate(self.producers):
-            rows = [pending[i] for i in np.flatnonzero(shard == s)]
-            if rows and not self.push(producer, rows, should_stop):
+            mine = np.flatnonzero(shard == s)
+            rows = [pending[i] for i in mine]
+            if rows and not self.push(producer, rows, slots[mine], should_stop):
                 return False
         return self.throttle(should_stop)
 
@@ -132,27 +137,31 @@ class ApexActor(VectorActor):
         self,
         producer: StreamProducer,
         pending: list[tuple[np.ndarray, int, float, float, np.ndarray]],
+        slots: np.ndarray,
         should_stop: Callable[[], bool],
     ) -> bool:
-        """Push ``pending`` as one batch to ``producer``'s stream; False if stopped."""
+        """Push ``pending`` (from env slots ``slots``) as one batch to ``producer``'s
+        stream; False if stopped."""
         obs, act, ret, disc, nxt = zip(*pending, strict=True)
         obs_a = np.stack(obs).astype(self.obs_dtype)
         nxt_a = np.stack(nxt).astype(self.obs_dtype)
         act_a = np.asarray(act, np.int32)
         ret_a, disc_a = np.asarray(ret, np.float32), np.asarray(disc, np.float32)
+        rows = {
+            "action": act_a,
+            "ret": ret_a,
+            "disc": disc_a,
+            "priority": self.priorities(obs_a, act_a, ret_a, disc_a, nxt_a),
+        }
+        if self.frames:  # each frame once, per env-slot chunk (qrl/replay/frames.py)
+            kind, fields = "apex.frames", pack_frames(obs_a, nxt_a, slots)
+            order = fields.pop("order")
+            fields.update({k: v[order] for k, v in rows.items()})
+        else:
+            kind, fields = "apex.experience", {"obs": obs_a, "next_obs": nxt_a, **rows}
         payload = encode(
-            "apex.experience",
-            {
-                "obs": obs_a,
-                "action": act_a,
-                "ret": ret_a,
-                "disc": disc_a,
-                "next_obs": nxt_a,
-                "priority": self.priorities(obs_a, act_a, ret_a, disc_a, nxt_a),
-                "version": self.version,
-                "actor": self.actor_id,
-                "batch": uuid.uuid4().hex,
-            },
+            kind,
+            {**fields, "version": self.version, "actor": self.actor_id, "batch": uuid.uuid4().hex},
         )
         return producer.add(payload, should_stop=should_stop) is not None
 

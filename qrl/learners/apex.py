@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from qrl.envs import env_spec
 from qrl.learners.base import Learner
 from qrl.models import QNetwork
+from qrl.replay.frames import layout_for
 from qrl.replay.sampler import Sampler, SamplerSpec
-from qrl.replay.store import RecordLayout, Sample
+from qrl.replay.store import Sample
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class ApexLearner(Learner):
         net = QNetwork(obs_shape, n_actions, cfg.hidden, cfg.dueling).to(self.device)
         self.target = QNetwork(obs_shape, n_actions, cfg.hidden, cfg.dueling).to(self.device)
         self.replay_size = 0
-        self.layout = RecordLayout(obs_shape, obs_dtype)
+        self.layout = layout_for(obs_shape, obs_dtype, n_actions)
         self._sampler: Sampler | None = None
         return net, torch.optim.Adam(net.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
 

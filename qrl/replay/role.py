@@ -14,9 +14,10 @@ from qrl.configs.apex import ApexConfig
 from qrl.envs import env_spec
 from qrl.keys import RunKeys
 from qrl.loop import Role, StopCheck
-from qrl.messages import experience_schema
+from qrl.messages import experience_schema, frames_schema
+from qrl.replay.frames import FrameBatch, is_frame_stack, layout_for, replay_class
 from qrl.replay.shards import filler_shard, shard_capacity
-from qrl.replay.store import PrioritizedReplay, RecordLayout
+from qrl.replay.store import PrioritizedReplay
 from qrl.streams import Entry, StreamConsumer
 
 log = logging.getLogger(__name__)
@@ -26,11 +27,12 @@ def make_replay(
     client: redis.Redis, keys: RunKeys, cfg: ApexConfig, seed: int | None = None, shard: int = 0
 ) -> PrioritizedReplay:
     """Shard ``shard`` of the run's replay (the whole replay when it has one shard)."""
-    obs_shape, obs_dtype, _ = env_spec(cfg.env)
-    return PrioritizedReplay(
+    obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
+    layout = layout_for(obs_shape, obs_dtype, n_actions)
+    return replay_class(layout)(
         client,
         keys.shards(cfg.replay_shards)[shard],
-        RecordLayout(obs_shape, obs_dtype),
+        layout,
         shard_capacity(cfg.replay_capacity, cfg.replay_shards),
         mode=cfg.replay_mode,  # type: ignore[arg-type]
         alpha=cfg.alpha,
@@ -50,16 +52,15 @@ class ReplayFiller(Role):
         self.replay = make_replay(client, keys, cfg, shard=self.shard)
         self.keys = self.replay.keys  # the shard's: its stream, dead letters and counters
         obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
+        rows = cfg.actor_batch + cfg.envs_per_actor * cfg.n_step
+        self.frames = is_frame_stack(obs_shape, obs_dtype)
         self.consumer = StreamConsumer(
             client,
             self.keys,
             self.keys.experience,
-            experience_schema(
-                obs_shape,
-                obs_dtype,
-                n_actions,
-                max_rows=cfg.actor_batch + cfg.envs_per_actor * cfg.n_step,
-            ),
+            frames_schema(obs_shape, n_actions, max_rows=rows)
+            if self.frames
+            else experience_schema(obs_shape, obs_dtype, n_actions, max_rows=rows),
             count=8,
             claim_idle_ms=cfg.claim_idle_ms,
         )
@@ -74,9 +75,13 @@ class ReplayFiller(Role):
         layout = self.replay.layout
         for e in entries:
             d = e.data
-            records = layout.pack(d["obs"], d["action"], d["ret"], d["disc"], d["next_obs"])
-            if self.replay.insert(records, d["priority"], batch_id=d["batch"]) >= 0:
-                self.inserted += len(records)
+            rows = (
+                FrameBatch.of(d)
+                if self.frames
+                else layout.pack(d["obs"], d["action"], d["ret"], d["disc"], d["next_obs"])
+            )
+            if self.replay.insert(rows, d["priority"], batch_id=d["batch"]) >= 0:
+                self.inserted += len(d["action"])
 
     def step(self, should_stop: StopCheck) -> bool:
         self.consumer.process(self.handle, block_ms=200)

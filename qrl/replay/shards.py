@@ -41,7 +41,8 @@ import numpy as np
 import redis
 
 from qrl.keys import RunKeys
-from qrl.replay.store import PrioritizedReplay, RecordLayout, Sample
+from qrl.replay.frames import drop_corrupt, replay_class
+from qrl.replay.store import RecordLayout, Sample
 
 
 def shard_capacity(capacity: int, shards: int) -> int:
@@ -77,7 +78,7 @@ class ShardedReplay:
     ) -> None:
         cap = shard_capacity(capacity, shards)
         self.parts = [
-            PrioritizedReplay(client, k, layout, cap, mode=mode, alpha=alpha, seed=seed)
+            replay_class(layout)(client, k, layout, cap, mode=mode, alpha=alpha, seed=seed)
             for k in keys.shards(shards)
         ]
         self.layout, self.mode = layout, mode
@@ -123,7 +124,9 @@ class ShardedReplay:
         prob = np.concatenate(probs)
         n_all = int(sizes.sum())
         w = (n_all * prob) ** -beta
-        return Sample(ids, self.layout.unpack(recs), (w / w.max()).astype(np.float32), prob, n_all)
+        batch = self.layout.unpack(recs)
+        sample = Sample(ids, batch, (w / w.max()).astype(np.float32), prob, n_all)
+        return drop_corrupt(sample, self.update_priorities)  # frame stacks: see frames.py
 
     def update_priorities(self, ids: list[bytes], priorities: np.ndarray) -> None:
         """New priorities, each sent to the shard its id names (ZADD XX there)."""

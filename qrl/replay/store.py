@@ -96,6 +96,11 @@ end
 return evicted
 """
 
+# how the sampling scripts fetch the records of ids[s..e] (a subclass may fetch otherwise)
+_RECORDS = (
+    "local function records(ids, s, e) return redis.call('HMGET', KEYS[2], unpack(ids, s, e)) end\n"
+)
+
 _FETCH_RANKS = """
 -- KEYS: prio, data; ARGV: 'desc'|'asc', the ranks (0-based, space-separated)
 -- returns {n_present, {id, score, record}...}
@@ -114,7 +119,7 @@ for r in string.gmatch(ARGV[2], '%d+') do
 end
 local out = {}
 for s = 1, #ids, 4000 do
-  local recs = redis.call('HMGET', KEYS[2], unpack(ids, s, math.min(s + 3999, #ids)))
+  local recs = records(ids, s, math.min(s + 3999, #ids))
   for j = 1, #recs do
     local i = s + j - 1
     out[3 * i - 2] = ids[i]; out[3 * i - 1] = scores[i]; out[3 * i] = recs[j]
@@ -170,7 +175,7 @@ for i = 1, #ARGV[5] / 8 do
   end
 end
 for s = 1, #ids, 4000 do
-  local recs = redis.call('HMGET', KEYS[2], unpack(ids, s, math.min(s + 3999, #ids)))
+  local recs = records(ids, s, math.min(s + 3999, #ids))
   for j = 1, #recs do
     local i = s + j - 1
     out[4 * i - 3] = ids[i]; out[4 * i - 2] = scores[i]; out[4 * i - 1] = recs[j]
@@ -263,10 +268,14 @@ class PrioritizedReplay:
         self.capacity, self.mode, self.alpha = int(capacity), mode, float(alpha)
         self.rng = np.random.default_rng(seed)
         self._insert = client.register_script(_INSERT)
-        self._fetch = client.register_script(_FETCH_RANKS)
-        self._proportional = client.register_script(_SAMPLE_PROPORTIONAL)
+        self._fetch = client.register_script(self.records_lua() + _FETCH_RANKS)
+        self._proportional = client.register_script(self.records_lua() + _SAMPLE_PROPORTIONAL)
         self._rank_cdf: np.ndarray | None = None
         self.last_size = 0  # transitions present at the last call (the replay never shrinks)
+
+    def records_lua(self) -> str:
+        """The Lua function ``records(ids, s, e)`` the sampling scripts fetch records with."""
+        return _RECORDS
 
     def sample_keys(self) -> list[str]:
         return [self.keys.replay_priorities, self.keys.replay_data]

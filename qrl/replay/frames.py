@@ -1,0 +1,390 @@
+"""Stacked-frame experience (Atari): each frame stored once, LZ4-compressed, in Redis.
+
+An n-step transition over stacked frames (obs ``[stack, H, W]`` uint8) would carry its
+frames twice, and consecutive transitions share ``stack - 1`` of them. Instead:
+
+* The actor sends a batch as **chunks**, one per env slot (:func:`pack_frames`): the
+  distinct frames of that slot's run of transitions (deduplicated by content, which also
+  folds the reset padding of a frame stack), and per transition ``2 x stack`` references
+  into them (obs frames, then next-obs frames). A chunk is self-contained.
+* The replay filler stores each chunk as one hash field of ``replay:frames`` named by the
+  id of its first transition (:func:`encode_chunk`): a header, the fixed-size records of
+  its transitions (action, n-step return, discount, references), then its frames in LZ4
+  blocks of ``FRAMES_PER_BLOCK`` consecutive frames (LZ4 finds the next frame in the
+  previous one, so a block costs far less than its frames compressed one by one).
+  ``replay:index`` is a ring of ``capacity`` u32: slot ``id % capacity`` holds the distance
+  from transition ``id`` to the first transition of its chunk.
+* Priorities and FIFO eviction are the plain replay's (``replay:prio``, consecutive ids).
+  Evicting transitions ``[lo, new_lo)`` deletes the chunks that start before the chunk of
+  ``new_lo``: exactly those with no transition left.
+* Sampling is the plain replay's scripts with another ``records`` function: each sampled
+  id comes with its chunk (one Lua call). The sampler decodes and checks every chunk
+  (sizes, a CRC-32, references, LZ4 blocks decompressed to their exact expected size); a
+  transition whose chunk is missing or corrupt is dropped from the batch and set to the
+  lowest priority, so it is not drawn again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import struct
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import lz4.block
+import numpy as np
+
+from qrl.messages import check_chunks
+from qrl.replay.store import P_HI, P_LO, PrioritizedReplay, RecordLayout, Sample
+
+log = logging.getLogger(__name__)
+
+FRAMES_PER_BLOCK = 8
+# transitions per chunk at most: a sampled transition fetches its whole chunk, and the
+# references and counts are u16
+CHUNK_MAX = 256
+_HEAD = struct.Struct("<BBHHI")  # version, frames per block, transitions, frames, CRC-32
+_VERSION = 1
+
+
+def is_frame_stack(obs_shape: tuple[int, ...], obs_dtype: str) -> bool:
+    """Observations stored as deduplicated frames: ``(stack, H, W)`` uint8."""
+    return len(obs_shape) == 3 and np.dtype(obs_dtype) == np.uint8
+
+
+def layout_for(obs_shape: tuple[int, ...], obs_dtype: str, n_actions: int) -> RecordLayout:
+    """The replay layout of an env's observations."""
+    if is_frame_stack(obs_shape, obs_dtype):
+        return FrameLayout(obs_shape, obs_dtype, n_actions)
+    return RecordLayout(obs_shape, obs_dtype)
+
+
+def replay_class(layout: RecordLayout) -> type[PrioritizedReplay]:
+    return FrameReplay if isinstance(layout, FrameLayout) else PrioritizedReplay
+
+
+def pack_frames(obs: np.ndarray, next_obs: np.ndarray, slots: np.ndarray) -> dict[str, Any]:
+    """Transitions ``obs[i] -> next_obs[i]`` of env slots ``slots[i]`` (each slot's in time
+    order) as chunks of at most ``CHUNK_MAX`` transitions: ``frames``, ``counts``, ``refs``
+    and ``order``, the permutation that puts the transitions in chunk order (apply it to
+    their other fields)."""
+    order = np.argsort(slots, kind="stable")
+    frames: list[np.ndarray] = []
+    counts, refs = [], np.empty((len(order), 2 * obs.shape[1]), np.uint16)
+    runs = np.split(order, np.flatnonzero(np.diff(slots[order])) + 1)
+    chunks = [run[s : s + CHUNK_MAX] for run in runs for s in range(0, len(run), CHUNK_MAX)]
+    row = 0
+    for chunk in chunks:
+        index: dict[bytes, int] = {}
+        start = len(frames)
+        for i in chunk:
+            for k, f in enumerate((*obs[i], *next_obs[i])):
+                key = f.tobytes()
+                j = index.get(key)
+                if j is None:
+                    j = index[key] = len(frames) - start
+                    frames.append(f)
+                refs[row, k] = j
+            row += 1
+        counts.append((len(chunk), len(frames) - start))
+    return {
+        "frames": np.stack(frames),
+        "counts": np.asarray(counts, np.int32),
+        "refs": refs,
+        "order": order,
+    }
+
+
+@dataclass
+class FrameBatch:
+    """Chunks ready for :meth:`FrameReplay.insert` (the fields of an ``apex.frames``
+    message)."""
+
+    frames: np.ndarray
+    counts: np.ndarray
+    refs: np.ndarray
+    action: np.ndarray
+    ret: np.ndarray
+    disc: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    @classmethod
+    def of(cls, msg: dict[str, Any]) -> FrameBatch:
+        """From a decoded ``apex.frames`` message."""
+        return cls(*(msg[k] for k in ("frames", "counts", "refs", "action", "ret", "disc")))
+
+
+def _record_dtype(stack: int) -> np.dtype:
+    return np.dtype(
+        [("action", "<i4"), ("ret", "<f4"), ("disc", "<f4"), ("refs", "<u2", 2 * stack)]
+    )
+
+
+def encode_chunk(frames: np.ndarray, records: np.ndarray) -> bytes:
+    """One chunk as stored: header (with the CRC-32 of the rest), records, LZ4 block sizes
+    (u32), LZ4 blocks."""
+    g = FRAMES_PER_BLOCK
+    blocks = [
+        lz4.block.compress(frames[i : i + g].tobytes(), store_size=False)
+        for i in range(0, len(frames), g)
+    ]
+    sizes = np.asarray([len(b) for b in blocks], "<u4")
+    body = b"".join([records.tobytes(), sizes.tobytes(), *blocks])
+    return _HEAD.pack(_VERSION, g, len(records), len(frames), zlib.crc32(body)) + body
+
+
+@dataclass
+class FrameLayout(RecordLayout):
+    """The sampled batch of the frame-stack replay: the plain record fields plus ``ok``
+    (False for a transition whose chunk was missing or failed a check)."""
+
+    n_actions: int = 2**31 - 1
+    rec: np.dtype = field(init=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.dtype = np.dtype(
+            [*((n, self.dtype.fields[n][0]) for n in self.dtype.names), ("ok", "?")]
+        )
+        self.rec = _record_dtype(self.obs_shape[0])
+        self.frame_bytes = math.prod(self.obs_shape[1:])
+
+    def unpack(self, records: list[Any]) -> np.ndarray:
+        """Decode ``[rel, chunk]`` pairs (from the sampling scripts) into a batch: per
+        transition its record and the LZ4 blocks its frames are in, then every stack with
+        one gather."""
+        s, g = self.obs_shape[0], 0
+        out = np.zeros(len(records), self.dtype)
+        rows, recs, raws, idx, at = [], [], [], [], 0
+        for i, item in enumerate(records):
+            try:
+                r, g, blocks = self._transition(item)
+            except (ValueError, TypeError, IndexError, struct.error, lz4.block.LZ4BlockError):
+                continue
+            first = {}
+            for b, raw in blocks.items():
+                first[b], at = at, at + len(raw) // self.frame_bytes
+                raws.append(raw)
+            idx.append([first[j // g] + j % g for j in r["refs"].tolist()])
+            rows.append(i)
+            recs.append(r)
+        if rows:
+            frames = np.frombuffer(b"".join(raws), np.uint8).reshape(-1, *self.obs_shape[1:])
+            stacks, rec = frames[np.asarray(idx)], np.asarray(recs, self.rec)
+            out["obs"][rows], out["next_obs"][rows] = stacks[:, :s], stacks[:, s:]
+            for name in ("action", "ret", "disc"):
+                out[name][rows] = rec[name]
+            out["ok"][rows] = True
+        return out
+
+    def parse(self, blob: Any) -> tuple[np.ndarray, int, int, list[bytes]]:
+        """A stored chunk's records, frame count, frames per block and LZ4 blocks; raises
+        ``ValueError`` unless its header and sizes are consistent and its CRC matches."""
+        if not isinstance(blob, bytes) or len(blob) < _HEAD.size:
+            raise ValueError("chunk missing")
+        version, g, n, f, crc = _HEAD.unpack_from(blob)
+        n_blocks = -(-f // g) if g else 0
+        at = _HEAD.size + n * self.rec.itemsize
+        if version != _VERSION or n < 1 or n_blocks < 1 or len(blob) < at + 4 * n_blocks:
+            raise ValueError("chunk header")
+        sizes = struct.unpack_from(f"<{n_blocks}I", blob, at)
+        ends = list(itertools.accumulate(sizes, initial=at + 4 * n_blocks))
+        if ends[-1] != len(blob) or zlib.crc32(memoryview(blob)[_HEAD.size :]) != crc:
+            raise ValueError("chunk size or CRC")
+        blocks = [blob[a:b] for a, b in itertools.pairwise(ends)]
+        return np.frombuffer(blob, self.rec, n, _HEAD.size), f, g, blocks
+
+    def _block(self, blocks: list[bytes], b: int, f: int, g: int) -> bytes:
+        """Frames ``b*g ..`` of a chunk, decompressed to exactly their expected size."""
+        want = (min(f, (b + 1) * g) - b * g) * self.frame_bytes
+        raw = lz4.block.decompress(blocks[b], uncompressed_size=want)
+        if len(raw) != want:
+            raise ValueError("LZ4 block size")
+        return raw
+
+    def chunk_frames(self, blob: bytes) -> np.ndarray:
+        """Every frame of a stored chunk, in order."""
+        _, f, g, blocks = self.parse(blob)
+        raw = b"".join(self._block(blocks, b, f, g) for b in range(len(blocks)))
+        return np.frombuffer(raw, np.uint8).reshape(-1, *self.obs_shape[1:])
+
+    def _transition(self, item: Any) -> tuple[np.void, int, dict[int, bytes]]:
+        """A sampled transition's record, its chunk's frames per block and the blocks its
+        frames are in (decompressed); raises unless every check passes."""
+        rel_b, blob = item
+        recs, f, g, blocks = self.parse(blob)
+        (rel,) = struct.unpack("<I", rel_b)
+        r = recs[rel]  # IndexError past the chunk's transitions
+        refs = r["refs"].tolist()
+        ok = 0 <= r["action"] < self.n_actions and np.isfinite(r["ret"]) and 0 <= r["disc"] <= 1
+        if not ok or abs(r["ret"]) > 1e6 or max(refs) >= f:
+            raise ValueError("chunk record out of bounds")
+        return r, g, {b: self._block(blocks, b, f, g) for b in sorted({j // g for j in refs})}
+
+
+# the chunks of ids[s..e], with each id's distance to its chunk's start (ring slot id % CAP)
+_CHUNKS = """
+local function records(ids, s, e)
+  local out = {}
+  for i = s, e do
+    local id = tonumber(ids[i])
+    local at = (id %% %d) * 4
+    local rel = redis.call('GETRANGE', KEYS[3], at, at + 3)
+    local chunk = false
+    if #rel == 4 then
+      chunk = redis.call('HGET', KEYS[4], string.format('%%d', id - struct.unpack('<I4', rel)))
+    end
+    out[#out + 1] = {rel, chunk}
+  end
+  return out
+end
+"""
+
+_INSERT = """
+-- KEYS: prio, frames, meta, batches, index
+-- ARGV: capacity, batch_id, n, the n priorities (space-separated), each chunk's first
+--       position (space-separated), each chunk's size, the chunks concatenated, the ring
+--       entries (n x u32: distance to the chunk's first transition)
+local cap, n, blob, ring = tonumber(ARGV[1]), tonumber(ARGV[3]), ARGV[7], ARGV[8]
+local fmt, sub = string.format, string.sub
+local prio, pos, size, total = {}, {}, {}, 0
+for p in string.gmatch(ARGV[4], '%S+') do prio[#prio + 1] = p end
+for p in string.gmatch(ARGV[5], '%d+') do pos[#pos + 1] = tonumber(p) end
+for p in string.gmatch(ARGV[6], '%d+') do
+  size[#size + 1] = tonumber(p); total = total + size[#size]
+end
+if #prio ~= n or #ring ~= 4 * n or #pos ~= #size or total ~= #blob then
+  return redis.error_reply('frame replay insert: priorities, chunks or ring do not match')
+end
+if ARGV[2] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[2]) then return -1 end
+local hi = redis.call('HINCRBY', KEYS[3], 'hi', n)
+if ARGV[2] ~= '' then
+  redis.call('ZADD', KEYS[4], hi, ARGV[2])
+  redis.call('HINCRBY', KEYS[3], 'batches', 1)
+end
+local first = hi - n
+local z, h, off = {}, {}, 1
+for i = 1, n do z[2 * i - 1] = prio[i]; z[2 * i] = fmt('%d', first + i - 1) end
+for c = 1, #pos do
+  h[2 * c - 1] = fmt('%d', first + pos[c]); h[2 * c] = sub(blob, off, off + size[c] - 1)
+  off = off + size[c]
+end
+for s = 1, #z, 4000 do redis.call('ZADD', KEYS[1], unpack(z, s, math.min(s + 3999, #z))) end
+for s = 1, #h, 4000 do redis.call('HSET', KEYS[2], unpack(h, s, math.min(s + 3999, #h))) end
+local skip = math.max(0, n - cap)
+local at, data = (first + skip) % cap, sub(ring, 4 * skip + 1)
+local head = math.min(#data, (cap - at) * 4)
+redis.call('SETRANGE', KEYS[5], at * 4, sub(data, 1, head))
+if head < #data then redis.call('SETRANGE', KEYS[5], 0, sub(data, head + 1)) end
+redis.call('HINCRBY', KEYS[3], 'inserted', n)
+local lo = tonumber(redis.call('HGET', KEYS[3], 'lo') or '0')
+if hi - lo <= cap then return 0 end
+local new_lo = hi - cap
+local function drop(cmd, key, a, b)  -- ids a .. b - 1
+  local ids = {}
+  for id = a, b - 1 do ids[#ids + 1] = fmt('%d', id) end
+  for s = 1, #ids, 4000 do redis.call(cmd, key, unpack(ids, s, math.min(s + 3999, #ids))) end
+end
+drop('ZREM', KEYS[1], lo, new_lo)
+local r = (new_lo % cap) * 4
+local cs = new_lo - struct.unpack('<I4', redis.call('GETRANGE', KEYS[5], r, r + 3))
+drop('HDEL', KEYS[2], tonumber(redis.call('HGET', KEYS[3], 'clo') or '0'), cs)
+redis.call('HSET', KEYS[3], 'lo', new_lo, 'clo', cs)
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. fmt('%d', new_lo + 1))
+redis.call('HINCRBY', KEYS[3], 'evicted', new_lo - lo)
+return new_lo - lo
+"""
+
+
+class FrameReplay(PrioritizedReplay):
+    """The prioritized replay of stacked-frame transitions (same sampling, priorities and
+    eviction as :class:`PrioritizedReplay`); ``layout`` is a :class:`FrameLayout`."""
+
+    layout: FrameLayout
+
+    def __init__(
+        self, client: Any, keys: Any, layout: FrameLayout, capacity: int, **kw: Any
+    ) -> None:
+        super().__init__(client, keys, layout, capacity, **kw)
+        self._insert = client.register_script(_INSERT)
+
+    def records_lua(self) -> str:
+        return _CHUNKS % self.capacity
+
+    def sample_keys(self) -> list[str]:
+        k = self.keys
+        return [k.replay_priorities, k.replay_data, k.replay_index, k.replay_frames]
+
+    def insert(self, batch: FrameBatch, priorities: np.ndarray, batch_id: str = "") -> int:  # type: ignore[override]
+        """Insert the chunks of ``batch`` with the transitions' priorities; evicts the oldest
+        beyond capacity (with the chunks left without transitions). A ``batch_id`` already
+        inserted is skipped (returns -1). Returns the number evicted."""
+        n, s = len(batch), self.layout.obs_shape[0]
+        if len(priorities) != n or batch.refs.shape != (n, 2 * s):
+            raise ValueError("refs and priorities must have one row per transition")
+        if batch.frames.dtype != np.uint8 or batch.frames.shape[1:] != self.layout.obs_shape[1:]:
+            raise ValueError(f"frames must be uint8 of shape (F, {self.layout.obs_shape[1:]})")
+        check_chunks(batch.counts, batch.refs, len(batch.frames))
+        rec = np.empty(n, self.layout.rec)
+        rec["action"], rec["ret"], rec["disc"], rec["refs"] = (
+            batch.action,
+            batch.ret,
+            batch.disc,
+            batch.refs,
+        )
+        blobs, ring, pos, row, frame = [], [], [], 0, 0
+        for m, f in batch.counts.tolist():
+            blobs.append(encode_chunk(batch.frames[frame : frame + f], rec[row : row + m]))
+            ring.append(np.arange(m, dtype="<u4"))
+            pos.append(row)
+            row, frame = row + m, frame + f
+        p = np.clip(np.nan_to_num(priorities, nan=P_HI, posinf=P_HI), P_LO, P_HI)
+        args = [
+            self.capacity,
+            batch_id,
+            n,
+            " ".join(map(repr, p.tolist())),
+            " ".join(map(str, pos)),
+            " ".join(str(len(b)) for b in blobs),
+            b"".join(blobs),
+            np.concatenate(ring).tobytes(),
+        ]
+        k = self.keys
+        keys = [
+            k.replay_priorities,
+            k.replay_frames,
+            k.replay_meta,
+            k.replay_batches,
+            k.replay_index,
+        ]
+        return int(self._insert(keys=keys, args=args))
+
+    def sample(self, batch_size: int, beta: float = 0.4) -> Sample | None:
+        """As :meth:`PrioritizedReplay.sample`, without the transitions whose chunk was
+        missing or corrupt (they get the lowest priority)."""
+        return drop_corrupt(super().sample(batch_size, beta), self.update_priorities)
+
+
+def drop_corrupt(
+    s: Sample | None, update_priorities: Callable[[list[bytes], np.ndarray], None]
+) -> Sample | None:
+    """``s`` without the transitions a :class:`FrameLayout` batch marks not ``ok`` (chunk
+    missing or corrupt), which ``update_priorities`` sets to the lowest priority so they
+    are not drawn again; ``None`` if none is left. Any other batch is returned as it is."""
+    if s is None or "ok" not in (s.batch.dtype.names or ()) or s.batch["ok"].all():
+        return s
+    ok = s.batch["ok"]
+    bad = [i for i, k in zip(s.ids, ok, strict=True) if not k]
+    log.warning("dropped %d sampled transitions: chunk missing or corrupt", len(bad))
+    update_priorities(bad, np.zeros(len(bad)))
+    if not ok.any():
+        return None
+    w = s.weights[ok]
+    ids = [i for i, k in zip(s.ids, ok, strict=True) if k]
+    return Sample(ids, s.batch[ok], w / w.max(), s.probs[ok], s.size)
