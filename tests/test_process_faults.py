@@ -118,6 +118,7 @@ def test_sigkill_actor_replay_and_learner_loses_and_duplicates_nothing(r, keys, 
         deadline = time.monotonic() + 60
         while True:
             replay.send_signal(signal.SIGSTOP)
+            time.sleep(0.2)  # an acknowledgement it sent just before it stopped lands first
             if r.xpending(keys.experience, GROUP)["pending"] > 0:
                 break
             replay.send_signal(signal.SIGCONT)

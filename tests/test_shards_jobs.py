@@ -53,6 +53,7 @@ def test_sigkill_one_shards_filler_and_restart_it_loses_no_batch(r, keys, tmp_pa
         deadline = time.monotonic() + 60
         while True:  # freeze it until it is caught holding entries, then kill it
             filler.send_signal(signal.SIGSTOP)
+            time.sleep(0.2)  # an acknowledgement it sent just before it stopped lands first
             if r.xpending(shards[1].experience, GROUP)["pending"] > 0:
                 break
             filler.send_signal(signal.SIGCONT)
