@@ -72,14 +72,18 @@ def replace_model(
 ) -> None:
     """Swap the model in checkpoint ``path`` for ``params`` (name -> array) at ``step``,
     atomically, with ``extra`` (the state published beside them, if any); the optimizer
-    state and everything else stay."""
+    state and everything else stay. ``params`` may be part of the model (a learner that
+    publishes only its actor network): the rest of the model stays too."""
     import numpy as np
 
     state = torch.load(path, map_location="cpu", weights_only=True)
     model = state["model"]
-    if set(model) != set(params):
+    if not params or not set(params) <= set(model):
         raise CheckpointError(f"{path}: parameters do not match the checkpoint's model")
-    state["model"] = {k: torch.from_numpy(np.array(params[k])).to(model[k].dtype) for k in model}
+    state["model"] = {
+        k: torch.from_numpy(np.array(params[k])).to(v.dtype) if k in params else v
+        for k, v in model.items()
+    }
     state["step"] = int(step)
     if extra:
         state["extra"] = dict(extra)
