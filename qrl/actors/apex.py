@@ -50,7 +50,7 @@ def epsilons(cfg: ApexConfig, actor_id: int) -> np.ndarray:
 
 class NStep:
     """Per-env n-step return accumulation. ``add`` returns the transitions that became
-        complete: (obs, action, n-step return, discount to bootstrap, bootstrap obs); an action
+    complete: (obs, action, n-step return, discount to bootstrap, bootstrap obs); an action
     is whatever the actor took (an int, or a vector for continuous actions)."""
 
     def __init__(self, num_envs: int, n: int, gamma: float) -> None:
