@@ -214,7 +214,7 @@ def pendulum_run(tmp_path_factory):
         "--seed",
         "0",
         "--target-return",
-        "-600",  # random play: about -1200
+        "-400",  # random play: about -1200
         "--max-time",
         "75",
         "--eval-every",
@@ -225,7 +225,7 @@ def pendulum_run(tmp_path_factory):
 
 def test_train_apex_dpg_learns_pendulum(pendulum_run):
     result, run_dir, took = pendulum_run
-    assert result["reached"] and result["eval_return"] >= -600, result
+    assert result["reached"] and result["eval_return"] >= -400, result
     assert result["updates"] > 0 and took < 90
     mean, out = eval_mean(run_dir / "checkpoint.pt")
     assert mean > -900, out
