@@ -242,3 +242,19 @@ def test_load_policy_acts_within_the_bounds(pendulum_run):
     batch = policy.predict(np.random.default_rng(0).uniform(-8, 8, (64, 3)).astype(np.float32))
     assert batch.shape == (64, 1) and (np.abs(batch) <= 2.0).all()
     assert os.path.exists(run_dir / "checkpoint.pt")
+
+
+def test_reaching_actor_weights_replace_only_the_actor_in_the_checkpoint(tmp_path):
+    from qrl.checkpoint import CheckpointError, load_checkpoint, replace_model, save_checkpoint
+
+    net, reached = ActorCritic((3,), 1, (8,)), ActorCritic((3,), 1, (8,))
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, "apex-dpg", ApexDPGConfig(), net, None, 90)
+    actor = {k: v.numpy() for k, v in reached.state_dict().items() if k.startswith("actor.")}
+    replace_model(path, actor, 50)
+    model = load_checkpoint(path)["model"]
+    for k, v in net.state_dict().items():
+        want = actor[k] if k.startswith("actor.") else v.numpy()
+        np.testing.assert_array_equal(model[k].numpy(), want)
+    with pytest.raises(CheckpointError, match="do not match"):
+        replace_model(path, {"actor.mu.bias": actor["actor.mu.bias"]}, 60)  # part of a part
