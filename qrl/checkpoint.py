@@ -72,18 +72,32 @@ def replace_model(
 ) -> None:
     """Swap the model in checkpoint ``path`` for ``params`` (name -> array) at ``step``,
     atomically, with ``extra`` (the state published beside them, if any); the optimizer
-    state and everything else stay."""
+    state and everything else stay. ``params`` are the whole model or whole submodules of it
+    (``actor.*``: a learner that publishes only its actor); the rest of the model stays."""
     import numpy as np
 
     state = torch.load(path, map_location="cpu", weights_only=True)
     model = state["model"]
-    if set(model) != set(params):
+    if not _whole_parts(set(params), set(model)):
         raise CheckpointError(f"{path}: parameters do not match the checkpoint's model")
-    state["model"] = {k: torch.from_numpy(np.array(params[k])).to(model[k].dtype) for k in model}
+    state["model"] = {
+        k: torch.from_numpy(np.array(params[k])).to(v.dtype) if k in params else v
+        for k, v in model.items()
+    }
     state["step"] = int(step)
     if extra:
         state["extra"] = dict(extra)
     _write(path, state)
+
+
+def _whole_parts(params: set[str], model: set[str]) -> bool:
+    """Whether ``params`` are all of ``model``, or every parameter of some of its top-level
+    submodules (``actor.*``) and nothing else."""
+    if params == model:
+        return True
+    parts = {k.split(".", 1)[0] for k in params if "." in k}
+    whole = {k for k in model if "." in k and k.split(".", 1)[0] in parts}
+    return bool(params) and params == whole
 
 
 def _write(path: Path, state: dict[str, Any]) -> None:

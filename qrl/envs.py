@@ -101,3 +101,21 @@ def env_spec(env_id: str) -> tuple[tuple[int, ...], str, int]:
         return tuple(obs.shape), np.dtype(obs.dtype).name, int(act.n)
     finally:
         env.close()
+
+
+def box_spec(env_id: str) -> tuple[tuple[int, ...], str, np.ndarray, np.ndarray]:
+    """``(observation shape, observation dtype, action low, action high)`` of an env with
+    vector observations and a Box action vector with finite bounds (float32 arrays)."""
+    env = make_env(env_id)
+    try:
+        obs, act = env.observation_space, env.action_space
+        if not isinstance(act, gym.spaces.Box) or len(act.shape) != 1:
+            raise ValueError(f"{env_id} has {act}, this algorithm needs a Box action vector")
+        low, high = act.low.astype(np.float32), act.high.astype(np.float32)
+        if not (np.isfinite(low).all() and np.isfinite(high).all() and (low < high).all()):
+            raise ValueError(f"{env_id} has action bounds {act.low}..{act.high}: need finite ones")
+        if len(obs.shape) != 1:
+            raise ValueError(f"{env_id} has observations of shape {obs.shape}: need a vector")
+        return tuple(obs.shape), np.dtype(obs.dtype).name, low, high
+    finally:
+        env.close()

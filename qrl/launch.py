@@ -22,7 +22,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -39,7 +39,7 @@ from qrl.ids import claim_id, hold_id
 from qrl.keys import RunKeys
 from qrl.loop import RoleFailed
 from qrl.loop import run_role as run_loop
-from qrl.runs import RunNotFound, load_run_config
+from qrl.runs import RunNotFound, load_run, load_run_config
 from qrl.tracking import Tracking
 
 log = logging.getLogger(__name__)
@@ -89,13 +89,22 @@ def setup_logging(level: int, force: bool = True) -> None:
     )
 
 
+def _algorithm(spec: RoleSpec, client: redis.Redis, keys: RunKeys) -> str:
+    """The algorithm whose role runs: the spec's, or for a role command that several share
+    (``qrl replay``: Ape-X and Ape-X DPG fill one kind of replay) the run's own."""
+    command = ALGOS[spec.algo].role(spec.role).command
+    found, _ = load_run(client, keys)
+    other = ALGOS.get(found)
+    if other is not None and any((r.name, r.command) == (spec.role, command) for r in other.roles):
+        return found
+    return spec.algo
+
+
 def run_role(spec: RoleSpec) -> int:
     """Run the role of ``spec`` in this process until the run stops, a signal comes, or its
     limit is reached; returns how far its counter advanced. SIGINT/SIGTERM before the role
     runs end the process with exit code 0. Raises :class:`LaunchError` if it cannot start
     and :class:`qrl.loop.RoleFailed` if it failed."""
-    algo = ALGOS[spec.algo]
-    roledef = algo.role(spec.role)
     stopping = threading.Event()
     running = threading.Event()
 
@@ -111,6 +120,9 @@ def run_role(spec: RoleSpec) -> int:
     try:
         keys = RunKeys(spec.run)
         client = connect(spec.redis_url, wait=30, deadline=spec.redis_deadline)
+        spec = replace(spec, algo=_algorithm(spec, client, keys))
+        algo = ALGOS[spec.algo]
+        roledef = algo.role(spec.role)
         cfg = load_run_config(client, keys, algo.name, algo.config)
     except (RedisUnavailable, RunNotFound, CodecError, ValueError) as e:
         raise LaunchError(str(e)) from e

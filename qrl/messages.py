@@ -50,10 +50,16 @@ def _obs_bytes(obs_shape: tuple[int, ...], obs_dtype: str) -> int:
 
 
 def experience_schema(
-    obs_shape: tuple[int, ...], obs_dtype: str, n_actions: int, max_rows: int = 4096
+    obs_shape: tuple[int, ...],
+    obs_dtype: str,
+    n_actions: int,
+    max_rows: int = 4096,
+    action_bounds: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Schema:
     """An Ape-X actor's batch of at most ``max_rows`` n-step transitions with initial
-    priorities."""
+    priorities. Actions are int32 in ``[0, n_actions)``, or with ``action_bounds`` ``(low,
+    high)`` (Ape-X DPG) float32 vectors ``[N, d]``, finite and within ``low..high`` per
+    dimension."""
     obs_shape = tuple(obs_shape)
 
     def check(msg: dict[str, Any]) -> None:
@@ -63,16 +69,31 @@ def experience_schema(
         for name in ("obs", "next_obs"):
             if msg[name].shape[1:] != obs_shape:
                 raise CodecError(f"{name} rows have shape {msg[name].shape[1:]}, not {obs_shape}")
+        if action_bounds is not None:
+            low, high = action_bounds
+            a = msg["action"]
+            if a.shape[1:] != low.shape:
+                raise CodecError(f"action rows have shape {a.shape[1:]}, not {low.shape}")
+            if (a < low).any() or (a > high).any():
+                raise CodecError("an action is outside the action space's bounds")
         if not msg["batch"]:
             raise CodecError("batch id must be 1-64 characters")
 
     obs = _obs(obs_shape, obs_dtype, 1)
-    row = 2 * _obs_bytes(obs_shape, obs_dtype) + 16
+    if action_bounds is None:
+        action = Field(np.ndarray, dtypes=("int32",), ndim=1, bounds=(0, n_actions - 1))
+        action_bytes = 4
+    else:
+        low, high = action_bounds
+        box = (float(low.min()), float(high.max()))
+        action = Field(np.ndarray, dtypes=FLOATS, ndim=2, finite=True, bounds=box)
+        action_bytes = 4 * low.size
+    row = 2 * _obs_bytes(obs_shape, obs_dtype) + 12 + action_bytes
     return Schema(
         "apex.experience",
         {
             "obs": obs,
-            "action": Field(np.ndarray, dtypes=("int32",), ndim=1, bounds=(0, n_actions - 1)),
+            "action": action,
             "ret": _floats(1),
             "disc": Field(np.ndarray, dtypes=FLOATS, ndim=1, finite=True, bounds=(0, 1)),
             "next_obs": obs,

@@ -56,6 +56,12 @@ PROFILES: dict[str, dict[str, tuple[str, ...]]] = {
         "es-master": ("es", "master"),
         "es-worker": ("es", "worker"),
     },
+    "apex-dpg": {
+        "apex-dpg-init": ("run", "create"),
+        "apex-dpg-replay": ("replay",),
+        "apex-dpg-learner": ("learner", "apex-dpg"),
+        "apex-dpg-actor": ("actor", "apex-dpg"),
+    },
 }
 ROLES = [(profile, name) for profile, services in PROFILES.items() for name in services]
 
@@ -282,8 +288,9 @@ def test_init_creates_the_run_and_the_roles_wait_for_it(profile, services, servi
     # the config `qrl run create` would write: --set keys and values checked as it does
     values = {"env": params["env"], "seed": params["seed"], **parse_overrides(params["overrides"])}
     cfg = parse_config(ALGOS[profile].config, values)
-    assert (cfg.env, cfg.seed) == (EXAMPLE["QRL_ENV"], int(EXAMPLE["QRL_SEED"]))
-    if profile == "apex":  # the per-actor epsilons spread over the default actor count
+    env = "Pendulum-v1" if profile == "apex-dpg" else EXAMPLE["QRL_ENV"]  # Box actions
+    assert (cfg.env, cfg.seed) == (env, int(EXAMPLE["QRL_SEED"]))
+    if profile.startswith("apex"):  # the per-actor exploration spreads over the actors
         assert cfg.actors == int(EXAMPLE["QRL_ACTORS"])
     assert init["depends_on"]["redis"]["condition"] == "service_healthy"
     assert init["restart"] == "no"  # one-shot
@@ -329,7 +336,7 @@ def test_gpu_override_reserves_a_gpu_for_every_torch_learner(services, service_e
         params = parse_cli(service["command"])[1]
         if "device" in params:
             devices[name] = params["device"]
-    assert set(devices) == {"learner", "impala-learner"}
+    assert set(devices) == {"learner", "impala-learner", "apex-dpg-learner"}
     assert set(devices.values()) <= {"auto", "cuda"}  # uses the GPU once it sees one
     gpu = load(GPU_OVERRIDE)["services"]
     assert set(gpu) == set(devices)

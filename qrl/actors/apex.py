@@ -16,6 +16,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import redis
@@ -23,7 +24,7 @@ import torch
 
 from qrl.actors.base import VectorActor
 from qrl.codec import encode
-from qrl.configs.apex import ApexConfig
+from qrl.configs.apex import ApexConfig, ReplayConfig
 from qrl.keys import RunKeys
 from qrl.models import QNetwork
 from qrl.replay.frames import is_frame_stack, pack_frames
@@ -33,22 +34,28 @@ from qrl.streams import StreamProducer
 log = logging.getLogger(__name__)
 
 
-def epsilons(cfg: ApexConfig, actor_id: int) -> np.ndarray:
-    """Ape-X exploration: env slot i of N = actors x envs_per_actor gets
-    eps_i = eps^(1 + i * alpha / (N - 1)); each env slot plays the role of one paper actor."""
+def spread(base: float, alpha: float, cfg: ReplayConfig, actor_id: int) -> np.ndarray:
+    """Ape-X's per-actor exploration schedule: env slot i of N = actors x envs_per_actor
+    gets base^(1 + i * alpha / (N - 1)); each env slot plays the role of one paper actor."""
     n = cfg.actors * cfg.envs_per_actor
     i = actor_id * cfg.envs_per_actor + np.arange(cfg.envs_per_actor)
     i = i % n  # extra actors beyond the configured count reuse the schedule
-    return cfg.eps_base ** (1 + i * cfg.eps_alpha / max(n - 1, 1))
+    return base ** (1 + i * alpha / max(n - 1, 1))
+
+
+def epsilons(cfg: ApexConfig, actor_id: int) -> np.ndarray:
+    """Ape-X exploration: eps_i = eps^(1 + i * alpha / (N - 1)) (:func:`spread`)."""
+    return spread(cfg.eps_base, cfg.eps_alpha, cfg, actor_id)
 
 
 class NStep:
     """Per-env n-step return accumulation. ``add`` returns the transitions that became
-    complete: (env, obs, action, n-step return, discount to bootstrap, bootstrap obs)."""
+    complete: (obs, action, n-step return, discount to bootstrap, bootstrap obs); an action
+    is whatever the actor took (an int, or a vector for continuous actions)."""
 
     def __init__(self, num_envs: int, n: int, gamma: float) -> None:
         self.n, self.gamma = n, gamma
-        self.buf: list[deque[tuple[np.ndarray, int, float]]] = [deque() for _ in range(num_envs)]
+        self.buf: list[deque[tuple[np.ndarray, Any, float]]] = [deque() for _ in range(num_envs)]
         self.slots: list[int] = []  # the env slot of each transition the last add returned
 
     def add(
@@ -59,11 +66,11 @@ class NStep:
         next_obs: np.ndarray,
         terminated: np.ndarray,
         truncated: np.ndarray,
-    ) -> list[tuple[np.ndarray, int, float, float, np.ndarray]]:
+    ) -> list[tuple[np.ndarray, Any, float, float, np.ndarray]]:
         """``next_obs`` must be the true next observation (the final one for ended episodes)."""
         out, self.slots = [], []
         for j, buf in enumerate(self.buf):
-            buf.append((obs[j], int(actions[j]), float(rewards[j])))
+            buf.append((obs[j], actions[j], float(rewards[j])))
             ended = terminated[j] or truncated[j]
             while len(buf) == self.n or (ended and buf):
                 ret = sum(r * self.gamma**k for k, (_, _, r) in enumerate(buf))
@@ -77,17 +84,20 @@ class NStep:
 
 
 class ApexActor(VectorActor):
-    """One actor process's worth of environments. ``run`` until ``should_stop()``."""
+    """One actor process's worth of environments. ``run`` until ``should_stop()``.
+    A subclass with another policy (Ape-X DPG) overrides ``make_net``, ``act``,
+    ``priorities`` and ``action_dtype``; n-step, shards, pushing and throttling are shared."""
+
+    action_dtype: Any = np.int32
 
     def __init__(
         self, client: redis.Redis, keys: RunKeys, cfg: ApexConfig, actor_id: int = 0
     ) -> None:
         super().__init__(client, keys, cfg, actor_id, keys.experience)
-        self.net = QNetwork(self.obs_shape, self.n_actions, cfg.hidden, cfg.dueling)
+        self.net = self.make_net()
         self.net.eval()
-        self.eps = epsilons(cfg, actor_id)
         self.nstep = NStep(cfg.envs_per_actor, cfg.n_step, cfg.gamma)
-        self.pending: list[tuple[np.ndarray, int, float, float, np.ndarray]] = []
+        self.pending: list[tuple[np.ndarray, Any, float, float, np.ndarray]] = []
         self.pending_slots: list[int] = []
         # each shard's stream (its own keys: on a cluster, its own node), and each slot's shard
         self.producers = [
@@ -98,6 +108,11 @@ class ApexActor(VectorActor):
         self.frames = is_frame_stack(self.obs_shape, self.obs_dtype)  # send frames once
         self.counted = 0  # steps already added to the run's global env-step counter
         self.throttled_s = 0.0
+
+    def make_net(self) -> torch.nn.Module:
+        """The local copy of the learner's network, and the exploration around it."""
+        self.eps = epsilons(self.cfg, self.actor_id)
+        return QNetwork(self.obs_shape, self.n_actions, self.cfg.hidden, self.cfg.dueling)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:
@@ -136,7 +151,7 @@ class ApexActor(VectorActor):
     def push(
         self,
         producer: StreamProducer,
-        pending: list[tuple[np.ndarray, int, float, float, np.ndarray]],
+        pending: list[tuple[np.ndarray, Any, float, float, np.ndarray]],
         slots: np.ndarray,
         should_stop: Callable[[], bool],
     ) -> bool:
@@ -145,7 +160,7 @@ class ApexActor(VectorActor):
         obs, act, ret, disc, nxt = zip(*pending, strict=True)
         obs_a = np.stack(obs).astype(self.obs_dtype)
         nxt_a = np.stack(nxt).astype(self.obs_dtype)
-        act_a = np.asarray(act, np.int32)
+        act_a = np.asarray(act, self.action_dtype)
         ret_a, disc_a = np.asarray(ret, np.float32), np.asarray(disc, np.float32)
         rows = {
             "action": act_a,

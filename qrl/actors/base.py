@@ -34,7 +34,7 @@ class VectorActor(Role):
     ) -> None:
         torch.set_num_threads(1)
         self.client, self.keys, self.cfg, self.actor_id = client, keys, cfg, actor_id
-        self.obs_shape, self.obs_dtype, self.n_actions = env_spec(cfg.env)
+        self.obs_shape, self.obs_dtype, self.n_actions = self.spaces(cfg.env)
         self.envs = make_vector_env(
             cfg.env, cfg.envs_per_actor, seed=cfg.seed * 10_000 + actor_id * 100
         )
@@ -88,6 +88,11 @@ class VectorActor(Role):
         return next_obs, true_next, rewards, term, trunc
 
     # -- for subclasses
+    def spaces(self, env_id: str) -> tuple[tuple[int, ...], str, int]:
+        """``(observation shape, observation dtype, number of actions)``; a continuous-action
+        actor returns the action vector's length."""
+        return env_spec(env_id)
+
     def advance(self, obs: np.ndarray, should_stop: StopCheck) -> np.ndarray | None:
         """One unit of work from ``obs`` (a vector step, an unroll); returns the observation
         to go on from, or ``None`` if stopped while pushing."""

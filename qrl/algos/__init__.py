@@ -3,13 +3,14 @@ actor, learner, builder) plus its line here."""
 
 from __future__ import annotations
 
-from qrl.algos import apex, es, impala
+from qrl.algos import apex, apex_dpg, es, impala
 from qrl.algos.base import Algorithm, RoleContext, RoleDef
 
 ALGOS: dict[str, Algorithm] = {
     a.name: a
     for a in (
         apex.ALGORITHM,
+        apex_dpg.ALGORITHM,
         impala.ALGORITHM,
         es.ALGORITHM,
     )

@@ -12,25 +12,17 @@ from qrl.configs.base import Config, Layers
 from qrl.keys import MAX_SHARDS
 
 
-class ApexConfig(Config):
-    """Ape-X: actors -> experience stream -> replay fillers -> prioritized replay -> learner."""
+class ReplayConfig(Config):
+    """What the Ape-X family shares: n-step returns, the prioritized replay and its fillers,
+    the actors and their rate limit (Ape-X DQN and Ape-X DPG extend it)."""
 
-    # network
-    hidden: Layers = Field((256, 256), description="Hidden layer sizes of the Q-network.")
-    dueling: bool = Field(True, description="Dueling head (value + advantage).")
-    # learning
     gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
     n_step: int = Field(3, ge=1, le=100, description="Steps of the n-step return.")
-    lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate.")
-    adam_eps: float = Field(1e-5, gt=0, description="Adam epsilon.")
     batch_size: int = Field(64, ge=1, le=65_536, description="Transitions per learner update.")
-    grad_clip: float = Field(10.0, gt=0, description="Gradient norm clip.")
-    target_update: int = Field(500, ge=1, description="Updates between target-network syncs.")
     learning_starts: int = Field(
         1000, ge=0, description="Transitions in the replay before the first update."
     )
     publish_every: int = Field(10, ge=1, description="Updates between weight publications.")
-    # replay
     replay_capacity: int = Field(100_000, ge=1, description="Transitions the replay keeps.")
     replay_mode: Literal["rank", "proportional"] = Field(
         "rank", description="Prioritized sampling: rank-based or proportional."
@@ -51,13 +43,10 @@ class ApexConfig(Config):
         description="Replay-filling processes `qrl train` runs (at least one per shard; "
         "filler i drains shard i mod replay_shards).",
     )
-    # actors
     actors: int = Field(
-        2, ge=1, le=4096, description="Actor processes (also sets the per-actor epsilons)."
+        2, ge=1, le=4096, description="Actor processes (also sets the per-actor exploration)."
     )
     envs_per_actor: int = Field(8, ge=1, le=4096, description="Environments per actor process.")
-    eps_base: float = Field(0.4, gt=0, lt=1, description="Ape-X epsilon base.")
-    eps_alpha: float = Field(7.0, ge=0, description="Ape-X epsilon exponent spread.")
     actor_batch: int = Field(
         256, ge=1, le=1_000_000, description="Transitions per experience-stream entry."
     )
@@ -74,3 +63,16 @@ class ApexConfig(Config):
         description="Rate limit: actors together take at most learning_starts + this x "
         "(learner updates) env steps (0: no limit).",
     )
+
+
+class ApexConfig(ReplayConfig):
+    """Ape-X: actors -> experience stream -> replay fillers -> prioritized replay -> learner."""
+
+    hidden: Layers = Field((256, 256), description="Hidden layer sizes of the Q-network.")
+    dueling: bool = Field(True, description="Dueling head (value + advantage).")
+    lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate.")
+    adam_eps: float = Field(1e-5, gt=0, description="Adam epsilon.")
+    grad_clip: float = Field(10.0, gt=0, description="Gradient norm clip.")
+    target_update: int = Field(500, ge=1, description="Updates between target-network syncs.")
+    eps_base: float = Field(0.4, gt=0, lt=1, description="Ape-X epsilon base.")
+    eps_alpha: float = Field(7.0, ge=0, description="Ape-X epsilon exponent spread.")

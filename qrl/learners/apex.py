@@ -27,7 +27,9 @@ class Batch:
         b = s.batch
         self.ids = s.ids
         self.obs = torch.from_numpy(np.ascontiguousarray(b["obs"])).to(device)
-        self.action = torch.from_numpy(b["action"].astype(np.int64)).to(device)
+        a = b["action"]  # discrete (int) or a continuous vector (Ape-X DPG)
+        a = a.astype(np.int64) if a.dtype.kind in "iu" else a.astype(np.float32)
+        self.action = torch.from_numpy(a).to(device)
         self.ret = torch.from_numpy(b["ret"].copy()).to(device)
         self.disc = torch.from_numpy(b["disc"].copy()).to(device)
         self.next_obs = torch.from_numpy(np.ascontiguousarray(b["next_obs"])).to(device)

@@ -99,6 +99,11 @@ class Learner(Role):
     def extra_metrics(self) -> dict[str, float]:
         return {}
 
+    def published(self) -> torch.nn.Module:
+        """What actors need and the weights carry: the whole network unless a subclass
+        publishes less (Ape-X DPG: the actor network, its names as in ``self.net``)."""
+        return self.net
+
     # -- shared
     def update(self, batch: Any) -> float:
         """One guarded gradient step; returns the loss (NaN if skipped because the loss or
@@ -132,10 +137,11 @@ class Learner(Role):
         version, they go above it and the learner counts on from there (see
         :meth:`qrl.weights.WeightStore.publish`). Parameters that are not finite are never
         published."""
-        if not all(torch.isfinite(p).all() for p in self.net.parameters()):
+        module = self.published()
+        if not all(torch.isfinite(p).all() for p in module.parameters()):
             log.error("parameters at update %d are not finite: not published", self.updates)
             return
-        self.updates = self.weights.publish(self.net, version=self.updates)
+        self.updates = self.weights.publish(module, version=self.updates)
 
     def save(self) -> None:
         if self.checkpoint is not None:
@@ -145,7 +151,7 @@ class Learner(Role):
     def start(self, should_stop: StopCheck) -> bool:
         stored = self.weights.version()
         if stored > self.updates:  # e.g. restarted after SIGKILL: Redis is newer than the file
-            loaded = self.weights.load_into(self.net, newer_than=self.updates)
+            loaded = self.weights.load_into(self.published(), newer_than=self.updates)
             if loaded is not None:
                 log.warning(
                     "continuing from published weights %d (checkpoint: %d)", loaded, self.updates

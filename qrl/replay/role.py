@@ -10,25 +10,44 @@ import logging
 
 import redis
 
-from qrl.configs.apex import ApexConfig
-from qrl.envs import env_spec
+from qrl.configs.apex import ReplayConfig
+from qrl.envs import action_kind, box_spec, env_spec, make_env
 from qrl.keys import RunKeys
 from qrl.loop import Role, StopCheck
 from qrl.messages import experience_schema, frames_schema
 from qrl.replay.frames import FrameBatch, is_frame_stack, layout_for, replay_class
 from qrl.replay.shards import filler_shard, shard_capacity
-from qrl.replay.store import PrioritizedReplay
+from qrl.replay.store import PrioritizedReplay, RecordLayout
+from qrl.schema import Schema
 from qrl.streams import Entry, StreamConsumer
 
 log = logging.getLogger(__name__)
 
 
+def experience_spec(env_id: str, max_rows: int = 4096) -> tuple[RecordLayout, Schema]:
+    """The replay layout and the experience-stream schema of ``env_id``'s transitions:
+    discrete actions (Ape-X; stacked frames sent and stored once) or a Box action vector
+    (Ape-X DPG: float32, within the space's bounds)."""
+    env = make_env(env_id)
+    kind = action_kind(env.action_space)
+    env.close()
+    if kind == "continuous":
+        obs_shape, obs_dtype, low, high = box_spec(env_id)
+        layout = RecordLayout(obs_shape, obs_dtype, action_shape=low.shape, action_dtype="float32")
+        return layout, experience_schema(obs_shape, obs_dtype, 0, max_rows, (low, high))
+    obs_shape, obs_dtype, n_actions = env_spec(env_id)
+    if is_frame_stack(obs_shape, obs_dtype):
+        schema = frames_schema(obs_shape, n_actions, max_rows=max_rows)
+    else:
+        schema = experience_schema(obs_shape, obs_dtype, n_actions, max_rows=max_rows)
+    return layout_for(obs_shape, obs_dtype, n_actions), schema
+
+
 def make_replay(
-    client: redis.Redis, keys: RunKeys, cfg: ApexConfig, seed: int | None = None, shard: int = 0
+    client: redis.Redis, keys: RunKeys, cfg: ReplayConfig, seed: int | None = None, shard: int = 0
 ) -> PrioritizedReplay:
     """Shard ``shard`` of the run's replay (the whole replay when it has one shard)."""
-    obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
-    layout = layout_for(obs_shape, obs_dtype, n_actions)
+    layout, _ = experience_spec(cfg.env)
     return replay_class(layout)(
         client,
         keys.shards(cfg.replay_shards)[shard],
@@ -46,21 +65,21 @@ class ReplayFiller(Role):
     name = "replay"
     counter = "inserted"
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, cfg: ApexConfig, ident: int = 0) -> None:
+    def __init__(
+        self, client: redis.Redis, keys: RunKeys, cfg: ReplayConfig, ident: int = 0
+    ) -> None:
         self.client, self.ident = client, ident
         self.shard = filler_shard(ident, cfg.replay_shards)
         self.replay = make_replay(client, keys, cfg, shard=self.shard)
         self.keys = self.replay.keys  # the shard's: its stream, dead letters and counters
-        obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
         rows = cfg.actor_batch + cfg.envs_per_actor * cfg.n_step
-        self.frames = is_frame_stack(obs_shape, obs_dtype)
+        _, schema = experience_spec(cfg.env, max_rows=rows)
+        self.frames = schema.kind == "apex.frames"
         self.consumer = StreamConsumer(
             client,
             self.keys,
             self.keys.experience,
-            frames_schema(obs_shape, n_actions, max_rows=rows)
-            if self.frames
-            else experience_schema(obs_shape, obs_dtype, n_actions, max_rows=rows),
+            schema,
             count=8,
             claim_idle_ms=cfg.claim_idle_ms,
         )

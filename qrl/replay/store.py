@@ -32,7 +32,7 @@ computed from the probability the sampler actually used.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -191,17 +191,21 @@ class RecordLayout:
     """The fixed-size binary record of one n-step transition: observation, action, n-step
     return, discount to the bootstrap state (``gamma^k``, 0 at a terminal) and the bootstrap
     observation. Built from the observation shape and dtype, so records can be decoded for a
-    whole batch at once with ``np.frombuffer``."""
+    whole batch at once with ``np.frombuffer``. The action is one int32 (discrete actions)
+    unless ``action_shape``/``action_dtype`` say otherwise (a Box action vector: ``(d,)``,
+    ``"float32"``)."""
 
     obs_shape: tuple[int, ...]
     obs_dtype: str
+    action_shape: tuple[int, ...] = field(default=(), kw_only=True)
+    action_dtype: str = field(default="int32", kw_only=True)
 
     def __post_init__(self) -> None:
-        self.obs_shape = tuple(self.obs_shape)
+        self.obs_shape, self.action_shape = tuple(self.obs_shape), tuple(self.action_shape)
         self.dtype = np.dtype(
             [
                 ("obs", np.dtype(self.obs_dtype).newbyteorder("<"), self.obs_shape),
-                ("action", "<i4"),
+                ("action", np.dtype(self.action_dtype).newbyteorder("<"), self.action_shape),
                 ("ret", "<f4"),
                 ("disc", "<f4"),
                 ("next_obs", np.dtype(self.obs_dtype).newbyteorder("<"), self.obs_shape),

@@ -1,0 +1,43 @@
+"""The Ape-X DPG actor: the Ape-X actor (vector envs, n-step returns, shards, pushing,
+throttling: :class:`qrl.actors.apex.ApexActor`) with a deterministic policy plus Gaussian
+exploration noise, one sigma per env slot spread like Ape-X's epsilons, actions scaled to
+the Box's bounds and clipped there.
+
+Actors hold only the actor network (the learner publishes nothing else), so they cannot
+compute a TD error: a new transition gets ``initial_priority``, above the learner's TD
+errors, so it is sampled soon and then carries its |TD error| (prioritized replay's
+"new transitions at the maximal priority", Schaul et al. 2016)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from qrl.actors.apex import ApexActor, spread
+from qrl.dpg import explore, policy_net, scale_action
+from qrl.envs import box_spec
+
+
+class ApexDPGActor(ApexActor):
+    action_dtype: Any = np.float32
+
+    def spaces(self, env_id: str) -> tuple[tuple[int, ...], str, int]:
+        obs_shape, obs_dtype, self.low, self.high = box_spec(env_id)
+        return obs_shape, obs_dtype, len(self.low)
+
+    def make_net(self) -> torch.nn.Module:
+        cfg = self.cfg
+        self.sigma = spread(cfg.noise_base, cfg.noise_alpha, cfg, self.actor_id)
+        return policy_net(self.obs_shape, self.n_actions, cfg.hidden)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        a = self.net["actor"](torch.from_numpy(np.asarray(obs))).numpy()
+        return scale_action(explore(a, self.sigma, self.rng), self.low, self.high)
+
+    def priorities(
+        self, obs: np.ndarray, act: np.ndarray, ret: np.ndarray, disc: np.ndarray, nxt: np.ndarray
+    ) -> np.ndarray:
+        return np.full(len(ret), self.cfg.initial_priority, np.float32)

@@ -1,0 +1,79 @@
+"""The Ape-X DPG learner, TD3-style (Fujimoto et al. 2018) on the Ape-X replay: the
+sampler process, batches, IS weights and priority updates are the Ape-X learner's
+(:class:`qrl.learners.apex.ApexLearner`); the loss is DPG's.
+
+* Twin critics, the target taking the smaller of the two target critics: one critic's
+  overestimation is what the actor learns to exploit in DDPG.
+* Target policy smoothing: the target action gets clipped Gaussian noise, so the target
+  does not ride a sharp peak of the critic.
+* Delayed policy updates: the actor steps every ``policy_delay`` critic steps, on a critic
+  whose error has had time to shrink (a moving critic gives the actor a noisy gradient);
+  on 2 cores it also saves half the actor's backward passes.
+* Polyak-averaged targets (``tau``) after every update.
+
+The critic loss is the IS-weighted squared error of both critics; the priority of a
+transition is Q1's |TD error|. The actor's loss ``-Q1(s, pi(s))`` goes through Q1 with its
+parameters detached, so one optimizer step (one Adam with an actor and a critic parameter
+group) moves the critics by their loss and the actor by its own. Only the actor network is
+published: it is all actors and evaluation need.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from qrl.dpg import ActorCritic, critic_target, polyak, unscale_action
+from qrl.envs import box_spec
+from qrl.learners.apex import ApexLearner, Batch
+from qrl.replay.role import experience_spec
+
+
+class ApexDPGLearner(ApexLearner):
+    algo = "apex-dpg"
+
+    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        cfg = self.cfg
+        obs_shape, _, low, high = box_spec(cfg.env)
+        self.low = torch.from_numpy(low).to(self.device)
+        self.high = torch.from_numpy(high).to(self.device)
+        net = ActorCritic(obs_shape, len(low), cfg.hidden).to(self.device)
+        self.target = ActorCritic(obs_shape, len(low), cfg.hidden).to(self.device)
+        self.target.requires_grad_(False)
+        self.actor_view = nn.ModuleDict({"actor": net.actor})  # what is published
+        self.replay_size = 0
+        self.layout, _ = experience_spec(cfg.env)
+        self._sampler = None
+        self.q_mean = float("nan")
+        opt = torch.optim.Adam(
+            [
+                {"params": net.actor.parameters(), "lr": cfg.actor_lr},
+                {"params": net.critic.parameters(), "lr": cfg.critic_lr},
+            ]
+        )
+        return net, opt
+
+    def published(self) -> nn.Module:
+        return self.actor_view
+
+    def loss(self, b: Batch) -> torch.Tensor:
+        cfg, net = self.cfg, self.net
+        target = critic_target(
+            self.target, b.ret, b.disc, b.next_obs, cfg.target_noise, cfg.noise_clip
+        )
+        q1, q2 = net.critic(b.obs, unscale_action(b.action, self.low, self.high))
+        b.td = (target - q1).detach()
+        loss = (b.weight * ((q1 - target) ** 2 + (q2 - target) ** 2)).mean()
+        if (self.updates + 1) % cfg.policy_delay == 0:
+            loss = loss - net.critic.q1_frozen(b.obs, net.actor(b.obs)).mean()
+        self.q_mean = float(q1.detach().mean())
+        return loss
+
+    def after_step(self, b: Batch) -> None:
+        self.send_priorities(b)
+        polyak(self.target, self.net, self.cfg.tau)
+
+    def extra_metrics(self) -> dict[str, float]:
+        q = self.q_mean if np.isfinite(self.q_mean) else 0.0
+        return {"replay_size": float(self.replay_size), "q_mean": q}
