@@ -20,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import secrets
 import socket
 import threading
+from pathlib import Path
 
 import redis
 
@@ -69,13 +71,25 @@ def _dead_here(name: str) -> bool:
         return False
     if int(pid) == os.getpid():
         return name != holder()  # this pid's previous process
+    return not _process_alive(int(pid))
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether a process has this pid. On Linux a thread's id answers ``kill(pid, 0)`` too
+    (a restarted container's new process may have a thread with its old process's pid), so
+    a pid whose ``/proc`` entry names another thread-group leader is no process."""
     try:
-        os.kill(int(pid), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
-        return True
-    except PermissionError:
         return False
-    return False
+    except PermissionError:
+        return True
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True  # no /proc to ask: kill said it is there
+    tgid = re.search(r"^Tgid:\s*(\d+)", status, re.MULTILINE)
+    return tgid is None or int(tgid.group(1)) == pid
 
 
 class Lease:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 
 from qrl import ids
@@ -44,6 +45,32 @@ def test_a_dead_holder_of_this_host_gives_its_number_back_at_once(r, keys):
     assert claim_id(r, keys, "actor").ident == 0  # its process died
     assert claim_id(r, keys, "actor").ident == 3  # a restarted container's process, same pid
     assert claim_id(r, keys, "actor").ident == 4
+
+
+def test_a_holder_whose_pid_is_now_a_thread_is_dead(r, keys):
+    """A restarted container's new process can have a thread whose id is the old process's
+    pid; kill(pid, 0) answers for a thread too, yet the old holder is gone (the compose
+    smoke test once gave a restarted actor a new number for this)."""
+    host, _, _ = holder().split(":")
+    ready, done = threading.Event(), threading.Event()
+    tid: list[int] = []
+
+    def body() -> None:
+        tid.append(threading.get_native_id())
+        ready.set()
+        done.wait(10)
+
+    t = threading.Thread(target=body)
+    t.start()
+    try:
+        ready.wait(5)
+        r.set(keys.lease("actor", 0), f"{host}:{tid[0]}:ab", ex=LEASE_TTL)  # a thread now
+        r.set(keys.lease("actor", 1), f"{host}:1:ab", ex=LEASE_TTL)  # a process (init)
+        assert claim_id(r, keys, "actor").ident == 0
+        assert claim_id(r, keys, "actor").ident == 2
+    finally:
+        done.set()
+        t.join()
 
 
 def test_a_lease_lives_while_its_process_does(r, keys, monkeypatch):
