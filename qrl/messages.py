@@ -81,7 +81,7 @@ def experience_schema(
 
     obs = _obs(obs_shape, obs_dtype, 1)
     if action_bounds is None:
-        action = Field(np.ndarray, dtypes=("int32",), ndim=1, bounds=(0, n_actions - 1))
+        action = _discrete_action(n_actions)
         action_bytes = 4
     else:
         low, high = action_bounds
@@ -94,19 +94,30 @@ def experience_schema(
         {
             "obs": obs,
             "action": action,
-            "ret": _floats(1),
-            "disc": Field(np.ndarray, dtypes=FLOATS, ndim=1, finite=True, bounds=(0, 1)),
             "next_obs": obs,
-            "priority": Field(
-                np.ndarray, dtypes=FLOATS, ndim=1, finite=True, bounds=(0, VALUE_BOUND)
-            ),
-            "version": NATURAL,
-            "actor": NATURAL,
-            "batch": BATCH_ID,
+            **_transition_fields(action),
         },
         check=check,
         max_bytes=size_cap(max_rows * row),
     )
+
+
+def _discrete_action(n_actions: int) -> Field:
+    return Field(np.ndarray, dtypes=("int32",), ndim=1, bounds=(0, n_actions - 1))
+
+
+def _transition_fields(action: Field) -> dict[str, Field]:
+    """What every Ape-X experience message holds besides its observations: per transition
+    the action, n-step return, discount and priority; the policy version, actor and batch id."""
+    return {
+        "action": action,
+        "ret": _floats(1),
+        "disc": Field(np.ndarray, dtypes=FLOATS, ndim=1, finite=True, bounds=(0, 1)),
+        "priority": Field(np.ndarray, dtypes=FLOATS, ndim=1, finite=True, bounds=(0, VALUE_BOUND)),
+        "version": NATURAL,
+        "actor": NATURAL,
+        "batch": BATCH_ID,
+    }
 
 
 def check_chunks(counts: np.ndarray, refs: np.ndarray, n_frames: int) -> None:
@@ -151,15 +162,7 @@ def frames_schema(
             "frames": Field(np.ndarray, dtypes=("uint8",), ndim=3),
             "counts": Field(np.ndarray, dtypes=("int32",), ndim=2, bounds=(1, max_frames)),
             "refs": Field(np.ndarray, dtypes=("uint16",), ndim=2),
-            "action": Field(np.ndarray, dtypes=("int32",), ndim=1, bounds=(0, n_actions - 1)),
-            "ret": _floats(1),
-            "disc": Field(np.ndarray, dtypes=FLOATS, ndim=1, finite=True, bounds=(0, 1)),
-            "priority": Field(
-                np.ndarray, dtypes=FLOATS, ndim=1, finite=True, bounds=(0, VALUE_BOUND)
-            ),
-            "version": NATURAL,
-            "actor": NATURAL,
-            "batch": BATCH_ID,
+            **_transition_fields(_discrete_action(n_actions)),
         },
         check=check,
         max_bytes=size_cap(max_frames * math.prod(frame) + max_rows * (4 * stack + 16)),
