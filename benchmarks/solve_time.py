@@ -1,18 +1,21 @@
-"""Time to solve CartPole-v1: `qrl train ALGO` against a baseline, one after the other.
+"""Time to solve a task: `qrl train ALGO` against a baseline, one after the other.
 
     pip install -e ".[bench]"
-    python benchmarks/solve_time.py --algo apex --seeds 0 1 2     # vs SB3 DQN
-    python benchmarks/solve_time.py --algo impala --seeds 0 1 2   # vs SB3 PPO
-    python benchmarks/solve_time.py --algo es --seeds 0 1 2       # vs evotorch PGPE (Ray)
+    python benchmarks/solve_time.py --algo apex --seeds 0 1 2      # CartPole-v1, SB3 DQN
+    python benchmarks/solve_time.py --algo impala --seeds 0 1 2    # CartPole-v1, SB3 PPO
+    python benchmarks/solve_time.py --algo es --seeds 0 1 2        # CartPole-v1, evotorch PGPE
+    python benchmarks/solve_time.py --algo apex-dpg --seeds 0 1 2  # Pendulum-v1, SB3 TD3
 
-Both sides must reach a greedy evaluation mean >= 475 over 10 episodes. Each is timed as a
-whole process, from its start (imports included) to its exit: qrl by the `qrl train`
-command, exiting 0 once its evaluation passes; SB3 baselines with the rl-baselines3-zoo
-CartPole-v1 hyperparameters, evaluated every 2,000 steps by an `EvalCallback` that stops
-training at the threshold; evotorch's PGPE evaluating its center policy every generation.
-A qrl run that does not solve within the budget counts as its budget and a baseline that
-does not solve as infinite (so medians stay honest). Prints every time and the ratio of
-medians qrl / baseline (goal <= 1.0).
+Both sides must reach the task's target as a greedy evaluation mean over 10 episodes
+(CartPole-v1 475, Pendulum-v1 -200). Each is timed as a whole process, from its start
+(imports included) to its exit: qrl by the `qrl train` command, exiting 0 once its
+evaluation passes; SB3 baselines with the rl-baselines3-zoo hyperparameters for the task
+and, by default, the zoo's own step budget (its schedules are fractions of it), evaluated
+every 2,000 steps by an `EvalCallback` that stops training at the threshold; evotorch's
+PGPE evaluating its center policy every generation. A qrl run that does not solve within
+the budget counts as its budget and a baseline that does not solve as infinite (so
+medians stay honest). Prints every time and the ratio of medians qrl / baseline (goal
+<= 1.0).
 """
 
 from __future__ import annotations
@@ -25,8 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-TARGET = 475.0
+from typing import Any, NamedTuple
 
 # rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1
 SB3_DQN = dict(
@@ -62,11 +64,39 @@ PGPE = dict(
     optimizer_config={"max_speed": 0.015},
     radius_init=0.27,
 )
-# algo -> (baseline name, class, hyperparameters, n_envs / actors, step budget for SB3)
-BASELINES = {
-    "apex": ("SB3 DQN", "DQN", SB3_DQN, 1, 50_000),
-    "impala": ("SB3 PPO", "PPO", SB3_PPO, 8, 100_000),
-    "es": ("evotorch PGPE", "PGPE", PGPE, 2, 0),
+# rl-baselines3-zoo hyperparams/td3.yml, Pendulum-v1 (noise_type normal, noise_std 0.1)
+SB3_TD3 = dict(
+    gamma=0.98,
+    buffer_size=200_000,
+    learning_starts=10_000,
+    train_freq=1,
+    gradient_steps=1,
+    learning_rate=1e-3,
+    policy_kwargs=dict(net_arch=[400, 300]),
+)
+
+
+class Task(NamedTuple):
+    """One comparison: the env, its target, qrl's budget and the baseline's settings."""
+
+    env: str
+    target: float
+    budget: float  # seconds per qrl run
+    baseline: str  # display name
+    cls: str  # SB3 class name (or "PGPE")
+    hp: dict[str, Any]  # the zoo's hyperparameters
+    n_envs: int  # SB3 n_envs (PGPE: Ray actors)
+    zoo_steps: int  # the zoo's n_timesteps (0: not SB3)
+    noise_std: float = 0.0  # SB3 off-policy Gaussian action noise (zoo noise_std)
+
+
+TASKS = {
+    "apex": Task("CartPole-v1", 475.0, 90.0, "SB3 DQN", "DQN", SB3_DQN, 1, 50_000),
+    "impala": Task("CartPole-v1", 475.0, 90.0, "SB3 PPO", "PPO", SB3_PPO, 8, 100_000),
+    "es": Task("CartPole-v1", 475.0, 90.0, "evotorch PGPE", "PGPE", PGPE, 2, 0),
+    "apex-dpg": Task(
+        "Pendulum-v1", -200.0, 300.0, "SB3 TD3", "TD3", SB3_TD3, 1, 20_000, noise_std=0.1
+    ),
 }
 
 
@@ -83,7 +113,7 @@ def pgpe_worker(seed: int, budget: float) -> None:
         "CartPole-v1",
         "Linear(obs_length, 16) >> Tanh() >> Linear(16, act_length)",
         observation_normalization=True,
-        num_actors=BASELINES["es"][3],
+        num_actors=TASKS["es"].n_envs,
     )
     searcher = Searcher(problem, **PGPE)
     env, start, gens = gym.make("CartPole-v1"), time.perf_counter(), 0
@@ -103,27 +133,34 @@ def pgpe_worker(seed: int, budget: float) -> None:
                 total, done = total + r, term or trunc
             returns.append(total)
         best = max(best, float(np.mean(returns)))
-        if best >= TARGET:
+        if best >= TASKS["es"].target:
             break
-    print(json.dumps({"solved": best >= TARGET, "steps": gens, "best": best}))
+    print(json.dumps({"solved": best >= TASKS["es"].target, "steps": gens, "best": best}))
 
 
 def baseline_worker(algo: str, seed: int, max_steps: int) -> None:
-    """Runs in a child process: train the baseline until the eval threshold."""
+    """Runs in a child process: train the baseline until the eval threshold (or the step
+    budget)."""
     import gymnasium as gym
+    import numpy as np
     import stable_baselines3 as sb3
     from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.noise import NormalActionNoise
 
-    _, cls, hp, n_envs, _ = BASELINES[algo]
-    env = make_vec_env("CartPole-v1", n_envs=n_envs, seed=seed)
-    model = getattr(sb3, cls)("MlpPolicy", env, seed=seed, verbose=0, **hp)
-    stop = StopTrainingOnRewardThreshold(reward_threshold=TARGET, verbose=0)
+    task = TASKS[algo]
+    env = make_vec_env(task.env, n_envs=task.n_envs, seed=seed)
+    hp = dict(task.hp)
+    if task.noise_std:
+        dim = env.action_space.shape[0]
+        hp["action_noise"] = NormalActionNoise(np.zeros(dim), task.noise_std * np.ones(dim))
+    model = getattr(sb3, task.cls)("MlpPolicy", env, seed=seed, verbose=0, **hp)
+    stop = StopTrainingOnRewardThreshold(reward_threshold=task.target, verbose=0)
     cb = EvalCallback(
-        Monitor(gym.make("CartPole-v1")),
+        Monitor(gym.make(task.env)),
         callback_on_new_best=stop,
-        eval_freq=max(2000 // n_envs, 1),
+        eval_freq=max(2000 // task.n_envs, 1),
         n_eval_episodes=10,
         deterministic=True,
         verbose=0,
@@ -132,7 +169,7 @@ def baseline_worker(algo: str, seed: int, max_steps: int) -> None:
     print(
         json.dumps(
             {
-                "solved": bool(cb.best_mean_reward >= TARGET),
+                "solved": bool(cb.best_mean_reward >= task.target),
                 "steps": model.num_timesteps,
                 "best": float(cb.best_mean_reward),
             }
@@ -151,14 +188,16 @@ def timed(cmd: list[str], budget: float) -> tuple[float, int, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--algo", default="apex", choices=sorted(BASELINES))
+    ap.add_argument("--algo", default="apex", choices=sorted(TASKS))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--budget", type=float, default=90.0, help="seconds allowed per qrl run")
+    ap.add_argument(
+        "--budget", type=float, default=None, help="seconds per qrl run (default: the task's)"
+    )
     ap.add_argument(
         "--baseline-steps",
         type=int,
         default=None,
-        help="baseline step budget (default: twice the zoo's n_timesteps)",
+        help="baseline step budget (default: the zoo's n_timesteps for the task)",
     )
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--worker", nargs=2, metavar=("SEED", "STEPS"), help=argparse.SUPPRESS)
@@ -169,8 +208,9 @@ def main() -> None:
         else:
             baseline_worker(args.algo, int(args.worker[0]), int(args.worker[1]))
         return
-    name, _, _, _, zoo_steps = BASELINES[args.algo]
-    steps = args.baseline_steps or 2 * zoo_steps or int(args.budget)
+    task = TASKS[args.algo]
+    budget = args.budget or task.budget
+    steps = args.baseline_steps or task.zoo_steps or int(budget)
     ours, theirs = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
@@ -181,16 +221,18 @@ def main() -> None:
                 "train",
                 args.algo,
                 "--env",
-                "CartPole-v1",
+                task.env,
                 "--seed",
                 str(seed),
+                "--target-return",
+                str(task.target),
                 "--max-time",
-                str(args.budget),
+                str(budget),
                 "--run-dir",
                 str(Path(tmp) / f"{args.algo}-{seed}"),
             ]
-            secs, code, _ = timed(cmd, args.budget)
-            ours.append(secs if code == 0 else max(secs, args.budget))
+            secs, code, _ = timed(cmd, budget)
+            ours.append(secs if code == 0 else max(secs, budget))
             verdict = "solved" if code == 0 else "FAILED"
             print(f"seed {seed}: qrl {args.algo} {verdict} in {secs:.1f}s", flush=True)
             if args.skip_baseline:
@@ -205,12 +247,12 @@ def main() -> None:
             verdict = "solved" if res["solved"] else "FAILED"
             unit = "generations" if args.algo == "es" else "steps"
             detail = f"{res['steps']} {unit}, best eval {res['best']}"
-            print(f"seed {seed}: {name} {verdict} in {secs:.1f}s ({detail})", flush=True)
+            print(f"seed {seed}: {task.baseline} {verdict} in {secs:.1f}s ({detail})", flush=True)
     mo = statistics.median(ours)
     print(f"qrl {args.algo}: median {mo:.1f}s over seeds {args.seeds}")
     if theirs:
         mt = statistics.median(theirs)
-        print(f"{name}: median {mt:.1f}s; ratio qrl/{name} = {mo / mt:.2f}")
+        print(f"{task.baseline}: median {mt:.1f}s; ratio qrl/{task.baseline} = {mo / mt:.2f}")
 
 
 if __name__ == "__main__":

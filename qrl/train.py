@@ -3,10 +3,11 @@
 It starts an embedded Redis (unless given a URL), writes the run's config, starts every
 process of the algorithm's roles (:func:`qrl.launch.start_process`), follows the metrics
 stream with a live display, evaluates the latest published weights periodically, stops at
-the target return or the time/step budget, shuts every process down and leaves a run
-directory: ``config.json``, ``metrics.csv`` and TensorBoard files (:mod:`qrl.runlog`),
-``logs/``, ``result.json`` and the learner's checkpoint (holding the weights that reached
-the target, when they did).
+the target return (confirmed on ``confirm_episodes`` fresh episodes, 100 by default:
+gymnasium's definition of solving CartPole-v1) or the time/step budget, shuts every
+process down and leaves a run directory: ``config.json``, ``metrics.csv`` and TensorBoard
+files (:mod:`qrl.runlog`), ``logs/``, ``result.json`` and the learner's checkpoint
+(holding the weights that reached the target, when they did).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Budget:
     max_steps: int | None = None
     eval_every: float = 1.0
     eval_episodes: int = 10
+    confirm_episodes: int = 100  # an evaluation that reaches the target is confirmed on these
 
 
 def _table(progress: Progress, title: str) -> Table:
@@ -94,6 +96,33 @@ class Evaluator:
         score = float(np.mean(evaluate(self.cfg.env, act, self.episodes, seed=seed)))
         self.last = w
         return score
+
+    def confirm(self, episodes: int) -> float:
+        """The mean return of the last evaluated parameters over ``episodes`` fresh episodes
+        (seeds no periodic evaluation uses), with a fresh policy."""
+        import numpy as np
+
+        from qrl.evaluate import evaluate
+
+        assert self.last is not None
+        act = self.algo.policy(self.cfg, self.last.params)
+        seed = 1_000_000 + self.cfg.seed * 10_000
+        return float(np.mean(evaluate(self.cfg.env, act, episodes, seed=seed)))
+
+
+def _confirm(evaluator: Evaluator, budget: Budget, score: float, console: Console) -> float | None:
+    """Confirm an evaluation that reached the target on fresh episodes (``None``: no
+    confirmation asked for); a lucky evaluation is not a solve, so training goes on."""
+    n, target = budget.confirm_episodes, budget.target_return
+    if n <= 0 or target is None:
+        return None
+    console.print(f"eval {score:.1f} reached target {target}: confirming on {n} fresh episodes")
+    mean = evaluator.confirm(n)
+    console.print(
+        f"{n}-episode mean {mean:.1f}: "
+        + ("confirmed" if mean >= target else "not confirmed, training on")
+    )
+    return mean
 
 
 def default_target(env: str) -> float | None:
@@ -157,6 +186,7 @@ def run_training(
     client = None
     reached = False
     failed = False
+    confirmed: float | None = None  # the last confirmation's mean return
     progress = Progress()
     stop = None
     try:
@@ -206,7 +236,9 @@ def run_training(
                     eval_s = time.monotonic() - now  # evaluate at most ~20% of the time
                     if score is not None:
                         progress.record_eval(score)
-                        reached = budget.target_return is not None and score >= budget.target_return
+                        if budget.target_return is not None and score >= budget.target_return:
+                            confirmed = _confirm(evaluator, budget, score, console)
+                            reached = confirmed is None or confirmed >= budget.target_return
                     next_eval = time.monotonic() + max(budget.eval_every, 4 * eval_s)
                 runlog.write(progress)
                 if interactive:
@@ -245,7 +277,14 @@ def run_training(
     if stop is not None and stop.local.is_set() and not reached:
         failed = True  # Ctrl-C / SIGTERM
     code = 0 if reached else 2 if failed else 1
-    result = {**row, "reached": reached, "target": budget.target_return, "exit_code": code}
+    result = {
+        **row,
+        "reached": reached,
+        "target": budget.target_return,
+        "confirm_episodes": budget.confirm_episodes,
+        "confirm_return": confirmed,
+        "exit_code": code,
+    }
     (run_dir / "result.json").write_text(json.dumps(result, indent=2))
     if reached and evaluator.last is not None and checkpoint.exists():
         # the learner kept training after the evaluation that reached the target: keep the

@@ -69,6 +69,17 @@ def test_eval_of_a_run_dir_and_of_its_checkpoint_prints_mean_std_min_max(run_dir
     assert not_a_run.returncode == 1 and "no checkpoint at" in not_a_run.stderr
 
 
+def test_a_solve_is_confirmed_on_100_fresh_episodes_of_the_checkpointed_weights(run_dir):
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["confirm_episodes"] == 100 and result["confirm_return"] >= 150
+    # the confirmation played seeds 1,000,000 + 10,000 x seed + i with the weights the
+    # checkpoint keeps: qrl eval on the same seeds sees the same mean
+    out = qrl("eval", str(run_dir), "--episodes", "100", "--seed", "1010000", timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert eval_stats(out.stdout)["mean"] == pytest.approx(result["confirm_return"], abs=0.06)
+    assert result["eval_return"] >= 150  # the 10-episode evaluation that asked for it
+
+
 def test_eval_on_another_env_checks_its_spaces(run_dir):
     other = qrl("eval", str(run_dir), "--env", "CartPole-v0", "--episodes", "3", timeout=120)
     assert other.returncode == 0, other.stderr

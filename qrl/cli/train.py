@@ -69,6 +69,14 @@ _job_options = stack(
         show_default=True,
         help="Episodes per evaluation.",
     ),
+    click.option(
+        "--confirm-episodes",
+        type=click.IntRange(min=0),
+        default=100,
+        show_default=True,
+        help="An evaluation that reaches the target is confirmed on this many fresh "
+        "episodes before the job counts as solved (0: no confirmation).",
+    ),
     track_options,
 )
 
@@ -90,6 +98,7 @@ def train_command(algo: Algorithm) -> click.Command:
         max_steps: int | None,
         eval_every: float,
         eval_episodes: int,
+        confirm_episodes: int,
         track: bool,
         wandb_project: str,
         wandb_entity: str | None,
@@ -108,6 +117,7 @@ def train_command(algo: Algorithm) -> click.Command:
             max_steps,
             eval_every,
             eval_episodes,
+            confirm_episodes,
         )
         if budget.target_return is None:
             click.echo(
