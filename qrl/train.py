@@ -233,12 +233,12 @@ def run_training(
                     except (ValueError, RuntimeError) as e:  # e.g. weights that do not fit
                         log.warning("evaluation failed: %s", e)
                         score = None
-                    eval_s = time.monotonic() - now  # evaluate at most ~20% of the time
                     if score is not None:
                         progress.record_eval(score)
                         if budget.target_return is not None and score >= budget.target_return:
                             confirmed = _confirm(evaluator, budget, score, console)
                             reached = confirmed is None or confirmed >= budget.target_return
+                    eval_s = time.monotonic() - now  # evaluate (and confirm) <= ~20% of the time
                     next_eval = time.monotonic() + max(budget.eval_every, 4 * eval_s)
                 runlog.write(progress)
                 if interactive:
