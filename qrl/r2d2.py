@@ -58,7 +58,7 @@ def n_step_targets(
     valid = idx[None] < steps[:, None]
     r = torch.where(valid, reward, torch.zeros_like(reward))
     ret = torch.zeros_like(r)
-    for i in range(n):  # sum_{i < m} gamma^i r[t + i]: padded rewards are zero
+    for i in range(min(n, t)):  # sum_{i < m} gamma^i r[t + i]: padded rewards are zero
         ret[:, : t - i] += gamma**i * r[:, i:]
     m = torch.minimum(torch.full_like(idx[None], n), steps[:, None] - idx[None]).clamp(min=0)
     k = idx[None] + m  # the bootstrap observation, at most steps

@@ -63,7 +63,11 @@ class R2D2Config(ReplayConfig):
         16, ge=1, le=4096, description="Sequences per experience-stream entry."
     )
     learning_starts: int = Field(
-        2000, ge=0, description="Env steps in the replay (as sequences) before the first update."
+        2000,
+        ge=0,
+        description="Env steps before the first update (the replay then holds at least "
+        "(learning_starts - actors x envs_per_actor x (sequence_length - 1)) / "
+        "sequence_length sequences).",
     )
     steps_per_update: float = Field(
         8.0,
@@ -88,3 +92,12 @@ class R2D2Config(ReplayConfig):
     def period(self) -> int:
         """Steps between the starts of consecutive sequences of one episode."""
         return self.sequence_length - self.overlap
+
+    @property
+    def start_sequences(self) -> int:
+        """Sequences in the replay before the first update: as many as ``learning_starts``
+        env steps surely make while the actors wait for the learner (the rate limit lets
+        them take that many; each env slot may hold up to ``sequence_length - 1`` of them in
+        a sequence not yet sent, and a sequence holds at most ``sequence_length``)."""
+        held = self.actors * self.envs_per_actor * (self.sequence_length - 1)
+        return max(1, -(-(self.learning_starts - held) // self.sequence_length))

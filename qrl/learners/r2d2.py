@@ -6,8 +6,6 @@ sequence priority ``eta max|delta| + (1 - eta) mean|delta|`` written back."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from qrl.envs import env_spec
@@ -49,7 +47,7 @@ class R2D2Learner(ApexLearner):
         return net, torch.optim.Adam(net.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
 
     def start_threads(self) -> None:
-        """The Ape-X sampler, waiting for ``learning_starts`` env steps' worth of sequences."""
+        """The Ape-X sampler, waiting for ``start_sequences`` sequences."""
         self.target.load_state_dict(self.net.state_dict())
         cfg = self.cfg
         self._sampler = Sampler(
@@ -62,7 +60,7 @@ class R2D2Learner(ApexLearner):
                 cfg.alpha,
                 cfg.beta,
                 cfg.batch_size,
-                math.ceil(cfg.learning_starts / cfg.period),
+                cfg.start_sequences,
                 cfg.seed,
                 cfg.replay_shards,
             )
