@@ -7,15 +7,16 @@
     python benchmarks/solve_time.py --algo apex-dpg --seeds 0 1 2  # Pendulum-v1, SB3 TD3
 
 Both sides must reach the task's target as a greedy evaluation mean over 10 episodes
-(CartPole-v1 475, Pendulum-v1 -200). Each is timed as a whole process, from its start
-(imports included) to its exit: qrl by the `qrl train` command, exiting 0 once its
-evaluation passes; SB3 baselines with the rl-baselines3-zoo hyperparameters for the task
-and, by default, the zoo's own step budget (its schedules are fractions of it), evaluated
-every 2,000 steps by an `EvalCallback` that stops training at the threshold; evotorch's
-PGPE evaluating its center policy every generation. A qrl run that does not solve within
-the budget counts as its budget and a baseline that does not solve as infinite (so
-medians stay honest). Prints every time and the ratio of medians qrl / baseline (goal
-<= 1.0).
+(CartPole-v1 475, Pendulum-v1 -200), confirmed on 100 fresh episodes (`qrl train`'s rule,
+gymnasium's definition of solving CartPole-v1; training goes on when they do not confirm
+it). Each is timed as a whole process, from its start (imports included) to its exit: qrl
+by the `qrl train` command, exiting 0 once its evaluation passes; SB3 baselines with the
+rl-baselines3-zoo hyperparameters for the task and, by default, the zoo's own step budget
+(its schedules are fractions of it), evaluated every 2,000 steps by an `EvalCallback`;
+evotorch's PGPE evaluating its center policy every generation. A qrl run that does not
+solve within the budget counts as its budget and a baseline that does not solve as
+infinite (so medians stay honest). Prints every time and the ratio of medians qrl /
+baseline (goal <= 1.0).
 """
 
 from __future__ import annotations
@@ -88,6 +89,11 @@ class Task(NamedTuple):
     n_envs: int  # SB3 n_envs (PGPE: Ray actors)
     zoo_steps: int  # the zoo's n_timesteps (0: not SB3)
     noise_std: float = 0.0  # SB3 off-policy Gaussian action noise (zoo noise_std)
+    module: str = "stable_baselines3"  # where cls is (sb3_contrib for RecurrentPPO)
+    policy: str = "MlpPolicy"
+
+
+CONFIRM = 100  # an evaluation that reached the target is confirmed on this many episodes
 
 
 TASKS = {
@@ -102,11 +108,12 @@ TASKS = {
 
 def pgpe_worker(seed: int, budget: float) -> None:
     """evotorch PGPE until its center policy's greedy evaluation reaches the target."""
-    import gymnasium as gym
     import numpy as np
     import torch
     from evotorch.algorithms import PGPE as Searcher
     from evotorch.neuroevolution import GymNE
+
+    from qrl.evaluate import evaluate  # the same vectorized greedy evaluation as qrl's
 
     torch.manual_seed(seed)
     problem = GymNE(
@@ -116,37 +123,38 @@ def pgpe_worker(seed: int, budget: float) -> None:
         num_actors=TASKS["es"].n_envs,
     )
     searcher = Searcher(problem, **PGPE)
-    env, start, gens = gym.make("CartPole-v1"), time.perf_counter(), 0
-    best = -1.0
+    target, start, gens, best, confirmed = TASKS["es"].target, time.perf_counter(), 0, -1.0, []
+
+    def greedy(policy):  # a batch of observations -> a batch of actions
+        @torch.no_grad()
+        def act(obs):
+            return policy(torch.as_tensor(obs, dtype=torch.float32)).argmax(-1).numpy()
+
+        return act
+
     while time.perf_counter() - start < budget:
         searcher.step()
         gens += 1
-        policy = problem.to_policy(searcher.status["center"])
-        returns = []
-        for ep in range(10):
-            obs, _ = env.reset(seed=10_000 + ep)
-            done, total = False, 0.0
-            while not done:
-                with torch.no_grad():
-                    a = int(policy(torch.as_tensor(obs, dtype=torch.float32)).argmax())
-                obs, r, term, trunc, _ = env.step(a)
-                total, done = total + r, term or trunc
-            returns.append(total)
-        best = max(best, float(np.mean(returns)))
-        if best >= TASKS["es"].target:
-            break
-    print(json.dumps({"solved": best >= TASKS["es"].target, "steps": gens, "best": best}))
+        act = greedy(problem.to_policy(searcher.status["center"]))
+        score = float(np.mean(evaluate("CartPole-v1", act, 10, seed=10_000)))
+        best = max(best, score)
+        if score >= target:  # confirmed on fresh episodes, as qrl's are
+            confirmed.append(float(np.mean(evaluate("CartPole-v1", act, CONFIRM, seed=10**6))))
+            if confirmed[-1] >= target:
+                break
+    solved = bool(confirmed) and confirmed[-1] >= target
+    print(json.dumps({"solved": solved, "steps": gens, "best": best}))
 
 
 def baseline_worker(algo: str, seed: int, max_steps: int) -> None:
-    """Runs in a child process: train the baseline until the eval threshold (or the step
-    budget)."""
-    import gymnasium as gym
+    """Runs in a child process: train the baseline until an evaluation reaches the target
+    and 100 fresh episodes confirm it (qrl's rule), or the step budget runs out."""
+    import importlib
+
     import numpy as np
-    import stable_baselines3 as sb3
-    from stable_baselines3.common.callbacks import EvalCallback, StopTrainingOnRewardThreshold
+    from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
     from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.noise import NormalActionNoise
 
     task = TASKS[algo]
@@ -155,26 +163,34 @@ def baseline_worker(algo: str, seed: int, max_steps: int) -> None:
     if task.noise_std:
         dim = env.action_space.shape[0]
         hp["action_noise"] = NormalActionNoise(np.zeros(dim), task.noise_std * np.ones(dim))
-    model = getattr(sb3, task.cls)("MlpPolicy", env, seed=seed, verbose=0, **hp)
-    stop = StopTrainingOnRewardThreshold(reward_threshold=task.target, verbose=0)
+    cls = getattr(importlib.import_module(task.module), task.cls)
+    model = cls(task.policy, env, seed=seed, verbose=0, **hp)
+    confirm_env = make_vec_env(task.env, n_envs=CONFIRM, seed=1_000_000 + seed * 10_000)
+    confirmed: list[float] = []
+
+    class Confirm(BaseCallback):
+        """After each evaluation: one that reached the target is confirmed on CONFIRM fresh
+        episodes (one per env, in parallel); training stops once one is."""
+
+        def _on_step(self) -> bool:
+            if self.parent.last_mean_reward < task.target:
+                return True
+            mean, _ = evaluate_policy(self.model, confirm_env, CONFIRM, deterministic=True)
+            confirmed.append(float(mean))
+            return mean < task.target
+
     cb = EvalCallback(
-        Monitor(gym.make(task.env)),
-        callback_on_new_best=stop,
+        make_vec_env(task.env, n_envs=1, seed=seed + 10_000),
+        callback_after_eval=Confirm(),
         eval_freq=max(2000 // task.n_envs, 1),
         n_eval_episodes=10,
         deterministic=True,
         verbose=0,
     )
     model.learn(total_timesteps=max_steps, callback=cb)
-    print(
-        json.dumps(
-            {
-                "solved": bool(cb.best_mean_reward >= task.target),
-                "steps": model.num_timesteps,
-                "best": float(cb.best_mean_reward),
-            }
-        )
-    )
+    solved = bool(confirmed) and confirmed[-1] >= task.target
+    best = float(cb.best_mean_reward)
+    print(json.dumps({"solved": solved, "steps": model.num_timesteps, "best": best}))
 
 
 def timed(cmd: list[str], budget: float) -> tuple[float, int, str]:
