@@ -434,3 +434,35 @@ def test_load_policy_keeps_the_lstm_state_between_calls(novel_run):
             total += reward
             done = term or trunc
     assert total / 3 > 100
+
+
+def test_the_filler_dead_letters_a_corpus_of_malformed_sequences(r, keys):
+    """Every malformed category of tests/corpus.py (bombs, flipped bits, wrong shapes,
+    dtypes, NaN, another algorithm's valid message...) against a live SequenceFiller: each
+    is rejected once and acknowledged; only the valid sequences reach the replay."""
+    from tests.corpus import corpus
+
+    cfg = R2D2Config(sequence_length=5, overlap=2, lstm=LSTM)
+    create_run(r, keys, "r2d2", cfg)
+    filler = SequenceFiller(r, keys, cfg)
+    good = _random_sequences(np.random.default_rng(6), 4, 5, obs_dim=2)
+    obs = np.zeros((2, 2), np.float32)
+    other = encode(
+        "apex.experience",
+        {"obs": obs, "action": np.zeros(2, np.int32), "ret": np.zeros(2, np.float32),
+         "disc": np.ones(2, np.float32), "next_obs": obs, "priority": np.ones(2, np.float32),
+         "version": 0, "actor": 0, "batch": "x"},
+    )  # fmt: skip
+    _, schema = sequence_spec(cfg, max_rows(cfg))
+    n = 0
+    for _, payload in corpus("r2d2.sequences", _message(good), schema, other, 300):
+        r.xadd(keys.experience, {"d": payload})
+        n += 1
+    r.xadd(keys.experience, {"d": encode("r2d2.sequences", _message(good))})
+    deadline = time.monotonic() + 120
+    while filler.consumer.rejected + filler.inserted // 4 < n + 1:
+        assert time.monotonic() < deadline, (filler.consumer.rejected, filler.inserted)
+        filler.step(lambda: False)
+    filler.close(lambda: False)
+    assert filler.consumer.rejected == n and filler.inserted == 4
+    assert r.zcard(keys.replay_priorities) == 4 and r.xlen(keys.experience) == 0
