@@ -51,6 +51,7 @@ class Budget:
     eval_every: float = 1.0
     eval_episodes: int = 10
     confirm_episodes: int = 100  # an evaluation that reaches the target is confirmed on these
+    eval_env: str | None = None  # evaluate on this env id instead of the training env
 
 
 def _table(progress: Progress, title: str) -> Table:
@@ -71,8 +72,9 @@ class Evaluator:
     """Evaluation of the latest published parameters (only when they changed); ``last`` is
     the :class:`qrl.weights.Weights` evaluated last."""
 
-    def __init__(self, algo: Algorithm, cfg: Any, episodes: int) -> None:
+    def __init__(self, algo: Algorithm, cfg: Any, episodes: int, env: str | None = None) -> None:
         self.algo, self.cfg, self.episodes = algo, cfg, episodes
+        self.env = env or cfg.env
         self.last: Weights | None = None
         self.seen = -1  # the newest version fetched, whether it could be evaluated or not
 
@@ -93,7 +95,7 @@ class Evaluator:
         self.seen = w.version
         act = self.algo.policy(self.cfg, w.params)  # ValueError if they do not fit
         seed = self.cfg.seed * 1000 + 7
-        score = float(np.mean(evaluate(self.cfg.env, act, self.episodes, seed=seed)))
+        score = float(np.mean(evaluate(self.env, act, self.episodes, seed=seed)))
         self.last = w
         return score
 
@@ -107,7 +109,7 @@ class Evaluator:
         assert self.last is not None
         act = self.algo.policy(self.cfg, self.last.params)
         seed = 1_000_000 + self.cfg.seed * 10_000
-        return float(np.mean(evaluate(self.cfg.env, act, episodes, seed=seed)))
+        return float(np.mean(evaluate(self.env, act, episodes, seed=seed)))
 
 
 def _confirm(evaluator: Evaluator, budget: Budget, score: float, console: Console) -> float | None:
@@ -171,7 +173,7 @@ def run_training(
     budget ran out first, 2 if a role failed or the job was interrupted. A job that reached
     its target leaves the weights that reached it in its checkpoint."""
     console = console or Console(stderr=True)
-    evaluator = Evaluator(algo, cfg, budget.eval_episodes)
+    evaluator = Evaluator(algo, cfg, budget.eval_episodes, budget.eval_env)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     run_config = {"algo": algo.name, "run": run, "config": cfg.to_dict()}
@@ -233,12 +235,12 @@ def run_training(
                     except (ValueError, RuntimeError) as e:  # e.g. weights that do not fit
                         log.warning("evaluation failed: %s", e)
                         score = None
-                    eval_s = time.monotonic() - now  # evaluate at most ~20% of the time
                     if score is not None:
                         progress.record_eval(score)
                         if budget.target_return is not None and score >= budget.target_return:
                             confirmed = _confirm(evaluator, budget, score, console)
                             reached = confirmed is None or confirmed >= budget.target_return
+                    eval_s = time.monotonic() - now  # evaluate (and confirm) <= ~20% of the time
                     next_eval = time.monotonic() + max(budget.eval_every, 4 * eval_s)
                 runlog.write(progress)
                 if interactive:

@@ -51,6 +51,20 @@ def test_bad_envs_fail_fast_with_one_line(args, words, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    "eval_env, words",
+    [("Acrobot-v1", ["does not fit", "(6,)", "(4,)"]), ("Nope-v0", ["Nope", "doesn't exist"])],
+)
+def test_an_eval_env_that_does_not_fit_fails_fast_with_one_line(eval_env, words, tmp_path):
+    env = {**os.environ, "QRL_REDIS_URL": "redis://127.0.0.1:1/0"}
+    run_dir = tmp_path / "run"
+    out = qrl("train", "apex", "--eval-env", eval_env, "--run-dir", str(run_dir), env=env)
+    assert out.returncode == 2, out.stderr  # before Redis (port 1: none) is asked
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in ["--eval-env", *words]), out.stderr
+    assert not run_dir.exists()
+
+
 def test_a_bad_config_file_names_the_file_and_field(tmp_path):
     cfg = tmp_path / "es.toml"
     cfg.write_text("[es]\npopulation = 5\n")  # must be even

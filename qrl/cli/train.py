@@ -11,6 +11,7 @@ import click
 from qrl.algos import ALGOS, Algorithm
 from qrl.cli.options import (
     VERBOSE,
+    ConfigProblem,
     build_config,
     config_options,
     device_option,
@@ -77,6 +78,12 @@ _job_options = stack(
         help="An evaluation that reaches the target is confirmed on this many fresh "
         "episodes before the job counts as solved (0: no confirmation).",
     ),
+    click.option(
+        "--eval-env",
+        default=None,
+        help="Evaluate on this env id instead of the training env (same observation and "
+        "action spaces), e.g. an unslowed or unwrapped twin.",
+    ),
     track_options,
 )
 
@@ -99,6 +106,7 @@ def train_command(algo: Algorithm) -> click.Command:
         eval_every: float,
         eval_episodes: int,
         confirm_episodes: int,
+        eval_env: str | None,
         track: bool,
         wandb_project: str,
         wandb_entity: str | None,
@@ -111,13 +119,23 @@ def train_command(algo: Algorithm) -> click.Command:
 
         run = run or default_run_name(algo.name, cfg.env, cfg.seed)
         run_keys(run)  # an invalid name is a usage error (exit 2), before anything starts
+        if eval_env is not None:
+            import gymnasium as gym
+
+            from qrl.evaluate import check_same_spaces
+
+            try:
+                check_same_spaces(cfg.env, eval_env)
+            except (ValueError, gym.error.Error) as e:
+                raise ConfigProblem(f"--eval-env: {e}") from None
         budget = Budget(
-            target_return if target_return is not None else default_target(cfg.env),
+            target_return if target_return is not None else default_target(eval_env or cfg.env),
             max_time if max_time is not None else (None if max_steps else 90.0),
             max_steps,
             eval_every,
             eval_episodes,
             confirm_episodes,
+            eval_env,
         )
         if budget.target_return is None:
             click.echo(
