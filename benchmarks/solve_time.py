@@ -5,18 +5,20 @@
     python benchmarks/solve_time.py --algo impala --seeds 0 1 2    # CartPole-v1, SB3 PPO
     python benchmarks/solve_time.py --algo es --seeds 0 1 2        # CartPole-v1, evotorch PGPE
     python benchmarks/solve_time.py --algo apex-dpg --seeds 0 1 2  # Pendulum-v1, SB3 TD3
+    python benchmarks/solve_time.py --algo r2d2 --seeds 0 1 2      # qrl/CartPoleNoVel-v1,
+                                                                   # sb3-contrib RecurrentPPO
 
 Both sides must reach the task's target as a greedy evaluation mean over 10 episodes
-(CartPole-v1 475, Pendulum-v1 -200), confirmed on 100 fresh episodes (`qrl train`'s rule,
-gymnasium's definition of solving CartPole-v1; training goes on when they do not confirm
-it). Each is timed as a whole process, from its start (imports included) to its exit: qrl
-by the `qrl train` command, exiting 0 once its evaluation passes; SB3 baselines with the
-rl-baselines3-zoo hyperparameters for the task and, by default, the zoo's own step budget
-(its schedules are fractions of it), evaluated every 2,000 steps by an `EvalCallback`;
-evotorch's PGPE evaluating its center policy every generation. A qrl run that does not
-solve within the budget counts as its budget and a baseline that does not solve as
-infinite (so medians stay honest). Prints every time and the ratio of medians qrl /
-baseline (goal <= 1.0).
+(CartPole-v1 and its velocity-hidden qrl/CartPoleNoVel-v1 475, Pendulum-v1 -200),
+confirmed on 100 fresh episodes (`qrl train`'s rule, gymnasium's definition of solving
+CartPole-v1; training goes on when they do not confirm it). Each is timed as a whole
+process, from its start (imports included) to its exit: qrl by the `qrl train` command,
+exiting 0 once its evaluation passes; SB3 baselines with the rl-baselines3-zoo
+hyperparameters for the task and, by default, the zoo's own step budget (its schedules are
+fractions of it), evaluated every 2,000 steps by an `EvalCallback`; evotorch's PGPE
+evaluating its center policy every generation. A qrl run that does not solve within the
+budget counts as its budget and a baseline that does not solve as infinite (so medians
+stay honest). Prints every time and the ratio of medians qrl / baseline (goal <= 1.0).
 """
 
 from __future__ import annotations
@@ -75,6 +77,26 @@ SB3_TD3 = dict(
     learning_rate=1e-3,
     policy_kwargs=dict(net_arch=[400, 300]),
 )
+# rl-baselines3-zoo hyperparams/ppo_lstm.yml, CartPoleNoVel-v1 (n_envs 8, normalize: True,
+# i.e. VecNormalize of observations and rewards with the algorithm's gamma; policy
+# MlpLstmPolicy; activation_fn named here, resolved to torch.nn's in the worker)
+SB3_PPO_LSTM = dict(
+    n_steps=32,
+    batch_size=256,
+    gae_lambda=0.8,
+    gamma=0.98,
+    n_epochs=20,
+    ent_coef=0.0,
+    learning_rate=lambda progress: 0.001 * progress,
+    clip_range=lambda progress: 0.2 * progress,
+    policy_kwargs=dict(
+        ortho_init=False,
+        activation_fn="ReLU",
+        lstm_hidden_size=64,
+        enable_critic_lstm=True,
+        net_arch=dict(pi=[64], vf=[64]),
+    ),
+)
 
 
 class Task(NamedTuple):
@@ -91,6 +113,8 @@ class Task(NamedTuple):
     noise_std: float = 0.0  # SB3 off-policy Gaussian action noise (zoo noise_std)
     module: str = "stable_baselines3"  # where cls is (sb3_contrib for RecurrentPPO)
     policy: str = "MlpPolicy"
+    normalize: bool = False  # the zoo's `normalize: True`: VecNormalize(gamma=hp gamma)
+    baseline_limit: float = 600.0  # seconds a baseline run may take (then: not solved)
 
 
 CONFIRM = 100  # an evaluation that reached the target is confirmed on this many episodes
@@ -103,6 +127,19 @@ TASKS = {
     "apex-dpg": Task(
         "Pendulum-v1", -200.0, 300.0, "SB3 TD3", "TD3", SB3_TD3, 1, 20_000, noise_std=0.1
     ),
+    "r2d2": Task(
+        "qrl/CartPoleNoVel-v1",
+        475.0,
+        300.0,
+        "sb3-contrib RecurrentPPO",
+        "RecurrentPPO",
+        SB3_PPO_LSTM,
+        8,
+        100_000,
+        module="sb3_contrib",
+        policy="MlpLstmPolicy",
+        normalize=True,
+    ),  # fmt: skip
 }
 
 
@@ -152,20 +189,39 @@ def baseline_worker(algo: str, seed: int, max_steps: int) -> None:
     import importlib
 
     import numpy as np
+    import torch
     from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.noise import NormalActionNoise
+    from stable_baselines3.common.vec_env import VecNormalize, sync_envs_normalization
+
+    import qrl  # noqa: F401  (registers qrl/CartPoleNoVel-v1)
 
     task = TASKS[algo]
-    env = make_vec_env(task.env, n_envs=task.n_envs, seed=seed)
     hp = dict(task.hp)
+
+    def vec_env(n: int, env_seed: int, training: bool) -> Any:
+        """The zoo's env: VecNormalize'd if the task says so (evaluation envs keep the
+        training statistics, synced before each evaluation, and raw rewards)."""
+        env = make_vec_env(task.env, n_envs=n, seed=env_seed)
+        if not task.normalize:
+            return env
+        if training:
+            return VecNormalize(env, gamma=hp["gamma"])
+        return VecNormalize(env, gamma=hp["gamma"], training=False, norm_reward=False)
+
+    env = vec_env(task.n_envs, seed, True)
+    kwargs = dict(hp.get("policy_kwargs", {}))
+    if isinstance(kwargs.get("activation_fn"), str):
+        kwargs["activation_fn"] = getattr(torch.nn, kwargs["activation_fn"])
+        hp["policy_kwargs"] = kwargs
     if task.noise_std:
         dim = env.action_space.shape[0]
         hp["action_noise"] = NormalActionNoise(np.zeros(dim), task.noise_std * np.ones(dim))
     cls = getattr(importlib.import_module(task.module), task.cls)
     model = cls(task.policy, env, seed=seed, verbose=0, **hp)
-    confirm_env = make_vec_env(task.env, n_envs=CONFIRM, seed=1_000_000 + seed * 10_000)
+    confirm_env = vec_env(CONFIRM, 1_000_000 + seed * 10_000, False)
     confirmed: list[float] = []
 
     class Confirm(BaseCallback):
@@ -175,12 +231,14 @@ def baseline_worker(algo: str, seed: int, max_steps: int) -> None:
         def _on_step(self) -> bool:
             if self.parent.last_mean_reward < task.target:
                 return True
+            if task.normalize:
+                sync_envs_normalization(self.training_env, confirm_env)
             mean, _ = evaluate_policy(self.model, confirm_env, CONFIRM, deterministic=True)
             confirmed.append(float(mean))
             return mean < task.target
 
-    cb = EvalCallback(
-        make_vec_env(task.env, n_envs=1, seed=seed + 10_000),
+    cb = EvalCallback(  # syncs a VecNormalize'd eval env with the training env itself
+        vec_env(1, seed + 10_000, False),
         callback_after_eval=Confirm(),
         eval_freq=max(2000 // task.n_envs, 1),
         n_eval_episodes=10,
@@ -254,7 +312,7 @@ def main() -> None:
             if args.skip_baseline:
                 continue
             cmd = [sys.executable, __file__, "--algo", args.algo, "--worker", str(seed), str(steps)]
-            secs, code, out = timed(cmd, 600)
+            secs, code, out = timed(cmd, task.baseline_limit)
             try:
                 res = json.loads(out.strip().splitlines()[-1])
             except (json.JSONDecodeError, IndexError):

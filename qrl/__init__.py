@@ -1,4 +1,6 @@
-"""qrl: Redis-backed distributed reinforcement learning (Ape-X, IMPALA, Evolution Strategies)."""
+"""qrl: Redis-backed distributed reinforcement learning (Ape-X, R2D2, IMPALA, ES)."""
+
+from qrl import envs  # noqa: F401  (registers qrl's gymnasium tasks: qrl/CartPoleNoVel-v1)
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,9 @@
-"""The environment factory: gymnasium envs by id, Atari with the standard preprocessing."""
+"""The environment factory: gymnasium envs by id, Atari with the standard preprocessing, and
+qrl's own partially observed task, registered when qrl is imported:
+
+* ``qrl/CartPoleNoVel-v1``: CartPole-v1 with the velocities hidden (the observation is the
+  cart position and the pole angle), the RL zoo's ``CartPoleNoVel-v1``. A feed-forward policy
+  cannot tell which way the pole moves; a recurrent one (R2D2, ``qrl train r2d2``) can."""
 
 from __future__ import annotations
 
@@ -6,6 +11,42 @@ import importlib
 
 import gymnasium as gym
 import numpy as np
+
+NO_VEL_ID = "qrl/CartPoleNoVel-v1"
+
+
+class NoVelocity(gym.ObservationWrapper):
+    """CartPole's observation without the velocities: ``[x, theta]`` of ``[x, x', theta,
+    theta']``."""
+
+    KEEP = np.array([0, 2])
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        box = env.observation_space
+        assert isinstance(box, gym.spaces.Box)
+        self.observation_space = gym.spaces.Box(
+            box.low[self.KEEP], box.high[self.KEEP], dtype=box.dtype
+        )
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return observation[self.KEEP]
+
+
+def cartpole_no_vel(**kwargs: object) -> gym.Env:
+    """The entry point of ``qrl/CartPoleNoVel-v1`` (``gym.make`` adds the 500-step limit)."""
+    from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+    return NoVelocity(CartPoleEnv(**kwargs))  # type: ignore[arg-type]
+
+
+if NO_VEL_ID not in gym.registry:
+    gym.register(
+        NO_VEL_ID,
+        entry_point="qrl.envs:cartpole_no_vel",
+        max_episode_steps=500,
+        reward_threshold=475.0,
+    )
 
 
 def find_spec(env_id: str) -> gym.envs.registration.EnvSpec:

@@ -77,3 +77,40 @@ class PolicyValueNet(nn.Module):
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.features(obs)
         return self.policy(x), self.value(x)[..., 0]
+
+
+class RecurrentQNetwork(nn.Module):
+    """R2D2's network: the torso, an LSTM, then Q-values with a dueling head. Inputs are
+    batch-first sequences ``[B, T, *obs_shape]`` and the LSTM state ``(h, c)``, each
+    ``[B, lstm]`` (zeros if ``None``); returns Q ``[B, T, A]`` and the state after the last
+    step."""
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        n_actions: int,
+        hidden: tuple[int, ...] = (64,),
+        lstm: int = 64,
+        dueling: bool = True,
+    ) -> None:
+        super().__init__()
+        self.features, width = torso(obs_shape, hidden)
+        self.lstm_size = lstm
+        self.lstm = nn.LSTM(width, lstm, batch_first=True)
+        self.advantage = nn.Linear(lstm, n_actions)
+        self.value = nn.Linear(lstm, 1) if dueling else None
+
+    def initial_state(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        zeros = torch.zeros(batch, self.lstm_size)
+        return zeros, zeros.clone()
+
+    def forward(
+        self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        b, t = obs.shape[:2]
+        x = self.features(obs.reshape(b * t, *obs.shape[2:])).reshape(b, t, -1)
+        h, c = state if state is not None else self.initial_state(b)
+        out, (h, c) = self.lstm(x, (h[None].to(x), c[None].to(x)))
+        a = self.advantage(out)
+        q = a if self.value is None else self.value(out) + a - a.mean(dim=-1, keepdim=True)
+        return q, (h[0], c[0])

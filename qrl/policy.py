@@ -5,6 +5,7 @@ the algorithm (its builder says how to act with its parameters).
     policy = qrl.load_policy("runs/my-run")        # a run directory or a checkpoint.pt
     action = policy.predict(obs)                   # one observation -> one action
     actions = policy.predict(batch_of_obs)         # a batch -> a batch
+    policy.reset()                                 # new episodes (R2D2 keeps an LSTM state)
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ class LoadedPolicy:
             self._obs_shape = tuple(env.observation_space.shape or ())
             env.close()
         return self._obs_shape
+
+    def reset(self) -> None:
+        """Start new episodes: a recurrent policy (R2D2) forgets its state; others have none."""
+        reset = getattr(self.act, "reset", None)
+        if reset is not None:
+            reset()
 
     def predict(self, obs: Any, deterministic: bool = True) -> np.ndarray:
         """The action for one observation, or the actions for a batch of them (an array whose

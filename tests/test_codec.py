@@ -271,7 +271,13 @@ def test_empty_array_with_huge_dimensions_is_a_codec_error(ndim):
 
 
 def test_every_message_schema_survives_the_empty_huge_array():
-    from qrl.messages import es_results_schema, experience_schema, frames_schema, unroll_schema
+    from qrl.messages import (
+        es_results_schema,
+        experience_schema,
+        frames_schema,
+        sequence_schema,
+        unroll_schema,
+    )
     from qrl.weights import WEIGHTS
 
     head = __import__("struct").pack("<BB3I", 10, 3, 0, 2**31 - 1, 2**31 - 1)
@@ -280,6 +286,7 @@ def test_every_message_schema_survives_the_empty_huge_array():
         frames_schema((4, 84, 84), 6),
         unroll_schema((4,), "float32", 2, 20),
         es_results_schema(4, 10_000, 100),
+        sequence_schema((2,), "float32", 2, 20, 64),
         WEIGHTS,
     ]
     for schema in schemas:

@@ -62,6 +62,12 @@ PROFILES: dict[str, dict[str, tuple[str, ...]]] = {
         "apex-dpg-learner": ("learner", "apex-dpg"),
         "apex-dpg-actor": ("actor", "apex-dpg"),
     },
+    "r2d2": {
+        "r2d2-init": ("run", "create"),
+        "r2d2-replay": ("replay",),
+        "r2d2-learner": ("learner", "r2d2"),
+        "r2d2-actor": ("actor", "r2d2"),
+    },
 }
 ROLES = [(profile, name) for profile, services in PROFILES.items() for name in services]
 
@@ -288,9 +294,11 @@ def test_init_creates_the_run_and_the_roles_wait_for_it(profile, services, servi
     # the config `qrl run create` would write: --set keys and values checked as it does
     values = {"env": params["env"], "seed": params["seed"], **parse_overrides(params["overrides"])}
     cfg = parse_config(ALGOS[profile].config, values)
-    env = "Pendulum-v1" if profile == "apex-dpg" else EXAMPLE["QRL_ENV"]  # Box actions
+    # Box actions; a partially observed task
+    special = {"apex-dpg": "Pendulum-v1", "r2d2": "qrl/CartPoleNoVel-v1"}
+    env = special.get(profile, EXAMPLE["QRL_ENV"])
     assert (cfg.env, cfg.seed) == (env, int(EXAMPLE["QRL_SEED"]))
-    if profile.startswith("apex"):  # the per-actor exploration spreads over the actors
+    if profile.startswith("apex") or profile == "r2d2":  # per-actor exploration over them
         assert cfg.actors == int(EXAMPLE["QRL_ACTORS"])
     assert init["depends_on"]["redis"]["condition"] == "service_healthy"
     assert init["restart"] == "no"  # one-shot
@@ -336,7 +344,7 @@ def test_gpu_override_reserves_a_gpu_for_every_torch_learner(services, service_e
         params = parse_cli(service["command"])[1]
         if "device" in params:
             devices[name] = params["device"]
-    assert set(devices) == {"learner", "impala-learner", "apex-dpg-learner"}
+    assert set(devices) == {"learner", "impala-learner", "apex-dpg-learner", "r2d2-learner"}
     assert set(devices.values()) <= {"auto", "cuda"}  # uses the GPU once it sees one
     gpu = load(GPU_OVERRIDE)["services"]
     assert set(gpu) == set(devices)

@@ -3,7 +3,7 @@ actor, learner, builder) plus its line here."""
 
 from __future__ import annotations
 
-from qrl.algos import apex, apex_dpg, es, impala
+from qrl.algos import apex, apex_dpg, es, impala, r2d2
 from qrl.algos.base import Algorithm, RoleContext, RoleDef
 
 ALGOS: dict[str, Algorithm] = {
@@ -11,6 +11,7 @@ ALGOS: dict[str, Algorithm] = {
     for a in (
         apex.ALGORITHM,
         apex_dpg.ALGORITHM,
+        r2d2.ALGORITHM,
         impala.ALGORITHM,
         es.ALGORITHM,
     )

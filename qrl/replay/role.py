@@ -7,6 +7,7 @@ stream into that shard's replay (:mod:`qrl.replay.shards`)."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import redis
 
@@ -44,10 +45,16 @@ def experience_spec(env_id: str, max_rows: int = 4096) -> tuple[RecordLayout, Sc
 
 
 def make_replay(
-    client: redis.Redis, keys: RunKeys, cfg: ReplayConfig, seed: int | None = None, shard: int = 0
+    client: redis.Redis,
+    keys: RunKeys,
+    cfg: ReplayConfig,
+    seed: int | None = None,
+    shard: int = 0,
+    layout: RecordLayout | None = None,
 ) -> PrioritizedReplay:
-    """Shard ``shard`` of the run's replay (the whole replay when it has one shard)."""
-    layout, _ = experience_spec(cfg.env)
+    """Shard ``shard`` of the run's replay (the whole replay when it has one shard), of
+    ``layout``'s records (default: the env's transitions, :func:`experience_spec`)."""
+    layout = layout or experience_spec(cfg.env)[0]
     return replay_class(layout)(
         client,
         keys.shards(cfg.replay_shards)[shard],
@@ -60,7 +67,8 @@ def make_replay(
 
 
 class ReplayFiller(Role):
-    """Drains the experience stream into the replay (``qrl replay``)."""
+    """Drains the experience stream into the replay (``qrl replay``). A replay of other
+    items (R2D2's sequences) overrides :meth:`spec` and :meth:`records`."""
 
     name = "replay"
     counter = "inserted"
@@ -70,10 +78,9 @@ class ReplayFiller(Role):
     ) -> None:
         self.client, self.ident = client, ident
         self.shard = filler_shard(ident, cfg.replay_shards)
-        self.replay = make_replay(client, keys, cfg, shard=self.shard)
+        layout, schema = self.spec(cfg)
+        self.replay = make_replay(client, keys, cfg, shard=self.shard, layout=layout)
         self.keys = self.replay.keys  # the shard's: its stream, dead letters and counters
-        rows = cfg.actor_batch + cfg.envs_per_actor * cfg.n_step
-        _, schema = experience_spec(cfg.env, max_rows=rows)
         self.frames = schema.kind == "apex.frames"
         self.consumer = StreamConsumer(
             client,
@@ -90,17 +97,23 @@ class ReplayFiller(Role):
                 ident, self.shard, cfg.replay_shards, cfg.replay_shards - 1,
             )  # fmt: skip
 
+    def spec(self, cfg: ReplayConfig) -> tuple[RecordLayout, Schema]:
+        """The replay's record layout and the schema of the stream's messages."""
+        rows = cfg.actor_batch + cfg.envs_per_actor * cfg.n_step
+        return experience_spec(cfg.env, max_rows=rows)
+
+    def records(self, d: dict[str, Any]) -> Any:
+        """The replay items of a decoded message: records (or a frame batch), in the
+        order of its ``priority``."""
+        if self.frames:
+            return FrameBatch.of(d)
+        return self.replay.layout.pack(d["obs"], d["action"], d["ret"], d["disc"], d["next_obs"])
+
     def handle(self, entries: list[Entry]) -> None:
-        layout = self.replay.layout
         for e in entries:
             d = e.data
-            rows = (
-                FrameBatch.of(d)
-                if self.frames
-                else layout.pack(d["obs"], d["action"], d["ret"], d["disc"], d["next_obs"])
-            )
-            if self.replay.insert(rows, d["priority"], batch_id=d["batch"]) >= 0:
-                self.inserted += len(d["action"])
+            if self.replay.insert(self.records(d), d["priority"], batch_id=d["batch"]) >= 0:
+                self.inserted += len(d["priority"])
 
     def step(self, should_stop: StopCheck) -> bool:
         self.consumer.process(self.handle, block_ms=200)

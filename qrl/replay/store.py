@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import redis
@@ -188,12 +188,13 @@ return {rank, out, fmt('%.17g', total)}
 
 @dataclass
 class RecordLayout:
-    """The fixed-size binary record of one n-step transition: observation, action, n-step
-    return, discount to the bootstrap state (``gamma^k``, 0 at a terminal) and the bootstrap
-    observation. Built from the observation shape and dtype, so records can be decoded for a
-    whole batch at once with ``np.frombuffer``. The action is one int32 (discrete actions)
-    unless ``action_shape``/``action_dtype`` say otherwise (a Box action vector: ``(d,)``,
-    ``"float32"``)."""
+    """The fixed-size binary record of one replay item. By default an n-step transition:
+    observation, action, n-step return, discount to the bootstrap state (``gamma^k``, 0 at a
+    terminal) and the bootstrap observation. Built from the observation shape and dtype, so
+    records can be decoded for a whole batch at once with ``np.frombuffer``. The action is
+    one int32 (discrete actions) unless ``action_shape``/``action_dtype`` say otherwise (a
+    Box action vector: ``(d,)``, ``"float32"``). Other items override :meth:`fields` (R2D2's
+    sequences: :mod:`qrl.replay.sequences`): the replay only sees records of ``size`` bytes."""
 
     obs_shape: tuple[int, ...]
     obs_dtype: str
@@ -202,33 +203,35 @@ class RecordLayout:
 
     def __post_init__(self) -> None:
         self.obs_shape, self.action_shape = tuple(self.obs_shape), tuple(self.action_shape)
-        self.dtype = np.dtype(
-            [
-                ("obs", np.dtype(self.obs_dtype).newbyteorder("<"), self.obs_shape),
-                ("action", np.dtype(self.action_dtype).newbyteorder("<"), self.action_shape),
-                ("ret", "<f4"),
-                ("disc", "<f4"),
-                ("next_obs", np.dtype(self.obs_dtype).newbyteorder("<"), self.obs_shape),
-            ]
-        )
+        self.dtype = np.dtype(self.fields())
+
+    def fields(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+        """The record's fields as ``(name, little-endian dtype, shape)``."""
+        obs = np.dtype(self.obs_dtype).newbyteorder("<")
+        return [
+            ("obs", obs, self.obs_shape),
+            ("action", np.dtype(self.action_dtype).newbyteorder("<"), self.action_shape),
+            ("ret", np.dtype("<f4"), ()),
+            ("disc", np.dtype("<f4"), ()),
+            ("next_obs", obs, self.obs_shape),
+        ]
 
     @property
     def size(self) -> int:
         return self.dtype.itemsize
 
-    def pack(
-        self,
-        obs: np.ndarray,
-        action: np.ndarray,
-        ret: np.ndarray,
-        disc: np.ndarray,
-        next_obs: np.ndarray,
-    ) -> list[bytes]:
+    def pack(self, obs: Any, action: Any, ret: Any, disc: Any, next_obs: Any) -> list[bytes]:
         """One record (bytes) per transition."""
-        n = len(action)
+        return self.pack_columns(obs=obs, action=action, ret=ret, disc=disc, next_obs=next_obs)
+
+    def pack_columns(self, **columns: np.ndarray) -> list[bytes]:
+        """One record (bytes) per row of ``columns``, one column per field (all of them)."""
+        if set(columns) != set(self.dtype.names or ()):
+            raise ValueError(f"columns {sorted(columns)}, the records need {self.dtype.names}")
+        n = len(next(iter(columns.values())))
         rec = np.empty(n, self.dtype)
-        rec["obs"], rec["action"], rec["ret"] = obs, action, ret
-        rec["disc"], rec["next_obs"] = disc, next_obs
+        for name, column in columns.items():
+            rec[name] = column
         buf = rec.tobytes()
         s = self.size
         return [buf[i * s : (i + 1) * s] for i in range(n)]
