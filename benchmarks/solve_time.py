@@ -183,9 +183,12 @@ def pgpe_worker(seed: int, budget: float) -> None:
     print(json.dumps({"solved": solved, "steps": gens, "best": best}))
 
 
-def baseline_worker(algo: str, seed: int, max_steps: int) -> None:
+def baseline_worker(
+    algo: str, seed: int, max_steps: int, env_id: str | None = None, eval_id: str | None = None
+) -> None:
     """Runs in a child process: train the baseline until an evaluation reaches the target
-    and 100 fresh episodes confirm it (qrl's rule), or the step budget runs out."""
+    and 100 fresh episodes confirm it (qrl's rule), or the step budget runs out. ``env_id``
+    and ``eval_id`` replace the task's env for training and for evaluation."""
     import importlib
 
     import numpy as np
@@ -204,7 +207,8 @@ def baseline_worker(algo: str, seed: int, max_steps: int) -> None:
     def vec_env(n: int, env_seed: int, training: bool) -> Any:
         """The zoo's env: VecNormalize'd if the task says so (evaluation envs keep the
         training statistics, synced before each evaluation, and raw rewards)."""
-        env = make_vec_env(task.env, n_envs=n, seed=env_seed)
+        env_ = (env_id if training else eval_id or env_id) or task.env
+        env = make_vec_env(env_, n_envs=n, seed=env_seed)
         if not task.normalize:
             return env
         if training:
@@ -275,12 +279,14 @@ def main() -> None:
     )
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--worker", nargs=2, metavar=("SEED", "STEPS"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker-env", nargs=2, metavar=("ENV", "EVAL_ENV"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         if args.algo == "es":
             pgpe_worker(int(args.worker[0]), float(args.worker[1]))
         else:
-            baseline_worker(args.algo, int(args.worker[0]), int(args.worker[1]))
+            envs = args.worker_env or (None, None)
+            baseline_worker(args.algo, int(args.worker[0]), int(args.worker[1]), *envs)
         return
     task = TASKS[args.algo]
     budget = args.budget or task.budget

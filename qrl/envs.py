@@ -1,13 +1,16 @@
 """The environment factory: gymnasium envs by id, Atari with the standard preprocessing, and
-qrl's own partially observed task, registered when qrl is imported:
+qrl's own tasks, registered when qrl is imported:
 
 * ``qrl/CartPoleNoVel-v1``: CartPole-v1 with the velocities hidden (the observation is the
   cart position and the pole angle), the RL zoo's ``CartPoleNoVel-v1``. A feed-forward policy
-  cannot tell which way the pole moves; a recurrent one (R2D2, ``qrl train r2d2``) can."""
+  cannot tell which way the pole moves; a recurrent one (R2D2, ``qrl train r2d2``) can.
+* ``qrl/SlowCartPole-v1``: CartPole-v1 that sleeps 1 ms in every step, a slow simulator
+  (``benchmarks/slow_env.py``; evaluate on ``CartPole-v1`` with ``--eval-env``)."""
 
 from __future__ import annotations
 
 import importlib
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -40,13 +43,31 @@ def cartpole_no_vel(**kwargs: object) -> gym.Env:
     return NoVelocity(CartPoleEnv(**kwargs))  # type: ignore[arg-type]
 
 
-if NO_VEL_ID not in gym.registry:
-    gym.register(
-        NO_VEL_ID,
-        entry_point="qrl.envs:cartpole_no_vel",
-        max_episode_steps=500,
-        reward_threshold=475.0,
-    )
+class SlowStep(gym.Wrapper):
+    """Sleeps ``sleep_s`` seconds in every step before stepping the env: a slow simulator."""
+
+    def __init__(self, env: gym.Env, sleep_s: float) -> None:
+        super().__init__(env)
+        self.sleep_s = sleep_s
+
+    def step(self, action: object) -> tuple:
+        time.sleep(self.sleep_s)
+        return self.env.step(action)
+
+
+def slow_cartpole(sleep_s: float = 0.001, **kwargs: object) -> gym.Env:
+    """The entry point of ``qrl/SlowCartPole-v1`` (``gym.make`` adds the 500-step limit)."""
+    from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+    return SlowStep(CartPoleEnv(**kwargs), sleep_s)  # type: ignore[arg-type]
+
+
+SLOW_ID = "qrl/SlowCartPole-v1"
+for _id, _entry in ((NO_VEL_ID, "cartpole_no_vel"), (SLOW_ID, "slow_cartpole")):
+    if _id not in gym.registry:
+        gym.register(
+            _id, entry_point=f"qrl.envs:{_entry}", max_episode_steps=500, reward_threshold=475.0
+        )
 
 
 def find_spec(env_id: str) -> gym.envs.registration.EnvSpec:
