@@ -28,7 +28,8 @@ from qrl.configs.apex import ApexConfig
 from qrl.connection import connect
 from qrl.embedded import EmbeddedRedis
 from qrl.keys import RunKeys
-from qrl.learners.apex import ApexLearner, Batch
+from qrl.learners.apex import ApexLearner
+from qrl.learners.replay import Batch
 from qrl.loop import run_role
 from qrl.replay.role import make_replay
 from qrl.runs import create_run

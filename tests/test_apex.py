@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from qrl.actors.apex import NStep, epsilons
+from qrl.actors.apex import epsilons
+from qrl.actors.replay import NStep
 from qrl.checkpoint import CheckpointError, load_checkpoint
 from qrl.configs.apex import ApexConfig
 from qrl.control import request_stop

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from qrl.actors.apex import NStep, spread
+from qrl.actors.replay import NStep, spread
 from qrl.codec import CodecError, decode, encode
 from qrl.configs.apex_dpg import ApexDPGConfig
 from qrl.dpg import ActorCritic, critic_target, explore, polyak, scale_action, unscale_action
@@ -184,11 +184,11 @@ def test_learner_priorities_are_the_critic_td_errors(r, keys, redis_server):
             t1, t2 = lrn.target.critic(nxt, lrn.target.actor(nxt))
             y = torch.from_numpy(ret[i]) + torch.from_numpy(disc[i]) * torch.min(t1, t2)
         assert np.isfinite(lrn.update(b))
-        np.testing.assert_allclose(b.td.numpy(), (y - q1).numpy(), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(b.priority.numpy(), (y - q1).abs().numpy(), rtol=1e-4, atol=1e-4)
     finally:
         lrn.stop_threads()  # writes the priorities sent
     got = np.array(r.zmscore(keys.replay_priorities, b.ids))
-    np.testing.assert_allclose(got, np.abs(b.td.numpy()) + 1e-6, rtol=1e-5)
+    np.testing.assert_allclose(got, b.priority.numpy() + 1e-6, rtol=1e-5)
     assert set(lrn.published().state_dict()) == {
         k for k in lrn.net.state_dict() if k.startswith("actor.")
     }

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from qrl.actors.apex import NStep
+from qrl.actors.replay import NStep
 from qrl.codec import decode, encode
 from qrl.configs.apex import ApexConfig
 from qrl.connection import connect

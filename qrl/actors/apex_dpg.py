@@ -1,5 +1,5 @@
 """The Ape-X DPG actor: the Ape-X actor (vector envs, n-step returns, shards, pushing,
-throttling: :class:`qrl.actors.apex.ApexActor`) with a deterministic policy plus Gaussian
+throttling: :class:`qrl.actors.replay.ReplayActor`) with a deterministic policy plus Gaussian
 exploration noise, one sigma per env slot spread like Ape-X's epsilons, actions scaled to
 the Box's bounds and clipped there.
 
@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from qrl.actors.apex import ApexActor, spread
+from qrl.actors.replay import ReplayActor, spread
 from qrl.dpg import explore, policy_net, scale_action
 from qrl.envs import box_spec
 
 
-class ApexDPGActor(ApexActor):
+class ApexDPGActor(ReplayActor):
     action_dtype: Any = np.float32
 
     def spaces(self, env_id: str) -> tuple[tuple[int, ...], str, int]:

@@ -1,5 +1,5 @@
 """The R2D2 actor: the Ape-X actor (vector envs, per-slot epsilons, shards, pushing,
-throttling: :class:`qrl.actors.apex.ApexActor`) with an LSTM Q-network whose state it
+throttling: :class:`qrl.actors.replay.ReplayActor`) with an LSTM Q-network whose state it
 carries from step to step (zeros at each episode's start), cutting each env slot's
 episodes into overlapping sequences (:class:`qrl.replay.sequences.Sequencer`) that go to
 the stream with their starting state and initial priorities from its own network (R2D2's
@@ -15,7 +15,7 @@ import numpy as np
 import redis
 import torch
 
-from qrl.actors.apex import ApexActor, spread
+from qrl.actors.replay import ReplayActor, spread
 from qrl.codec import encode
 from qrl.configs.r2d2 import R2D2Config
 from qrl.keys import RunKeys
@@ -25,7 +25,7 @@ from qrl.replay.sequences import Sequencer, stack
 from qrl.streams import StreamProducer
 
 
-class R2D2Actor(ApexActor):
+class R2D2Actor(ReplayActor):
     def __init__(
         self, client: redis.Redis, keys: RunKeys, cfg: R2D2Config, actor_id: int = 0
     ) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from qrl.configs.apex import ReplayConfig
 from qrl.configs.base import Layers
+from qrl.configs.replay import ReplayConfig
 from qrl.messages import VALUE_BOUND
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from qrl.configs.apex import ReplayConfig
 from qrl.configs.base import Layers
+from qrl.configs.replay import ReplayConfig
 
 
 class R2D2Config(ReplayConfig):

@@ -1,6 +1,6 @@
 """The Ape-X DPG learner, TD3-style (Fujimoto et al. 2018) on the Ape-X replay: the
 sampler process, batches, IS weights and priority updates are the Ape-X learner's
-(:class:`qrl.learners.apex.ApexLearner`); the loss is DPG's.
+(:class:`qrl.learners.replay.ReplayLearner`); the loss is DPG's.
 
 * Twin critics, the target taking the smaller of the two target critics: one critic's
   overestimation is what the actor learns to exploit in DDPG.
@@ -26,11 +26,11 @@ from torch import nn
 
 from qrl.dpg import ActorCritic, critic_target, polyak, unscale_action
 from qrl.envs import box_spec
-from qrl.learners.apex import ApexLearner, Batch
+from qrl.learners.replay import Batch, ReplayLearner
 from qrl.replay.role import experience_spec
 
 
-class ApexDPGLearner(ApexLearner):
+class ApexDPGLearner(ReplayLearner):
     algo = "apex-dpg"
 
     def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -42,9 +42,7 @@ class ApexDPGLearner(ApexLearner):
         self.target = ActorCritic(obs_shape, len(low), cfg.hidden).to(self.device)
         self.target.requires_grad_(False)
         self.actor_view = nn.ModuleDict({"actor": net.actor})  # what is published
-        self.replay_size = 0
         self.layout, _ = experience_spec(cfg.env)
-        self._sampler = None
         self.q_mean = float("nan")
         opt = torch.optim.Adam(
             [
@@ -63,7 +61,7 @@ class ApexDPGLearner(ApexLearner):
             self.target, b.ret, b.disc, b.next_obs, cfg.target_noise, cfg.noise_clip
         )
         q1, q2 = net.critic(b.obs, unscale_action(b.action, self.low, self.high))
-        b.td = (target - q1).detach()
+        b.priority = (target - q1).detach().abs()
         loss = (b.weight * ((q1 - target) ** 2 + (q2 - target) ** 2)).mean()
         if (self.updates + 1) % cfg.policy_delay == 0:
             loss = loss - net.critic.q1_frozen(b.obs, net.actor(b.obs)).mean()

@@ -1,5 +1,5 @@
 """The R2D2 learner: the Ape-X learner's sampler process, priority writes, target syncs and
-skipped-batch handling (:class:`qrl.learners.apex.ApexLearner`) on a replay of sequences;
+skipped-batch handling (:class:`qrl.learners.replay.ReplayLearner`) on a replay of sequences;
 the loss is R2D2's (:mod:`qrl.r2d2`): the LSTM unrolled from each sequence's stored state,
 n-step double-Q targets under the value rescaling, loss after the burn-in, and the
 sequence priority ``eta max|delta| + (1 - eta) mean|delta|`` written back."""
@@ -9,10 +9,9 @@ from __future__ import annotations
 import torch
 
 from qrl.envs import env_spec
-from qrl.learners.apex import ApexLearner
+from qrl.learners.replay import ReplayLearner
 from qrl.models import RecurrentQNetwork
 from qrl.r2d2 import Sequences, rule_of, sequence_loss, sequence_priority, sequence_td
-from qrl.replay.sampler import Sampler, SamplerSpec
 from qrl.replay.sequences import sequence_spec
 from qrl.replay.store import Sample
 
@@ -27,8 +26,9 @@ class SequenceBatch:
         self.priority: torch.Tensor | None = None
 
 
-class R2D2Learner(ApexLearner):
+class R2D2Learner(ReplayLearner):
     algo = "r2d2"
+    batch_type = SequenceBatch
 
     def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         cfg = self.cfg
@@ -41,47 +41,13 @@ class R2D2Learner(ApexLearner):
         net, self.target = make(), make()
         self.target.requires_grad_(False)
         self.rule = rule_of(cfg)
-        self.replay_size = 0
         self.layout, _ = sequence_spec(cfg)
-        self._sampler = None
         return net, torch.optim.Adam(net.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
 
-    def start_threads(self) -> None:
-        """The Ape-X sampler, waiting for ``start_sequences`` sequences."""
-        self.target.load_state_dict(self.net.state_dict())
-        cfg = self.cfg
-        self._sampler = Sampler(
-            SamplerSpec(
-                self.client_factory,
-                self.keys,
-                self.layout,
-                cfg.replay_capacity,
-                cfg.replay_mode,
-                cfg.alpha,
-                cfg.beta,
-                cfg.batch_size,
-                cfg.start_sequences,
-                cfg.seed,
-                cfg.replay_shards,
-            )
-        )
-
-    def next_batch(self, timeout: float) -> SequenceBatch | None:
-        try:
-            item = self._sampler.get(timeout) if self._sampler is not None else None
-        except RuntimeError as e:
-            self.fail(str(e))
-            return None
-        if item is None:
-            return None
-        self.replay_size = item.size
-        return SequenceBatch(item, self.device)
+    def start_items(self) -> int:
+        return self.cfg.start_sequences
 
     def loss(self, b: SequenceBatch) -> torch.Tensor:  # type: ignore[override]
         q, y, mask = sequence_td(self.net, self.target, b.seq, self.rule)
         b.priority = sequence_priority((y - q).detach(), mask, self.rule.eta)
         return sequence_loss(q, y, mask, b.weight)
-
-    def send_priorities(self, b: SequenceBatch) -> None:  # type: ignore[override]
-        assert b.priority is not None and self._sampler is not None
-        self._sampler.send_priorities(b.ids, b.priority.cpu().numpy() + 1e-6)

@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from qrl.configs.apex import ReplayConfig
+from qrl.configs.replay import ReplayConfig
 from qrl.envs import action_kind, box_spec, env_spec, make_env
 from qrl.keys import RunKeys
 from qrl.loop import Role, StopCheck

@@ -1,0 +1,196 @@
+"""What the Ape-X family's actors share (Ape-X, Ape-X DPG, R2D2): vector envs, per-slot
+exploration spread like Ape-X's epsilons, local n-step returns, batches pushed to the
+experience stream of each env slot's shard, and the rate limit against the learner.
+
+Follow one batch: ``ReplayActor.advance`` calls ``act`` and steps the envs; ``NStep.add``
+turns rewards into n-step transitions; ``ReplayActor.flush`` pushes them, one batch per
+shard (:func:`qrl.replay.shards.shard_of_slots`), with the subclass's initial priorities,
+through :class:`qrl.streams.StreamProducer`; the replay role (``qrl/replay/role.py``)
+inserts them. Stacked frames (Atari) travel each frame once, in per-env-slot chunks
+(:mod:`qrl.replay.frames`). A subclass gives the policy: ``make_net``, ``act``,
+``priorities`` and ``action_dtype`` (R2D2 also its own ``advance`` and ``push``)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import redis
+import torch
+
+from qrl.actors.base import VectorActor
+from qrl.codec import encode
+from qrl.configs.replay import ReplayConfig
+from qrl.keys import RunKeys
+from qrl.replay.frames import is_frame_stack, pack_frames
+from qrl.replay.shards import shard_of_slots
+from qrl.streams import StreamProducer
+
+
+def spread(base: float, alpha: float, cfg: ReplayConfig, actor_id: int) -> np.ndarray:
+    """Ape-X's per-actor exploration schedule: env slot i of N = actors x envs_per_actor
+    gets base^(1 + i * alpha / (N - 1)); each env slot plays the role of one paper actor."""
+    n = cfg.actors * cfg.envs_per_actor
+    i = actor_id * cfg.envs_per_actor + np.arange(cfg.envs_per_actor)
+    i = i % n  # extra actors beyond the configured count reuse the schedule
+    return base ** (1 + i * alpha / max(n - 1, 1))
+
+
+class NStep:
+    """Per-env n-step return accumulation. ``add`` returns the transitions that became
+    complete: (obs, action, n-step return, discount to bootstrap, bootstrap obs); an action
+    is whatever the actor took (an int, or a vector for continuous actions)."""
+
+    def __init__(self, num_envs: int, n: int, gamma: float) -> None:
+        self.n, self.gamma = n, gamma
+        self.buf: list[deque[tuple[np.ndarray, Any, float]]] = [deque() for _ in range(num_envs)]
+        self.slots: list[int] = []  # the env slot of each transition the last add returned
+
+    def add(
+        self,
+        obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        next_obs: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+    ) -> list[tuple[np.ndarray, Any, float, float, np.ndarray]]:
+        """``next_obs`` must be the true next observation (the final one for ended episodes)."""
+        out, self.slots = [], []
+        for j, buf in enumerate(self.buf):
+            buf.append((obs[j], actions[j], float(rewards[j])))
+            ended = terminated[j] or truncated[j]
+            while len(buf) == self.n or (ended and buf):
+                ret = sum(r * self.gamma**k for k, (_, _, r) in enumerate(buf))
+                disc = 0.0 if terminated[j] else self.gamma ** len(buf)
+                o, a, _ = buf.popleft()
+                out.append((o, a, ret, disc, next_obs[j]))
+                self.slots.append(j)
+                if not ended:
+                    break
+        return out
+
+
+class ReplayActor(VectorActor):
+    """One actor process's worth of environments feeding the prioritized replay. ``run``
+    until ``should_stop()``."""
+
+    action_dtype: Any = np.int32
+
+    def __init__(
+        self, client: redis.Redis, keys: RunKeys, cfg: ReplayConfig, actor_id: int = 0
+    ) -> None:
+        super().__init__(client, keys, cfg, actor_id, keys.experience)
+        self.net = self.make_net()
+        self.net.eval()
+        self.nstep = NStep(cfg.envs_per_actor, cfg.n_step, cfg.gamma)
+        self.pending: list[tuple[np.ndarray, Any, float, float, np.ndarray]] = []
+        self.pending_slots: list[int] = []
+        # each shard's stream (its own keys: on a cluster, its own node), and each slot's shard
+        self.producers = [
+            StreamProducer(client, k.experience, maxlen=cfg.stream_maxlen, keys=k)
+            for k in keys.shards(cfg.replay_shards)
+        ]
+        self.shard_of = shard_of_slots(actor_id, cfg.envs_per_actor, cfg.replay_shards)
+        self.frames = is_frame_stack(self.obs_shape, self.obs_dtype)  # send frames once
+        self.counted = 0  # steps already added to the run's global env-step counter
+        self.throttled_s = 0.0
+
+    def make_net(self) -> torch.nn.Module:
+        """The local copy of the learner's (published) network; sets up exploration."""
+        raise NotImplementedError
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """A batch of actions, exploration included."""
+        raise NotImplementedError
+
+    def priorities(
+        self, obs: np.ndarray, act: np.ndarray, ret: np.ndarray, disc: np.ndarray, nxt: np.ndarray
+    ) -> np.ndarray:
+        """Initial priorities of n-step transitions."""
+        raise NotImplementedError
+
+    def flush(self, should_stop: Callable[[], bool]) -> bool:
+        """Push the pending transitions, one batch per shard (the shard of their env slot);
+        False if stopped while waiting."""
+        if not self.pending:
+            return True
+        pending, slots = self.pending, np.asarray(self.pending_slots)
+        shard = self.shard_of[slots]
+        self.pending, self.pending_slots = [], []
+        for s, producer in enumerate(self.producers):
+            mine = np.flatnonzero(shard == s)
+            rows = [pending[i] for i in mine]
+            if rows and not self.push(producer, rows, slots[mine], should_stop):
+                return False
+        return self.throttle(should_stop)
+
+    def push(
+        self,
+        producer: StreamProducer,
+        pending: list[tuple[np.ndarray, Any, float, float, np.ndarray]],
+        slots: np.ndarray,
+        should_stop: Callable[[], bool],
+    ) -> bool:
+        """Push ``pending`` (from env slots ``slots``) as one batch to ``producer``'s
+        stream; False if stopped."""
+        obs, act, ret, disc, nxt = zip(*pending, strict=True)
+        obs_a = np.stack(obs).astype(self.obs_dtype)
+        nxt_a = np.stack(nxt).astype(self.obs_dtype)
+        act_a = np.asarray(act, self.action_dtype)
+        ret_a, disc_a = np.asarray(ret, np.float32), np.asarray(disc, np.float32)
+        rows = {
+            "action": act_a,
+            "ret": ret_a,
+            "disc": disc_a,
+            "priority": self.priorities(obs_a, act_a, ret_a, disc_a, nxt_a),
+        }
+        if self.frames:  # each frame once, per env-slot chunk (qrl/replay/frames.py)
+            kind, fields = "apex.frames", pack_frames(obs_a, nxt_a, slots)
+            order = fields.pop("order")
+            fields.update({k: v[order] for k, v in rows.items()})
+        else:
+            kind, fields = "apex.experience", {"obs": obs_a, "next_obs": nxt_a, **rows}
+        payload = encode(
+            kind,
+            {**fields, "version": self.version, "actor": self.actor_id, "batch": uuid.uuid4().hex},
+        )
+        return producer.add(payload, should_stop=should_stop) is not None
+
+    def throttle(self, should_stop: Callable[[], bool]) -> bool:
+        """Count our steps in the run's total and wait while the total is ahead of what the
+        learner's progress (its weights version = its update count) allows."""
+        total = self.client.hincrby(self.keys.stats, "env_steps", self.steps - self.counted)
+        self.counted = self.steps
+        spu = self.cfg.steps_per_update
+        if spu <= 0:
+            return True
+        t0 = time.monotonic()
+        while total > self.cfg.learning_starts + spu * max(self.weights.version(), 0):
+            if should_stop():
+                return False
+            time.sleep(0.005)
+            total = int(self.client.hget(self.keys.stats, "env_steps") or 0)
+        self.throttled_s += time.monotonic() - t0
+        return True
+
+    def advance(self, obs: np.ndarray, should_stop: Callable[[], bool]) -> np.ndarray | None:
+        """One vector step; pushes a batch when ``actor_batch`` transitions are ready."""
+        actions = self.act(obs)
+        next_obs, true_next, rewards, term, trunc = self.step_envs(actions)
+        self.pending += self.nstep.add(obs, actions, rewards, true_next, term, trunc)
+        self.pending_slots += self.nstep.slots
+        if len(self.pending) >= self.cfg.actor_batch and not self.flush(should_stop):
+            return None
+        return next_obs
+
+    def finish(self, should_stop: Callable[[], bool]) -> None:
+        self.flush(should_stop)
+
+    def extra_metrics(self) -> dict[str, float]:
+        waited = sum(p.waited_s for p in self.producers)
+        return {"throttled_s": self.throttled_s, "backpressure_s": waited}
