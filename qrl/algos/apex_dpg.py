@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from qrl.algos import apex
 from qrl.algos.base import Algorithm, Policy, RoleContext, RoleDef
+from qrl.algos.replay import replay_role, status, streams, transition_filler
 from qrl.configs.apex_dpg import ApexDPGConfig
 
 
@@ -59,7 +59,7 @@ ALGORITHM = Algorithm(
     qrl train apex-dpg --env Pendulum-v1 --seed 0 --target-return -200
     """,
     roles=(
-        apex.ALGORITHM.role("replay"),
+        replay_role(transition_filler),
         RoleDef(
             "learner",
             ("learner", "apex-dpg"),
@@ -81,7 +81,7 @@ ALGORITHM = Algorithm(
     ),
     policy=_policy,
     weights_key=lambda keys: keys.weights,
-    streams=apex.ALGORITHM.streams,
-    status=apex.ALGORITHM.status,
+    streams=streams,
+    status=status,
     actions=frozenset({"continuous"}),
 )

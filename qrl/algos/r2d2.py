@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from qrl.algos import apex
 from qrl.algos.base import Algorithm, Policy, RoleContext, RoleDef
+from qrl.algos.replay import replay_role, status, streams
 from qrl.configs.r2d2 import R2D2Config
 
 
@@ -49,8 +49,6 @@ def _policy(cfg: R2D2Config, params: dict[str, Any]) -> Policy:
     return RecurrentPolicy(net)
 
 
-_replay_role = apex.ALGORITHM.role("replay")
-
 ALGORITHM = Algorithm(
     name="r2d2",
     config=R2D2Config,
@@ -62,15 +60,7 @@ ALGORITHM = Algorithm(
     qrl train r2d2 --env qrl/CartPoleNoVel-v1 --seed 0 --max-time 300
     """,
     roles=(
-        RoleDef(
-            "replay",
-            _replay_role.command,
-            "service",
-            _replay,
-            _replay_role.help,
-            count="replays",
-            least=lambda cfg: cfg.replay_shards,
-        ),
+        replay_role(_replay),
         RoleDef(
             "learner",
             ("learner", "r2d2"),
@@ -91,6 +81,6 @@ ALGORITHM = Algorithm(
     ),
     policy=_policy,
     weights_key=lambda keys: keys.weights,
-    streams=apex.ALGORITHM.streams,
-    status=apex.ALGORITHM.status,
+    streams=streams,
+    status=status,
 )
