@@ -127,16 +127,21 @@ def _confirm(evaluator: Evaluator, budget: Budget, score: float, console: Consol
     return mean
 
 
+# the usual bar for envs whose registration has no reward threshold
+TARGETS = {"Pendulum-v1": -200.0}
+
+
 def default_target(env: str) -> float | None:
-    """The env's reward threshold from its gymnasium registration, if it has one."""
+    """The env's reward threshold from its gymnasium registration, else :data:`TARGETS`'."""
     import gymnasium as gym
 
     from qrl.envs import find_spec
 
     try:
-        return find_spec(env).reward_threshold
+        threshold = find_spec(env).reward_threshold
     except (gym.error.Error, ImportError):
         return None
+    return threshold if threshold is not None else TARGETS.get(env)
 
 
 def _shutdown(
@@ -213,7 +218,13 @@ def run_training(
         console.print(
             f"[bold]qrl[/] {algo.name} on {cfg.env}: run {run!r}, "
             f"Redis {redact(url) if redis_url else 'embedded'}, "
-            f"{len(procs)} processes, logs in {run_dir / 'logs'}"
+            f"{len(procs)} processes, logs in {run_dir / 'logs'}; "
+            + (
+                "no target"
+                if budget.target_return is None
+                else f"target {budget.target_return} (confirmed on {budget.confirm_episodes} "
+                "episodes)"
+            )
         )
         next_eval = time.monotonic() + budget.eval_every
         interactive = console.is_terminal

@@ -65,6 +65,17 @@ def test_an_eval_env_that_does_not_fit_fails_fast_with_one_line(eval_env, words,
     assert not run_dir.exists()
 
 
+def test_default_targets_come_from_the_registration_or_qrls_table():
+    from qrl.train import default_target
+
+    assert default_target("CartPole-v1") == 475.0  # gymnasium's reward_threshold
+    assert default_target("LunarLanderContinuous-v3") == 200.0
+    assert default_target("Pendulum-v1") == -200.0  # registered without one: qrl's table
+    assert default_target("Acrobot-v1") == -100.0
+    assert default_target("MountainCarContinuous-v0") == 90.0
+    assert default_target("Nope-v0") is None
+
+
 def test_a_bad_config_file_names_the_file_and_field(tmp_path):
     cfg = tmp_path / "es.toml"
     cfg.write_text("[es]\npopulation = 5\n")  # must be even

@@ -47,7 +47,7 @@ _job_options = stack(
         type=float,
         default=None,
         help="Stop with success once the evaluation mean reaches this "
-        "(default: the env's reward threshold).",
+        "(default: the env's reward threshold; -200 for Pendulum-v1).",
     ),
     click.option(
         "--max-time",
