@@ -9,8 +9,9 @@ actor's process is killed (SIGKILL, as an OOM kill would) and the restart policy
 container back, with its old number; the learner's checkpoint in the ``runs`` volume is
 evaluated (``qrl eval`` in the learner's container) until it reaches the CartPole target;
 ``qrl run stop`` makes every container exit 0, with nothing lost (every batch the actors
-produced went into the replay once); ``down -v``. IMPALA and ES: the same up to the target,
-with their checkpoints in a folder of this host (``QRL_RUNS_DIR``) evaluated from here.
+produced went into the replay once); ``down -v``. IMPALA, ES, Ape-X DPG (Pendulum-v1, -200)
+and R2D2 (``qrl/CartPoleNoVel-v1``, 475): the same up to their targets, with their
+checkpoints in a folder of this host (``QRL_RUNS_DIR``) evaluated from here.
 
 Images: the public base images where they are present or can be pulled, else local
 stand-ins built by docker/base-images.sh; torch from the CPU wheel in pip's find-links
@@ -41,7 +42,6 @@ from tests.cli import ROOT, eval_mean, eval_stats, qrl
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
 
-TARGET = 475.0  # CartPole-v1's reward threshold: qrl train's default target
 RUN = "smoke"
 SOLVE_WITHIN = 900  # seconds from `up` to a checkpoint that reaches the target
 TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"  # the bases' Python
@@ -49,10 +49,12 @@ IMAGES = {  # compose variable -> (the public default, the local stand-in)
     "QRL_BASE_IMAGE": ("python:3.11-slim", "qrl-base:bookworm"),
     "QRL_REDIS_IMAGE": ("redis:7", "qrl-redis:bookworm"),
 }
-PROFILES = {  # profile -> (actor service, learner service)
-    "apex": ("actor", "learner"),
-    "impala": ("impala-actor", "impala-learner"),
-    "es": ("es-worker", "es-master"),
+PROFILES = {  # profile -> (actor service, learner service, the target of its default env)
+    "apex": ("actor", "learner", 475.0),  # CartPole-v1's reward threshold
+    "impala": ("impala-actor", "impala-learner", 475.0),
+    "es": ("es-worker", "es-master", 475.0),
+    "apex-dpg": ("apex-dpg-actor", "apex-dpg-learner", -200.0),  # Pendulum-v1
+    "r2d2": ("r2d2-actor", "r2d2-learner", 475.0),  # qrl/CartPoleNoVel-v1
 }
 
 T = TypeVar("T")
@@ -263,15 +265,15 @@ def up(cluster: Cluster, *args: str) -> Iterator[float]:
 
 def solve(cluster: Cluster, t0: float, evaluate: Callable[[], float | None]) -> float:
     """Seconds from ``t0`` until ``evaluate()`` (the checkpoint's mean return over 10
-    episodes, None while there is none) reaches the target."""
-    best = [0.0]
+    episodes, None while there is none) reaches the profile's target."""
+    target, best = PROFILES[cluster.profile][2], [float("-inf")]
 
     def reached() -> bool:
         mean = evaluate()
-        best[0] = max(best[0], mean or 0.0)
-        return mean is not None and mean >= TARGET
+        best[0] = max(best[0], float("-inf") if mean is None else mean)
+        return mean is not None and mean >= target
 
-    wait_for(f"a checkpoint that reaches {TARGET}", reached, SOLVE_WITHIN, every=5)
+    wait_for(f"a checkpoint that reaches {target}", reached, SOLVE_WITHIN, every=5)
     took = time.monotonic() - t0
     cluster.build.say(
         f"{cluster.profile}: the checkpoint reached {best[0]:.0f} {took:.0f}s after up"
@@ -339,12 +341,12 @@ def test_apex_cluster_solves_survives_a_killed_actor_and_stops_cleanly(build, tm
     build.say(f"apex: {took:.0f}s to the target; {produced} batches, none lost")
 
 
-@pytest.mark.parametrize("profile", ["impala", "es"])
+@pytest.mark.parametrize("profile", ["impala", "es", "apex-dpg", "r2d2"])
 def test_cluster_solves_into_a_host_folder(profile, build, tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
     c = Cluster(profile, tmp_path, build, runs_dir=runs)
-    actor, learner = PROFILES[profile]
+    actor, learner, _ = PROFILES[profile]
     checkpoint = runs / RUN / "checkpoint.pt"
     with up(c, "--scale", f"{actor}=2"):
         t0 = time.monotonic()
