@@ -42,7 +42,7 @@ class R2D2Config(ReplayConfig):
     lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate.")
     adam_eps: float = Field(1e-5, gt=0, description="Adam epsilon.")
     grad_clip: float = Field(10.0, gt=0, description="Gradient norm clip.")
-    target_update: int = Field(200, ge=1, description="Updates between target-network syncs.")
+    target_update: int = Field(500, ge=1, description="Updates between target-network syncs.")
     rescale_eps: float = Field(
         1e-3,
         ge=0,
@@ -57,7 +57,7 @@ class R2D2Config(ReplayConfig):
     eps_alpha: float = Field(7.0, ge=0, description="Ape-X epsilon exponent spread.")
     # overrides of the shared defaults
     n_step: int = Field(3, ge=1, le=100, description="Steps of the n-step return.")
-    batch_size: int = Field(32, ge=1, le=65_536, description="Sequences per learner update.")
+    batch_size: int = Field(64, ge=1, le=65_536, description="Sequences per learner update.")
     replay_capacity: int = Field(20_000, ge=1, description="Sequences the replay keeps.")
     actor_batch: int = Field(
         16, ge=1, le=4096, description="Sequences per experience-stream entry."
@@ -70,7 +70,7 @@ class R2D2Config(ReplayConfig):
         "sequence_length sequences).",
     )
     steps_per_update: float = Field(
-        8.0,
+        16.0,
         ge=0,
         description="Rate limit: actors together take at most learning_starts + this x "
         "(learner updates) env steps (0: no limit).",
