@@ -1,0 +1,169 @@
+"""R2D2's roles against a real Redis: the learner's priority writes, hand-started roles,
+a whole `qrl train r2d2` run, `load_policy`'s LSTM state, and a corpus of malformed
+sequences against a running filler."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from functools import partial
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from qrl.codec import encode
+from qrl.configs.r2d2 import R2D2Config
+from qrl.control import request_stop
+from qrl.r2d2 import (
+    sequence_priority,
+    sequence_td,
+)
+from qrl.replay.role import make_replay
+from qrl.replay.sequences import SequenceFiller, max_rows, sequence_spec
+from qrl.runs import create_run
+from qrl.weights import WeightStore
+from tests.cli import ROOT, eval_stats, qrl, train
+from tests.test_r2d2 import _message, _random_sequences  # the sequence builders
+
+LSTM = 8
+
+
+def test_learner_writes_the_priority_mix_back(r, keys, redis_server):
+    from qrl.connection import connect
+    from qrl.learners.r2d2 import R2D2Learner
+
+    cfg = R2D2Config(
+        sequence_length=6, lstm=LSTM, hidden=(8,), learning_starts=10, batch_size=8, overlap=2
+    )
+    create_run(r, keys, "r2d2", cfg)
+    layout, _ = sequence_spec(cfg)
+    batch = _random_sequences(np.random.default_rng(5), 40, 6, obs_dim=2)
+    make_replay(r, keys, cfg, layout=layout).insert(layout.pack_columns(**batch), np.ones(40))
+    lrn = R2D2Learner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    lrn.start_threads()
+    try:
+        b = None
+        while b is None:
+            b = lrn.next_batch(1.0)
+        with torch.no_grad():
+            q, y, mask = sequence_td(lrn.net, lrn.target, b.seq, lrn.rule)
+            want = sequence_priority(y - q, mask, 0.9).numpy()
+        assert np.isfinite(lrn.update(b))
+        np.testing.assert_allclose(b.priority.numpy(), want, rtol=1e-5, atol=1e-6)
+    finally:
+        lrn.stop_threads()
+    got = np.array(r.zmscore(keys.replay_priorities, b.ids))
+    np.testing.assert_allclose(got, np.maximum(want + 1e-6, 1e-6), rtol=1e-4)
+
+
+def test_hand_started_roles_fill_the_replay_with_sequences(r, keys, redis_server, tmp_path):
+    """qrl replay, qrl learner r2d2 and qrl actor r2d2 joining a run by name; qrl status
+    shows the replay of sequences; the learner checkpoints on exit."""
+    cfg = R2D2Config(actors=1, envs_per_actor=4, learning_starts=400, sequence_length=10, overlap=5)
+    create_run(r, keys, "r2d2", cfg)
+    env = {**os.environ, "QRL_REDIS_URL": redis_server.url}
+    common = {"cwd": ROOT, "env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE}
+    cli = [sys.executable, "-m", "qrl.cli"]
+    ckpt = tmp_path / "c.pt"
+    roles = [
+        subprocess.Popen([*cli, "replay", "--run", keys.run], **common),
+        subprocess.Popen(
+            [*cli, "learner", "r2d2", "--run", keys.run, "--checkpoint", str(ckpt)], **common
+        ),
+    ]
+    try:
+        actor = qrl("actor", "r2d2", "--run", keys.run, "--max-steps", "3000", env=env, timeout=180)
+        assert actor.returncode == 0, actor.stderr[-2000:]
+        deadline = time.monotonic() + 30
+        while WeightStore(r, keys).version() <= 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert WeightStore(r, keys).version() > 0
+        layout, _ = sequence_spec(cfg)
+        replay = make_replay(r, keys, cfg, layout=layout)
+        size = replay.size()
+        assert 3000 / cfg.sequence_length <= size <= 3000  # sequences, not transitions
+        status = qrl("status", "--run", keys.run, "--json", env=env, timeout=60)
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["replay_size"] == size
+    finally:
+        request_stop(r, keys)
+        for p in roles:
+            assert p.wait(30) == 0, p.stderr.read().decode()[-2000:]
+    assert ckpt.exists()
+
+
+@pytest.fixture(scope="module")
+def novel_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("r2d2") / "run"
+    result = train(
+        "r2d2", run_dir, "--seed", "0", "--target-return", "150", "--max-time", "120",
+        "--confirm-episodes", "20",
+    )  # fmt: skip
+    return result, run_dir
+
+
+def test_train_r2d2_learns_cartpole_without_velocities(novel_run):
+    result, run_dir = novel_run
+    assert result["reached"] and result["eval_return"] >= 150, result  # random play: ~22
+    assert result["confirm_return"] >= 150 and result["updates"] > 0
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["algo"] == "r2d2" and config["config"]["env"] == "qrl/CartPoleNoVel-v1"
+    logs = {p.name for p in (run_dir / "logs").iterdir()}
+    assert logs >= {"learner.log", "replay0.log", "actor0.log"}
+    out = qrl("eval", str(run_dir), "--episodes", "10", timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert eval_stats(out.stdout)["mean"] > 100, out.stdout
+
+
+def test_load_policy_keeps_the_lstm_state_between_calls(novel_run):
+    import qrl as qrl_api
+
+    _, run_dir = novel_run
+    policy = qrl_api.load_policy(run_dir)
+    assert policy.algo == "r2d2" and policy.observation_shape == (2,)
+    env = gym.make("qrl/CartPoleNoVel-v1")
+    total = 0.0
+    for episode in range(3):
+        policy.reset()
+        obs, _ = env.reset(seed=100 + episode)
+        done = False
+        while not done:
+            obs, reward, term, trunc, _ = env.step(int(policy.predict(obs)))
+            total += reward
+            done = term or trunc
+    assert total / 3 > 100
+
+
+def test_the_filler_dead_letters_a_corpus_of_malformed_sequences(r, keys):
+    """Every malformed category of tests/corpus.py (bombs, flipped bits, wrong shapes,
+    dtypes, NaN, another algorithm's valid message...) against a live SequenceFiller: each
+    is rejected once and acknowledged; only the valid sequences reach the replay."""
+    from tests.corpus import corpus
+
+    cfg = R2D2Config(sequence_length=5, overlap=2, lstm=LSTM)
+    create_run(r, keys, "r2d2", cfg)
+    filler = SequenceFiller(r, keys, cfg)
+    good = _random_sequences(np.random.default_rng(6), 4, 5, obs_dim=2)
+    obs = np.zeros((2, 2), np.float32)
+    other = encode(
+        "apex.experience",
+        {"obs": obs, "action": np.zeros(2, np.int32), "ret": np.zeros(2, np.float32),
+         "disc": np.ones(2, np.float32), "next_obs": obs, "priority": np.ones(2, np.float32),
+         "version": 0, "actor": 0, "batch": "x"},
+    )  # fmt: skip
+    _, schema = sequence_spec(cfg, max_rows(cfg))
+    n = 0
+    for _, payload in corpus("r2d2.sequences", _message(good), schema, other, 300):
+        r.xadd(keys.experience, {"d": payload})
+        n += 1
+    r.xadd(keys.experience, {"d": encode("r2d2.sequences", _message(good))})
+    deadline = time.monotonic() + 120
+    while filler.consumer.rejected + filler.inserted // 4 < n + 1:
+        assert time.monotonic() < deadline, (filler.consumer.rejected, filler.inserted)
+        filler.step(lambda: False)
+    filler.close(lambda: False)
+    assert filler.consumer.rejected == n and filler.inserted == 4
+    assert r.zcard(keys.replay_priorities) == 4 and r.xlen(keys.experience) == 0
