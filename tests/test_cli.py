@@ -153,10 +153,11 @@ def test_the_example_configs_are_valid_for_each_algorithm_they_name(example):
 
 def test_an_env_without_a_threshold_says_so_and_runs_its_budget(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
+    env_id = "tests._envs:QrlTestPendulum-v0"  # registered without a threshold
     out = qrl(
-        "train", "es", "--env", "Pendulum-v1", "--max-time", "2", "--run-dir", str(tmp_path / "r"),
+        "train", "es", "--env", env_id, "--max-time", "2", "--run-dir", str(tmp_path / "r"),
         env=env, timeout=120,
     )  # fmt: skip
     assert out.returncode == 1, out.stderr[-2000:]  # the budget ran out: no target to reach
-    assert "Pendulum-v1 has no reward threshold" in out.stderr and "--target-return" in out.stderr
+    assert f"{env_id} has no reward threshold" in out.stderr and "--target-return" in out.stderr
     assert json.loads((tmp_path / "r" / "result.json").read_text())["target"] is None
