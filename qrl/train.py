@@ -81,10 +81,7 @@ class Evaluator:
     def __call__(self, client: redis.Redis, keys: RunKeys) -> float | None:
         """The mean return of the parameters published since the last call, or ``None``
         if none were."""
-        import numpy as np
         import torch
-
-        from qrl.evaluate import evaluate
 
         torch.set_num_threads(1)  # this process only evaluates: the cores are the roles'
 
@@ -93,22 +90,24 @@ class Evaluator:
         if w is None:
             return None
         self.seen = w.version
-        act = self.algo.policy(self.cfg, w.params)  # ValueError if they do not fit
-        seed = self.cfg.seed * 1000 + 7
-        score = float(np.mean(evaluate(self.env, act, self.episodes, seed=seed)))
+        score = self.play(w, self.episodes, self.cfg.seed * 1000 + 7)  # ValueError: no fit
         self.last = w
         return score
 
     def confirm(self, episodes: int) -> float:
         """The mean return of the last evaluated parameters over ``episodes`` fresh episodes
         (seeds no periodic evaluation uses), with a fresh policy."""
+        assert self.last is not None
+        return self.play(self.last, episodes, 1_000_000 + self.cfg.seed * 10_000)
+
+    def play(self, w: Weights, episodes: int, seed: int) -> float:
+        """The mean return of a fresh greedy policy of ``w`` over ``episodes`` episodes
+        (seeds ``seed + i``) of the evaluation env."""
         import numpy as np
 
         from qrl.evaluate import evaluate
 
-        assert self.last is not None
-        act = self.algo.policy(self.cfg, self.last.params)
-        seed = 1_000_000 + self.cfg.seed * 10_000
+        act = self.algo.policy(self.cfg, w.params)
         return float(np.mean(evaluate(self.env, act, episodes, seed=seed)))
 
 

@@ -74,4 +74,4 @@ class ApexDPGLearner(ReplayLearner):
 
     def extra_metrics(self) -> dict[str, float]:
         q = self.q_mean if np.isfinite(self.q_mean) else 0.0
-        return {"replay_size": float(self.replay_size), "q_mean": q}
+        return {**super().extra_metrics(), "q_mean": q}
