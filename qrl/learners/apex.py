@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from qrl.envs import env_spec
+from qrl.learners.base import adam
 from qrl.learners.replay import Batch, ReplayLearner
 from qrl.models import QNetwork
 from qrl.replay.frames import layout_for
@@ -21,7 +22,7 @@ class ApexLearner(ReplayLearner):
         net = QNetwork(obs_shape, n_actions, cfg.hidden, cfg.dueling).to(self.device)
         self.target = QNetwork(obs_shape, n_actions, cfg.hidden, cfg.dueling).to(self.device)
         self.layout = layout_for(obs_shape, obs_dtype, n_actions)
-        return net, torch.optim.Adam(net.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        return net, adam(net.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
 
     def loss(self, b: Batch) -> torch.Tensor:
         """IS-weighted Huber loss of the n-step double-DQN target."""

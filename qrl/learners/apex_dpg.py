@@ -26,6 +26,7 @@ from torch import nn
 
 from qrl.dpg import ActorCritic, critic_target, polyak, unscale_action
 from qrl.envs import box_spec
+from qrl.learners.base import adam
 from qrl.learners.replay import Batch, ReplayLearner
 from qrl.replay.role import experience_spec
 
@@ -44,7 +45,7 @@ class ApexDPGLearner(ReplayLearner):
         self.actor_view = nn.ModuleDict({"actor": net.actor})  # what is published
         self.layout, _ = experience_spec(cfg.env)
         self.q_mean = float("nan")
-        opt = torch.optim.Adam(
+        opt = adam(
             [
                 {"params": net.actor.parameters(), "lr": cfg.actor_lr},
                 {"params": net.critic.parameters(), "lr": cfg.critic_lr},

@@ -35,6 +35,12 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def adam(params: Any, **kwargs: Any) -> torch.optim.Adam:
+    """Adam with its fused kernel (one pass over all parameters instead of a Python loop
+    over them; ~30% of a small LSTM learner's update on one CPU thread)."""
+    return torch.optim.Adam(params, fused=True, **kwargs)
+
+
 class Learner(Role):
     """Base learner. Subclasses set ``algo`` and implement ``build``, ``next_batch`` and
     ``loss``; they may override ``start_threads``/``stop_threads``, ``after_step`` and

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from qrl.envs import env_spec
+from qrl.learners.base import adam
 from qrl.learners.replay import ReplayLearner
 from qrl.models import RecurrentQNetwork
 from qrl.r2d2 import Sequences, rule_of, sequence_loss, sequence_priority, sequence_td
@@ -42,7 +43,7 @@ class R2D2Learner(ReplayLearner):
         self.target.requires_grad_(False)
         self.rule = rule_of(cfg)
         self.layout, _ = sequence_spec(cfg)
-        return net, torch.optim.Adam(net.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        return net, adam(net.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
 
     def start_items(self) -> int:
         return self.cfg.start_sequences
