@@ -137,6 +137,27 @@ def test_learner_drops_unrolls_beyond_max_policy_lag(r, keys, redis_server):
     assert lrn.weights.version() == 101
 
 
+def test_learner_reuses_a_batch_only_while_no_fresh_one_waits(r, keys, redis_server):
+    cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10, passes=3)
+    create_run(r, keys, "impala", cfg)
+    lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+    first, second = (Entry(f"{i}-0", _actor_message(cfg, r, keys)) for i in (1, 2))
+    for entry in (first, second):  # as the loader thread would
+        lrn.batches.put(stack_unrolls([entry], lrn.device))
+    before = [p.detach().clone() for p in lrn.net.parameters()]
+    acked = []
+    for expected in ([first], [second], [], []):  # a fresh batch waits: no reuse of the first
+        batch = lrn.next_batch(timeout=0.1)
+        assert batch is not None and batch.entries == expected
+        assert np.isfinite(lrn.update(batch))
+        acked.append(lrn.done.get_nowait())  # acknowledged once, after the first pass
+    assert acked == [[first], [second], [], []]
+    assert lrn.next_batch(timeout=0.1) is None  # the second batch had its three passes
+    assert lrn.reused == 2 and lrn.updates == 4
+    assert int(lrn.opt.state[next(lrn.net.parameters())]["step"]) == 4
+    assert any(not torch.equal(a, b) for a, b in zip(before, lrn.net.parameters(), strict=True))
+
+
 def test_train_impala_cli_learns_cartpole(tmp_path):
     run_dir = tmp_path / "run"
     result = train(

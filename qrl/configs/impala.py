@@ -32,6 +32,14 @@ class ImpalaConfig(Config):
         "policy collapsed on Acrobot-v1 (docs/benchmarks.md).",
     )
     batch_unrolls: int = Field(32, ge=1, le=65_536, description="Unrolls per learner update.")
+    passes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Gradient steps a batch may give: after the first, another pass over "
+        "it only while no fresh batch is waiting (sample reuse, V-trace corrects the lag; "
+        "it pays when the actors are the bound, e.g. a slow simulator).",
+    )
     publish_every: int = Field(1, ge=1, description="Updates between weight publications.")
     max_policy_lag: int = Field(
         0, ge=0, description="Drop unrolls older than this many updates (0: keep all)."

@@ -9,6 +9,7 @@ thread computes gradients.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from qrl.envs import env_spec
-from qrl.learners.base import Learner
+from qrl.learners.base import Learner, adam
 from qrl.messages import unroll_schema
 from qrl.models import PolicyValueNet
 from qrl.streams import Entry, StreamConsumer
@@ -77,7 +78,7 @@ class ImpalaLearner(Learner):
         self.obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
         net = PolicyValueNet(self.obs_shape, n_actions, cfg.hidden).to(self.device)
         if cfg.optimizer == "adam":
-            opt: torch.optim.Optimizer = torch.optim.Adam(net.parameters(), lr=cfg.lr)
+            opt: torch.optim.Optimizer = adam(net.parameters(), lr=cfg.lr)
         else:
             opt = torch.optim.RMSprop(net.parameters(), lr=cfg.lr, eps=0.01, alpha=0.99)
         per_entry = cfg.envs_per_actor
@@ -95,6 +96,9 @@ class ImpalaLearner(Learner):
         self._thread: threading.Thread | None = None
         self.dropped = 0  # unrolls dropped for exceeding max_policy_lag
         self.lag: list[float] = []
+        self._again: UnrollBatch | None = None  # the batch to take another pass over
+        self._passes_left = 0
+        self.reused = 0  # extra passes taken
         return net, opt
 
     def _ack_done(self) -> None:
@@ -135,6 +139,10 @@ class ImpalaLearner(Learner):
         self.consumer.close()
 
     def next_batch(self, timeout: float) -> UnrollBatch | None:
+        if self._passes_left and self.batches.empty():  # the learner would wait: reuse
+            self._passes_left -= 1  # the last batch (acknowledged after its first pass;
+            self.reused += 1  # V-trace corrects for the updates since it was acted)
+            return dataclasses.replace(self._again, entries=[])
         try:
             b = self.batches.get(timeout=timeout)
         except queue.Empty:
@@ -149,6 +157,7 @@ class ImpalaLearner(Learner):
                 self.done.put(b.entries)
                 return None
             b = self._select(b, keep)
+        self._again, self._passes_left = b, self.cfg.passes - 1
         return b
 
     @staticmethod
@@ -208,6 +217,7 @@ class ImpalaLearner(Learner):
 
     def after_skip(self, b: UnrollBatch) -> None:
         # consumed all the same: the same unrolls would give the same loss again, forever
+        self._again, self._passes_left = None, 0
         self.done.put(b.entries)
 
     def extra_metrics(self) -> dict[str, float]:
@@ -216,4 +226,5 @@ class ImpalaLearner(Learner):
             "policy_lag": float(np.mean(lag)) if lag else 0.0,
             "policy_lag_max": float(np.max(lag)) if lag else 0.0,
             "dropped": float(self.dropped),
+            "reused": float(self.reused),
         }
