@@ -33,12 +33,14 @@ class ImpalaConfig(Config):
     )
     batch_unrolls: int = Field(32, ge=1, le=65_536, description="Unrolls per learner update.")
     passes: int = Field(
-        1,
+        3,
         ge=1,
         le=64,
         description="Gradient steps a batch may give: after the first, another pass over "
         "it only while no fresh batch is waiting (sample reuse, V-trace corrects the lag; "
-        "it pays when the actors are the bound, e.g. a slow simulator).",
+        "it pays when the actors are the bound, e.g. a slow simulator; 1: off). 3 took "
+        "fewer env steps than 1 (median of 3 seeds) on each task of the defaults table "
+        "(docs/benchmarks.md).",
     )
     publish_every: int = Field(1, ge=1, description="Updates between weight publications.")
     max_policy_lag: int = Field(
