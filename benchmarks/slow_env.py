@@ -87,7 +87,10 @@ def main() -> None:
                     run_dir = Path(tmp) / f"{algo}-{actors}-{seed}"
                     secs, steps = qrl_run(algo, actors, seed, args.budget, run_dir)
                     ours.append(secs)
-                    print(f"qrl {algo} {actors} actors seed {seed}: {secs:.1f}s, {steps} env steps")
+                    print(
+                        f"qrl {algo} {actors} actors seed {seed}: {secs:.1f}s, {steps} env steps",
+                        flush=True,
+                    )
                 mine = statistics.median(ours)
                 ratio = mine / base
                 print(f"qrl {algo}, {actors} actors: median {mine:.1f}s = {ratio:.2f}x {name}")

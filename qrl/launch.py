@@ -77,6 +77,7 @@ class RoleSpec:
     checkpoint_every: float = 60.0
     redis_deadline: float | None = None
     tracking: Tracking | None = None  # where a learner with run_dir sends metrics besides CSV
+    nice: int = 0  # added to the process's niceness at its start (lower CPU priority)
 
 
 def setup_logging(level: int, force: bool = True) -> None:
@@ -158,8 +159,9 @@ def _run(
     except (RuntimeError, ValueError) as e:  # CheckpointError is a ValueError
         raise LaunchError(str(e)) from e
     log.info(
-        "%s %d of run %r (%s on %s, config %s), pid %d on %s", roledef.name, ident, spec.run,
-        algo.name, cfg.env, cfg.digest(), os.getpid(), socket.gethostname(),
+        "%s %d of run %r (%s on %s, config %s), pid %d (nice %d) on %s", roledef.name, ident,
+        spec.run, algo.name, cfg.env, cfg.digest(), os.getpid(), os.nice(0),
+        socket.gethostname(),
     )  # fmt: skip
     done = threading.Event()
     writer = None
@@ -219,6 +221,8 @@ def _process_main(spec: RoleSpec, log_path: Path) -> None:
     os.dup2(fd, 2)
     os.close(fd)
     setup_logging(logging.INFO)
+    if spec.nice:
+        os.nice(spec.nice)
     try:
         run_role(spec)
     except (LaunchError, RoleFailed) as e:

@@ -172,10 +172,12 @@ def run_training(
     device: str = "auto",
     console: Console | None = None,
     tracking: Tracking | None = None,
+    actor_nice: int = 0,
 ) -> int:
     """Run a whole job; returns the exit code: 0 if the target return was reached, 1 if the
     budget ran out first, 2 if a role failed or the job was interrupted. A job that reached
-    its target leaves the weights that reached it in its checkpoint."""
+    its target leaves the weights that reached it in its checkpoint. Actor processes run
+    ``actor_nice`` steps nicer than the rest (the learner first on a shared machine)."""
     console = console or Console(stderr=True)
     evaluator = Evaluator(algo, cfg, budget.eval_episodes, budget.eval_env)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -212,6 +214,7 @@ def run_training(
                 ident=i,
                 device=device,
                 checkpoint=checkpoint if role.kind == "learner" else None,
+                nice=actor_nice if role.kind == "actor" else 0,
             )
             procs[name] = start_process(spec, run_dir / "logs" / f"{name}.log", name)
         console.print(

@@ -98,6 +98,10 @@ def test_train_apex_cli_learns_cartpole(cartpole_run):
     assert config["algo"] == "apex" and config["config"]["env"] == "CartPole-v1"
     logs = {p.name for p in (run_dir / "logs").iterdir()}
     assert logs >= {"learner.log", "replay0.log", "actor0.log"}
+    # the actors run nicer than the rest (qrl train --actor-nice, 10 by default)
+    base = os.nice(0)
+    for name, nice in (("learner", base), ("replay0", base), ("actor0", base + 10)):
+        assert f"(nice {min(nice, 19)})" in (run_dir / "logs" / f"{name}.log").read_text()
 
 
 def test_eval_plays_the_saved_checkpoint(cartpole_run):

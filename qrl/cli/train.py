@@ -79,6 +79,14 @@ _job_options = stack(
         "episodes before the job counts as solved (0: no confirmation).",
     ),
     click.option(
+        "--actor-nice",
+        type=click.IntRange(0, 19),
+        default=10,
+        show_default=True,
+        help="Niceness added to the actor processes, so that on a shared machine the "
+        "learner gets the CPU first (0: the same priority as the learner).",
+    ),
+    click.option(
         "--eval-env",
         default=None,
         help="Evaluate on this env id instead of the training env (same observation and "
@@ -106,6 +114,7 @@ def train_command(algo: Algorithm) -> click.Command:
         eval_every: float,
         eval_episodes: int,
         confirm_episodes: int,
+        actor_nice: int,
         eval_env: str | None,
         track: bool,
         wandb_project: str,
@@ -152,6 +161,7 @@ def train_command(algo: Algorithm) -> click.Command:
             run_dir=run_dir or Path("runs") / run,
             device=device,
             tracking=track_to,
+            actor_nice=actor_nice,
         )
         sys.exit(code)
 
