@@ -176,8 +176,9 @@ def run_training(
 ) -> int:
     """Run a whole job; returns the exit code: 0 if the target return was reached, 1 if the
     budget ran out first, 2 if a role failed or the job was interrupted. A job that reached
-    its target leaves the weights that reached it in its checkpoint. Actor processes run
-    ``actor_nice`` steps nicer than the rest (the learner first on a shared machine)."""
+    its target leaves the weights that reached it in its checkpoint. Actor processes of a
+    network-training learner run ``actor_nice`` steps nicer than the rest (the learner first
+    on a shared machine)."""
     console = console or Console(stderr=True)
     evaluator = Evaluator(algo, cfg, budget.eval_episodes, budget.eval_env)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -204,6 +205,9 @@ def run_training(
         stop = StopFlag(client, keys)
         reader = MetricsReader(client, keys, from_start=True)
         disconnect(client)  # forked roles inherit no open connection
+        # actors yield the CPU to a learner that trains a network (ES's master only folds
+        # results: its workers have no one to yield to)
+        trains_network = any(r.torch for r in algo.roles)
         for role, i in algo.processes(cfg):
             name = f"{role.name}{i}" if role.count else role.name
             spec = RoleSpec(
@@ -214,7 +218,7 @@ def run_training(
                 ident=i,
                 device=device,
                 checkpoint=checkpoint if role.kind == "learner" else None,
-                nice=actor_nice if role.kind == "actor" else 0,
+                nice=actor_nice if role.kind == "actor" and trains_network else 0,
             )
             procs[name] = start_process(spec, run_dir / "logs" / f"{name}.log", name)
         console.print(

@@ -1,4 +1,5 @@
 import hashlib
+import os
 import subprocess
 import sys
 import uuid
@@ -153,6 +154,10 @@ def test_train_es_cli_learns_cartpole(tmp_path):
     assert result["reached"] and result["eval_return"] >= 300  # random play scores ~22
     mean, out = eval_mean(run_dir / "checkpoint.pt")
     assert "es step" in out and mean > 100
+    # ES workers keep the master's priority (--actor-nice is for network-training learners)
+    base = f"(nice {os.nice(0)})"
+    assert base in (run_dir / "logs" / "master.log").read_text()
+    assert base in (run_dir / "logs" / "worker0.log").read_text()
 
 
 def test_master_resumes_from_its_checkpoint_when_redis_has_nothing(r, keys, redis_server, tmp_path):

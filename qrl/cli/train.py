@@ -84,7 +84,8 @@ _job_options = stack(
         default=10,
         show_default=True,
         help="Niceness added to the actor processes, so that on a shared machine the "
-        "learner gets the CPU first (0: the same priority as the learner).",
+        "learner gets the CPU first (0: the same priority as the learner; ES workers are "
+        "never niced).",
     ),
     click.option(
         "--eval-env",
