@@ -165,6 +165,17 @@ def env_spec(env_id: str) -> tuple[tuple[int, ...], str, int]:
         env.close()
 
 
+def obs_bounds(env_id: str) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(low, high)`` bounds of the env's observation space (float64 arrays)."""
+    env = make_env(env_id)
+    try:
+        space = env.observation_space
+        assert isinstance(space, gym.spaces.Box), f"{env_id}: observations are not a Box"
+        return space.low.astype(np.float64), space.high.astype(np.float64)
+    finally:
+        env.close()
+
+
 def box_spec(env_id: str) -> tuple[tuple[int, ...], str, np.ndarray, np.ndarray]:
     """``(observation shape, observation dtype, action low, action high)`` of an env with
     vector observations and a Box action vector with finite bounds (float32 arrays)."""

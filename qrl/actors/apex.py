@@ -9,7 +9,7 @@ import torch
 
 from qrl.actors.replay import ReplayActor, spread
 from qrl.configs.apex import ApexConfig
-from qrl.models import QNetwork
+from qrl.models import q_network
 
 
 def epsilons(cfg: ApexConfig, actor_id: int) -> np.ndarray:
@@ -23,7 +23,7 @@ class ApexActor(ReplayActor):
     def make_net(self) -> torch.nn.Module:
         """The local copy of the learner's network, and the exploration around it."""
         self.eps = epsilons(self.cfg, self.actor_id)
-        return QNetwork(self.obs_shape, self.n_actions, self.cfg.hidden, self.cfg.dueling)
+        return q_network(self.cfg)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ from qrl.actors.replay import ReplayActor, spread
 from qrl.codec import encode
 from qrl.configs.r2d2 import R2D2Config
 from qrl.keys import RunKeys
-from qrl.models import RecurrentQNetwork
+from qrl.models import recurrent_q_network
 from qrl.r2d2 import Sequences, priorities, rule_of
 from qrl.replay.sequences import Sequencer, stack
 from qrl.streams import StreamProducer
@@ -40,7 +40,7 @@ class R2D2Actor(ReplayActor):
     def make_net(self) -> torch.nn.Module:
         cfg = self.cfg
         self.eps = spread(cfg.eps_base, cfg.eps_alpha, cfg, self.actor_id)
-        return RecurrentQNetwork(self.obs_shape, self.n_actions, cfg.hidden, cfg.lstm, cfg.dueling)
+        return recurrent_q_network(cfg)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:

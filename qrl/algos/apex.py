@@ -25,11 +25,9 @@ def _learner(ctx: RoleContext) -> Any:
 
 
 def _q_network(cfg: ApexConfig) -> Any:
-    from qrl.envs import env_spec
-    from qrl.models import QNetwork
+    from qrl.models import q_network
 
-    obs_shape, _, n_actions = env_spec(cfg.env)
-    return QNetwork(obs_shape, n_actions, cfg.hidden, cfg.dueling)
+    return q_network(cfg)
 
 
 ALGORITHM = Algorithm(

@@ -38,13 +38,11 @@ def _learner(ctx: RoleContext) -> Any:
 def _policy(cfg: R2D2Config, params: dict[str, Any]) -> Policy:
     """The greedy policy of the LSTM Q-network; it keeps the LSTM state between calls
     (``.reset()`` starts new episodes; so does a new batch size)."""
-    from qrl.envs import env_spec
-    from qrl.models import RecurrentQNetwork
+    from qrl.models import recurrent_q_network
     from qrl.r2d2 import RecurrentPolicy
     from qrl.weights import load_arrays
 
-    obs_shape, _, n_actions = env_spec(cfg.env)
-    net = RecurrentQNetwork(obs_shape, n_actions, cfg.hidden, cfg.lstm, cfg.dueling)
+    net = recurrent_q_network(cfg)
     load_arrays(net, params)
     return RecurrentPolicy(net)
 

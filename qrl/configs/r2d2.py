@@ -24,6 +24,10 @@ class R2D2Config(ReplayConfig):
     hidden: Layers = Field((64,), description="MLP layer sizes before the LSTM.")
     lstm: int = Field(64, ge=1, le=4096, description="LSTM cell size.")
     dueling: bool = Field(True, description="Dueling head (value + advantage).")
+    obs_scale: bool = Field(
+        True,
+        description="Scale vector observations to [-1, 1] by their space's finite bounds.",
+    )
     # sequences
     sequence_length: int = Field(
         20, ge=2, le=1000, description="Steps per stored sequence (burn-in included)."

@@ -9,20 +9,22 @@ import torch.nn.functional as F
 from qrl.envs import env_spec
 from qrl.learners.base import adam
 from qrl.learners.replay import Batch, ReplayLearner
-from qrl.models import QNetwork
+from qrl.models import q_network
 from qrl.replay.frames import layout_for
 
 
 class ApexLearner(ReplayLearner):
     algo = "apex"
 
-    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    def build(self) -> torch.nn.Module:
         cfg = self.cfg
         obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
-        net = QNetwork(obs_shape, n_actions, cfg.hidden, cfg.dueling).to(self.device)
-        self.target = QNetwork(obs_shape, n_actions, cfg.hidden, cfg.dueling).to(self.device)
+        self.target = q_network(cfg).to(self.device)
         self.layout = layout_for(obs_shape, obs_dtype, n_actions)
-        return net, adam(net.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        return q_network(cfg).to(self.device)
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        return adam(self.net.parameters(), lr=self.cfg.lr, eps=self.cfg.adam_eps)
 
     def loss(self, b: Batch) -> torch.Tensor:
         """IS-weighted Huber loss of the n-step double-DQN target."""

@@ -34,7 +34,7 @@ from qrl.replay.role import experience_spec
 class ApexDPGLearner(ReplayLearner):
     algo = "apex-dpg"
 
-    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    def build(self) -> torch.nn.Module:
         cfg = self.cfg
         obs_shape, _, low, high = box_spec(cfg.env)
         self.low = torch.from_numpy(low).to(self.device)
@@ -45,13 +45,16 @@ class ApexDPGLearner(ReplayLearner):
         self.actor_view = nn.ModuleDict({"actor": net.actor})  # what is published
         self.layout, _ = experience_spec(cfg.env)
         self.q_mean = float("nan")
-        opt = adam(
+        return net
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        net, cfg = self.net, self.cfg
+        return adam(
             [
                 {"params": net.actor.parameters(), "lr": cfg.actor_lr},
                 {"params": net.critic.parameters(), "lr": cfg.critic_lr},
             ]
         )
-        return net, opt
 
     def published(self) -> nn.Module:
         return self.actor_view

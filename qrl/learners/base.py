@@ -42,9 +42,9 @@ def adam(params: Any, **kwargs: Any) -> torch.optim.Adam:
 
 
 class Learner(Role):
-    """Base learner. Subclasses set ``algo`` and implement ``build``, ``next_batch`` and
-    ``loss``; they may override ``start_threads``/``stop_threads``, ``after_step`` and
-    ``extra_metrics``."""
+    """Base learner. Subclasses set ``algo`` and implement ``build``, ``optimizer``,
+    ``next_batch`` and ``loss``; they may override ``start_threads``/``stop_threads``,
+    ``after_step`` and ``extra_metrics``."""
 
     algo = ""
     name = "learner"
@@ -65,7 +65,9 @@ class Learner(Role):
         torch.set_num_threads(threads)  # actors share the cores: one compute thread by default
         torch.manual_seed(cfg.seed)
         self.stopping = threading.Event()
-        self.net, self.opt = self.build()
+        self.net = self.build()
+        self._opt: torch.optim.Optimizer | None = None
+        self._opt_state: dict[str, Any] = {}  # a resumed optimizer's, loaded when it is made
         self.updates = 0
         self.skipped = 0  # updates skipped for a non-finite loss
         self.wait_s = 0.0  # time the gradient loop waited for data
@@ -74,13 +76,29 @@ class Learner(Role):
         if checkpoint is not None and checkpoint.exists():
             state = load_checkpoint(checkpoint, self.algo, cfg)
             self.net.load_state_dict(state["model"])
-            self.opt.load_state_dict(state["optimizer"])
+            self._opt_state = state["optimizer"]
             self.updates = int(state["step"])
             log.info("resumed from %s at update %d", checkpoint, self.updates)
         self.weights = WeightStore(self.client, keys)
 
+    @property
+    def opt(self) -> torch.optim.Optimizer:
+        """The optimizer, made on first use: making torch's first optimizer imports
+        ``torch._dynamo`` (1-2 s), so the learner publishes its initial weights first and
+        the actors start meanwhile (:meth:`start`)."""
+        if self._opt is None:
+            self._opt = self.optimizer()
+            if self._opt_state:
+                self._opt.load_state_dict(self._opt_state)
+        return self._opt
+
     # -- for subclasses
-    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    def build(self) -> torch.nn.Module:
+        """The network (and whatever else the learner needs: target networks, consumers)."""
+        raise NotImplementedError
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer of ``self.net``."""
         raise NotImplementedError
 
     def next_batch(self, timeout: float) -> Any | None:
@@ -169,6 +187,7 @@ class Learner(Role):
             self.publish()
         self.stopping.clear()
         self.start_threads()
+        _ = self.opt  # made now, while the actors start on the published weights
         return True
 
     def step(self, should_stop: StopCheck) -> bool:

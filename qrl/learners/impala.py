@@ -73,14 +73,10 @@ def stack_unrolls(entries: list[Entry], device: torch.device) -> UnrollBatch:
 class ImpalaLearner(Learner):
     algo = "impala"
 
-    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    def build(self) -> torch.nn.Module:
         cfg = self.cfg
         self.obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
         net = PolicyValueNet(self.obs_shape, n_actions, cfg.hidden).to(self.device)
-        if cfg.optimizer == "adam":
-            opt: torch.optim.Optimizer = adam(net.parameters(), lr=cfg.lr)
-        else:
-            opt = torch.optim.RMSprop(net.parameters(), lr=cfg.lr, eps=0.01, alpha=0.99)
         per_entry = cfg.envs_per_actor
         self.consumer = StreamConsumer(
             self.client_factory(),
@@ -99,7 +95,13 @@ class ImpalaLearner(Learner):
         self._again: UnrollBatch | None = None  # the batch to take another pass over
         self._passes_left = 0
         self.reused = 0  # extra passes taken
-        return net, opt
+        return net
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        cfg, params = self.cfg, self.net.parameters()
+        if cfg.optimizer == "adam":
+            return adam(params, lr=cfg.lr)
+        return torch.optim.RMSprop(params, lr=cfg.lr, eps=0.01, alpha=0.99)
 
     def _ack_done(self) -> None:
         """Acknowledge the entries of every batch the gradient loop has finished with."""

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from qrl.envs import env_spec
 from qrl.learners.base import adam
 from qrl.learners.replay import ReplayLearner
-from qrl.models import RecurrentQNetwork
+from qrl.models import recurrent_q_network
 from qrl.r2d2 import Sequences, rule_of, sequence_loss, sequence_priority, sequence_td
 from qrl.replay.sequences import sequence_spec
 from qrl.replay.store import Sample
@@ -31,19 +30,15 @@ class R2D2Learner(ReplayLearner):
     algo = "r2d2"
     batch_type = SequenceBatch
 
-    def build(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    def build(self) -> torch.nn.Module:
         cfg = self.cfg
-        obs_shape, _, n_actions = env_spec(cfg.env)
-
-        def make() -> RecurrentQNetwork:
-            net = RecurrentQNetwork(obs_shape, n_actions, cfg.hidden, cfg.lstm, cfg.dueling)
-            return net.to(self.device)
-
-        net, self.target = make(), make()
-        self.target.requires_grad_(False)
+        self.target = recurrent_q_network(cfg).to(self.device).requires_grad_(False)
         self.rule = rule_of(cfg)
         self.layout, _ = sequence_spec(cfg)
-        return net, adam(net.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        return recurrent_q_network(cfg).to(self.device)
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        return adam(self.net.parameters(), lr=self.cfg.lr, eps=self.cfg.adam_eps)
 
     def start_items(self) -> int:
         return self.cfg.start_sequences

@@ -1,0 +1,80 @@
+"""Observation scaling by the space's bounds, and a learner that publishes before it makes
+its optimizer."""
+
+from functools import partial
+
+import numpy as np
+import torch
+
+from qrl.configs.apex import ApexConfig
+from qrl.configs.r2d2 import R2D2Config
+from qrl.models import ObsScale, q_network, recurrent_q_network
+from qrl.runs import create_run
+from qrl.weights import WeightStore
+
+
+def scaled(net: torch.nn.Module, obs: list[float]) -> np.ndarray:
+    return net.features[0](torch.tensor([obs])).numpy()[0]
+
+
+def test_finite_bounds_map_to_the_unit_range_and_unbounded_dimensions_pass():
+    # CartPole-v1: x in +-4.8 and the angle in +-0.418 are bounded, the velocities are not
+    net = q_network(ApexConfig())
+    assert isinstance(net.features[0], ObsScale)
+    out = scaled(net, [4.8, 7.0, -0.41887903, -3.0])
+    np.testing.assert_allclose(out, [1.0, 7.0, -1.0, -3.0], rtol=1e-5)
+    # MountainCar-v0: position -1.2..0.6 (centred at -0.3), velocity +-0.07
+    car = q_network(ApexConfig(env="MountainCar-v0"))
+    np.testing.assert_allclose(scaled(car, [0.6, -0.07]), [1.0, -1.0], rtol=1e-5)
+    np.testing.assert_allclose(scaled(car, [-0.3, 0.0]), [0.0, 0.0], atol=1e-6)
+    # R2D2's velocity-hidden CartPole: x and the angle
+    rec = recurrent_q_network(R2D2Config())
+    np.testing.assert_allclose(scaled(rec, [2.4, 0.2094395]), [0.5, 0.5], rtol=1e-5)
+
+
+def test_huge_or_missing_bounds_and_the_option_off_leave_observations_as_they_are():
+    s = ObsScale(np.array([-np.inf, -1e6, 0.0, 3.0]), np.array([np.inf, 1e6, 0.0, 3.0]))
+    x = torch.tensor([[5.0, 123.0, 7.0, -2.0]])
+    np.testing.assert_array_equal(s(x).numpy(), x.numpy())  # none has a sane finite range
+    plain = q_network(ApexConfig(obs_scale=False))
+    assert not isinstance(plain.features[0], ObsScale)
+    raw = [4.8, 7.0, 0.4, -3.0]
+    np.testing.assert_allclose(scaled(plain, raw), raw, rtol=1e-6)
+
+
+def test_the_scale_travels_with_the_published_weights(r, keys):
+    """Actors and evaluation load the learner's published state: the scale is in it."""
+    net = q_network(ApexConfig())
+    store = WeightStore(r, keys)
+    store.publish(net, version=1)
+    params = store.fetch().params
+    np.testing.assert_allclose(params["features.0.scale"], [1 / 4.8, 1, 1 / 0.41887903, 1])
+    assert set(params) == set(net.state_dict())
+
+
+def test_the_learner_publishes_its_weights_before_it_makes_its_optimizer(
+    r, keys, redis_server, tmp_path
+):
+    """Making torch's first optimizer imports torch._dynamo (1-2 s): actors wait for the
+    first weights, so they are published first. A resumed optimizer keeps its state."""
+    from qrl.connection import connect
+    from qrl.learners.apex import ApexLearner
+
+    cfg = ApexConfig(learning_starts=10**9)  # the sampler waits: nothing to train on
+    create_run(r, keys, "apex", cfg)
+    ckpt = tmp_path / "learner.pt"
+    lrn = ApexLearner(partial(connect, redis_server.url), keys, cfg, "cpu", checkpoint=ckpt)
+    assert lrn._opt is None and WeightStore(r, keys).version() == -1
+    assert lrn.start(lambda: False)
+    try:
+        assert WeightStore(r, keys).version() == 0 and lrn._opt is not None
+        for p in lrn.net.parameters():
+            p.grad = torch.ones_like(p)
+        lrn.opt.step()
+        lrn.save()
+    finally:
+        lrn.stop_threads()
+    again = ApexLearner(partial(connect, redis_server.url), keys, cfg, "cpu", checkpoint=ckpt)
+    assert again._opt is None
+    steps = {float(s["step"]) for s in again.opt.state_dict()["state"].values()}
+    assert steps == {1.0}
