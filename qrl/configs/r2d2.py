@@ -43,10 +43,10 @@ class R2D2Config(ReplayConfig):
         10, ge=0, le=999, description="Steps a sequence shares with the next one of its episode."
     )
     # learning
-    lr: float = Field(1e-3, gt=0, le=1, description="Adam learning rate.")
+    lr: float = Field(5e-3, gt=0, le=1, description="Adam learning rate.")
     adam_eps: float = Field(1e-5, gt=0, description="Adam epsilon.")
     grad_clip: float = Field(10.0, gt=0, description="Gradient norm clip.")
-    target_update: int = Field(500, ge=1, description="Updates between target-network syncs.")
+    target_update: int = Field(250, ge=1, description="Updates between target-network syncs.")
     rescale_eps: float = Field(
         1e-3,
         ge=0,
