@@ -75,10 +75,9 @@ from qrl.configs.apex import ApexConfig
 from qrl.connection import connect
 from qrl.control import request_stop
 from qrl.embedded import EmbeddedRedis, die_with_parent
-from qrl.envs import env_spec
 from qrl.keys import RunKeys
 from qrl.metrics import MetricsReader
-from qrl.models import QNetwork
+from qrl.models import q_network
 from qrl.runs import create_run
 from qrl.simenv import DEFAULT_QUANTUM, QUANTUM_ENV_VAR, SLEEP_ENV, default_quantum
 from qrl.weights import WeightStore
@@ -208,9 +207,8 @@ def measure(n: int, args: argparse.Namespace, log_root: Path) -> dict[str, float
         client = connect(server.url)
         keys = RunKeys(f"scaling-{n}")
         create_run(client, keys, "apex", cfg)
-        obs_shape, _, n_actions = env_spec(cfg.env)
         torch.manual_seed(cfg.seed)
-        net = QNetwork(obs_shape, n_actions, cfg.hidden, cfg.dueling)
+        net = q_network(cfg)
         WeightStore(client, keys).publish(net, version=0)  # what actors wait for
         roles = Roles(server.url, keys.run, log_dir)
         follower = Follower(client, keys)

@@ -13,9 +13,8 @@ import pytest
 
 from qrl.configs.apex import ApexConfig
 from qrl.connection import connect
-from qrl.envs import env_spec
 from qrl.keys import RunKeys
-from qrl.models import QNetwork
+from qrl.models import q_network
 from qrl.runs import delete_run
 from qrl.streams import GROUP
 from qrl.weights import WeightStore
@@ -35,8 +34,7 @@ def test_sigkill_one_shards_filler_and_restart_it_loses_no_batch(r, keys, tmp_pa
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
     cfg = ApexConfig(replay_shards=3)
-    obs_shape, _, n_actions = env_spec(cfg.env)
-    WeightStore(r, keys).publish(QNetwork(obs_shape, n_actions, cfg.hidden, cfg.dueling), 0)
+    WeightStore(r, keys).publish(q_network(cfg), 0)  # the network the actors build
     shards = keys.shards(3)
     roles = Roles(keys.run, tmp_path)
 
