@@ -38,13 +38,34 @@ def centered_ranks(x: np.ndarray) -> np.ndarray:
     return ranks.reshape(x.shape)
 
 
+def pair_ranks(returns_pos: np.ndarray, returns_neg: np.ndarray) -> np.ndarray:
+    """Each pair's weight from its own difference: ``sign(r+ - r-)`` times the rank of
+    ``|r+ - r-|`` among the pairs, scaled to (0, 1]. Both halves of a pair played the same
+    episode start (common random numbers), so the difference is the perturbation's effect;
+    ranks over all 2n returns would mostly rank the starts (Pendulum-v1's returns range from
+    -100 to -1,500 by the start alone) and give a pair of two hard starts a weight near 0."""
+    diff = returns_pos - returns_neg
+    ranks = np.empty(diff.size, dtype=np.float32)
+    ranks[np.abs(diff).argsort(kind="stable")] = np.arange(1, diff.size + 1, dtype=np.float32)
+    return np.sign(diff).astype(np.float32) * ranks / diff.size
+
+
 def es_gradient(
-    noise: np.ndarray, returns_pos: np.ndarray, returns_neg: np.ndarray, sigma: float
+    noise: np.ndarray,
+    returns_pos: np.ndarray,
+    returns_neg: np.ndarray,
+    sigma: float,
+    shaping: str,
 ) -> np.ndarray:
-    """The antithetic estimate of the gradient of E[F(theta + sigma eps)] with centered-rank
-    shaping over all 2n returns: ``sum_i (r+_i - r-_i) eps_i / (2 n sigma)``."""
-    ranks = centered_ranks(np.stack([returns_pos, returns_neg]))
-    weights = ranks[0] - ranks[1]
+    """The antithetic estimate of the gradient of E[F(theta + sigma eps)],
+    ``sum_i w_i eps_i / (2 n sigma)``, with ``w_i`` from centered ranks over all 2n returns
+    (``ranks``: ``rank(r+_i) - rank(r-_i)``) or from the pairs' differences
+    (``pair_ranks``, :func:`pair_ranks`)."""
+    if shaping == "pair_ranks":
+        weights = pair_ranks(returns_pos, returns_neg)
+    else:
+        ranks = centered_ranks(np.stack([returns_pos, returns_neg]))
+        weights = ranks[0] - ranks[1]
     return (weights @ noise) / (2 * len(weights) * sigma)
 
 

@@ -10,7 +10,7 @@ import pytest
 from qrl.codec import encode
 from qrl.configs.es import ESConfig
 from qrl.connection import connect
-from qrl.es import Adam, NoiseTable, PolicySpec, centered_ranks, es_gradient
+from qrl.es import Adam, NoiseTable, PolicySpec, centered_ranks, es_gradient, pair_ranks
 from qrl.learners.es import ESMaster
 from qrl.loop import run_role
 from qrl.runs import create_run
@@ -27,6 +27,20 @@ def test_centered_ranks():
     assert centered_ranks(np.array([7.0])).tolist() == [0.0]
     big = centered_ranks(np.random.default_rng(0).standard_normal(1001))
     assert big.sum() == pytest.approx(0.0, abs=1e-4)
+
+
+def test_pair_ranks_weigh_each_pair_by_its_own_difference():
+    # pair 0 played two hard starts (-1200 vs -1000), pair 1 two easy ones (-150 vs -100)
+    pos, neg = np.array([-1200.0, -150.0, 7.0, 3.0]), np.array([-1000.0, -100.0, 7.0, 1.0])
+    w = pair_ranks(pos, neg)
+    # |differences| 200, 50, 0, 2 rank 4, 3, 1, 2 of 4; the sign is the better half's
+    np.testing.assert_allclose(w, [-1.0, -0.75, 0.0, 0.5])
+    assert w.dtype == np.float32
+    # centered ranks over all returns give the hard pair's difference the weight of the easy
+    # one's and the tie a rank gap of its own; the pair difference puts the larger gap first
+    flat = centered_ranks(np.stack([pos, neg]))
+    assert abs(flat[0, 0] - flat[1, 0]) == pytest.approx(abs(flat[0, 1] - flat[1, 1]))
+    assert pair_ranks(np.array([1.0]), np.array([1.0])).tolist() == [0.0]
 
 
 def _digest(seed: int, size: int) -> str:
@@ -49,7 +63,8 @@ def test_noise_table_is_identical_across_processes():
     assert 0 <= i <= 990 and t.get(i, 10).shape == (10,)
 
 
-def test_es_update_converges_on_a_quadratic():
+@pytest.mark.parametrize("shaping", ["ranks", "pair_ranks"])
+def test_es_update_converges_on_a_quadratic(shaping):
     dim, sigma, pairs = 10, 0.1, 25
     target = np.linspace(-1, 1, dim).astype(np.float32)
     f = lambda th: -np.sum((th - target) ** 2, axis=-1)  # noqa: E731
@@ -59,7 +74,7 @@ def test_es_update_converges_on_a_quadratic():
     for _ in range(300):
         idx = [noise.sample_index(rng, dim) for _ in range(pairs)]
         eps = np.stack([noise.get(i, dim) for i in idx])
-        grad = es_gradient(eps, f(theta + sigma * eps), f(theta - sigma * eps), sigma)
+        grad = es_gradient(eps, f(theta + sigma * eps), f(theta - sigma * eps), sigma, shaping)
         theta = theta + adam.step(grad)
     assert np.linalg.norm(theta - target) < 0.05 * start
 
@@ -125,7 +140,8 @@ def test_master_ignores_stale_results_and_resumes(r, keys, redis_server):
     spec_dim = master.spec.dim
     eps = np.stack([master.noise.get(10, spec_dim), master.noise.get(20, spec_dim)])
     adam = Adam(spec_dim, cfg.lr)
-    grad = es_gradient(eps, np.array([1.0, 0.0]), np.array([0.0, 2.0]), cfg.sigma) - cfg.l2 * theta0
+    rp, rn = np.array([1.0, 0.0]), np.array([0.0, 2.0])
+    grad = es_gradient(eps, rp, rn, cfg.sigma, cfg.shaping) - cfg.l2 * theta0
     np.testing.assert_allclose(master.theta, theta0 + adam.step(grad), rtol=1e-5, atol=1e-7)
     assert r.xlen(keys.es_results) == 0 and r.xpending(keys.es_results, GROUP)["pending"] == 0
     # a restarted master resumes from the last published generation

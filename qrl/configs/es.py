@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from qrl.configs.base import Config, Layers
@@ -15,6 +17,11 @@ class ESConfig(Config):
         48, ge=2, le=1_000_000, description="Episodes per generation (an even number)."
     )
     sigma: float = Field(0.1, gt=0, description="Noise standard deviation.")
+    shaping: Literal["ranks", "pair_ranks"] = Field(
+        "pair_ranks",
+        description="Fitness shaping: centered ranks over all returns, or signed ranks of "
+        "each antithetic pair's difference (its two episodes share a start).",
+    )
     lr: float = Field(0.05, gt=0, le=10, description="Adam learning rate.")
     l2: float = Field(0.005, ge=0, description="L2 weight decay.")
     noise_size: int = Field(

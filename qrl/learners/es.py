@@ -169,7 +169,7 @@ class ESMaster(Role):
         rp = np.concatenate([p[1] for p in pairs])
         rn = np.concatenate([p[2] for p in pairs])
         eps = np.stack([self.noise.get(int(i), self.spec.dim) for i in idx])
-        grad = es_gradient(eps, rp, rn, self.cfg.sigma) - self.cfg.l2 * self.theta
+        grad = es_gradient(eps, rp, rn, self.cfg.sigma, self.cfg.shaping) - self.cfg.l2 * self.theta
         self.theta = (self.theta + self.adam.step(grad)).astype(np.float32)
         self.generation += 1
         both = np.concatenate([rp, rn])
