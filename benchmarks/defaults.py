@@ -43,10 +43,13 @@ def train(algo: str, env: str, seed: int, run_dir: Path) -> dict[str, object]:
     cmd += ["--target-return", str(target), "--max-time", str(budget), "--run-dir", str(run_dir)]
     start = time.perf_counter()
     try:
-        code = subprocess.run(cmd, capture_output=True, timeout=budget + 120).returncode
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=budget + 120)
+        code, err = proc.returncode, proc.stderr
     except subprocess.TimeoutExpired:
-        code = -1
+        code, err = -1, "timed out"
     secs = time.perf_counter() - start
+    if code != 0:  # what the run said last, so a failure to start shows why
+        print("\n".join(err.strip().splitlines()[-5:]), file=sys.stderr, flush=True)
     try:
         result = json.loads((run_dir / "result.json").read_text())
     except (OSError, json.JSONDecodeError):

@@ -119,9 +119,12 @@ def test_train_apex_with_three_shards_solves_cartpole_on_a_cluster(redis_cluster
     assert json.loads((run_dir / "result.json").read_text())["reached"]
     held = [{k.decode() for k in node} for node in redis_cluster.keys_per_node(keys.pattern())]
     assert sum(1 for node in held if node) >= 2, held  # spread over at least two nodes
+    inserted = []
     for s, k in enumerate(keys.shards(3)):  # in fact shard s on node s
         assert {k.replay_priorities, k.replay_data, k.replay_meta, k.experience} <= held[s]
-        assert int(redis_cluster.client(s).hget(k.replay_meta, "inserted")) > 1000
+        inserted.append(int(redis_cluster.client(s).hget(k.replay_meta, "inserted")))
+    # every shard filled with its env slots' share (16 slots: 6/5/5), however fast it solved
+    assert sum(inserted) > 1000 and min(inserted) > 0.2 * sum(inserted), inserted
     for log in (run_dir / "logs").iterdir():
         assert "Traceback" not in log.read_text(), log.name
     with connect(redis_cluster.urls[2]) as client:
