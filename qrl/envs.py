@@ -153,42 +153,41 @@ def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorE
     return envs
 
 
+def spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
+    """The env's ``(observation space, action space)`` (the env made, read and closed)."""
+    env = make_env(env_id)
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
 def env_spec(env_id: str) -> tuple[tuple[int, ...], str, int]:
     """``(observation shape, observation dtype, number of discrete actions)``."""
-    env = make_env(env_id)
-    try:
-        obs, act = env.observation_space, env.action_space
-        if not isinstance(act, gym.spaces.Discrete):
-            raise ValueError(f"{env_id} has {act}, this algorithm needs discrete actions")
-        return tuple(obs.shape), np.dtype(obs.dtype).name, int(act.n)
-    finally:
-        env.close()
+    obs, act = spaces(env_id)
+    if not isinstance(act, gym.spaces.Discrete):
+        raise ValueError(f"{env_id} has {act}, this algorithm needs discrete actions")
+    return tuple(obs.shape), np.dtype(obs.dtype).name, int(act.n)
 
 
-def obs_bounds(env_id: str) -> tuple[np.ndarray, np.ndarray]:
-    """The ``(low, high)`` bounds of the env's observation space (float64 arrays)."""
-    env = make_env(env_id)
-    try:
-        space = env.observation_space
-        assert isinstance(space, gym.spaces.Box), f"{env_id}: observations are not a Box"
-        return space.low.astype(np.float64), space.high.astype(np.float64)
-    finally:
-        env.close()
+def obs_bounds(env_id: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The ``(low, high)`` bounds of the env's observation space (float64 arrays), or
+    ``None`` for a space that is not a Box (it has none)."""
+    obs, _ = spaces(env_id)
+    if not isinstance(obs, gym.spaces.Box):
+        return None
+    return obs.low.astype(np.float64), obs.high.astype(np.float64)
 
 
 def box_spec(env_id: str) -> tuple[tuple[int, ...], str, np.ndarray, np.ndarray]:
     """``(observation shape, observation dtype, action low, action high)`` of an env with
     vector observations and a Box action vector with finite bounds (float32 arrays)."""
-    env = make_env(env_id)
-    try:
-        obs, act = env.observation_space, env.action_space
-        if not isinstance(act, gym.spaces.Box) or len(act.shape) != 1:
-            raise ValueError(f"{env_id} has {act}, this algorithm needs a Box action vector")
-        low, high = act.low.astype(np.float32), act.high.astype(np.float32)
-        if not (np.isfinite(low).all() and np.isfinite(high).all() and (low < high).all()):
-            raise ValueError(f"{env_id} has action bounds {act.low}..{act.high}: need finite ones")
-        if len(obs.shape) != 1:
-            raise ValueError(f"{env_id} has observations of shape {obs.shape}: need a vector")
-        return tuple(obs.shape), np.dtype(obs.dtype).name, low, high
-    finally:
-        env.close()
+    obs, act = spaces(env_id)
+    if not isinstance(act, gym.spaces.Box) or len(act.shape) != 1:
+        raise ValueError(f"{env_id} has {act}, this algorithm needs a Box action vector")
+    low, high = act.low.astype(np.float32), act.high.astype(np.float32)
+    if not (np.isfinite(low).all() and np.isfinite(high).all() and (low < high).all()):
+        raise ValueError(f"{env_id} has action bounds {act.low}..{act.high}: need finite ones")
+    if len(obs.shape) != 1:
+        raise ValueError(f"{env_id} has observations of shape {obs.shape}: need a vector")
+    return tuple(obs.shape), np.dtype(obs.dtype).name, low, high

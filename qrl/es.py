@@ -63,9 +63,11 @@ def es_gradient(
     (``pair_ranks``, :func:`pair_ranks`)."""
     if shaping == "pair_ranks":
         weights = pair_ranks(returns_pos, returns_neg)
-    else:
+    elif shaping == "ranks":
         ranks = centered_ranks(np.stack([returns_pos, returns_neg]))
         weights = ranks[0] - ranks[1]
+    else:
+        raise ValueError(f"unknown fitness shaping {shaping!r}: ranks or pair_ranks")
     return (weights @ noise) / (2 * len(weights) * sigma)
 
 
@@ -83,27 +85,23 @@ class PolicySpec:
 
     @classmethod
     def for_env(cls, env_id: str, hidden: tuple[int, ...]) -> PolicySpec:
-        from qrl.envs import make_env
+        from qrl.envs import spaces
 
-        env = make_env(env_id)
-        try:
-            obs, act = env.observation_space, env.action_space
-            if len(obs.shape) != 1:
-                raise ValueError("ES supports vector observations")
-            if isinstance(act, gym.spaces.Discrete):
-                return cls(obs.shape[0], tuple(hidden), int(act.n), True)
-            if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
-                return cls(
-                    obs.shape[0],
-                    tuple(hidden),
-                    act.shape[0],
-                    False,
-                    act.low.astype(np.float32),
-                    act.high.astype(np.float32),
-                )
-            raise ValueError(f"unsupported action space {act}")
-        finally:
-            env.close()
+        obs, act = spaces(env_id)
+        if len(obs.shape) != 1:
+            raise ValueError("ES supports vector observations")
+        if isinstance(act, gym.spaces.Discrete):
+            return cls(obs.shape[0], tuple(hidden), int(act.n), True)
+        if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
+            return cls(
+                obs.shape[0],
+                tuple(hidden),
+                act.shape[0],
+                False,
+                act.low.astype(np.float32),
+                act.high.astype(np.float32),
+            )
+        raise ValueError(f"unsupported action space {act}")
 
     @property
     def layers(self) -> list[tuple[int, int]]:

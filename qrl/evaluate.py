@@ -10,7 +10,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from qrl.envs import make_env
+from qrl.envs import make_env, spaces
 
 
 def evaluate(
@@ -71,15 +71,10 @@ def _signature(space: gym.Space) -> str:
 def check_same_spaces(trained_on: str, env_id: str) -> None:
     """Raise ``ValueError`` (one line) unless ``env_id`` has the observation and action
     spaces (kind, shape, dtype, number of actions) of ``trained_on``."""
-    envs = [make_env(trained_on), make_env(env_id)]
-    try:
-        for what in ("observation_space", "action_space"):
-            a, b = (getattr(e, what) for e in envs)
-            if _signature(a) != _signature(b):
-                raise ValueError(
-                    f"{env_id} does not fit a policy trained on {trained_on}: its "
-                    f"{what.replace('_', ' ')} is {_signature(b)}, the policy's {_signature(a)}"
-                )
-    finally:
-        for e in envs:
-            e.close()
+    ours, theirs = spaces(trained_on), spaces(env_id)
+    for what, a, b in zip(("observation", "action"), ours, theirs, strict=True):
+        if _signature(a) != _signature(b):
+            raise ValueError(
+                f"{env_id} does not fit a policy trained on {trained_on}: its "
+                f"{what} space is {_signature(b)}, the policy's {_signature(a)}"
+            )

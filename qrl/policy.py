@@ -44,11 +44,9 @@ class LoadedPolicy:
     @property
     def observation_shape(self) -> tuple[int, ...]:
         if self._obs_shape is None:
-            from qrl.envs import make_env
+            from qrl.envs import spaces
 
-            env = make_env(self.env_id)
-            self._obs_shape = tuple(env.observation_space.shape or ())
-            env.close()
+            self._obs_shape = tuple(spaces(self.env_id)[0].shape or ())
         return self._obs_shape
 
     def reset(self) -> None:

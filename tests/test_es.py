@@ -41,6 +41,8 @@ def test_pair_ranks_weigh_each_pair_by_its_own_difference():
     flat = centered_ranks(np.stack([pos, neg]))
     assert abs(flat[0, 0] - flat[1, 0]) == pytest.approx(abs(flat[0, 1] - flat[1, 1]))
     assert pair_ranks(np.array([1.0]), np.array([1.0])).tolist() == [0.0]
+    with pytest.raises(ValueError, match="unknown fitness shaping"):
+        es_gradient(np.ones((4, 2), np.float32), pos, neg, 0.1, "pair-ranks")
 
 
 def _digest(seed: int, size: int) -> str:

@@ -8,6 +8,7 @@ import torch
 
 from qrl.configs.apex import ApexConfig
 from qrl.configs.r2d2 import R2D2Config
+from qrl.envs import obs_bounds
 from qrl.models import ObsScale, q_network, recurrent_q_network
 from qrl.runs import create_run
 from qrl.weights import WeightStore
@@ -36,6 +37,7 @@ def test_huge_or_missing_bounds_and_the_option_off_leave_observations_as_they_ar
     s = ObsScale(np.array([-np.inf, -1e6, 0.0, 3.0]), np.array([np.inf, 1e6, 0.0, 3.0]))
     x = torch.tensor([[5.0, 123.0, 7.0, -2.0]])
     np.testing.assert_array_equal(s(x).numpy(), x.numpy())  # none has a sane finite range
+    assert obs_bounds("FrozenLake-v1") is None  # Discrete observations: no bounds to scale by
     plain = q_network(ApexConfig(obs_scale=False))
     assert not isinstance(plain.features[0], ObsScale)
     raw = [4.8, 7.0, 0.4, -3.0]

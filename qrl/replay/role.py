@@ -12,7 +12,7 @@ from typing import Any
 import redis
 
 from qrl.configs.replay import ReplayConfig
-from qrl.envs import action_kind, box_spec, env_spec, make_env
+from qrl.envs import action_kind, box_spec, env_spec, spaces
 from qrl.keys import RunKeys
 from qrl.loop import Role, StopCheck
 from qrl.messages import experience_schema, frames_schema
@@ -29,10 +29,7 @@ def experience_spec(env_id: str, max_rows: int = 4096) -> tuple[RecordLayout, Sc
     """The replay layout and the experience-stream schema of ``env_id``'s transitions:
     discrete actions (Ape-X; stacked frames sent and stored once) or a Box action vector
     (Ape-X DPG: float32, within the space's bounds)."""
-    env = make_env(env_id)
-    kind = action_kind(env.action_space)
-    env.close()
-    if kind == "continuous":
+    if action_kind(spaces(env_id)[1]) == "continuous":
         obs_shape, obs_dtype, low, high = box_spec(env_id)
         layout = RecordLayout(obs_shape, obs_dtype, action_shape=low.shape, action_dtype="float32")
         return layout, experience_schema(obs_shape, obs_dtype, 0, max_rows, (low, high))
