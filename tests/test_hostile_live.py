@@ -1,6 +1,8 @@
-"""Live: ``qrl train apex|impala|es`` on CartPole reaches its target while another process
-keeps adding hostile-but-decodable entries to the run's stream and garbage to its weights
-key (``tests/_hostile_writer.py``)."""
+"""Live: ``qrl train apex|impala|es`` on CartPole reaches its target while one process keeps
+adding hostile-but-decodable entries to the run's stream and garbage to its weights key
+(``tests/_hostile_writer.py``) and another keeps attacking the run's keys: replay counters,
+weights version, wrong key types, the consumer group, floods, fake consumers, metrics and
+leases (``tests/_key_attacker.py``)."""
 
 from __future__ import annotations
 
@@ -21,12 +23,15 @@ from tests.cli import ROOT, qrl
 @pytest.mark.parametrize("algo", ["apex", "impala", "es"])
 def test_train_reaches_its_target_under_hostile_writes(algo, redis_server, tmp_path):
     run, url = f"hostile-{algo}-{uuid.uuid4().hex[:8]}", redis_server.url
-    writer = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "_hostile_writer.py"), url, run, algo, "0.25"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        text=True,
+    writer, attacker = (
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / script), url, run, algo, "0.25"],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for script in ("_hostile_writer.py", "_key_attacker.py")
     )
     try:
         proc = qrl(
@@ -35,9 +40,12 @@ def test_train_reaches_its_target_under_hostile_writes(algo, redis_server, tmp_p
             timeout=300,
         )  # fmt: skip
         assert writer.poll() is None, "the hostile writer stopped"
+        assert attacker.poll() is None, "the key attacker stopped"
     finally:
         writer.kill()
+        attacker.kill()
         sent = writer.communicate()[0].split()
+        attacks = attacker.communicate()[0].splitlines()
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["reached"] and result["eval_return"] >= 200
@@ -45,5 +53,8 @@ def test_train_reaches_its_target_under_hostile_writes(algo, redis_server, tmp_p
     # solve in a few seconds, so the bar is set by how long the job ran)
     assert len(sent) >= max(5, 0.5 * result["time_s"] / 0.25), (len(sent), result["time_s"])
     r = redis.Redis.from_url(url)
-    stats = {k.decode(): v.decode() for k, v in r.hgetall(f"qrl:{{{run}}}:stats").items()}
-    print(algo, "hostile writes:", len(sent), "stats:", stats)
+    stats_key = f"qrl:{{{run}}}:stats"  # the attacker may have just made it a string
+    raw = r.hgetall(stats_key) if r.type(stats_key) == b"hash" else {}
+    stats = {k.decode(): v.decode() for k, v in raw.items()}
+    print(algo, "hostile writes:", len(sent), "key attacks:", len(attacks), "stats:", stats)
+    assert len(attacks) >= max(5, 0.5 * result["time_s"] / 0.25), (len(attacks), attacks[-5:])
