@@ -19,6 +19,7 @@ from qrl.r2d2 import (
     Rule,
     Sequences,
     n_step_targets,
+    sequence_loss,
     sequence_priority,
     sequence_td,
     value_rescale,
@@ -194,6 +195,39 @@ def test_double_q_targets_unroll_from_the_stored_state_and_rescale():
     np.testing.assert_allclose(
         np.where(mask, y.numpy(), 0), np.where(mask, want, 0), rtol=1e-4, atol=1e-5
     )
+
+
+def test_burn_in_passes_no_gradient_unless_the_sequence_starts_an_episode():
+    """A sequence that starts mid-episode only warms its stored state up in the burn-in:
+    no gradient reaches its burn-in observations, and the parameters get the gradient of a
+    burn-in unrolled without one. A sequence that starts an episode trains on every step."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(2)
+    net, target = RecurrentQNetwork((3,), 2, (8,), LSTM), RecurrentQNetwork((3,), 2, (8,), LSTM)
+    s = Sequences.of({**_random_sequences(rng, 6, 7), "steps": np.full(6, 7, np.int32)})
+    s.first[:] = torch.tensor([False, True, False, False, True, False])
+    s.obs.requires_grad_(True)
+    burn = 3
+    rule = Rule(n=2, gamma=0.95, burn_in=burn, rescale_eps=1e-3, eta=0.9)
+    q, y, mask = sequence_td(net, target, s, rule)
+    sequence_loss(q, y, mask, torch.ones(6)).backward()
+    later, first = ~s.first, s.first
+    assert (s.obs.grad[later, :burn] == 0).all()
+    assert (s.obs.grad[later, burn:7] != 0).any() and (s.obs.grad[first, :burn] != 0).any()
+    # the parameters' gradient from the later sequences alone: that of a stop-gradient burn-in
+    net.zero_grad()
+    sub = Sequences(**{k: getattr(s, k)[later].detach() for k in vars(s)})
+    q, y, mask = sequence_td(net, target, sub, rule)
+    sequence_loss(q, y, mask, torch.ones(len(q))).backward()
+    got = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    with torch.no_grad():
+        _, state = net(sub.obs[:, :burn], (sub.h0, sub.c0))
+    q_rest, _ = net(sub.obs[:, burn:], state)
+    q_ref = q_rest[:, :-1].gather(-1, sub.action[:, burn:, None])[..., 0]
+    sequence_loss(q_ref, y[:, burn:], mask[:, burn:], torch.ones(len(q))).backward()
+    for a, p in zip(got, net.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-7)
 
 
 def test_sequence_priority_mixes_max_and_mean_over_the_masked_steps():
