@@ -328,13 +328,16 @@ def check_obs_stats(count: float, total: np.ndarray, sumsq: np.ndarray) -> None:
 
 def es_results_schema(obs_dim: int, noise_size: int, dim: int, max_pairs: int = 65_536) -> Schema:
     """An ES worker's batch of at most ``max_pairs`` antithetic pair results for one
-    generation, with the sums of the raw observations it saw (for the master's observation
-    normalization)."""
+    generation (each with its pair's job id, unique in the batch), with the sums of the raw
+    observations it saw (for the master's observation normalization)."""
 
     def check(msg: dict[str, Any]) -> None:
-        n = _same_length(msg, ("index", "return_pos", "return_neg", "length_pos", "length_neg"))
+        names = ("job", "index", "return_pos", "return_neg", "length_pos", "length_neg")
+        n = _same_length(msg, names)
         if not 0 < n <= max_pairs:
             raise CodecError(f"{n} results, expected 1 to {max_pairs}")
+        if len(np.unique(msg["job"])) != n:
+            raise CodecError("job ids repeat: each result is one antithetic pair's")
         for name in ("obs_sum", "obs_sumsq"):
             if msg[name].shape != (obs_dim,):
                 raise CodecError(f"{name} has shape {msg[name].shape}, expected ({obs_dim},)")
@@ -347,6 +350,7 @@ def es_results_schema(obs_dim: int, noise_size: int, dim: int, max_pairs: int = 
         "es.results",
         {
             "generation": NATURAL,
+            "job": vec("int64", 0, INT_BOUND),
             "index": vec("int64", 0, noise_size - dim),
             "return_pos": vec("float32", -RETURN_BOUND, RETURN_BOUND),
             "return_neg": vec("float32", -RETURN_BOUND, RETURN_BOUND),
@@ -359,5 +363,5 @@ def es_results_schema(obs_dim: int, noise_size: int, dim: int, max_pairs: int = 
             "batch": BATCH_ID,
         },
         check=check,
-        max_bytes=size_cap(max_pairs * 24 + obs_dim * 16),
+        max_bytes=size_cap(max_pairs * 32 + obs_dim * 16),
     )

@@ -10,7 +10,8 @@
   through ``h^-1``; the target is ``h`` of that.
 * The loss covers the real steps after the burn-in (all real steps of a sequence that
   starts an episode: its stored state, zeros, is exact); the LSTM unrolls over the whole
-  sequence from its stored state, for the online and the target network alike.
+  sequence from its stored state, for the online and the target network alike, with no
+  gradient through the burn-in of a sequence that starts mid-episode.
 * Sequence priority ``eta max|delta| + (1 - eta) mean|delta|`` over the loss's steps.
 """
 
@@ -121,13 +122,30 @@ class Rule:
     eta: float
 
 
+def online_q(net: RecurrentQNetwork, s: Sequences, burn_in: int) -> torch.Tensor:
+    """Q ``[B, T + 1, A]`` over the sequences from their stored state. The burn-in of a
+    sequence that starts mid-episode only warms its state up: no gradient flows through it
+    (its state is detached after it, as in the paper); a sequence that starts an episode
+    trains on its burn-in steps too (its stored state, zeros, is exact)."""
+    if burn_in == 0:
+        return net(s.obs, (s.h0, s.c0))[0]
+
+    def unless_first(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(s.first.view(-1, *[1] * (x.ndim - 1)), x, x.detach())
+
+    q_burn, (h, c) = net(s.obs[:, :burn_in], (s.h0, s.c0))
+    q_rest, _ = net(s.obs[:, burn_in:], (unless_first(h), unless_first(c)))
+    return torch.cat([unless_first(q_burn), q_rest], dim=1)
+
+
 def sequence_td(
     net: RecurrentQNetwork, target: RecurrentQNetwork, s: Sequences, rule: Rule
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(Q of the actions taken [B, T], rescaled targets [B, T], loss mask [B, T])``: the
-    online network with gradients, the target without."""
+    online network with gradients (none through the burn-in of a sequence that starts
+    mid-episode), the target without."""
     state = (s.h0, s.c0)
-    q, _ = net(s.obs, state)
+    q = online_q(net, s, rule.burn_in)
     with torch.no_grad():
         q_target, _ = target(s.obs, state) if target is not net else (q, None)
         best = q.detach().argmax(dim=-1, keepdim=True)  # double Q: the online argmax

@@ -83,6 +83,7 @@ def es_results() -> tuple[str, dict]:
     generation = int(r.hget(keys.es_params, "version") or 0)  # the current one: it is used
     return "es.results", {
         "generation": pick(generation, 2**53),
+        "job": np.full(n, pick(0, 2**53)),
         "index": rng.integers(0, 5_000_000 - 10_000, n),
         "return_pos": extreme(n, RETURN_BOUND),
         "return_neg": extreme(n, RETURN_BOUND),

@@ -148,6 +148,7 @@ def es_results(draw, obs_dim: int, noise_size: int, dim: int, max_pairs: int = 2
     count, sumsq, total = draw(obs_stats(obs_dim))
     return {
         "generation": draw(NATURAL),
+        "job": np.arange(n, dtype=np.int64) + draw(ints(0, 2**53 - max_pairs)),
         "index": draw(array("int64", (n,), ints(0, noise_size - dim))),
         "return_pos": draw(array("float32", (n,), floats(RETURN_BOUND))),
         "return_neg": draw(array("float32", (n,), floats(RETURN_BOUND))),

@@ -48,6 +48,7 @@ def _es_results(cfg: ESConfig, dim: int) -> dict:
     n = 4
     return {
         "generation": 0,
+        "job": np.arange(n, dtype=np.int64),
         "index": np.arange(n, dtype=np.int64) * 7,
         "return_pos": np.ones(n, np.float32),
         "return_neg": np.zeros(n, np.float32),

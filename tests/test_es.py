@@ -7,12 +7,14 @@ import uuid
 import numpy as np
 import pytest
 
-from qrl.codec import encode
+from qrl.actors.es import ESWorker
+from qrl.codec import CodecError, decode, encode
 from qrl.configs.es import ESConfig
 from qrl.connection import connect
 from qrl.es import Adam, NoiseTable, PolicySpec, centered_ranks, es_gradient, pair_ranks
 from qrl.learners.es import ESMaster
 from qrl.loop import run_role
+from qrl.messages import es_results_schema
 from qrl.runs import create_run
 from qrl.streams import FIELD, GROUP
 from tests.cli import ROOT, eval_mean, train
@@ -112,6 +114,7 @@ def _results(
         "es.results",
         {
             "generation": gen,
+            "job": np.arange(n, dtype=np.int64),
             "index": np.array(idx, np.int64),
             "return_pos": np.array(rp, np.float32),
             "return_neg": np.array(rn, np.float32),
@@ -152,6 +155,48 @@ def test_master_ignores_stale_results_and_resumes(r, keys, redis_server):
     np.testing.assert_array_equal(again.theta, master.theta)
     np.testing.assert_array_equal(again.adam.m, master.adam.m)
     assert again.adam.t == 1
+
+
+def test_pairs_that_draw_the_same_noise_index_keep_their_own_halves(r, keys, redis_server):
+    """A noise table just one noise vector long: every pair in flight draws index 0. Each
+    pair's two halves must still be matched with each other (one env seed: with sigma so
+    small that theta +- sigma eps is theta, both play the same episode) and none lost."""
+    hidden = 143  # CartPole's policy then has 7 x 143 + 2 = 1003 parameters: the table's size
+    # seed 5: an initial policy whose episodes last 17-61 steps, by their start; 5 slots: the
+    # halves of a pair do not always start (and end) in the same step
+    cfg = ESConfig(seed=5, hidden=(hidden,), noise_size=1003, sigma=1e-30, obs_norm=False,
+                   envs_per_worker=5, batch_pairs=1, push_interval=0.0)  # fmt: skip
+    create_run(r, keys, "es", cfg)
+    master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+    assert master.spec.dim == cfg.noise_size
+    master.start(lambda: False)  # publishes generation 0
+    worker = ESWorker(r, keys, cfg, worker_id=0)
+    run_role(worker, r, keys, 0, lambda: False, limit=3000)
+    worker.push(lambda: False)
+    results = []
+    while batch := master.consumer.read():
+        results += [e.data for e in batch]
+    n = sum(len(d["index"]) for d in results)
+    assert n >= 10 and all((d["index"] == 0).all() for d in results)
+    for d in results:  # both halves of every pair played one start
+        np.testing.assert_array_equal(d["length_pos"], d["length_neg"])
+        np.testing.assert_array_equal(d["return_pos"], d["return_neg"])
+    jobs = np.concatenate([d["job"] for d in results])
+    assert len(set(jobs.tolist())) == n  # one id per pair
+    waiting = sum(len(h) for h in worker.halves.values())  # halves whose twin still plays
+    assert worker.episodes == 2 * n + waiting  # no half lost
+
+
+def test_results_need_one_job_id_per_pair():
+    schema = es_results_schema(4, 10_000, 114)
+    msg = decode(_results(0, [10, 20], [1.0, 0.0], [0.0, 2.0]), schema)
+    assert msg["job"].tolist() == [0, 1]
+    for job, reason in [([3, 3], "job ids repeat"), ([1], "job has 1"), ([-1, 2], "job")]:
+        bad = {**msg, "job": np.array(job, np.int64)}
+        with pytest.raises(CodecError, match=reason):
+            decode(encode("es.results", bad), schema)
+    with pytest.raises(CodecError, match="job"):
+        decode(encode("es.results", {k: v for k, v in msg.items() if k != "job"}), schema)
 
 
 def test_train_es_cli_learns_cartpole(tmp_path):

@@ -192,6 +192,7 @@ def test_es_master_survives_hostile_results(master, client, msg, current):
         {
             **msg,
             "generation": master.generation,
+            "job": np.zeros(1, np.int64),
             "index": np.zeros(1, np.int64),
             "return_pos": np.ones(1, np.float32),
             "return_neg": np.zeros(1, np.float32),

@@ -1,3 +1,4 @@
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -197,3 +198,56 @@ def test_non_finite_loss_publishes_nothing_and_does_not_loop(r, keys, redis_serv
     assert lrn.weights.version() == 0  # the NaN weights were never published
     # the skipped unrolls were consumed once, not redelivered forever
     assert r.xlen(keys.trajectories) == 0 and r.xpending(keys.trajectories, GROUP)["pending"] == 0
+
+
+class EndsAfter(gym.Env):
+    """Observation ``[k, 0, 0, 0]`` at step k, reward 1, terminated after ``end`` steps."""
+
+    observation_space = gym.spaces.Box(-100.0, 100.0, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, end: int) -> None:
+        self.end, self.k = end, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.k = 0
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self.k += 1
+        return np.array([self.k, 0, 0, 0], np.float32), 1.0, self.k >= self.end, False, {}
+
+
+# both end every episode after 3 steps by the time limit; one also terminates there
+ENDS_AT_LIMIT, CUT_BY_LIMIT = "QrlTestEndsAtLimit-v0", "QrlTestCutByLimit-v0"
+for _id, _end in ((ENDS_AT_LIMIT, 3), (CUT_BY_LIMIT, 100)):
+    if _id not in gym.registry:
+        gym.register(_id, entry_point=lambda end=_end: EndsAfter(end), max_episode_steps=3)
+
+
+@pytest.mark.parametrize("env_id", [ENDS_AT_LIMIT, CUT_BY_LIMIT])
+def test_a_terminal_step_at_the_time_limit_does_not_bootstrap(r, keys, redis_server, env_id):
+    """gymnasium's TimeLimit says truncated=True on the limit's step even when the episode
+    terminated there: termination wins, the target is the reward alone."""
+    cfg = ImpalaConfig(env=env_id, unroll=7, envs_per_actor=2, batch_unrolls=2)
+    create_run(r, keys, "impala", cfg)
+    msg = _actor_message(cfg, r, keys)
+    lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+    entry = Entry("1-0", decode(encode("impala.unrolls", msg), lrn.consumer.schema))
+    b = stack_unrolls([entry], lrn.device)
+    ends = np.zeros((7, 2), bool)
+    ends[[2, 5]] = True  # steps 3 and 6 of the unroll end an episode
+    assert (msg["truncated"] | msg["terminated"]).tolist() == ends.tolist()
+    assert b.done.numpy().tolist() == ends.tolist()
+    reward = lrn.rewards(b)
+    plain = torch.full((7, 2), cfg.reward_scale)
+    if env_id == ENDS_AT_LIMIT:
+        assert msg["terminated"].tolist() == ends.tolist()
+        assert torch.equal(reward, plain)  # r alone: no gamma V(final obs)
+    else:  # cut by the limit only: bootstraps from the final observation
+        assert not msg["terminated"].any()
+        with torch.no_grad():
+            _, v_final = lrn.net(torch.tensor([[3.0, 0, 0, 0]] * 4))
+        torch.testing.assert_close(reward[ends], plain[ends] + cfg.gamma * v_final)
+        assert torch.equal(reward[~ends], plain[~ends])

@@ -10,6 +10,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from qrl.codec import CodecError, decode, encode
 from qrl.configs.base import ConfigError, parse_config
@@ -19,6 +22,8 @@ from qrl.r2d2 import (
     Rule,
     Sequences,
     n_step_targets,
+    rule_of,
+    sequence_loss,
     sequence_priority,
     sequence_td,
     value_rescale,
@@ -196,6 +201,39 @@ def test_double_q_targets_unroll_from_the_stored_state_and_rescale():
     )
 
 
+def test_burn_in_passes_no_gradient_unless_the_sequence_starts_an_episode():
+    """A sequence that starts mid-episode only warms its stored state up in the burn-in:
+    no gradient reaches its burn-in observations, and the parameters get the gradient of a
+    burn-in unrolled without one. A sequence that starts an episode trains on every step."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(2)
+    net, target = RecurrentQNetwork((3,), 2, (8,), LSTM), RecurrentQNetwork((3,), 2, (8,), LSTM)
+    s = Sequences.of({**_random_sequences(rng, 6, 7), "steps": np.full(6, 7, np.int32)})
+    s.first[:] = torch.tensor([False, True, False, False, True, False])
+    s.obs.requires_grad_(True)
+    burn = 3
+    rule = Rule(n=2, gamma=0.95, burn_in=burn, rescale_eps=1e-3, eta=0.9)
+    q, y, mask = sequence_td(net, target, s, rule)
+    sequence_loss(q, y, mask, torch.ones(6)).backward()
+    later, first = ~s.first, s.first
+    assert (s.obs.grad[later, :burn] == 0).all()
+    assert (s.obs.grad[later, burn:7] != 0).any() and (s.obs.grad[first, :burn] != 0).any()
+    # the parameters' gradient from the later sequences alone: that of a stop-gradient burn-in
+    net.zero_grad()
+    sub = Sequences(**{k: getattr(s, k)[later].detach() for k in vars(s)})
+    q, y, mask = sequence_td(net, target, sub, rule)
+    sequence_loss(q, y, mask, torch.ones(len(q))).backward()
+    got = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    with torch.no_grad():
+        _, state = net(sub.obs[:, :burn], (sub.h0, sub.c0))
+    q_rest, _ = net(sub.obs[:, burn:], state)
+    q_ref = q_rest[:, :-1].gather(-1, sub.action[:, burn:, None])[..., 0]
+    sequence_loss(q_ref, y[:, burn:], mask[:, burn:], torch.ones(len(q))).backward()
+    for a, p in zip(got, net.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-7)
+
+
 def test_sequence_priority_mixes_max_and_mean_over_the_masked_steps():
     delta = torch.tensor([[1.0, -3.0, 2.0, 100.0], [-0.5, 0.5, 0.0, 0.0], [5.0, 5.0, 5.0, 5.0]])
     mask = torch.tensor([[True, True, True, False], [True, False, False, False], [False] * 4])
@@ -213,7 +251,7 @@ def _message(batch, priority=None, **over):
 def test_stored_state_round_trips_through_the_codec_and_the_replay(r, keys):
     """Sequences -> message -> decode (validated) -> filler records -> replay -> sample:
     every field, the LSTM state bit for bit."""
-    cfg = R2D2Config(sequence_length=7, overlap=2, lstm=LSTM, env="qrl/CartPoleNoVel-v1")
+    cfg = R2D2Config(sequence_length=7, overlap=2, burn_in=2, lstm=LSTM, env="qrl/CartPoleNoVel-v1")
     create_run(r, keys, "r2d2", cfg)
     rng = np.random.default_rng(2)
     batch = _random_sequences(rng, 12, 7, obs_dim=2)
@@ -234,7 +272,9 @@ def test_stored_state_round_trips_through_the_codec_and_the_replay(r, keys):
 
 
 def test_sequences_in_a_sharded_replay(r, keys):
-    cfg = R2D2Config(sequence_length=5, overlap=2, lstm=LSTM, replay_shards=3, replay_capacity=30)
+    cfg = R2D2Config(
+        sequence_length=5, overlap=2, burn_in=2, lstm=LSTM, replay_shards=3, replay_capacity=30
+    )
     layout, _ = sequence_spec(cfg)
     rng = np.random.default_rng(3)
     for shard in range(3):
@@ -251,7 +291,7 @@ def test_sequences_in_a_sharded_replay(r, keys):
 
 
 def test_hostile_sequences_are_rejected():
-    cfg = R2D2Config(sequence_length=5, overlap=2, lstm=LSTM)
+    cfg = R2D2Config(sequence_length=5, overlap=2, burn_in=2, lstm=LSTM)
     _, schema = sequence_spec(cfg, max_rows=8)
     good = _random_sequences(np.random.default_rng(4), 3, 5, obs_dim=2)
     assert decode(encode("r2d2.sequences", _message(good)), schema)["obs"].shape == (3, 6, 2)
@@ -304,6 +344,42 @@ def test_config_refuses_a_burn_in_or_overlap_that_fills_the_sequence():
         parse_config(R2D2Config, {"sequence_length": 8, "burn_in": 8})
     with pytest.raises(ConfigError, match="overlap"):
         parse_config(R2D2Config, {"sequence_length": 8, "overlap": 8})
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    length=st.integers(2, 24),
+    overlap=st.integers(0, 23),
+    burn_in=st.integers(0, 23),
+    episodes=st.lists(
+        st.tuples(st.integers(1, 70), st.sampled_from(["terminated", "truncated"])),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_every_step_is_in_some_loss_for_every_accepted_config(length, overlap, burn_in, episodes):
+    """Sequences cut by the actors' Sequencer and masked by the learner's rule: every step
+    of every episode is in the loss of some sequence, whatever config is accepted; the
+    configs refused are exactly those whose burn-in is longer than the overlap."""
+    try:
+        cfg = R2D2Config(sequence_length=length, overlap=overlap, burn_in=burn_in)
+    except ValidationError:
+        assert burn_in > overlap or length <= max(overlap, burn_in)
+        return
+    seq = Sequencer(1, cfg.sequence_length, cfg.overlap, (2,), "float32", LSTM)
+    lengths, ends = zip(*episodes, strict=True)
+    s = Sequences.of(stack(_episode_stream(seq, list(lengths), list(ends), lambda e, k: 0.0)))
+    net = RecurrentQNetwork((2,), 2, (4,), LSTM)
+    _, _, mask = sequence_td(net, net, s, rule_of(cfg))
+    covered = {tuple(map(int, s.obs[b, t])) for b, t in zip(*torch.nonzero(mask).T, strict=True)}
+    assert covered == {(e, k) for e, n in enumerate(lengths) for k in range(n)}
+
+
+def test_config_refuses_a_burn_in_longer_than_the_overlap():
+    with pytest.raises(ConfigError, match="burn_in=8 .* overlap=4"):
+        parse_config(R2D2Config, {"sequence_length": 20, "burn_in": 8, "overlap": 4})
+    parse_config(R2D2Config, {"sequence_length": 80, "burn_in": 40, "overlap": 40})  # README's
+    assert R2D2Config().burn_in <= R2D2Config().overlap
 
 
 def test_cartpole_without_velocities():

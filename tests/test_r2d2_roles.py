@@ -36,7 +36,13 @@ def test_learner_writes_the_priority_mix_back(r, keys, redis_server):
     from qrl.learners.r2d2 import R2D2Learner
 
     cfg = R2D2Config(
-        sequence_length=6, lstm=LSTM, hidden=(8,), learning_starts=10, batch_size=8, overlap=2
+        sequence_length=6,
+        lstm=LSTM,
+        hidden=(8,),
+        learning_starts=10,
+        batch_size=8,
+        overlap=2,
+        burn_in=2,
     )
     create_run(r, keys, "r2d2", cfg)
     layout, _ = sequence_spec(cfg)
@@ -143,7 +149,7 @@ def test_the_filler_dead_letters_a_corpus_of_malformed_sequences(r, keys):
     is rejected once and acknowledged; only the valid sequences reach the replay."""
     from tests.corpus import corpus
 
-    cfg = R2D2Config(sequence_length=5, overlap=2, lstm=LSTM)
+    cfg = R2D2Config(sequence_length=5, overlap=2, burn_in=2, lstm=LSTM)
     create_run(r, keys, "r2d2", cfg)
     filler = SequenceFiller(r, keys, cfg)
     good = _random_sequences(np.random.default_rng(6), 4, 5, obs_dim=2)

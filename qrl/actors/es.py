@@ -1,10 +1,13 @@
 """The ES worker: evaluates antithetic perturbations theta +- sigma eps of the master's current
 parameters, one episode each, ``envs_per_worker`` episodes side by side, and pushes the
-results (generation, noise index, both returns and lengths, observation sums) in batches.
+results (generation, pair job id, noise index, both returns and lengths, observation sums)
+in batches.
 
 Both halves of an antithetic pair start from the same initial state (the env is reset with
 a seed drawn for the pair: common random numbers), so their difference measures the
-perturbation, not the luck of the start. A new generation is picked up as soon as it
+perturbation, not the luck of the start. Halves are matched by their pair's job id (unique
+in the worker), not by noise index: two pairs in flight may draw the same index. A new
+generation is picked up as soon as it
 appears: episodes of the old one are abandoned (their results could only be stale) and
 every slot starts on the new parameters.
 """
@@ -16,7 +19,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import redis
@@ -31,6 +34,15 @@ from qrl.streams import StreamProducer
 from qrl.weights import Weights, WeightStore
 
 log = logging.getLogger(__name__)
+
+
+class Job(NamedTuple):
+    """One half of an antithetic pair: the pair's id, its noise index and env seed."""
+
+    id: int
+    index: int
+    sign: int  # +1 or -1
+    env_seed: int
 
 
 class ESWorker(Role):
@@ -63,6 +75,7 @@ class ESWorker(Role):
         self.abandoned = 0
         self.last_push = 0.0
         self.returns: list[float] = []
+        self.next_job = 0  # the id of the next antithetic pair
         self.poll_every, self.next_poll = poll_every, 0.0
 
     def newer(self) -> Weights | None:
@@ -86,13 +99,13 @@ class ESWorker(Role):
     def _reset_generation(self) -> None:
         """Start every slot on the current generation's parameters."""
         dim = self.spec.dim
-        self.jobs: deque[tuple[int, int, int]] = deque()  # (noise index, sign, env seed)
-        self.slot_job: list[tuple[int, int, int]] = [(0, 0, 0)] * self.n
+        self.jobs: deque[Job] = deque()
+        self.slot_job: list[Job] = [Job(0, 0, 0, 0)] * self.n
         self.params = np.empty((self.n, dim), np.float32)
         self.ret = np.zeros(self.n)
         self.length = np.zeros(self.n, np.int64)
-        self.halves: dict[int, dict[int, tuple[float, int]]] = {}
-        self.done_pairs: list[tuple[int, float, float, int, int]] = []
+        self.halves: dict[int, dict[int, tuple[float, int]]] = {}  # job -> sign -> result
+        self.done_pairs: list[tuple[int, int, float, float, int, int]] = []
         self.obs_sum = np.zeros(self.spec.obs_dim)
         self.obs_sumsq = np.zeros(self.spec.obs_dim)
         self.obs_count = 0.0
@@ -103,32 +116,34 @@ class ESWorker(Role):
         if not self.jobs:
             i = self.noise.sample_index(self.rng, self.spec.dim)
             env_seed = int(self.rng.integers(2**31))
-            self.jobs.extend([(i, 1, env_seed), (i, -1, env_seed)])
-        i, sign, env_seed = self.jobs.popleft()
-        self.slot_job[j] = (i, sign, env_seed)
-        self.params[j] = self.theta + sign * self.cfg.sigma * self.noise.get(i, self.spec.dim)
+            self.jobs.extend(Job(self.next_job, i, sign, env_seed) for sign in (1, -1))
+            self.next_job += 1
+        job = self.slot_job[j] = self.jobs.popleft()
+        noise = self.noise.get(job.index, self.spec.dim)
+        self.params[j] = self.theta + job.sign * self.cfg.sigma * noise
         self.ret[j], self.length[j] = 0.0, 0
-        self.obs[j] = self.envs[j].reset(seed=env_seed)[0]
+        self.obs[j] = self.envs[j].reset(seed=job.env_seed)[0]
 
     def _finish(self, j: int) -> None:
-        i, sign, _ = self.slot_job[j]
+        job = self.slot_job[j]
         self.episodes += 1
         self.returns.append(float(self.ret[j]))
-        half = self.halves.setdefault(i, {})
-        half[sign] = (float(self.ret[j]), int(self.length[j]))
+        half = self.halves.setdefault(job.id, {})
+        half[job.sign] = (float(self.ret[j]), int(self.length[j]))
         if len(half) == 2:
-            del self.halves[i]
+            del self.halves[job.id]
             (rp, lp), (rn, ln) = half[1], half[-1]
-            self.done_pairs.append((i, rp, rn, lp, ln))
+            self.done_pairs.append((job.id, job.index, rp, rn, lp, ln))
 
     def push(self, should_stop: Callable[[], bool]) -> bool:
         if not self.done_pairs:
             return True
-        idx, rp, rn, lp, ln = (np.array(x) for x in zip(*self.done_pairs, strict=True))
+        job, idx, rp, rn, lp, ln = (np.array(x) for x in zip(*self.done_pairs, strict=True))
         payload = encode(
             "es.results",
             {
                 "generation": self.generation,
+                "job": job.astype(np.int64),
                 "index": idx.astype(np.int64),
                 "return_pos": rp.astype(np.float32),
                 "return_neg": rn.astype(np.float32),

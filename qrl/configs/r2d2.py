@@ -37,7 +37,8 @@ class R2D2Config(ReplayConfig):
         ge=0,
         le=999,
         description="Leading steps of a sequence that only warm up the stored LSTM state (no "
-        "loss there, unless the sequence starts an episode: its state is exact).",
+        "loss or gradient there, unless the sequence starts an episode: its state is exact); "
+        "at most overlap, so every step is in some sequence's loss.",
     )
     overlap: int = Field(
         10, ge=0, le=999, description="Steps a sequence shares with the next one of its episode."
@@ -89,6 +90,12 @@ class R2D2Config(ReplayConfig):
         if self.overlap >= self.sequence_length:
             raise ValueError(
                 f"overlap={self.overlap} must be below sequence_length={self.sequence_length}"
+            )
+        if self.burn_in > self.overlap:  # a sequence's burn-in steps are the previous one's
+            raise ValueError(  # last ones: longer, and the steps between are in no loss
+                f"burn_in={self.burn_in} must be at most overlap={self.overlap}: the steps a "
+                "sequence burns in must be in the previous sequence's loss, or no loss trains on "
+                "them"
             )
         return self
 

@@ -38,8 +38,8 @@ class UnrollBatch:
     reward: torch.Tensor
     done: torch.Tensor
     logits: torch.Tensor  # [T, B, A]
-    trunc_obs: torch.Tensor  # [K, ...]
-    trunc_idx: torch.Tensor  # [K, 2]
+    trunc_obs: torch.Tensor  # [K, ...] final observations of episodes cut by a time limit
+    trunc_idx: torch.Tensor  # [K, 2] their steps (t, b): not terminated there
 
 
 def stack_unrolls(entries: list[Entry], device: torch.device) -> UnrollBatch:
@@ -55,6 +55,10 @@ def stack_unrolls(entries: list[Entry], device: torch.device) -> UnrollBatch:
             for e, off in zip(entries, offsets, strict=True)
         ]
     )
+    # termination wins: gymnasium's TimeLimit also says truncated on the limit's step when
+    # the episode terminated there, and a terminal step does not bootstrap
+    terminated = cat("terminated")
+    cut = ~terminated[idx[:, 0], idx[:, 1]]
     versions = np.concatenate([np.full(e.data["obs"].shape[1], e.data["version"]) for e in entries])
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     return UnrollBatch(
@@ -63,10 +67,10 @@ def stack_unrolls(entries: list[Entry], device: torch.device) -> UnrollBatch:
         obs=t(cat("obs")),
         action=t(cat("action").astype(np.int64)),
         reward=t(cat("reward")),
-        done=t(cat("terminated") | cat("truncated")),
+        done=t(terminated | cat("truncated")),
         logits=t(cat("logits")),
-        trunc_obs=t(cat("trunc_obs", axis=0)),
-        trunc_idx=t(idx.astype(np.int64)),
+        trunc_obs=t(cat("trunc_obs", axis=0)[cut]),
+        trunc_idx=t(idx[cut].astype(np.int64)),
     )
 
 
@@ -184,17 +188,23 @@ class ImpalaLearner(Learner):
             idx,
         )
 
+    def rewards(self, b: UnrollBatch) -> torch.Tensor:
+        """The rewards V-trace gets: scaled, plus ``gamma V(final observation)`` where a
+        time limit cut the episode (it would have gone on)."""
+        reward = b.reward * self.cfg.reward_scale
+        if len(b.trunc_idx):
+            with torch.no_grad():
+                _, v_final = self.net(b.trunc_obs)
+            reward[b.trunc_idx[:, 0], b.trunc_idx[:, 1]] += self.cfg.gamma * v_final
+        return reward
+
     def loss(self, b: UnrollBatch) -> torch.Tensor:
         cfg = self.cfg
         t1, bsz = b.obs.shape[:2]
         logits, values = self.net(b.obs.reshape(t1 * bsz, *self.obs_shape))
         logits = logits.reshape(t1, bsz, -1)[:-1]
         values = values.reshape(t1, bsz)
-        reward = b.reward * cfg.reward_scale
-        if len(b.trunc_idx):  # a truncated episode bootstraps from its final observation
-            with torch.no_grad():
-                _, v_final = self.net(b.trunc_obs)
-            reward[b.trunc_idx[:, 0], b.trunc_idx[:, 1]] += cfg.gamma * v_final
+        reward = self.rewards(b)
         discounts = cfg.gamma * (~b.done).float()
         logp = F.log_softmax(logits, dim=-1)
         target_logp = logp.gather(2, b.action[..., None])[..., 0]
