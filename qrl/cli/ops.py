@@ -14,9 +14,11 @@ import click
 
 from qrl.cli.options import (
     connect_or_fail,
+    env_module_option,
     redis_option,
     run_keys,
     run_option,
+    typed_env,
     warn_secret_in_argv,
 )
 
@@ -238,10 +240,12 @@ def plot_cmd(run_dir: Path, out: Path | None) -> None:
     show_default=True,
     help="Episodes to play (one env each, in parallel).",
 )
+@env_module_option
 @click.option(
     "--env",
     "env_id",
     default=None,
+    callback=typed_env,
     help="Evaluate on this env id instead (same observation and action spaces).",
 )
 @click.option(

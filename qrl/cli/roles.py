@@ -13,6 +13,7 @@ from qrl.algos import ALGOS, Algorithm, RoleDef
 from qrl.cli.options import (
     VERBOSE,
     device_option,
+    env_module_option,
     id_option,
     redis_and_run,
     settings,
@@ -92,7 +93,7 @@ def role_command(algo: Algorithm, role: RoleDef) -> click.Command:
         cmd = id_option(role.name)(cmd)
         if role.kind == "actor":
             cmd = _actor_options(cmd)
-    cmd = redis_and_run(VERBOSE(cmd))
+    cmd = redis_and_run(env_module_option(VERBOSE(cmd)))
     return click.command(role.command[-1], help=role.help)(cmd)
 
 
