@@ -16,6 +16,7 @@ from qrl.cli.options import (
     env_module_option,
     id_option,
     redis_and_run,
+    run_keys,
     settings,
     stack,
     track_options,
@@ -27,6 +28,7 @@ def _run(algo: Algorithm, role: RoleDef, **opts: Any) -> None:
     from qrl.launch import LaunchError, RoleSpec, run_role
     from qrl.loop import RoleFailed
 
+    run_keys(opts["run"])  # an invalid name is a usage error (exit 2), before anything starts
     if "track" in opts:  # a learner
         track = tracking(opts.pop("track"), opts.pop("wandb_project"), opts.pop("wandb_entity"))
         if track.wandb and opts["run_dir"] is None:
