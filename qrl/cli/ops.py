@@ -180,15 +180,20 @@ def status_cmd(
 
 def _collector(client: Any, keys: Any, stale_after: float) -> Any:
     """A function returning the run's status, with what its algorithm's builder adds."""
+    from redis import ResponseError
+
     from qrl.algos import ALGOS
     from qrl.codec import CodecError
     from qrl.runs import RunNotFound, load_run
     from qrl.status import collect
 
+    unreadable = []  # the config of the wrong type or unreadable: shown as unknown
     try:
         name, config = load_run(client, keys)
-    except (RunNotFound, CodecError):
+    except RunNotFound:
         name, config = None, {}
+    except (CodecError, ResponseError):
+        name, config, unreadable = None, {}, ["config"]
     algo = ALGOS.get(name) if name else None
 
     def status() -> dict[str, Any]:
@@ -200,7 +205,8 @@ def _collector(client: Any, keys: Any, stale_after: float) -> Any:
             env=config.get("env"),
             weights_key=algo.weights_key(keys) if algo else None,
             streams=algo.streams(keys, config) if algo else None,
-            extra=algo.status(client, keys, config) if algo else None,
+            extra=(lambda: algo.status(client, keys, config)) if algo else None,
+            unreadable=unreadable,
         )
 
     return status

@@ -168,8 +168,7 @@ config_options = stack(
         "--env",
         default=None,
         callback=typed_env,
-        help="Gymnasium environment id (default: the config's); MODULE:EnvId imports MODULE "
-        "first.",
+        help="Gymnasium environment id (default: the config's); MODULE:EnvId imports MODULE first.",
     ),
     click.option("--seed", type=int, default=None, help="Random seed (default 0)."),
     click.option(
