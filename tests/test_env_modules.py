@@ -110,8 +110,11 @@ def test_load_policy_and_eval_import_the_modules_they_are_told_to(tmp_path):
     assert not marker.exists()
 
 
-def test_env_modules_are_refused_unless_allowed_and_never_from_data():
+def test_env_modules_are_refused_unless_allowed_and_never_from_data(monkeypatch):
+    from qrl import envs
     from qrl.envs import EnvModuleRefused, allow_env_modules, make_env
+
+    monkeypatch.setattr(envs, "_allowed", set())  # this process's list, restored after
 
     with pytest.raises(EnvModuleRefused, match="--env-module tests._envs"):
         make_env("tests._envs:QrlTestPendulum-v0")

@@ -122,3 +122,25 @@ def test_a_role_with_a_bad_run_name_is_a_usage_error(command):
     out = qrl(*command, "--run", "bad name}", env=env, timeout=60)
     assert out.returncode == 2, out.stderr
     assert "--run" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_qrl_status_finds_the_only_run_whatever_the_type_of_its_keys():
+    import redis
+
+    from qrl.embedded import EmbeddedRedis
+    from qrl.keys import RunKeys
+
+    with EmbeddedRedis() as server:  # its own Redis: the run is the only one
+        r = redis.Redis.from_url(server.url)
+        keys = RunKeys("only")
+        create_run(r, keys, "apex", parse_config(ApexConfig, {}))
+        r.set(keys.control, "x")
+        out = qrl("status", "--redis", server.url, "--json", timeout=60)
+        assert out.returncode == 0, out.stderr[-2000:]
+        status = json.loads(out.stdout)
+        assert status["run"] == "only" and status["unreadable"] == ["control"], status
+        r.delete(keys.config)
+        r.hset(keys.config, "a", "b")
+        out = qrl("status", "--redis", server.url, "--json", timeout=60)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout)["unreadable"] == ["config", "control"]
