@@ -42,6 +42,9 @@ def test_a_checkpoint_write_does_not_follow_a_planted_symlink(tmp_path):
     replace_model(path, {"w": [1.0, 2.0]}, 2)
     assert victim.read_bytes() == PRECIOUS.encode(), "the symlink's target was overwritten"
     assert not path.is_symlink() and load_checkpoint(path)["step"] == 2
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as any new file, as before
     assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint.pt", "checkpoint.pt.tmp"]
 
 
