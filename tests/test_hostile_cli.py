@@ -147,3 +147,21 @@ def test_qrl_status_finds_the_only_run_whatever_the_type_of_its_keys():
         out = qrl("status", "--redis", server.url, "--json", timeout=60)
         assert out.returncode == 0, out.stderr[-2000:]
         assert json.loads(out.stdout)["unreadable"] == ["config", "control"]
+
+
+def test_qrl_run_list_prints_no_control_characters_or_markup_from_redis():
+    import redis
+
+    from qrl.embedded import EmbeddedRedis
+    from qrl.keys import RunKeys
+
+    with EmbeddedRedis() as server:
+        r = redis.Redis.from_url(server.url)
+        env = f"CartPole-v1[link=https://evil.example]{ESC}"
+        create_run(r, RunKeys("listed"), "apex", parse_config(ApexConfig, {"env": env}))
+        wide = {**os.environ, "COLUMNS": "300"}  # the whole env id on one line
+        out = qrl("run", "list", "--redis", server.url, env=wide, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "listed" in out.stdout and "[link=https://evil.example]" in out.stdout, out.stdout
+    for c in "\x1b\x07":
+        assert c not in out.stdout, (c, out.stdout)
