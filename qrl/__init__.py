@@ -5,13 +5,15 @@ from qrl import envs  # noqa: F401  (registers qrl's gymnasium tasks: qrl/CartPo
 __version__ = "0.1.0"
 
 
-def load_policy(path):  # type: ignore[no-untyped-def]
+def load_policy(path, env_modules=()):  # type: ignore[no-untyped-def]
     """The trained (greedy) policy in a run directory or checkpoint file: ``.predict(obs)``
     for one observation or a batch, ``.algo``, ``.config``, ``.env_id``
-    (:func:`qrl.policy.load_policy`; imports torch when called, not when qrl is imported)."""
+    (:func:`qrl.policy.load_policy`; imports torch when called, not when qrl is imported).
+    A checkpoint whose env id names a module (``module:EnvId``) loads only with that module
+    in ``env_modules``: nothing a file names is imported unless you say so."""
     from qrl.policy import load_policy
 
-    return load_policy(path)
+    return load_policy(path, env_modules)
 
 
 __all__ = ["__version__", "load_policy"]

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from qrl import __version__
+from qrl.files import write_atomically
 
 FORMAT = 1  # bump when the checkpoint layout changes; older files are refused, not misread
 
@@ -102,7 +102,4 @@ def _whole_parts(params: set[str], model: set[str]) -> bool:
 
 def _write(path: Path, state: dict[str, Any]) -> None:
     """Save ``state`` to ``path`` atomically (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    write_atomically(path, lambda f: torch.save(state, f))

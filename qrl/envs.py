@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from collections.abc import Iterable
 
 import gymnasium as gym
 import numpy as np
@@ -70,14 +71,58 @@ for _id, _entry in ((NO_VEL_ID, "cartpole_no_vel"), (SLOW_ID, "slow_cartpole")):
         )
 
 
-def find_spec(env_id: str) -> gym.envs.registration.EnvSpec:
-    """The registration of ``env_id``, including the ``module:EnvId`` form (the module is
-    imported first, as ``gymnasium.make`` does); raises ``gymnasium.error.Error``."""
+ENV_MODULES_VAR = "QRL_ENV_MODULES"
+_allowed: set[str] = set()  # modules this process was told to import for env ids
+
+
+class EnvModuleRefused(ValueError):
+    """An env id ``module:EnvId`` whose module this process was not told to import."""
+
+
+def allow_env_modules(modules: Iterable[str]) -> None:
+    """Let env ids ``module:EnvId`` name these modules in this process (and in the role
+    processes it starts). Only the person starting the process says which: an env id read
+    from Redis, a checkpoint or a run directory is data, and data never picks code to run."""
+    for module in modules:
+        if not all(part.isidentifier() for part in module.split(".")):
+            raise ValueError(f"{module!r} is not a module name")
+        _allowed.add(module)
+
+
+def allowed_env_modules() -> tuple[str, ...]:
+    return tuple(sorted(_allowed))
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise :class:`EnvModuleRefused` (one line saying how to allow it) if ``env_id`` names
+    a module (``module:EnvId``) this process was not told to import; imports nothing."""
     module, sep, name = env_id.partition(":")
-    if sep:
-        importlib.import_module(module)
-        env_id = name
-    return gym.spec(env_id)
+    if sep and ":" in name:
+        raise EnvModuleRefused(f"environment {env_id!r}: one module:EnvId at most")
+    if sep and module not in _allowed:
+        raise EnvModuleRefused(
+            f"environment {env_id!r}: qrl imports the module {module!r} only when told to by "
+            f"whoever starts it: --env-module {module} (or {ENV_MODULES_VAR}={module}; in "
+            f"Python, load_policy(..., env_modules=[{module!r}]))"
+        )
+
+
+def registered_id(env_id: str) -> str:
+    """The id to look up in gymnasium's registry: ``env_id`` itself, or for ``module:EnvId``
+    ``EnvId`` after importing the module, which must be allowed (:func:`check_env_id`).
+    gymnasium would import any module an id names, so it only ever gets the bare id."""
+    check_env_id(env_id)
+    module, sep, name = env_id.partition(":")
+    if not sep:
+        return env_id
+    importlib.import_module(module)
+    return name
+
+
+def find_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The registration of ``env_id``, including the ``module:EnvId`` form of an allowed
+    module (:func:`registered_id`); raises ``gymnasium.error.Error`` or ``ValueError``."""
+    return gym.spec(registered_id(env_id))
 
 
 def action_kind(space: gym.Space) -> str:
@@ -96,6 +141,7 @@ def check_env(env_id: str, algo: str, actions: frozenset[str]) -> None:
         env = make_env(env_id)
     except (gym.error.Error, ImportError, RuntimeError, ValueError) as e:
         msg = str(e).removeprefix(f"cannot make environment {env_id!r}: ")
+        msg = msg.removeprefix(f"environment {env_id!r}: ")
         raise ValueError(f"environment {env_id!r}: {msg}") from None
     try:
         kind = action_kind(env.action_space)
@@ -118,20 +164,21 @@ def make_env(env_id: str, seed: int | None = None, render_mode: str | None = Non
     ``render_mode`` is gymnasium's (``"rgb_array"`` to record video); it is passed only when
     given, so envs that take no ``render_mode`` argument still work."""
     extra = {} if render_mode is None else {"render_mode": render_mode}
-    if is_atari(env_id):
+    name = registered_id(env_id)
+    if is_atari(name):
         try:
             import ale_py
         except ImportError as e:  # pragma: no cover - depends on the install
             raise RuntimeError("Atari needs `pip install 'qrl-rl[atari]'` (ale-py, opencv)") from e
         gym.register_envs(ale_py)
-        env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0, **extra)
+        env = gym.make(name, frameskip=1, repeat_action_probability=0.0, **extra)
         env = gym.wrappers.AtariPreprocessing(
             env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30
         )
         env = gym.wrappers.FrameStackObservation(env, 4)
     else:
         try:
-            env = gym.make(env_id, **extra)
+            env = gym.make(name, **extra)
         except gym.error.Error as e:
             raise ValueError(f"cannot make environment {env_id!r}: {e}") from e
     if seed is not None:

@@ -22,7 +22,7 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +35,7 @@ from qrl.codec import CodecError
 from qrl.connection import RedisUnavailable, connect, failure_exit, stop_waiting
 from qrl.control import StopFlag, on_stop_signals
 from qrl.embedded import die_with_parent
+from qrl.envs import allow_env_modules, allowed_env_modules, check_env_id
 from qrl.ids import claim_id, hold_id
 from qrl.keys import RunKeys
 from qrl.loop import RoleFailed
@@ -78,6 +79,9 @@ class RoleSpec:
     redis_deadline: float | None = None
     tracking: Tracking | None = None  # where a learner with run_dir sends metrics besides CSV
     nice: int = 0  # added to the process's niceness at its start (lower CPU priority)
+    # the modules env ids may name: those the starting process was told to import (by its
+    # user, never by the run's config), so qrl train's roles import what its --env named
+    env_modules: tuple[str, ...] = field(default_factory=allowed_env_modules)
 
 
 def setup_logging(level: int, force: bool = True) -> None:
@@ -119,12 +123,14 @@ def run_role(spec: RoleSpec) -> int:
         on_stop_signals(on_signal)
     opener = partial(connect, spec.redis_url, deadline=spec.redis_deadline)
     try:
+        allow_env_modules(spec.env_modules)
         keys = RunKeys(spec.run)
         client = connect(spec.redis_url, wait=30, deadline=spec.redis_deadline)
         spec = replace(spec, algo=_algorithm(spec, client, keys))
         algo = ALGOS[spec.algo]
         roledef = algo.role(spec.role)
         cfg = load_run_config(client, keys, algo.name, algo.config)
+        check_env_id(cfg.env)  # the config is data: it may name no module to import
     except (RedisUnavailable, RunNotFound, CodecError, ValueError) as e:
         raise LaunchError(str(e)) from e
     if spec.ident == "auto":

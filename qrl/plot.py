@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from qrl.files import write_atomically
+
 
 def _column(rows: list[dict[str, str]], name: str) -> list[float | None]:
     out: list[float | None] = []
@@ -103,6 +105,6 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     out = out or run_dir / "plot.png"
-    fig.savefig(out, dpi=100)
+    write_atomically(out, lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)
     return out

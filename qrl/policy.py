@@ -10,6 +10,7 @@ the algorithm (its builder says how to act with its parameters).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,9 +74,14 @@ class LoadedPolicy:
         return self.act(obs)
 
 
-def load_policy(path: str | Path) -> LoadedPolicy:
+def load_policy(path: str | Path, env_modules: Iterable[str] = ()) -> LoadedPolicy:
     """The greedy policy in a checkpoint file or a run directory (its ``checkpoint.pt``);
-    raises ``CheckpointError`` (a ``ValueError``) if it cannot be used."""
+    raises ``CheckpointError`` (a ``ValueError``) if it cannot be used. The checkpoint's env
+    id may name a module (``module:EnvId``) only if it is in ``env_modules``: what a file
+    names is never imported (nor anything from the run directory) unless the caller says so."""
+    from qrl.envs import allow_env_modules, check_env_id
+
+    allow_env_modules(env_modules)
     path = Path(path)
     if path.is_dir():
         path = path / "checkpoint.pt"
@@ -86,5 +92,9 @@ def load_policy(path: str | Path) -> LoadedPolicy:
     if algo is None:
         raise CheckpointError(f"unknown algorithm {state['algo']!r} in {path}")
     cfg = parse_config(algo.config, state["config"])
+    try:
+        check_env_id(cfg.env)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: {e}") from None
     act = algo.policy(cfg, {k: v.numpy() for k, v in state["model"].items()})
     return LoadedPolicy(algo, cfg, act, int(state["step"]))

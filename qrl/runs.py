@@ -79,7 +79,7 @@ def load_run_config(client: redis.Redis, keys: RunKeys, algo: str, cls: type[C])
 
 def list_runs(client: redis.Redis) -> list[dict[str, Any]]:
     """Every run in this Redis: name, algo, env, created (unix time), stopped; unreadable
-    configs are listed with algo ``?``."""
+    configs (bad or of the wrong type) are listed with algo ``?``."""
     runs = []
     for key in client.scan_iter(match=RunKeys.config_pattern(), count=1000):
         name = RunKeys.run_of(key)
@@ -89,15 +89,19 @@ def list_runs(client: redis.Redis) -> list[dict[str, Any]]:
         try:
             blob = client.get(keys.config)
             msg = decode(blob, RUN_CONFIG) if blob is not None else None
-        except CodecError:
+        except (CodecError, redis.ResponseError):
             msg = None
+        try:
+            stopped = bool(client.hget(keys.control, "stop"))
+        except redis.ResponseError:  # a control key of the wrong type: nobody asked to stop
+            stopped = False
         runs.append(
             {
                 "run": name,
                 "algo": msg["algo"] if msg else "?",
                 "env": msg["config"].get("env", "?") if msg else "?",
                 "created": msg["created"] if msg else None,
-                "stopped": bool(client.hget(keys.control, "stop")),
+                "stopped": stopped,
             }
         )
     return sorted(runs, key=lambda r: r["created"] or 0.0)

@@ -14,8 +14,9 @@ import math
 import os
 import reprlib
 import socket
-from collections.abc import Mapping
-from typing import Any
+import unicodedata
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 import redis
@@ -24,6 +25,7 @@ from qrl.codec import CodecError, Field, Schema, decode, encode
 from qrl.keys import RunKeys
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STALE_AFTER = 10.0  # seconds without a heartbeat before a process is flagged
 HEARTBEAT_TTL = 120  # seconds a silent process stays listed (as stale)
@@ -117,6 +119,32 @@ def leave(client: redis.Redis, keys: RunKeys, role: str, ident: int) -> None:
 _RATE = {"actor": "steps_per_s", "worker": "steps_per_s", "replay": "inserted_per_s"}
 
 
+def printable(value: Any) -> Any:
+    """``value`` with every control or format character of its strings (dict keys too)
+    written as its escape, ``\\x1b``: what came from Redis is shown, never obeyed by the
+    terminal (escape sequences, bell, carriage return, bidi overrides)."""
+    if isinstance(value, str):
+        return "".join(
+            c.encode("unicode_escape").decode() if unicodedata.category(c)[0] == "C" else c
+            for c in value
+        )
+    if isinstance(value, dict):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [printable(v) for v in value]
+    return value
+
+
+def _read(unreadable: list[str], what: str, read: Callable[[], T], default: T) -> T:
+    """``read()``, or ``default`` if Redis refused it (a key of the wrong type, which
+    whoever wrote it chose): ``what`` is then listed in ``unreadable``."""
+    try:
+        return read()
+    except redis.ResponseError:
+        unreadable.append(what)
+        return default
+
+
 def _stream(client: redis.Redis, key: str) -> dict[str, Any] | None:
     if not client.exists(key):
         return None
@@ -149,11 +177,15 @@ def collect(
     env: str | None = None,
     weights_key: str | None = None,
     streams: dict[str, str] | None = None,
-    extra: dict[str, Any] | None = None,
+    extra: Callable[[], dict[str, Any]] | None = None,
+    unreadable: list[str] | None = None,
 ) -> dict[str, Any]:
     """Everything ``qrl status`` shows, as plain data (what ``--json`` prints). What depends
     on the algorithm comes from its builder: where its weights are, its streams, and
-    ``extra`` top-level values (e.g. the replay size)."""
+    ``extra()``'s top-level values (e.g. the replay size). A key of the wrong type is shown
+    as nothing and named in ``unreadable`` (with what the caller could not read); every
+    string from Redis is :func:`printable`."""
+    unreadable = list(unreadable or [])
     sec, usec = client.time()
     now = sec + usec / 1e6
     procs = []
@@ -162,7 +194,7 @@ def collect(
         if blob is None:
             continue  # expired between SCAN and MGET
         try:
-            hb = decode(blob, HEARTBEAT)
+            hb = printable(decode(blob, HEARTBEAT))
         except CodecError as e:
             warn_once(f"heartbeat:{e}", "ignoring a heartbeat of run %s: %s", keys.run, e)
             continue
@@ -179,7 +211,8 @@ def collect(
         if rate is not None:
             throughput[p["role"]] = throughput.get(p["role"], 0.0) + float(rate)
 
-    version = _int(client.hget(weights_key, "version")) if weights_key else -1
+    read_version = (lambda: client.hget(weights_key, "version")) if weights_key else None
+    version = _int(_read(unreadable, "weights", read_version, -1)) if read_version else -1
     actor_versions = [
         p["values"]["version"] for p in live if p["role"] == "actor" and "version" in p["values"]
     ]
@@ -191,29 +224,38 @@ def collect(
     else:
         policy_lag = None
 
-    stats = {k.decode(): _int(v, 0) for k, v in client.hgetall(keys.stats).items()}
+    stats = {
+        k.decode(errors="backslashreplace"): _int(v, 0)
+        for k, v in _read(unreadable, "stats", lambda: client.hgetall(keys.stats), {}).items()
+    }
     stream_info = {}
     for name, key in (streams or {}).items():
-        info = _stream(client, key)
+        info = _read(unreadable, name, lambda key=key: _stream(client, key), None)
         if info is not None:
             stream_info[name] = info
-    return {
-        "run": keys.run,
-        "algo": algo,
-        "env": env,
-        "stopped": bool(client.hget(keys.control, "stop")),
-        "time": now,
-        "processes": procs,
-        "throughput": throughput,
-        "streams": stream_info,
-        "weights_version": version,
-        "policy_lag": policy_lag,
-        "dead_letters": client.xlen(keys.deadletter),
-        "rejected": stats.get("rejected", 0),
-        "stats": stats,
-        "extra": sorted(extra or {}),
-        **(extra or {}),
-    }
+    stopped = _read(unreadable, "control", lambda: client.hget(keys.control, "stop"), None)
+    dead = _read(unreadable, "deadletter", lambda: client.xlen(keys.deadletter), 0)
+    more = _read(unreadable, f"{algo} status", extra, {}) if extra else {}
+    return printable(
+        {
+            "run": keys.run,
+            "algo": algo,
+            "env": env,
+            "stopped": bool(stopped),
+            "time": now,
+            "processes": procs,
+            "throughput": throughput,
+            "streams": stream_info,
+            "weights_version": version,
+            "policy_lag": policy_lag,
+            "dead_letters": dead,
+            "rejected": stats.get("rejected", 0),
+            "stats": stats,
+            "unreadable": unreadable,
+            "extra": sorted(more),
+            **more,
+        }
+    )
 
 
 # --------------------------------------------------------------------------- render
@@ -245,6 +287,10 @@ def render(status: dict[str, Any]) -> Any:
         *(f"   {k.replace('_', ' ')} {s[k]:,}" for k in s.get("extra", [])),
         (f"   dead letters {s['dead_letters']}", "red" if s["dead_letters"] else ""),
     )
+    if s.get("unreadable"):
+        head.append(
+            f"\nunreadable (a key of the wrong type): {', '.join(s['unreadable'])}", "bold red"
+        )
     procs = Table("process", "host:pid", "up", "heartbeat", "rate/s", "counters", box=None)
     for p in s["processes"]:
         v, bad = p["values"], p.get("bad", [])

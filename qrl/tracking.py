@@ -57,7 +57,8 @@ class TensorBoardSink:
 
 class WandbSink:
     """A Weights & Biases run named after the qrl run, its config the run's config, its
-    files under ``RUN_DIR/wandb`` (``WANDB_MODE=offline`` keeps them there)."""
+    files under ``RUN_DIR/wandb`` (``WANDB_MODE=offline`` keeps them there); W&B's system
+    metadata (command line, host, git) is not collected."""
 
     def __init__(
         self, run_dir: Path, tracking: Tracking, run: str | None, config: dict[str, Any]
@@ -70,6 +71,9 @@ class WandbSink:
             name=run,
             config=config,
             dir=str(run_dir),
+            # no system metadata: it holds the command line, whose --redis URL may hold the
+            # password (and the host names and paths are nobody else's business either)
+            settings=wandb.Settings(x_disable_meta=True),
         )
         # env steps may repeat between rows: a step metric, not wandb's own monotonic step
         self._run.define_metric("env_steps")

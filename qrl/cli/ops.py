@@ -14,9 +14,11 @@ import click
 
 from qrl.cli.options import (
     connect_or_fail,
+    env_module_option,
     redis_option,
     run_keys,
     run_option,
+    typed_env,
     warn_secret_in_argv,
 )
 
@@ -178,15 +180,20 @@ def status_cmd(
 
 def _collector(client: Any, keys: Any, stale_after: float) -> Any:
     """A function returning the run's status, with what its algorithm's builder adds."""
+    from redis import ResponseError
+
     from qrl.algos import ALGOS
     from qrl.codec import CodecError
     from qrl.runs import RunNotFound, load_run
     from qrl.status import collect
 
+    unreadable = []  # the config of the wrong type or unreadable: shown as unknown
     try:
         name, config = load_run(client, keys)
-    except (RunNotFound, CodecError):
+    except RunNotFound:
         name, config = None, {}
+    except (CodecError, ResponseError):
+        name, config, unreadable = None, {}, ["config"]
     algo = ALGOS.get(name) if name else None
 
     def status() -> dict[str, Any]:
@@ -198,7 +205,8 @@ def _collector(client: Any, keys: Any, stale_after: float) -> Any:
             env=config.get("env"),
             weights_key=algo.weights_key(keys) if algo else None,
             streams=algo.streams(keys, config) if algo else None,
-            extra=algo.status(client, keys, config) if algo else None,
+            extra=(lambda: algo.status(client, keys, config)) if algo else None,
+            unreadable=unreadable,
         )
 
     return status
@@ -238,10 +246,12 @@ def plot_cmd(run_dir: Path, out: Path | None) -> None:
     show_default=True,
     help="Episodes to play (one env each, in parallel).",
 )
+@env_module_option
 @click.option(
     "--env",
     "env_id",
     default=None,
+    callback=typed_env,
     help="Evaluate on this env id instead (same observation and action spaces).",
 )
 @click.option(

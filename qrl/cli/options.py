@@ -121,8 +121,55 @@ def device_option(f: F) -> F:
     )(f)
 
 
+class ModuleNames(click.types.StringParamType):
+    """Module names; ``QRL_ENV_MODULES`` lists them separated by commas."""
+
+    name = "MODULE"
+    envvar_list_splitter = ","
+
+
+def _allow_modules(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> None:
+    from qrl.envs import allow_env_modules
+
+    try:
+        allow_env_modules(m.strip() for m in value if m.strip())  # "a,b," is a list too
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx, param) from None
+
+
+env_module_option = click.option(
+    "--env-module",
+    type=ModuleNames(),
+    multiple=True,
+    envvar="QRL_ENV_MODULES",
+    expose_value=False,
+    callback=_allow_modules,
+    help="Import this module for env ids written MODULE:EnvId (repeatable; env "
+    "QRL_ENV_MODULES=mod1,mod2). A module named only by a run's config, a checkpoint or a "
+    "run directory is never imported: that is data, anyone with the run's keys can write it.",
+)
+
+
+def typed_env(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A callback for an env id option: one typed on the command line is the user's own
+    choice, so the module of a ``module:EnvId`` it names is allowed (and passed on to the
+    role processes the command starts)."""
+    from click.core import ParameterSource
+
+    module, sep, _ = (value or "").partition(":")
+    if sep and ctx.get_parameter_source(param.name or "") is ParameterSource.COMMANDLINE:
+        _allow_modules(ctx, param, (module,))
+    return value
+
+
 config_options = stack(
-    click.option("--env", default=None, help="Gymnasium environment id (default: the config's)."),
+    env_module_option,
+    click.option(
+        "--env",
+        default=None,
+        callback=typed_env,
+        help="Gymnasium environment id (default: the config's); MODULE:EnvId imports MODULE first.",
+    ),
     click.option("--seed", type=int, default=None, help="Random seed (default 0)."),
     click.option(
         "--config",

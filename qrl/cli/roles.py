@@ -13,8 +13,10 @@ from qrl.algos import ALGOS, Algorithm, RoleDef
 from qrl.cli.options import (
     VERBOSE,
     device_option,
+    env_module_option,
     id_option,
     redis_and_run,
+    run_keys,
     settings,
     stack,
     track_options,
@@ -26,6 +28,7 @@ def _run(algo: Algorithm, role: RoleDef, **opts: Any) -> None:
     from qrl.launch import LaunchError, RoleSpec, run_role
     from qrl.loop import RoleFailed
 
+    run_keys(opts["run"])  # an invalid name is a usage error (exit 2), before anything starts
     if "track" in opts:  # a learner
         track = tracking(opts.pop("track"), opts.pop("wandb_project"), opts.pop("wandb_entity"))
         if track.wandb and opts["run_dir"] is None:
@@ -92,7 +95,7 @@ def role_command(algo: Algorithm, role: RoleDef) -> click.Command:
         cmd = id_option(role.name)(cmd)
         if role.kind == "actor":
             cmd = _actor_options(cmd)
-    cmd = redis_and_run(VERBOSE(cmd))
+    cmd = redis_and_run(env_module_option(VERBOSE(cmd)))
     return click.command(role.command[-1], help=role.help)(cmd)
 
 

@@ -79,11 +79,15 @@ def run_list(redis_url: str | None, as_json: bool) -> None:
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    from qrl.status import printable
 
     table = Table("run", "algo", "env", "created", "state")
-    for r in runs:
+    for r in printable(runs):  # what came from Redis: shown as text, never obeyed as markup
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"] or 0))
-        table.add_row(r["run"], r["algo"], r["env"], created, "stopped" if r["stopped"] else "")
+        state = "stopped" if r["stopped"] else ""
+        table.add_row(*map(Text, (r["run"], r["algo"], r["env"], created, state)))
     Console().print(table)
 
 

@@ -20,6 +20,7 @@ from qrl.cli.options import (
     stack,
     track_options,
     tracking,
+    typed_env,
 )
 
 
@@ -90,6 +91,7 @@ _job_options = stack(
     click.option(
         "--eval-env",
         default=None,
+        callback=typed_env,
         help="Evaluate on this env id instead of the training env (same observation and "
         "action spaces), e.g. an unslowed or unwrapped twin.",
     ),
