@@ -200,3 +200,36 @@ def test_a_metrics_report_is_skipped_while_redis_is_out_of_memory(tight, caplog)
     full(False)
     report(client, keys, "actor", 0, steps=3)
     assert client.xlen(keys.metrics) == 1
+
+
+def _throttled(actor, seconds: float = 0.5) -> bool:
+    """Whether the actor's rate limit holds it for ``seconds`` (until told to stop)."""
+    until = time.monotonic() + seconds
+    return not actor.throttle(lambda: time.monotonic() > until)
+
+
+def test_apex_rate_limit_trusts_neither_an_injected_version_nor_stats(r, keys):
+    from qrl.actors.apex import ApexActor
+    from qrl.configs.apex import ApexConfig
+    from qrl.runs import create_run
+
+    cfg = ApexConfig(actors=2, envs_per_actor=2, learning_starts=100, steps_per_update=10)
+    create_run(r, keys, "apex", cfg)
+    actor = ApexActor(r, keys, cfg, 0)
+    WeightStore(r, keys).publish(actor.net, 0)
+    assert actor.refresh_weights()
+    actor.steps = 150  # past learning_starts, the learner at update 0: held
+    assert _throttled(actor)
+    r.hset(keys.weights, "version", MAX_VERSION - 1)  # no weights of that version: ignored
+    assert _throttled(actor)
+    r.hset(keys.stats, "env_steps", -(10**15))  # the run's count lowered: its own still holds
+    assert _throttled(actor)
+    for garbage in ("x", 2**63 - 1):  # not a count, one that overflows: reset
+        r.hset(keys.stats, "env_steps", garbage)
+        assert _throttled(actor)
+    r.hset(keys.stats, "env_steps", 10**15)  # raised: it counts its fair share, not that
+    actor.steps = 10
+    assert not _throttled(actor)
+    r.delete(keys.stats)
+    r.set(keys.stats, "x")  # the wrong type: repaired
+    assert not _throttled(actor) and r.type(keys.stats) == b"hash"
