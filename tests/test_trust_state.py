@@ -4,11 +4,13 @@ redis-servers, each attack is logged, repaired or ridden out, never fatal."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 
 import pytest
+import redis
 import torch
 
 from qrl.codec import encode
@@ -149,16 +151,27 @@ def test_a_failing_sink_does_not_end_the_run_log(tmp_path, caplog):
 
 @pytest.fixture
 def tight():
-    """A private redis-server and a qrl client of it; ``full(True)`` makes every write fail
-    with OOM (maxmemory 1 byte, noeviction), ``full(False)`` frees it."""
+    """A private redis-server and a qrl client of it; ``full(True)`` fills it to its
+    ``maxmemory`` (noeviction: every write then fails with OOM), ``full(False)`` frees it."""
     with EmbeddedRedis() as server:
-        admin = connect(server.url)
+        admin = redis.Redis.from_url(server.url)  # plain redis-py: no waiting on OOM
         admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", admin.info("memory")["used_memory"] + 4_000_000)
 
         def full(on: bool) -> None:
-            admin.config_set("maxmemory", 1 if on else 0)
+            if not on:
+                admin.delete(*admin.keys("fill:*"))
+                return
+            n = itertools.count()
+            for size in (100_000, 10_000, 1_000, 100, 10):  # to the last bytes
+                try:
+                    while True:
+                        admin.set(f"fill:{next(n)}", b"x" * size)
+                except redis.OutOfMemoryError:
+                    pass
 
         yield connect(server.url, deadline=30), full
+        admin.close()
 
 
 def _freed_after(full, seconds: float) -> threading.Thread:
