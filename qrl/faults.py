@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from redis.exceptions import OutOfMemoryError, ResponseError
+from redis.exceptions import NoPermissionError, OutOfMemoryError, ResponseError
 from redis.retry import Retry
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,8 @@ _wrong_type: set[str] = set()  # keys repaired (logged once per process)
 def repaired(client: Any, key: str, command: Callable[[], T], default: T) -> T:
     """``command()`` on ``key``; if the key holds another Redis type (written by something
     else: anyone with the run's keys can), it is deleted (logged once per key) and
-    ``command()`` tried again, ``default`` if it is wrong again at once."""
+    ``command()`` tried again; ``default`` if it is wrong again at once, or if this user
+    may not delete it (an ACL user that may only read the key)."""
     for _ in range(3):
         try:
             return command()
@@ -93,6 +94,9 @@ def repaired(client: Any, key: str, command: Callable[[], T], default: T) -> T:
                 raise
         if key not in _wrong_type:
             _wrong_type.add(key)
-            log.warning("%s held the wrong type (written by something else): deleted", key)
-        client.delete(key)
+            log.warning("%s held the wrong type (written by something else): deleting it", key)
+        try:
+            client.delete(key)
+        except NoPermissionError:
+            break
     return default

@@ -246,3 +246,16 @@ def test_apex_rate_limit_trusts_neither_an_injected_version_nor_stats(r, keys):
     r.delete(keys.stats)
     r.set(keys.stats, "x")  # the wrong type: repaired
     assert not _throttled(actor) and r.type(keys.stats) == b"hash"
+
+
+def test_a_wrong_type_key_a_user_may_not_delete_is_read_as_nothing(r, keys, redis_server):
+    r.execute_command("ACL", "SETUSER", "nodel-h4", "on", ">pw-h4", "~*", "+@all", "-del")
+    try:
+        url = redis_server.url.replace("redis://", "redis://nodel-h4:pw-h4@")
+        client = redis.Redis.from_url(url)
+        r.set(keys.control, "x")
+        assert not StopFlag(client, keys, interval=0, signals=False)()
+        assert r.get(keys.control) == b"x"
+        client.close()
+    finally:
+        r.execute_command("ACL", "DELUSER", "nodel-h4")
