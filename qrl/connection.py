@@ -1,4 +1,5 @@
-"""Connecting to Redis from a URL, with retry and backoff on connection loss."""
+"""Connecting to Redis from a URL, with retry and backoff on connection loss and while
+Redis is out of memory (:mod:`qrl.faults`)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,15 @@ from redis.connection import parse_url
 from redis.exceptions import (
     AuthenticationError,
     NoPermissionError,
+    OutOfMemoryError,
     RedisClusterException,
     ResponseError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
 from qrl.cluster import RETRY_ON, ClusterClient
+from qrl.faults import OutageRetry, out_of_memory
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,7 @@ class DeadlineBackoff(AbstractBackoff):
         if isinstance(error, AuthenticationError):
             raise error
         what = redact_text(str(error), self._full_url)
+        state = "is out of memory" if out_of_memory(error) else "not answering"
         now = time.monotonic()
         self._local.armed = False
         if failures == 1 or getattr(self._local, "since", None) is None:
@@ -115,15 +118,16 @@ class DeadlineBackoff(AbstractBackoff):
                 if self.url not in _outages:
                     _outages[self.url] = now
                     log.warning(
-                        "Redis at %s not answering (%s); retrying with backoff for up to %.0fs",
+                        "Redis at %s %s (%s); retrying with backoff for up to %.0fs",
                         self.url,
+                        state,
                         what,
                         self.deadline,
                     )
         if _stopping.is_set():
             self._local.since = None
             raise RedisUnavailable(
-                f"Redis at {self.url} is not answering ({what}) and this process is stopping: "
+                f"Redis at {self.url} {state} ({what}) and this process is stopping: "
                 "not waiting for it"
             ) from error
         if now - self._local.since > self.deadline:
@@ -240,6 +244,7 @@ def read_password_file(path: str | os.PathLike[str]) -> str:
     return password
 
 
+_LOST = (RedisConnectionError, RedisTimeoutError, OSError)  # a lost connection
 Client = redis.Redis | ClusterClient  # what connect() gives: one node's client or a cluster's
 
 
@@ -254,8 +259,9 @@ def connect(
     the URL), checked with PING. Where ``url`` names a node of a Redis Cluster, the client
     is a :class:`qrl.cluster.ClusterClient` for the whole cluster (see :mod:`qrl.cluster`).
 
-    Commands that fail on a lost connection are retried with exponential backoff (up to 2 s
-    apart) for up to ``deadline`` seconds (default :func:`redis_deadline`), then raise
+    Commands that fail on a lost connection, or on Redis out of memory (``maxmemory`` with
+    ``noeviction``: an outage too), are retried with exponential backoff (up to 2 s apart)
+    for up to ``deadline`` seconds (default :func:`redis_deadline`), then raise
     :class:`RedisUnavailable`. If Redis does not answer at first, PING is tried again for up
     to ``wait`` seconds, then :class:`RedisUnavailable` is raised with a clear message.
     """
@@ -273,8 +279,8 @@ def connect(
             options["password"] = password
         client: Client = redis.Redis.from_url(
             url,
-            retry=Retry(backoff, -1, (RedisConnectionError, RedisTimeoutError, OSError)),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            retry=OutageRetry(backoff, -1, (*_LOST, OutOfMemoryError)),
+            retry_on_error=[*_LOST, OutOfMemoryError],
             **options,
         )
     except ValueError as e:
@@ -295,12 +301,13 @@ def connect(
                 f"{redact(url)} is a node of a Redis Cluster, which has only database 0: "
                 f"end the URL with /0, not /{parsed['db']}"
             )
-        client = _cluster_client(url, Retry(backoff, -1, RETRY_ON), wait, options)
+        retry = OutageRetry(backoff, -1, (*RETRY_ON, OutOfMemoryError))
+        client = _cluster_client(url, retry, wait, options)
     backoff.deadline = redis_deadline() if deadline is None else deadline
     return client
 
 
-def _cluster_client(url: str, retry: Retry, wait: float, options: dict) -> ClusterClient:
+def _cluster_client(url: str, retry: OutageRetry, wait: float, options: dict) -> ClusterClient:
     """The cluster's client, once its slot map covers every slot: a cluster still being
     formed (its nodes up, not yet joined) is waited for up to ``wait`` seconds too."""
     until = time.monotonic() + wait

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import redis
 
+from qrl.faults import repaired
 from qrl.keys import RunKeys
 
 
@@ -43,11 +44,12 @@ class StopFlag:
         now = time.monotonic()
         if now >= self._next:
             self._next = now + self.interval
-            if self.client.hget(self.keys.control, "stop"):
+            key = self.keys.control
+            if repaired(self.client, key, lambda: self.client.hget(key, "stop"), None):
                 self.local.set()
         return self.local.is_set()
 
 
 def request_stop(client: redis.Redis, keys: RunKeys) -> None:
     """Ask every role of the run to stop."""
-    client.hset(keys.control, "stop", 1)
+    repaired(client, keys.control, lambda: client.hset(keys.control, "stop", 1), None)

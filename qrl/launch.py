@@ -134,7 +134,8 @@ def run_role(spec: RoleSpec) -> int:
     except (RedisUnavailable, RunNotFound, CodecError, ValueError) as e:
         raise LaunchError(str(e)) from e
     if spec.ident == "auto":
-        lease = claim_id(client, keys, roledef.name)
+        count = sum(1 for r, _ in algo.processes(cfg) if r is roledef)
+        lease = claim_id(client, keys, roledef.name, count)
     else:
         lease = hold_id(client, keys, roledef.name, int(spec.ident))
     try:

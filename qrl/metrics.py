@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
 
 from qrl.codec import CodecError, decode, encode
+from qrl.faults import repaired, skip_if_full
 from qrl.keys import RunKeys
 from qrl.messages import METRICS
 from qrl.status import beat
@@ -22,13 +24,19 @@ MAXLEN = 10_000
 
 def report(client: redis.Redis, keys: RunKeys, role: str, ident: int = 0, **values: Any) -> None:
     """Append one report ``values`` (numbers or lists of numbers) from ``role`` #``ident``,
-    and refresh the process's heartbeat (see :mod:`qrl.status`) in the same round trip."""
+    and refresh the process's heartbeat (see :mod:`qrl.status`) in the same round trip.
+    Reports can be lost: while Redis is out of memory they are skipped, not waited for."""
     now = time.time()
     payload = encode("metrics", {"role": role, "id": ident, "time": now, "values": values})
-    pipe = client.pipeline(transaction=False)
-    pipe.xadd(keys.metrics, {FIELD: payload}, maxlen=MAXLEN, approximate=True)
-    beat(pipe, keys, role, ident, now, values)
-    pipe.execute()
+
+    def write() -> None:
+        pipe = client.pipeline(transaction=False)
+        pipe.xadd(keys.metrics, {FIELD: payload}, maxlen=MAXLEN, approximate=True)
+        beat(pipe, keys, role, ident, now, values)
+        pipe.execute()
+
+    with skip_if_full("metrics report"):
+        repaired(client, keys.metrics, write, None)
 
 
 class MetricsReader:
@@ -36,11 +44,15 @@ class MetricsReader:
 
     def __init__(self, client: redis.Redis, keys: RunKeys, from_start: bool = False) -> None:
         self.client, self.keys = client, keys
-        newest = None if from_start else client.xrevrange(keys.metrics, count=1)
+        newest = (
+            None if from_start else self._repaired(lambda: client.xrevrange(keys.metrics, count=1))
+        )
         self.last = newest[0][0] if newest else "0-0"
 
     def read(self, block_ms: int | None = None) -> list[dict[str, Any]]:
-        resp = self.client.xread({self.keys.metrics: self.last}, count=1000, block=block_ms)
+        resp = self._repaired(
+            lambda: self.client.xread({self.keys.metrics: self.last}, count=1000, block=block_ms)
+        )
         out = []
         for _stream, entries in resp or []:
             for entry_id, fields in entries:
@@ -54,3 +66,6 @@ class MetricsReader:
                     log.warning("rejected metrics entry: %s", e)
                     dead_letter(self.client, self.keys, "metrics", str(e), payload, entry_id)
         return out
+
+    def _repaired(self, command: Callable[[], list]) -> list:
+        return repaired(self.client, self.keys.metrics, command, [])

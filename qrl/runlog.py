@@ -51,6 +51,19 @@ COLUMNS: dict[str, str | None] = {
 
 
 MAX_COUNT = 10**15  # larger counters are not believed (their sums must fit TensorBoard's int64)
+# actors followed at once: a report from another id forgets the one heard from longest ago
+# (anyone with the run's keys can report as any id; the numbers qrl hands out stay below
+# qrl.ids.id_limit, 8,200 for the most actors a config allows)
+MAX_IDS = 10_000
+
+
+def _put(latest: dict[int, Any], ident: int, value: Any) -> None:
+    """``latest[ident] = value``, ``latest`` kept to the :data:`MAX_IDS` ids heard from last
+    (a dict keeps insertion order: the first one is the oldest)."""
+    latest.pop(ident, None)
+    latest[ident] = value
+    if len(latest) > MAX_IDS:
+        del latest[next(iter(latest))]
 
 
 def _r(x: float | None, digits: int = 4) -> float | None:
@@ -81,7 +94,7 @@ class Progress:
 
     @property
     def env_steps(self) -> int:
-        return sum(self.actor_steps.values())
+        return min(sum(self.actor_steps.values()), MAX_COUNT)
 
     @property
     def recent_return(self) -> float | None:
@@ -121,10 +134,10 @@ class Progress:
             return [float(i) for i in x] if isinstance(x, list) else []
 
         if role in ("actor", "worker"):
-            self.actor_steps[ident] = count("steps", self.actor_steps.get(ident, 0))
-            self.actor_rate[ident] = num("steps_per_s")
+            _put(self.actor_steps, ident, count("steps", self.actor_steps.get(ident, 0)))
+            _put(self.actor_rate, ident, num("steps_per_s"))
             self.returns.extend(nums("episode_returns"))
-            self.episodes += len(nums("episode_returns"))
+            self.episodes = min(self.episodes + len(nums("episode_returns")), MAX_COUNT)
         elif role in ("learner", "master"):
             self.updates = count("updates", self.updates)
             self.updates_per_s = num("updates_per_s")
@@ -141,7 +154,7 @@ class Progress:
             shard, size = count("shard", 0), count("size", -1)  # is their sum; -1: not a count
             if size >= 0 and shard < MAX_SHARDS:
                 self.shard_sizes[shard] = size
-                self.replay_size = sum(self.shard_sizes.values())
+                self.replay_size = min(sum(self.shard_sizes.values()), MAX_COUNT)
 
     def row(self) -> dict[str, Any]:
         """One row of :data:`COLUMNS`."""
@@ -208,7 +221,10 @@ class RunLog:
             scalars.pop(COLUMNS["eval_return"], None)  # not a new measurement
         self._evals = row["evals"]
         for sink in self._sinks:
-            sink.log(scalars, row["env_steps"])
+            try:
+                sink.log(scalars, row["env_steps"])
+            except Exception as e:  # noqa: BLE001 - a sink's failure must not end the run
+                warn_once(f"sink {id(sink)}", "%s failed (%s): row not logged there", sink, e)
         return True
 
     def close(self) -> None:

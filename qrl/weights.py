@@ -10,7 +10,11 @@ restarted, anyone with access to the run's keys), :meth:`WeightStore.publish` st
 learner's parameters above whatever version it finds and returns that version: the learner
 carries on from it, with one warning. Garbage in the key (a version that is not a number, a
 blob that does not decode, a key that is not a hash) is never fatal: readers ignore it and
-keep their weights, the next publish overwrites it.
+keep their weights, the next publish overwrites it. So is a version at or past
+:data:`MAX_VERSION`, or more than :data:`MAX_AHEAD` ahead of the publishing learner's: the
+learner overwrites it with its own version instead of counting on from it (so no one write
+can carry its count to where versions stop being numbers), and readers that took it see the
+version go back and load what the learner published.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ log = logging.getLogger(__name__)
 
 # Store version ARGV[1] with blob ARGV[2] if it is newer than the stored one: {1, version};
 # else nothing is written: {0, stored version}. A stored version that is not a whole number
-# from -1 to MAX_VERSION, or a key that is not a hash, is garbage: it is overwritten.
+# from -1 to ARGV[3] (the highest a writer at ARGV[1] counts on from), or a key that is not
+# a hash, is garbage: it is overwritten.
 _PUBLISH = """
 local kind = redis.call('TYPE', KEYS[1])['ok']
 if kind ~= 'hash' and kind ~= 'none' then
@@ -50,7 +55,23 @@ redis.call('HSET', KEYS[1], 'version', ARGV[1], 'blob', ARGV[2])
 return {1, version}
 """
 
-MAX_VERSION = 2**53 - 1  # larger stored versions are garbage (Lua numbers are doubles)
+MAX_VERSION = 2**53 - 1  # stored versions this large or larger are garbage (Lua's doubles)
+# how far ahead of a learner's own version another writer's may be for the learner to count
+# on from it (a second learner, one restarted from an older checkpoint); further is garbage.
+# One write moves a learner's count at most this far: 2**33 of them to reach MAX_VERSION.
+MAX_AHEAD = 2**20
+
+
+def ahead(stored: int, own: int) -> bool:
+    """Whether ``stored`` is a newer version a writer at ``own`` counts on from, not garbage
+    (at most :data:`MAX_AHEAD` ahead, below :data:`MAX_VERSION`)."""
+    return own < stored <= _ceiling(own)
+
+
+def _ceiling(own: int) -> int:
+    return min(own + MAX_AHEAD, MAX_VERSION - 1)
+
+
 _PUBLISH_TRIES = 5
 
 
@@ -125,12 +146,13 @@ class WeightStore:
         writer got there first (a second learner of the run, an old one restarted, anyone
         with access to the run's keys): the parameters are stored above it, as that version
         + 1, with a warning the first time. A stored version that is not a whole number from
-        0 to :data:`MAX_VERSION` (or a key that is not a hash) is garbage and overwritten."""
+        0 to :data:`MAX_AHEAD` past ``version`` (below :data:`MAX_VERSION`), or a key that is
+        not a hash, is garbage and overwritten."""
         arrays = module_arrays(params) if isinstance(params, torch.nn.Module) else dict(params)
         version = int(version)
         for _ in range(_PUBLISH_TRIES):
             blob = encode("weights", {"version": version, "params": arrays, "meta": meta})
-            done, stored = self._publish(keys=[self.key], args=[version, blob, MAX_VERSION])
+            done, stored = self._publish(keys=[self.key], args=[version, blob, _ceiling(version)])
             if done:
                 return version
             if not self._overtaken:
@@ -151,7 +173,7 @@ class WeightStore:
             v = int(v) if v is not None else -1
         except ValueError:
             return -1
-        return v if 0 <= v <= MAX_VERSION else -1
+        return v if 0 <= v < MAX_VERSION else -1
 
     def _read(self, command: Callable[[], Any]) -> Any:
         """``command()``, or None if the key is not a hash (garbage: logged once)."""
@@ -167,9 +189,11 @@ class WeightStore:
 
     def fetch(self, newer_than: int = -1) -> Weights | None:
         """The stored weights if their version is newer than ``newer_than``, else ``None``.
+        An older stored version is taken too: versions only go up, unless a learner
+        overwrote garbage (a version far ahead of its own) that ``newer_than`` came from.
         A stored blob that fails validation is dead-lettered and ``None`` returned, so a
         reader keeps its current weights."""
-        if self.version() <= newer_than:
+        if self.version() in (-1, newer_than):
             return None
         pair = self._read(lambda: self.client.hmget(self.key, ["version", "blob"]))
         version, blob = pair or (None, None)
@@ -186,7 +210,7 @@ class WeightStore:
                 self.client, self.keys, self.key.removeprefix(self.keys.prefix), str(e), blob
             )
             return None
-        if msg["version"] <= newer_than:
+        if msg["version"] == newer_than:
             return None
         return Weights(msg["version"], msg["params"], msg["meta"] or {})
 

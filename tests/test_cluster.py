@@ -139,10 +139,10 @@ def test_streams_weights_leases_metrics_and_replay_through_a_cluster_client(redi
     assert fetched.version == 3
     np.testing.assert_array_equal(fetched.params["w"], params["w"])
 
-    first, second = claim_id(client, keys, "actor"), claim_id(client, keys, "actor")
+    first, second = claim_id(client, keys, "actor", 2), claim_id(client, keys, "actor", 2)
     assert (first.ident, second.ident) == (0, 1)
     first.release()
-    assert claim_id(client, keys, "actor").ident == 0
+    assert claim_id(client, keys, "actor", 2).ident == 0
 
     report(client, keys, "learner", 0, updates=7)
     assert [m["values"]["updates"] for m in MetricsReader(client, keys, True).read()] == [7]

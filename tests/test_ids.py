@@ -21,19 +21,19 @@ def dead_pid() -> int:
 
 
 def test_numbers_count_up_from_zero_per_role(r, keys):
-    leases = [claim_id(r, keys, "actor") for _ in range(3)]
+    leases = [claim_id(r, keys, "actor", 4) for _ in range(3)]
     assert [lease.ident for lease in leases] == [0, 1, 2]
-    assert claim_id(r, keys, "worker").ident == 0
+    assert claim_id(r, keys, "worker", 4).ident == 0
     assert r.get(keys.lease("actor", 1)).decode() == holder()
     assert 0 < r.ttl(keys.lease("actor", 1)) <= LEASE_TTL
 
 
 def test_a_released_number_is_taken_again(r, keys):
-    leases = [claim_id(r, keys, "actor") for _ in range(3)]
+    leases = [claim_id(r, keys, "actor", 4) for _ in range(3)]
     leases[1].release()
     assert r.get(keys.lease("actor", 1)) is None
-    assert claim_id(r, keys, "actor").ident == 1
-    assert claim_id(r, keys, "actor").ident == 3
+    assert claim_id(r, keys, "actor", 4).ident == 1
+    assert claim_id(r, keys, "actor", 4).ident == 3
 
 
 def test_a_dead_holder_of_this_host_gives_its_number_back_at_once(r, keys):
@@ -42,9 +42,9 @@ def test_a_dead_holder_of_this_host_gives_its_number_back_at_once(r, keys):
     r.set(keys.lease("actor", 1), f"{host}:1:ab", ex=LEASE_TTL)  # alive (init)
     r.set(keys.lease("actor", 2), f"other-host:{dead_pid()}:ab", ex=LEASE_TTL)  # unknown
     r.set(keys.lease("actor", 3), f"{host}:{pid}:ab", ex=LEASE_TTL)  # this pid, before
-    assert claim_id(r, keys, "actor").ident == 0  # its process died
-    assert claim_id(r, keys, "actor").ident == 3  # a restarted container's process, same pid
-    assert claim_id(r, keys, "actor").ident == 4
+    assert claim_id(r, keys, "actor", 4).ident == 0  # its process died
+    assert claim_id(r, keys, "actor", 4).ident == 3  # a restarted container's process, same pid
+    assert claim_id(r, keys, "actor", 4).ident == 4
 
 
 def test_a_holder_whose_pid_is_now_a_thread_is_dead(r, keys):
@@ -66,8 +66,8 @@ def test_a_holder_whose_pid_is_now_a_thread_is_dead(r, keys):
         ready.wait(5)
         r.set(keys.lease("actor", 0), f"{host}:{tid[0]}:ab", ex=LEASE_TTL)  # a thread now
         r.set(keys.lease("actor", 1), f"{host}:1:ab", ex=LEASE_TTL)  # a process (init)
-        assert claim_id(r, keys, "actor").ident == 0
-        assert claim_id(r, keys, "actor").ident == 2
+        assert claim_id(r, keys, "actor", 4).ident == 0
+        assert claim_id(r, keys, "actor", 4).ident == 2
     finally:
         done.set()
         t.join()
@@ -75,19 +75,19 @@ def test_a_holder_whose_pid_is_now_a_thread_is_dead(r, keys):
 
 def test_a_lease_lives_while_its_process_does(r, keys, monkeypatch):
     monkeypatch.setattr(ids, "LEASE_TTL", 1)
-    lease = claim_id(r, keys, "actor")
+    lease = claim_id(r, keys, "actor", 4)
     time.sleep(2.5)  # past its TTL: kept alive
     assert r.get(keys.lease("actor", 0)).decode() == holder()
     r.delete(keys.lease("actor", 0))  # as if Redis had lost it: taken again
     time.sleep(1)
     assert r.get(keys.lease("actor", 0)).decode() == holder()
-    r.set(keys.lease("actor", 0), "other-host:1:ab", ex=2)  # another took it: left alone
-    time.sleep(1)
+    r.set(keys.lease("actor", 0), "other-host:1:ab", ex=1)  # another took it: left alone
+    time.sleep(0.5)
     assert r.get(keys.lease("actor", 0)) == b"other-host:1:ab"
     lease.release()  # not its holder any more: the other's lease stays
     assert r.get(keys.lease("actor", 0)) == b"other-host:1:ab"
     r.delete(keys.lease("actor", 0))
-    lease = claim_id(r, keys, "actor")
+    lease = claim_id(r, keys, "actor", 4)
     lease.release()
     time.sleep(0.5)  # no thread keeps it after the release
     assert lease.ident == 0 and r.get(keys.lease("actor", 0)) is None
@@ -95,9 +95,9 @@ def test_a_lease_lives_while_its_process_does(r, keys, monkeypatch):
 
 def test_an_explicit_number_is_held_and_released(r, keys):
     explicit = hold_id(r, keys, "actor", 0)
-    assert claim_id(r, keys, "actor").ident == 1
+    assert claim_id(r, keys, "actor", 4).ident == 1
     explicit.release()
-    assert claim_id(r, keys, "actor").ident == 0
+    assert claim_id(r, keys, "actor", 4).ident == 0
     r.set(keys.lease("actor", 1), "other-host:5:ab", ex=LEASE_TTL)
     hold_id(r, keys, "actor", 1).release()  # held, then released
     assert r.get(keys.lease("actor", 1)) is None

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -25,9 +26,11 @@ import torch
 from qrl.actors.base import VectorActor
 from qrl.codec import encode
 from qrl.configs.replay import ReplayConfig
+from qrl.faults import repaired
 from qrl.keys import RunKeys
 from qrl.replay.frames import is_frame_stack, pack_frames
 from qrl.replay.shards import shard_of_slots
+from qrl.status import warn_once
 from qrl.streams import StreamProducer
 
 
@@ -161,20 +164,41 @@ class ReplayActor(VectorActor):
         )
         return producer.add(payload, should_stop=should_stop) is not None
 
+    def env_steps(self) -> int:
+        """The run's env steps, ours added (HINCRBY on its stats). Anyone with the run's keys
+        can write that count: garbage (the wrong type, not a whole number, about to overflow)
+        is deleted, and what is believed is at least our own steps and at most our fair
+        share's worth (ours times the configured actors), so a count lowered or raised by
+        someone else neither lifts the limit for good nor holds actors for good."""
+        key, add = self.keys.stats, self.steps - self.counted
+        total = None
+        for _ in range(2):
+            try:
+                incr = partial(self.client.hincrby, key, "env_steps", add)
+                total = repaired(self.client, key, incr, None)
+                break
+            except redis.ResponseError as e:  # not an integer, or it would overflow
+                warn_once(f"{key}:env_steps", "%s env_steps was garbage (%s): reset", key, e)
+                self.client.hdel(key, "env_steps")
+        self.counted = self.steps
+        return min(max(total or 0, self.steps), self.steps * max(self.cfg.actors, 1))
+
     def throttle(self, should_stop: Callable[[], bool]) -> bool:
         """Count our steps in the run's total and wait while the total is ahead of what the
-        learner's progress (its weights version = its update count) allows."""
-        total = self.client.hincrby(self.keys.stats, "env_steps", self.steps - self.counted)
-        self.counted = self.steps
+        learner's progress allows. Its progress is the version of the weights this actor
+        loaded (a blob that passed validation: a bare version field anyone with the run's
+        keys can set does not count; see :mod:`qrl.weights` for versions far ahead)."""
+        total = self.env_steps()
         spu = self.cfg.steps_per_update
         if spu <= 0:
             return True
         t0 = time.monotonic()
-        while total > self.cfg.learning_starts + spu * max(self.weights.version(), 0):
+        while total > self.cfg.learning_starts + spu * max(self.version, 0):
             if should_stop():
                 return False
             time.sleep(0.005)
-            total = int(self.client.hget(self.keys.stats, "env_steps") or 0)
+            self.refresh_weights()
+            total = self.env_steps()
         self.throttled_s += time.monotonic() - t0
         return True
 

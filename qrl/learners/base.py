@@ -21,7 +21,7 @@ import torch
 from qrl.checkpoint import load_checkpoint, save_checkpoint
 from qrl.keys import RunKeys
 from qrl.loop import Role, StopCheck
-from qrl.weights import WeightStore
+from qrl.weights import WeightStore, ahead
 
 log = logging.getLogger(__name__)
 
@@ -174,9 +174,11 @@ class Learner(Role):
     # -- the role (run by :func:`qrl.loop.run_role`)
     def start(self, should_stop: StopCheck) -> bool:
         stored = self.weights.version()
-        if stored > self.updates:  # e.g. restarted after SIGKILL: Redis is newer than the file
+        # e.g. restarted after SIGKILL: Redis is newer than the file (not far ahead of it:
+        # that is garbage, overwritten with this learner's own count, see qrl.weights)
+        if ahead(stored, self.updates):
             loaded = self.weights.load_into(self.published(), newer_than=self.updates)
-            if loaded is not None:
+            if loaded is not None and ahead(loaded, self.updates):
                 log.warning(
                     "continuing from published weights %d (checkpoint: %d)", loaded, self.updates
                 )

@@ -1,0 +1,261 @@
+"""What a writer with a run's keys can do to its weights, metrics, process numbers and stop
+flag (issue 28, findings 3, 5, 6, 10, 11), and Redis out of memory: against real
+redis-servers, each attack is logged, repaired or ridden out, never fatal."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+
+import pytest
+import redis
+import torch
+
+from qrl.codec import encode
+from qrl.connection import connect
+from qrl.control import StopFlag, request_stop
+from qrl.embedded import EmbeddedRedis
+from qrl.ids import LEASE_TTL, Lease, claim_id, id_limit
+from qrl.keys import RunKeys
+from qrl.metrics import MetricsReader, report
+from qrl.runlog import MAX_COUNT, MAX_IDS, Progress, RunLog
+from qrl.weights import MAX_AHEAD, MAX_VERSION, WeightStore, module_arrays
+
+
+def _net(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(4, 2)
+
+
+# -- finding 3: a huge weights version
+
+
+def test_a_far_ahead_weights_version_is_garbage_overwritten_not_adopted(r, keys):
+    store, reader = WeightStore(r, keys), WeightStore(r, keys)
+    assert store.publish(_net(), version=5) == 5
+    assert reader.fetch().version == 5
+    for huge in (MAX_VERSION, MAX_VERSION - 1, 6 + MAX_AHEAD + 1):
+        # the attacker's blob is valid: readers take it, then the learner overwrites it
+        blob = encode("weights", {"version": huge, "params": module_arrays(_net(1))})
+        r.hset(keys.weights, mapping={"version": huge, "blob": blob})
+        assert store.publish(_net(), version=6) == 6  # its own count, not huge + 1
+        assert r.hget(keys.weights, "version") == b"6"
+        w = reader.fetch(newer_than=huge)  # a reader that took the garbage version
+        assert w is not None and w.version == 6  # sees the key went back, loads it
+
+
+def test_a_learner_never_resumes_from_a_far_ahead_version(r, keys, redis_server):
+    from qrl.configs.impala import ImpalaConfig
+    from qrl.learners.impala import ImpalaLearner
+    from qrl.runs import create_run
+
+    cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
+    create_run(r, keys, "impala", cfg)
+    lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+    WeightStore(r, keys).publish(lrn.published(), version=MAX_VERSION - 1)  # valid blob
+    lrn.start(lambda: False)
+    try:
+        assert lrn.updates == 0 and lrn.weights.version() == 0
+    finally:
+        lrn.close(lambda: True)
+
+
+# -- finding 5: keys of the wrong type
+
+
+def test_wrong_type_control_metrics_and_lease_keys_are_repaired(r, keys, caplog):
+    r.set(keys.control, "x")
+    r.hset(keys.metrics, "a", 1)
+    r.hset(keys.lease("actor", 0), "a", 1)
+    with caplog.at_level(logging.WARNING):
+        stop = StopFlag(r, keys, interval=0, signals=False)
+        assert not stop() and not stop()
+        reader = MetricsReader(r, keys)
+        report(r, keys, "actor", 0, steps=1)
+        assert [m["values"]["steps"] for m in reader.read()] == [1]
+        lease = claim_id(r, keys, "actor", count=2)
+        assert lease.ident == 0 and r.type(keys.lease("actor", 0)) == b"string"
+        lease.release()
+        r.set(keys.control, "x")
+        request_stop(r, keys)
+        assert StopFlag(r, keys, interval=0, signals=False)()
+    assert r.type(keys.metrics) == b"stream" and r.type(keys.control) == b"hash"
+    repaired = [m for m in caplog.messages if "wrong type" in m]  # once per key
+    assert [m.split(" ")[0] for m in repaired] == [
+        keys.control,
+        keys.metrics,
+        keys.lease("actor", 0),
+    ], repaired
+
+
+# -- finding 11: fake leases
+
+
+def test_fake_leases_neither_slow_claims_nor_give_numbers_past_the_limit(r, keys):
+    pipe = r.pipeline(transaction=False)
+    for i in range(20_000):  # no TTL: not a lease qrl wrote
+        pipe.set(keys.lease("actor", i), f"elsewhere:{i}:x")
+    pipe.execute()
+    t0 = time.monotonic()
+    lease = claim_id(r, keys, "actor", count=4)
+    assert lease.ident == 0 and time.monotonic() - t0 < 0.5
+    assert 0 < r.ttl(keys.lease("actor", 0)) <= LEASE_TTL
+    # live-looking leases on every number up to the limit: no number past it is handed out
+    for i in range(id_limit(4)):
+        r.set(keys.lease("actor", i), f"elsewhere:{i}:x", ex=LEASE_TTL)
+    lease.release()
+    got: list[Lease] = []
+    t = threading.Thread(target=lambda: got.append(claim_id(r, keys, "actor", 4)))
+    t.start()
+    time.sleep(0.5)
+    assert not got
+    r.delete(keys.lease("actor", 3))
+    t.join(10)
+    assert [lease.ident for lease in got] == [3]
+    got[0].release()
+
+
+# -- finding 10: fake metrics ids
+
+
+def test_fake_metrics_ids_are_bounded_and_sums_clamped(r, keys, tmp_path):
+    progress = Progress()
+    for ident in range(MAX_IDS + 500):
+        progress.fold({"role": "actor", "id": ident, "time": 1.0, "values": {"steps": 1e15}})
+    assert len(progress.actor_steps) <= MAX_IDS and len(progress.actor_rate) <= MAX_IDS
+    assert progress.env_steps == MAX_COUNT
+    with RunLog(tmp_path) as out:
+        assert out.write(progress, force=True)
+
+
+def test_a_failing_sink_does_not_end_the_run_log(tmp_path, caplog):
+    class Broken:
+        def log(self, scalars, step):
+            raise ValueError("Value out of range")
+
+        def close(self):
+            pass
+
+    progress = Progress()
+    progress.fold({"role": "actor", "id": 0, "time": 1.0, "values": {"steps": 10}})
+    with caplog.at_level(logging.WARNING), RunLog(tmp_path) as out:
+        out._sinks.append(Broken())
+        assert out.write(progress, force=True) and out.write(progress, force=True)
+    assert len([m for m in caplog.messages if "Value out of range" in m]) == 1
+
+
+# -- finding 6: Redis out of memory
+
+
+@pytest.fixture
+def tight():
+    """A private redis-server and a qrl client of it; ``full(True)`` fills it to its
+    ``maxmemory`` (noeviction: every write then fails with OOM), ``full(False)`` frees it."""
+    with EmbeddedRedis() as server:
+        admin = redis.Redis.from_url(server.url)  # plain redis-py: no waiting on OOM
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", admin.info("memory")["used_memory"] + 4_000_000)
+
+        def full(on: bool) -> None:
+            if not on:
+                admin.delete(*admin.keys("fill:*"))
+                return
+            n = itertools.count()
+            for size in (100_000, 10_000, 1_000, 100, 10):  # to the last bytes
+                try:
+                    while True:
+                        admin.set(f"fill:{next(n)}", b"x" * size)
+                except redis.OutOfMemoryError:
+                    pass
+
+        yield connect(server.url, deadline=30), full
+        admin.close()
+
+
+def _freed_after(full, seconds: float) -> threading.Thread:
+    t = threading.Timer(seconds, full, args=(False,))
+    t.start()
+    return t
+
+
+def test_writes_wait_out_redis_out_of_memory(tight, caplog):
+    client, full = tight
+    keys = RunKeys("oom")
+    store = WeightStore(client, keys)
+    with caplog.at_level(logging.WARNING, "qrl.connection"):
+        for write in (
+            lambda: store.publish(_net(), version=1),
+            lambda: claim_id(client, keys, "actor", count=2).release(),
+            lambda: client.xadd(keys.experience, {"x": 1}),
+        ):
+            full(True)
+            t0 = time.monotonic()
+            freeing = _freed_after(full, 0.5)
+            write()  # waited for the memory, then done
+            freeing.join()
+            assert time.monotonic() - t0 >= 0.5
+    assert store.version() == 1 and client.xlen(keys.experience) == 1
+    assert any("out of memory" in m for m in caplog.messages)
+
+
+def test_a_metrics_report_is_skipped_while_redis_is_out_of_memory(tight, caplog):
+    client, full = tight
+    keys = RunKeys("oom")
+    full(True)
+    with caplog.at_level(logging.WARNING):
+        t0 = time.monotonic()
+        report(client, keys, "actor", 0, steps=1)
+        report(client, keys, "actor", 0, steps=2)
+        assert time.monotonic() - t0 < 1.0
+    assert len([m for m in caplog.messages if "out of memory" in m]) == 1
+    full(False)
+    report(client, keys, "actor", 0, steps=3)
+    assert client.xlen(keys.metrics) == 1
+
+
+def _throttled(actor, seconds: float = 0.5) -> bool:
+    """Whether the actor's rate limit holds it for ``seconds`` (until told to stop)."""
+    until = time.monotonic() + seconds
+    return not actor.throttle(lambda: time.monotonic() > until)
+
+
+def test_apex_rate_limit_trusts_neither_an_injected_version_nor_stats(r, keys):
+    from qrl.actors.apex import ApexActor
+    from qrl.configs.apex import ApexConfig
+    from qrl.runs import create_run
+
+    cfg = ApexConfig(actors=2, envs_per_actor=2, learning_starts=100, steps_per_update=10)
+    create_run(r, keys, "apex", cfg)
+    actor = ApexActor(r, keys, cfg, 0)
+    WeightStore(r, keys).publish(actor.net, 0)
+    assert actor.refresh_weights()
+    actor.steps = 150  # past learning_starts, the learner at update 0: held
+    assert _throttled(actor)
+    r.hset(keys.weights, "version", MAX_VERSION - 1)  # no weights of that version: ignored
+    assert _throttled(actor)
+    r.hset(keys.stats, "env_steps", -(10**15))  # the run's count lowered: its own still holds
+    assert _throttled(actor)
+    for garbage in ("x", 2**63 - 1):  # not a count, one that overflows: reset
+        r.hset(keys.stats, "env_steps", garbage)
+        assert _throttled(actor)
+    r.hset(keys.stats, "env_steps", 10**15)  # raised: it counts its fair share, not that
+    actor.steps = 10
+    assert not _throttled(actor)
+    r.delete(keys.stats)
+    r.set(keys.stats, "x")  # the wrong type: repaired
+    assert not _throttled(actor) and r.type(keys.stats) == b"hash"
+
+
+def test_a_wrong_type_key_a_user_may_not_delete_is_read_as_nothing(r, keys, redis_server):
+    r.execute_command("ACL", "SETUSER", "nodel-h4", "on", ">pw-h4", "~*", "+@all", "-del")
+    try:
+        url = redis_server.url.replace("redis://", "redis://nodel-h4:pw-h4@")
+        client = redis.Redis.from_url(url)
+        r.set(keys.control, "x")
+        assert not StopFlag(client, keys, interval=0, signals=False)()
+        assert r.get(keys.control) == b"x"
+        client.close()
+    finally:
+        r.execute_command("ACL", "DELUSER", "nodel-h4")
