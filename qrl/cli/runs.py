@@ -63,6 +63,8 @@ def run_create(
 
     cfg = build_config(ALGOS[algo], config_file, overrides, env=env, seed=seed)
     keys = run_keys(run)
+    if acl_dir is not None:
+        _check_admin_password(redis_url)
     client = connect_or_fail(redis_url)
     try:
         created = create_run(client, keys, algo, cfg)
@@ -74,21 +76,29 @@ def run_create(
     )
     log.info("config: %s", cfg.to_dict())
     if acl_dir is not None:
-        _create_users(client, redis_url, algo, keys, cfg.to_dict(), acl_dir)
+        _create_users(client, algo, keys, cfg.to_dict(), acl_dir)
 
 
-def _create_users(
-    client: Any, redis_url: str | None, algo: str, keys: Any, config: dict, folder: Path
-) -> None:
-    """``run create --acl``: one ACL user per role; refused with the example password."""
+def _check_admin_password(redis_url: str | None) -> None:
+    """``run create --acl`` refuses the example admin password before connecting."""
     from redis.connection import parse_url
 
-    from qrl.acl import check_password, create_users
+    from qrl.acl import check_password
     from qrl.connection import RedisUnavailable, default_url, env_password
 
     try:
-        url = redis_url or default_url()
-        check_password(parse_url(url).get("password") or env_password(), "the admin password")
+        password = parse_url(redis_url or default_url()).get("password") or env_password()
+        check_password(password, "the admin password")
+    except (ValueError, RedisUnavailable) as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _create_users(client: Any, algo: str, keys: Any, config: dict, folder: Path) -> None:
+    """``run create --acl``: one ACL user per role, with its password file."""
+    from qrl.acl import create_users
+    from qrl.connection import RedisUnavailable
+
+    try:
         users = create_users(client, ALGOS[algo], keys, config, folder)
     except (ValueError, OSError, RedisUnavailable) as e:
         raise click.ClickException(str(e)) from None
