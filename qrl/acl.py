@@ -173,6 +173,7 @@ def create_users(
         user = user_name(keys.run, role.name)
         access = role_access(algo, role, keys, config)
         password = read_password_file(files[role.name])
-        _on_every_node(client, "ACL", "SETUSER", *setuser_args(keys, access, user, password, selectors))
+        args = setuser_args(keys, access, user, password, selectors)
+        _on_every_node(client, "ACL", "SETUSER", *args)
         users[role.name] = (user, files[role.name])
     return users
