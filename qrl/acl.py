@@ -14,8 +14,8 @@ needs (:func:`role_access`):
 
 Redis 7 makes the read-only keys read-only per key (``%R~``). Redis 6.2 has no such
 selector: there an actor's user gets no write command but the few it needs (XADD, SET, DEL,
-HINCRBY, EXPIRE), so HSET, HDEL, ZADD or FLUSH on the weights are refused, but SET/DEL on a
-key it may read are not (use Redis 7 where actors are not trusted). Every user also lacks
+HINCRBY), so HSET, HDEL, ZADD or FLUSH on the weights are refused, but SET, DEL or HINCRBY
+on a key it may read are not (use Redis 7 where actors are not trusted). Every user also lacks
 what a run never needs: admin and dangerous commands, SCAN (it lists other runs' key names),
 SELECT, SCRIPT FLUSH/KILL and FUNCTION (only EVAL, EVALSHA, SCRIPT LOAD/EXISTS), pub/sub.
 """
@@ -45,7 +45,7 @@ RUN_COMMANDS = (
     "-scan -select +cluster|info +cluster|slots"
 )
 # an actor: reads, plus the writes of its streams, heartbeats, leases and counters
-ACTOR_COMMANDS = RUN_COMMANDS + " -@write +xadd +set +del +hincrby +expire"
+ACTOR_COMMANDS = RUN_COMMANDS + " -@write +xadd +set +del +hincrby"
 
 EXAMPLE_PASSWORD = "change-me"  # .env.example's passwords begin so: never accepted
 _ROLE = re.compile(r"[a-z][a-z0-9-]*")  # role names are used in key patterns unescaped

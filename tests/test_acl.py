@@ -186,3 +186,16 @@ def test_each_role_works_under_its_own_user(algo, tmp_path):
 def _logs(folder: Path) -> str:
     time.sleep(0.1)
     return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in folder.glob("*.log"))
+
+
+def test_acl_users_are_set_on_every_node_of_a_cluster(redis_cluster, tmp_path):
+    from qrl.acl import create_users
+    from qrl.connection import connect
+
+    keys = RunKeys("acl-cluster")
+    users = create_users(connect(redis_cluster.url), ALGOS["es"], keys, {}, tmp_path / "pw")
+    assert set(users) == {"master", "worker"}
+    for node in range(len(redis_cluster.nodes)):  # a cluster's ACLs are per node
+        with redis_cluster.client(node) as client:
+            rules = client.acl_getuser(user_name(keys.run, "worker"))
+            assert rules["enabled"] and f"qrl:{{{keys.run}}}:es:results" in str(rules["keys"])
