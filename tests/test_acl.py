@@ -57,6 +57,7 @@ def test_an_actors_user_cannot_touch_weights_replay_or_other_runs(binary, tmp_pa
             lambda: actor.zadd(keys.replay_priorities, {"bogus": 1e4}),
             lambda: actor.hset(keys.replay_meta, "hi", 4e6),
             lambda: actor.get(keys.replay_index),
+            lambda: actor.zadd(keys.shards(2)[1].replay_priorities, {"bogus": 1e4}),
             lambda: actor.get(other.config),
             lambda: actor.set(other.config, b"x"),
             lambda: actor.xadd(other.experience, {"d": b"x"}),
@@ -78,6 +79,7 @@ def test_an_actors_user_cannot_touch_weights_replay_or_other_runs(binary, tmp_pa
         # what an actor does is allowed
         assert actor.get(keys.config) and actor.hget(keys.weights, "version") == b"1"
         assert actor.xadd(keys.experience, {"d": b"x"})
+        assert actor.xadd(keys.shards(2)[1].experience, {"d": b"x"})  # a shard's stream
         assert actor.set(keys.proc("actor.0@h:1"), b"x", ex=10)
         assert actor.hget(keys.control, "stop") is None
         assert admin.get(other.config) == b"theirs"

@@ -14,10 +14,11 @@ import pytest
 import redis
 
 from qrl.connection import connect
-from qrl.embedded import EmbeddedRedis, free_port
+from qrl.embedded import EmbeddedRedis, free_port, supports_tls
 from qrl.embedded_cluster import EmbeddedCluster
 from tests.cli import qrl, qrl_redis
 from tests.test_access import _tls_args, _tls_binary
+from tests.test_acl import BINARIES
 
 PW = "exposure-test-pw"
 
@@ -106,3 +107,17 @@ def test_a_password_over_plain_text_to_another_host_warns(caplog):
         assert "plain text" not in caplog.text  # loopback: nothing leaves the machine
         connect(outward.url).ping()
         assert "in plain text (redis://)" in caplog.text and PW not in caplog.text
+
+
+def test_qrl_redis_says_so_when_its_redis_server_has_no_tls(tmp_path):
+    plain = [b for b in BINARIES.values() if not supports_tls(b)]
+    if not plain:
+        pytest.skip("every redis-server here has TLS")
+    for name in ("crt", "key", "ca"):
+        (tmp_path / name).write_text("x")
+    env = {**os.environ, "QRL_REDIS_PASSWORD": PW, "QRL_REDIS_SERVER": plain[0]}
+    done = qrl(
+        "redis", "--tls-cert-file", str(tmp_path / "crt"), "--tls-key-file",
+        str(tmp_path / "key"), "--tls-ca-cert-file", str(tmp_path / "ca"), env=env, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 1 and "built without TLS" in done.stderr, done.stderr

@@ -56,8 +56,18 @@ from qrl.cli.options import (
     "and --tls-ca-cert-file, and a redis-server built with TLS. With --cluster the cluster "
     "bus runs over TLS too, and nodes accept only peers with a certificate of that CA.",
 )
-@click.option("--tls-key-file", type=click.Path(exists=True, dir_okay=False), default=None)
-@click.option("--tls-ca-cert-file", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option(
+    "--tls-key-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The private key of --tls-cert-file.",
+)
+@click.option(
+    "--tls-ca-cert-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The CA that signed --tls-cert-file (clients pass it as ?ssl_ca_certs=).",
+)
 @click.option(
     "--dir",
     "data_dir",
