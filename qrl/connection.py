@@ -232,6 +232,21 @@ def is_loopback(bind: str) -> bool:
     return bool(addresses) and all(map(loopback, addresses))
 
 
+_warned: set[str] = set()  # the redis:// URLs this process warned about
+
+
+def _warn_plain_text(url: str, host: str) -> None:
+    """A password over ``redis://`` to another machine: anyone on the way reads it (and
+    every payload). Said once per URL and process."""
+    if not is_loopback(host) and url not in _warned:
+        _warned.add(url)
+        log.warning(
+            "sending the Redis password to %s in plain text (redis://): anyone on the network "
+            "can read it and every payload; use TLS (rediss://, README: Access)",
+            redact(url),
+        )
+
+
 def env_password() -> str | None:
     """The Redis password from ``QRL_REDIS_PASSWORD``, else from the file that
     ``QRL_REDIS_PASSWORD_FILE`` names (e.g. a docker secret), else None. Either keeps it
@@ -315,21 +330,6 @@ def connect(
         client = _cluster_client(url, Retry(backoff, -1, RETRY_ON), wait, options)
     backoff.deadline = redis_deadline() if deadline is None else deadline
     return client
-
-
-def _warn_plain_text(url: str, host: str) -> None:
-    """A password over ``redis://`` to another machine: anyone on the way reads it (and
-    every payload). Said once per URL and process."""
-    if not is_loopback(host) and url not in _warned:
-        _warned.add(url)
-        log.warning(
-            "sending the Redis password to %s in plain text (redis://): anyone on the network "
-            "can read it and every payload; use TLS (rediss://, README: Access)",
-            redact(url),
-        )
-
-
-_warned: set[str] = set()
 
 
 def _cluster_client(url: str, retry: Retry, wait: float, options: dict) -> ClusterClient:
