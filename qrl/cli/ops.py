@@ -176,12 +176,17 @@ def _tls_only(nodes: list[Any], ca: str | None) -> list[str]:
     their TLS URLs, without the password."""
     from urllib.parse import quote
 
+    import redis
+
     from qrl.embedded import close_plain_port
 
     urls = []
     for n in nodes:
         with n.client() as client:
-            close_plain_port(client)
+            try:
+                close_plain_port(client)
+            except redis.ResponseError as e:  # Redis 6: the port is not a runtime setting
+                raise click.ClickException(f"cannot close the plain-text port: {e}") from None
         tls_port = n.args[n.args.index("--tls-port") + 1]
         urls.append(f"rediss://{n.host}:{tls_port}/0?ssl_ca_certs={quote(str(ca))}")
     return urls
