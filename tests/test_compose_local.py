@@ -44,25 +44,34 @@ class Role:
         return f"--- {self.name} (exit {self.proc.poll()}):\n" + self.log.read_text()[-2000:]
 
 
+SECRETS = "/run/secrets"  # where compose mounts a service's secrets
+
+
 def local_command(
-    service: dict[str, Any], server: EmbeddedRedis, volumes: Path
+    service: dict[str, Any], server: EmbeddedRedis, volumes: Path, secrets: Path
 ) -> tuple[list[str], dict[str, str]]:
     """A service's command and environment as a local process: the Redis host is the
-    test's server, and each named volume a directory under ``volumes``."""
+    test's server, each named volume a directory under ``volumes``, each secret the file of
+    its name in ``secrets``."""
     argv = [sys.executable, "-m", "qrl.cli"]
-    mounts = volume_mounts(service)
+    mounts = {**volume_mounts(service), SECRETS: None}
     for arg in service["command"]:
         for target, name in mounts.items():
             if arg == target or arg.startswith(target + "/"):
-                arg = str(volumes / name) + arg.removeprefix(target)
+                folder = secrets if name is None else volumes / name
+                arg = str(folder) + arg.removeprefix(target)
         argv.append(arg)
     env = environment(service)
     url = urlsplit(env["QRL_REDIS_URL"])
     env["QRL_REDIS_URL"] = url._replace(
         netloc=url.netloc.replace(f"@{url.hostname}:{url.port}", f"@{server.host}:{server.port}")
     ).geturl()
-    assert env["QRL_REDIS_URL"] == server.url  # the password where EmbeddedRedis puts it
-    return argv, {**os.environ, **env}
+    for secret in service.get("secrets", []):
+        if isinstance(secret, dict):  # a role's own: its password file
+            target = f"{SECRETS}/{secret['target']}"
+            assert env.pop("QRL_REDIS_PASSWORD_FILE") == target
+            env["QRL_REDIS_PASSWORD_FILE"] = str(secrets / secret["source"])
+    return argv, {**os.environ, "QRL_REDIS_PASSWORD": "", **env}
 
 
 def group_members(pgid: int) -> list[int]:
@@ -112,7 +121,19 @@ def test_apex_profile_runs_as_local_processes_and_stops_on_sigterm(tmp_path):
         with pytest.raises(redis.AuthenticationError):  # the password is really required
             redis.Redis(host=server.host, port=server.port).ping()
 
-        argv, env = local_command(services["init"], server, tmp_path)
+        secrets = tmp_path / "secrets"  # as .env.example says to make them
+        secrets.mkdir(mode=0o700)
+        for role in ("actor", "learner", "replay"):
+            (secrets / role).write_text(f"{role}-{os.urandom(12).hex()}\n")
+
+        argv, env = local_command(services["init"], server, tmp_path, secrets)
+        assert env["QRL_REDIS_URL"] == server.url  # the admin: the password where it puts it
+        example = subprocess.run(  # refused with the example's password
+            argv, env={**env, "QRL_REDIS_URL": server.url.replace(server.password, "change-me-x")},
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert example.returncode == 1 and "example password" in example.stderr, example.stderr
+        assert not client.exists(keys.config)  # refused before anything was written
         init = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
         assert init.returncode == 0, init.stderr[-2000:]
         cfg = load_run_config(client, keys, "apex", ApexConfig)
@@ -120,7 +141,8 @@ def test_apex_profile_runs_as_local_processes_and_stops_on_sigterm(tmp_path):
 
         roles: list[Role] = []
         for name in ("replay", "learner", "actor", "actor"):  # two replicas of `actor`
-            argv, env = local_command(services[name], server, tmp_path)
+            argv, env = local_command(services[name], server, tmp_path, secrets)
+            assert server.password not in str(env["QRL_REDIS_URL"])  # its own user
             log = tmp_path / f"{name}{len(roles)}.log"
             with log.open("wb") as out:
                 # a process group of its own per role, as a container
@@ -144,6 +166,8 @@ def test_apex_profile_runs_as_local_processes_and_stops_on_sigterm(tmp_path):
             assert later[1] > first[1] >= cfg.learning_starts  # the learner waited for these
             leases = [client.exists(keys.lease("actor", i)) for i in range(3)]
             assert leases == [1, 1, 0]  # `--id auto`: actors 0 and 1
+            users = {c["user"] for c in client.client_list()}  # each role as its own user
+            assert {f"{keys.run}.{r}" for r in ("actor", "learner", "replay")} <= users
             wait_for(
                 "stop handlers", lambda: all(catches_sigterm(r.proc.pid) for r in roles), 30, roles
             )

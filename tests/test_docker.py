@@ -193,6 +193,12 @@ class Cluster:
             "REDIS_PORT": str(self.port),
             "QRL_RUN": RUN,
         }
+        folder = tmp / f"{profile}-secrets"  # each role's password (a compose secret)
+        folder.mkdir()
+        for role in ("actor", "learner", "replay", "master", "worker"):
+            (folder / role).write_text(secrets.token_hex(12) + "\n")
+            (folder / role).chmod(0o644)  # read by uid 1000 in the container
+        settings["QRL_SECRETS"] = str(folder)
         if runs_dir is not None:
             runs_dir.chmod(0o777)  # the roles run as uid 1000
             settings["QRL_RUNS_DIR"] = str(runs_dir)

