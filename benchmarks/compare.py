@@ -4,6 +4,10 @@ alternating A B A B per seed, in one run (the machine's speed drifts; pairs shar
     git worktree add /tmp/qrl-old <old commit>
     python benchmarks/compare.py --a /tmp/qrl-old --b . --algos apex impala es --seeds 0 1 2
 
+Two settings of one checkout side by side: the same tree twice, with ``--args`` for both
+and ``--a-args``/``--b-args`` for each side, e.g. ``--a . --b . --algos apex-dpg --args
+"--env Pendulum-v1 --target-return -200" --b-args "--set grad_clip=1e9" --budget 300``.
+
 Each run is a whole process (``python -m qrl.cli train``, imports included) with its
 checkout's own code first on ``sys.path``; a run that does not solve counts as its budget.
 Prints every time, the medians per algorithm and the ratio B / A (below 1: B is faster).
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -21,10 +26,10 @@ import time
 from pathlib import Path
 
 
-def solve(tree: Path, algo: str, seed: int, budget: float) -> tuple[float, bool]:
+def solve(tree: Path, algo: str, seed: int, budget: float, extra: list[str]) -> tuple[float, bool]:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "qrl.cli", "train", algo, "--seed", str(seed),
-               "--max-time", str(budget), "--run-dir", str(Path(tmp) / "run")]  # fmt: skip
+               "--max-time", str(budget), "--run-dir", str(Path(tmp) / "run"), *extra]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("QRL_")}  # embedded Redis
         env["PYTHONPATH"] = str(tree)
         t = time.perf_counter()
@@ -40,15 +45,21 @@ def main() -> None:
     ap.add_argument("--algos", nargs="+", default=["apex", "impala", "es"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--budget", type=float, default=90.0)
+    ap.add_argument("--args", default="", help="more `qrl train` arguments, both sides")
+    ap.add_argument("--a-args", default="", help="more `qrl train` arguments, side A only")
+    ap.add_argument("--b-args", default="", help="more `qrl train` arguments, side B only")
     args = ap.parse_args()
     trees = {"A": args.a.resolve(), "B": args.b.resolve()}
-    print(f"A = {trees['A']}\nB = {trees['B']}")
+    extra = {
+        s: shlex.split(args.args) + shlex.split(getattr(args, f"{s.lower()}_args")) for s in trees
+    }
+    print(f"A = {trees['A']} {extra['A']}\nB = {trees['B']} {extra['B']}")
     for algo in args.algos:
         times: dict[str, list[float]] = {"A": [], "B": []}
         for i, seed in enumerate(args.seeds):
             order = ("A", "B") if i % 2 == 0 else ("B", "A")
             for side in order:
-                secs, ok = solve(trees[side], algo, seed, args.budget)
+                secs, ok = solve(trees[side], algo, seed, args.budget, extra[side])
                 times[side].append(secs)
                 print(f"{algo} seed {seed} {side}: {secs:.1f}s {'' if ok else '(not solved)'}",
                       flush=True)  # fmt: skip
