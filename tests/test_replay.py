@@ -16,6 +16,9 @@ import numpy as np
 import pytest
 import redis
 
+from qrl.replay.sampler import Sampler, SamplerSpec
+from qrl.replay.sequences import SequenceLayout
+from qrl.replay.shards import ShardedReplay
 from qrl.replay.store import (
     BUCKETS_PER_OCTAVE,
     N_BUCKETS,
@@ -24,9 +27,6 @@ from qrl.replay.store import (
     PrioritizedReplay,
     RecordLayout,
 )
-from qrl.replay.sampler import Sampler, SamplerSpec
-from qrl.replay.sequences import SequenceLayout
-from qrl.replay.shards import ShardedReplay
 
 LAYOUT = RecordLayout((4,), "float32")
 SIGNIFICANCE = 1e-3
@@ -402,9 +402,13 @@ def plant_bogus(r, keys, layout: RecordLayout) -> set[bytes]:
 
 @pytest.mark.parametrize("mode", ["rank", "proportional"])
 def test_bogus_draws_are_removed_counted_and_skipped(r, keys, mode):
-    replay = PrioritizedReplay(r, keys, LAYOUT, 100, mode=mode, seed=1)
+    layout = RecordLayout((4,), "float32", n_actions=100)  # make_records: action = id
+    replay = PrioritizedReplay(r, keys, layout, 100, mode=mode, seed=1)
     replay.insert(make_records(range(20)), np.ones(20))
-    bogus = plant_bogus(r, keys, LAYOUT)
+    bogus = plant_bogus(r, keys, layout)
+    r.hset(keys.replay_data, "6", make_records([100])[0])  # an action the net does not have
+    r.zadd(keys.replay_priorities, {"6": 1e4})
+    bogus.add(b"6")
     samples = [replay.sample(16) for _ in range(50)]
     assert samples[-1] is not None  # None only while all a batch drew was bogus
     for s in filter(None, samples):
@@ -417,7 +421,7 @@ def test_bogus_draws_are_removed_counted_and_skipped(r, keys, mode):
     assert int(r.hget(keys.stats, "rejected:replay")) == len(bogus)
     assert int(r.hget(keys.stats, "rejected")) == len(bogus)
     assert r.xlen(keys.deadletter) == len(bogus)
-    assert replay.size() == 20 - 2  # 3 and 4 were transitions: gone with their records
+    assert replay.size() == 20 - 3  # 3, 4 and 6 were transitions: gone with their records
 
 
 def test_sharded_replay_removes_bogus_draws_from_their_shard(r, keys):

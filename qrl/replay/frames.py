@@ -31,7 +31,6 @@ import logging
 import math
 import struct
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +60,7 @@ def layout_for(obs_shape: tuple[int, ...], obs_dtype: str, n_actions: int) -> Re
     """The replay layout of an env's observations."""
     if is_frame_stack(obs_shape, obs_dtype):
         return FrameLayout(obs_shape, obs_dtype, n_actions)
-    return RecordLayout(obs_shape, obs_dtype)
+    return RecordLayout(obs_shape, obs_dtype, n_actions=n_actions)
 
 
 def replay_class(layout: RecordLayout) -> type[PrioritizedReplay]:
@@ -255,12 +254,13 @@ local function records(ids, s, e)
 end
 """
 
-_INSERT = f"local CHUNK_MAX = {CHUNK_MAX}\n" + """
+_INSERT = """
 -- KEYS: prio, frames, meta, batches, index
 -- ARGV: capacity, batch_id, n, the n priorities (space-separated), each chunk's first
 --       position (space-separated), each chunk's size, the chunks concatenated, the ring
 --       entries (n x u32: distance to the chunk's first transition)
 -- returns {evicted (-1: a batch already inserted), keys or meta repaired}
+-- (CHUNK_MAX is set before it: no chunk holds more transitions)
 local cap, n, blob, ring = tonumber(ARGV[1]), tonumber(ARGV[3]), ARGV[7], ARGV[8]
 local sub = string.sub
 local prio, pos, size, total = {}, {}, {}, 0
@@ -331,7 +331,7 @@ class FrameReplay(PrioritizedReplay):
         self, client: Any, keys: Any, layout: FrameLayout, capacity: int, **kw: Any
     ) -> None:
         super().__init__(client, keys, layout, capacity, **kw)
-        self._insert = client.register_script(PRELUDE + _INSERT)
+        self._insert = client.register_script(f"{PRELUDE}local CHUNK_MAX = {CHUNK_MAX}{_INSERT}")
 
     def records_lua(self) -> str:
         return _CHUNKS % self.capacity

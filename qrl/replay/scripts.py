@@ -54,8 +54,8 @@ local function bump(field, by)
 end
 -- forget up to limit batch ids whose transitions are all gone (all below lo)
 local function forget_batches(lo, limit)
-  local old = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', '(' .. fmt('%d', lo + 1), 'LIMIT', 0, limit)
-  each('ZREM', KEYS[4], old)
+  local below = '(' .. fmt('%d', lo + 1)
+  each('ZREM', KEYS[4], redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', below, 'LIMIT', 0, limit))
 end
 """
 

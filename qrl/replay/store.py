@@ -50,6 +50,7 @@ P_HI = 1e4
 BUCKETS_PER_OCTAVE = 4
 N_BUCKETS = math.ceil(math.log2(P_HI / P_LO) * BUCKETS_PER_OCTAVE)
 
+
 @dataclass
 class RecordLayout:
     """The fixed-size binary record of one replay item. By default an n-step transition:
@@ -64,6 +65,7 @@ class RecordLayout:
     obs_dtype: str
     action_shape: tuple[int, ...] = field(default=(), kw_only=True)
     action_dtype: str = field(default="int32", kw_only=True)
+    n_actions: int | None = field(default=None, kw_only=True)  # discrete: actions 0..n-1
 
     def __post_init__(self) -> None:
         self.obs_shape, self.action_shape = tuple(self.obs_shape), tuple(self.action_shape)
@@ -109,7 +111,8 @@ class RecordLayout:
     def decode(self, records: list[Any]) -> tuple[np.ndarray, np.ndarray]:
         """The records as sampled (any of them missing or garbage: Redis holds what any
         writer put there) decoded: ``(rows of those that are fine, which were)``. Fine means
-        bytes of the record's size whose float fields are all finite."""
+        bytes of the record's size whose float fields are all finite and whose actions are
+        in ``0..n_actions - 1`` (if given): a learner indexes its Q-values with them."""
         ok = np.array([isinstance(r, bytes) and len(r) == self.size for r in records], bool)
         rows = np.frombuffer(b"".join(r for r, k in zip(records, ok, strict=True) if k), self.dtype)
         finite = np.ones(len(rows), bool)
@@ -117,6 +120,9 @@ class RecordLayout:
             if rows.dtype[name].base.kind == "f":
                 each = np.isfinite(rows[name])
                 finite &= each.all(axis=tuple(range(1, each.ndim)))
+        if self.n_actions is not None and len(rows):
+            a = rows["action"].reshape(len(rows), -1)
+            finite &= ((a >= 0) & (a < self.n_actions)).all(axis=1)
         ok[ok] = finite
         return rows[finite], ok
 
@@ -224,12 +230,16 @@ class PrioritizedReplay:
 
     def stats(self) -> dict[str, int]:
         """Size and counters (a counter holding garbage, or a meta of another type, reads 0)."""
+        names = ("inserted", "evicted", "batches")
         try:
-            meta = self.client.hmget(self.keys.replay_meta, ["inserted", "evicted", "batches"])
+            meta = self.client.hmget(self.keys.replay_meta, names)
         except redis.ResponseError:
             meta = [None] * 3
-        counts = [int(m) if m is not None and m.isdigit() else 0 for m in meta]
-        return {"size": self.size(), **dict(zip(("inserted", "evicted", "batches"), counts))}
+        count = {
+            k: int(m) if m is not None and m.isdigit() else 0
+            for k, m in zip(names, meta, strict=True)
+        }
+        return {"size": self.size(), **count}
 
     def rank_probabilities(self, n: int) -> np.ndarray:
         """P(rank r), r = 1..n, for the rank mode."""
