@@ -272,22 +272,17 @@ end
 if #prio ~= n or #ring ~= 4 * n or #pos ~= #size or total ~= #blob then
   return redis.error_reply('frame replay insert: priorities, chunks or ring do not match')
 end
-local repaired = fix_types({'zset', 'hash', 'hash', 'zset', 'string'})
-if ARGV[2] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[2]) then return {-1, repaired} end
-local first, lo, bad = span(cap)
+local first, lo, repaired = begin({'zset', 'hash', 'hash', 'zset', 'string'}, cap, n)
+if not first then return {-1, repaired} end
 local hi = first + n
-if ARGV[2] ~= '' then
-  redis.call('ZADD', KEYS[4], hi, ARGV[2])
-  bump('batches', 1)
-end
 local z, h, off = {}, {}, 1
 for i = 1, n do z[2 * i - 1] = prio[i]; z[2 * i] = fmt('%d', first + i - 1) end
 for c = 1, #pos do
   h[2 * c - 1] = fmt('%d', first + pos[c]); h[2 * c] = sub(blob, off, off + size[c] - 1)
   off = off + size[c]
 end
-for s = 1, #z, 4000 do redis.call('ZADD', KEYS[1], unpack(z, s, math.min(s + 3999, #z))) end
-for s = 1, #h, 4000 do redis.call('HSET', KEYS[2], unpack(h, s, math.min(s + 3999, #h))) end
+each('ZADD', KEYS[1], z)
+each('HSET', KEYS[2], h)
 local skip = math.max(0, n - cap)
 local at, data = (first + skip) % cap, sub(ring, 4 * skip + 1)
 local head = math.min(#data, (cap - at) * 4)
@@ -296,7 +291,7 @@ if head < #data then redis.call('SETRANGE', KEYS[5], 0, sub(data, head + 1)) end
 bump('inserted', n)
 if hi - lo <= cap then
   redis.call('HSET', KEYS[3], 'hi', fmt('%d', hi), 'lo', fmt('%d', lo))
-  return {0, repaired + bad}
+  return {0, repaired}
 end
 local new_lo = hi - cap  -- at most n + EXTRA past lo: span checked it
 local function drop(cmd, key, a, b)  -- ids a .. b - 1
@@ -310,14 +305,16 @@ drop('ZREM', KEYS[1], lo, new_lo)
 local r = (new_lo % cap) * 4
 local rel = redis.call('GETRANGE', KEYS[5], r, r + 3)
 rel = #rel == 4 and struct.unpack('<I4', rel) or 0
-if rel >= CHUNK_MAX or rel > new_lo then rel, bad = 0, 1 end
+if rel >= CHUNK_MAX or rel > new_lo then rel, repaired = 0, repaired + 1 end
 local cs, clo = new_lo - rel, whole(redis.call('HGET', KEYS[3], 'clo'))
-if not clo or clo < lo - CHUNK_MAX or clo > lo then clo, bad = math.max(0, lo - CHUNK_MAX), 1 end
+if not clo or clo < lo - CHUNK_MAX or clo > lo then
+  clo, repaired = math.max(0, lo - CHUNK_MAX), repaired + 1
+end
 drop('HDEL', KEYS[2], clo, cs)
 redis.call('HSET', KEYS[3], 'hi', fmt('%d', hi), 'lo', fmt('%d', new_lo), 'clo', fmt('%d', cs))
 forget_batches(new_lo, n + EXTRA)
 bump('evicted', new_lo - lo)
-return {new_lo - lo, repaired + bad}
+return {new_lo - lo, repaired}
 """
 
 

@@ -52,6 +52,19 @@ local function bump(field, by)
   if not whole(redis.call('HGET', KEYS[3], field)) then redis.call('HDEL', KEYS[3], field) end
   return redis.call('HINCRBY', KEYS[3], field, by)
 end
+-- the start of an insert of n into a replay of cap (ARGV[2]: its batch id, '' for none),
+-- KEYS of the given types: the first new id (nil: the batch was inserted already), lo and
+-- the number of repairs made
+local function begin(types, cap, n)
+  local repaired = fix_types(types)
+  if ARGV[2] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[2]) then return nil, nil, repaired end
+  local first, lo, bad = span(cap)
+  if ARGV[2] ~= '' then
+    redis.call('ZADD', KEYS[4], first + n, ARGV[2])
+    bump('batches', 1)
+  end
+  return first, lo, repaired + bad
+end
 -- forget up to limit batch ids whose transitions are all gone (all below lo)
 local function forget_batches(lo, limit)
   local below = '(' .. fmt('%d', lo + 1)
@@ -71,16 +84,9 @@ for p in string.gmatch(ARGV[5], '%S+') do prio[#prio + 1] = p end
 if #prio ~= n or #blob ~= n * size then
   return redis.error_reply('replay insert: priorities or records do not match n')
 end
-local repaired = fix_types({'zset', 'hash', 'hash', 'zset'})
-if ARGV[2] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[2]) then
-  return {-1, repaired}
-end
-local first, lo, bad = span(cap)
+local first, lo, repaired = begin({'zset', 'hash', 'hash', 'zset'}, cap, n)
+if not first then return {-1, repaired} end
 local hi = first + n
-if ARGV[2] ~= '' then
-  redis.call('ZADD', KEYS[4], hi, ARGV[2])
-  bump('batches', 1)
-end
 local sub = string.sub
 local z, h = {}, {}
 for i = 1, n do
@@ -88,10 +94,8 @@ for i = 1, n do
   z[2 * i - 1] = prio[i]; z[2 * i] = id
   h[2 * i - 1] = id; h[2 * i] = sub(blob, (i - 1) * size + 1, i * size)
 end
-for s = 1, #z, 4000 do
-  redis.call('ZADD', KEYS[1], unpack(z, s, math.min(s + 3999, #z)))
-  redis.call('HSET', KEYS[2], unpack(h, s, math.min(s + 3999, #h)))
-end
+each('ZADD', KEYS[1], z)
+each('HSET', KEYS[2], h)
 bump('inserted', n)
 local evicted = 0
 if hi - lo > cap then  -- at most n + EXTRA ids: span checked lo
@@ -104,7 +108,7 @@ if hi - lo > cap then  -- at most n + EXTRA ids: span checked lo
   bump('evicted', evicted)
 end
 redis.call('HSET', KEYS[3], 'hi', fmt('%d', hi), 'lo', fmt('%d', lo))
-return {evicted, repaired + bad}
+return {evicted, repaired}
 """
 
 # how the sampling scripts fetch the records of ids[s..e] (a subclass may fetch otherwise)

@@ -10,8 +10,14 @@ Layout (keys from :class:`qrl.keys.RunKeys`):
   id after their last transition; trimmed with the eviction, so it stays bounded too
 
 Ids are consecutive integers, so FIFO eviction (oldest first, as in Ape-X) deletes the range
-``[lo, hi - capacity)``. Every multi-step operation is one Lua script, so readers never see
-half an insert or an eviction.
+``[lo, hi - capacity)``. Every multi-step operation is one Lua script
+(:mod:`qrl.replay.scripts`), so readers never see half an insert or an eviction.
+
+Anyone with the run's keys can write anything into these keys. The scripts' work stays
+bounded whatever they find (meta out of range is repaired, keys of another type deleted),
+and a sampled item that does not decode (a member that is no id, a missing record, one of
+the wrong size, a non-finite value, an action out of range) is removed, dead-lettered and
+counted (``rejected:replay`` in the stats) instead of reaching the learner (:func:`screen`).
 
 Sampling, with ``N`` transitions present:
 
