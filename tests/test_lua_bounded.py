@@ -453,3 +453,15 @@ def test_every_script_is_covered():
                 if isinstance(value, str) and "redis.call" in value and "PRELUDE" not in name:
                     found.add((path.relative_to(root).as_posix(), name))
     assert found == COVERED
+
+
+@pytest.mark.parametrize("kind", REPLAYS)
+def test_ids_near_the_top_start_again_from_0(private, r, kind):
+    """Meta pushed up to the largest id: inserts repair it once and carry on from 0, not
+    repair it at every insert."""
+    keys, make = fresh_keys(), REPLAYS[kind]
+    r.hset(keys.replay_meta, mapping={"hi": str(10**15 - 5), "lo": str(10**15 - 50)})
+    for b in range(4):
+        bounded(private, lambda c, b=b: insert(make(c, keys), 30, f"b{b}"))
+    meta = r.hgetall(keys.replay_meta)
+    assert int(meta[b"hi"]) == 90 and int(meta[b"lo"]) <= 60

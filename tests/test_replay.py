@@ -478,3 +478,15 @@ def test_sampler_process_survives_bogus_members(r, keys, redis_server):
         sampler.stop()
     assert all(s is not None and not bogus & set(s.ids) for s in got)
     assert int(r.hget(keys.stats, "rejected:replay")) == len(bogus)
+
+
+def test_oversized_records_are_rejected_unread(r, keys):
+    """A record far beyond the record size is dropped inside Redis, never sent whole."""
+    replay = PrioritizedReplay(r, keys, LAYOUT, 100, seed=0)
+    replay.insert(make_records(range(10)), np.ones(10))
+    r.hset(keys.replay_data, "2", b"x" * 5_000_000)
+    r.zadd(keys.replay_priorities, {"2": 1e4})
+    for _ in range(5):
+        assert b"2" not in replay.sample(8).ids
+    (_, entry), *_ = r.xrange(keys.deadletter)
+    assert entry[b"source"] == b"replay" and entry[b"size"] == b"0"

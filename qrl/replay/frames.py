@@ -183,6 +183,14 @@ class FrameLayout(RecordLayout):
             out["ok"][rows] = True
         return out
 
+    def max_chunk(self) -> int:
+        """The most bytes a chunk can take: ``CHUNK_MAX`` records and as many distinct
+        frames as they can reference, in LZ4 blocks that did not compress at all."""
+        frames = 2 * self.obs_shape[0] * CHUNK_MAX
+        raw = FRAMES_PER_BLOCK * self.frame_bytes
+        blocks = -(-frames // FRAMES_PER_BLOCK)
+        return _HEAD.size + CHUNK_MAX * self.rec.itemsize + blocks * (4 + raw + raw // 255 + 16)
+
     def decode(self, records: list[Any]) -> tuple[np.ndarray, np.ndarray]:
         """The transitions whose chunk passed every check, and which did."""
         out = self.unpack(records)
@@ -234,7 +242,8 @@ class FrameLayout(RecordLayout):
 
 
 # the chunks of ids[s..e], with each id's distance to its chunk's start (ring slot id % CAP);
-# a member that is no id, or a ring entry pointing before id 0, fetches no chunk
+# a member that is no id, or a ring entry pointing before id 0, fetches no chunk, and a
+# chunk longer than any chunk can be (the second %d) comes back as nil: never sent whole
 _CHUNKS = """
 local TYPES = {'zset', 'hash', 'string', 'hash'}
 local function records(ids, s, e)
@@ -246,6 +255,7 @@ local function records(ids, s, e)
       rel = redis.call('GETRANGE', KEYS[3], at, at + 3)
       if #rel == 4 and struct.unpack('<I4', rel) <= id then
         chunk = redis.call('HGET', KEYS[4], fmt('%%d', id - struct.unpack('<I4', rel)))
+        if chunk and #chunk > %d then chunk = false end
       end
     end
     out[#out + 1] = {rel, chunk}
@@ -331,7 +341,7 @@ class FrameReplay(PrioritizedReplay):
         self._insert = client.register_script(f"{PRELUDE}local CHUNK_MAX = {CHUNK_MAX}{_INSERT}")
 
     def records_lua(self) -> str:
-        return _CHUNKS % self.capacity
+        return _CHUNKS % (self.capacity, self.layout.max_chunk())
 
     def sample_keys(self) -> list[str]:
         k = self.keys

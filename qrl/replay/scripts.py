@@ -40,10 +40,12 @@ end
 -- hi - lo <= cap (up to EXTRA more after the capacity was lowered); anything else would
 -- make the eviction walk an unbounded range. Ids left below a repaired lo stay (at most
 -- a capacity's worth, once per repair) and a repaired hi may overwrite ids: both bounded.
+-- A repaired hi starts again from lo, or from 0 if lo is past half of MAX_ID (else ids
+-- could run past MAX_ID at every insert, and every insert repair them to the same lo).
 local function span(cap)
   local m = redis.call('HMGET', KEYS[3], 'hi', 'lo')
   local hi, lo, bad = whole(m[1]), whole(m[2]), 0
-  if not hi then hi, bad = lo or 0, 1 end
+  if not hi then hi, bad = (lo and lo < MAX_ID / 2) and lo or 0, 1 end
   if not lo or lo > hi or hi - lo > cap + EXTRA then lo, bad = math.max(0, hi - cap), 1 end
   return hi, lo, bad
 end
@@ -115,7 +117,14 @@ return {evicted, repaired}
 # and the types its keys must have (a key of another type is deleted)
 RECORDS = """
 local TYPES = {'zset', 'hash'}
-local function records(ids, s, e) return redis.call('HMGET', KEYS[2], unpack(ids, s, e)) end
+-- (SIZE is set before it) a record of another size comes back as nil: never sent whole
+local function records(ids, s, e)
+  local out = redis.call('HMGET', KEYS[2], unpack(ids, s, e))
+  for i = 1, #out do
+    if out[i] and #out[i] ~= SIZE then out[i] = false end
+  end
+  return out
+end
 """
 
 FETCH_RANKS = """

@@ -174,7 +174,7 @@ class PrioritizedReplay:
     def records_lua(self) -> str:
         """The Lua function ``records(ids, s, e)`` the sampling scripts fetch records with,
         and ``TYPES``, the types of their keys."""
-        return scripts.RECORDS
+        return f"local SIZE = {self.layout.size}\n{scripts.RECORDS}"
 
     def sample_keys(self) -> list[str]:
         return [self.keys.replay_priorities, self.keys.replay_data]
