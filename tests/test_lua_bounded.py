@@ -390,20 +390,30 @@ LEASE_STATES: dict[str, Callable[[redis.Redis, RunKeys], Any]] = {
 
 
 @pytest.mark.parametrize("state", LEASE_STATES)
-def test_lease_take_and_keep(private, r, state):
+def test_lease_look_take_and_keep(private, r, state):
+    """ids.py's scripts (the API of H4's fix of findings 5 and 11: ``claim_id`` takes the
+    configured count, ``_LOOK`` reads a chunk of leases, ``_KEEP`` keeps or releases)."""
     keys = fresh_keys()
     LEASE_STATES[state](r, keys)
 
     def claim(c: redis.Redis) -> Any:
-        lease = ids_module.claim_id(c, keys, "actor")
+        lease = ids_module.claim_id(c, keys, "actor", 4)
         lease.release()
         return lease.ident
 
+    def look(c: redis.Redis) -> Any:
+        names = [keys.lease("actor", i) for i in range(64)]
+        return c.register_script(ids_module._LOOK)(keys=names, args=[10])
+
     def keep(c: redis.Redis) -> Any:
         key = keys.lease("actor", 0)
-        return [c.eval(ids_module._KEEP, 1, key, "me", 10), c.eval(ids_module._KEEP, 1, key, "me")]
+        return [
+            c.eval(ids_module._KEEP, 1, key, "me", 10, "keep"),
+            c.eval(ids_module._KEEP, 1, key, "me", 10, "release"),
+        ]
 
-    bounded(private, claim)
+    bounded(private, look)
+    assert bounded(private, claim) == 0  # a lease qrl did not write (no TTL) is garbage
     bounded(private, keep)
 
 
@@ -429,6 +439,7 @@ COVERED = {
     ("streams.py", "_ADD_IF_ROOM"),
     ("streams.py", "_LEAVE"),
     ("ids.py", "_KEEP"),
+    ("ids.py", "_LOOK"),
     ("ids.py", "_TAKE"),
     ("weights.py", "_PUBLISH"),
 }
