@@ -7,9 +7,7 @@ decides how much a script does: :data:`PRELUDE` checks every stored number and r
 is out of range, in bounded work.
 """
 
-# Shared by the replay's scripts (KEYS: prio, data, meta, batches, ...). A writer with the
-# run's keys can store anything in them, so nothing stored may decide how much a script
-# does: numbers are checked and what is out of range is garbage, repaired in bounded work.
+# the functions every replay script starts with (KEYS: prio, data, meta, batches, ...)
 PRELUDE = """
 local EXTRA = 4096  -- ids a call may evict beyond its own batch (a lowered capacity)
 local MAX_ID = 1e15  -- ids stay exact in a Lua double and print with %d
