@@ -22,7 +22,6 @@ from qrl.replay import frames as frames_module
 from qrl.replay.frames import FrameBatch, FrameLayout, FrameReplay, encode_chunk, pack_frames
 from qrl.replay.role import ReplayFiller
 from qrl.replay.shards import ShardedReplay
-from qrl.replay.store import P_LO
 from qrl.runs import create_run, delete_run
 from qrl.streams import StreamProducer
 from tests import strategies as hs
@@ -263,7 +262,7 @@ def test_hostile_chunks_are_dead_lettered(r, keys, pong):
     assert filler.replay.size() == 30 and filler.inserted == 30
 
 
-def test_corrupt_or_missing_chunks_are_dropped_with_the_lowest_priority(r, keys, pong):
+def test_corrupt_or_missing_chunks_are_dropped_removed_and_counted(r, keys, pong):
     layout = FrameLayout(SHAPE, "uint8", 6)
     replay = FrameReplay(r, keys, layout, 10_000, seed=0)
     by_id = insert(replay, pong, 60)
@@ -291,9 +290,11 @@ def test_corrupt_or_missing_chunks_are_dropped_with_the_lowest_priority(r, keys,
         assert s.batch["ok"].all() and s.weights.max() == 1
         for i, row in zip(s.ids, s.batch, strict=True):
             np.testing.assert_array_equal(row["obs"], by_id[int(i)][0])
-    prio = {int(m): p for m, p in r.zrange(keys.replay_priorities, 0, -1, withscores=True)}
-    dropped = {i for i in bad if prio[i] == P_LO}
-    assert dropped and all(prio[i] > P_LO for i in prio if i not in bad)
+    present = {int(m) for m in r.zrange(keys.replay_priorities, 0, -1)}
+    removed = bad - present
+    assert removed and present | removed == set(range(len(by_id)))
+    assert int(r.hget(keys.stats, "rejected:replay")) == len(removed)
+    assert r.xlen(keys.deadletter) == len(removed)
 
 
 def test_a_pong_transition_costs_at_most_1_5_frames(r, keys):
@@ -357,4 +358,5 @@ def test_sharded_frame_replay_samples_across_shards_and_drops_corrupt_chunks(r, 
             assert not (int(s) == 1 and first <= int(local) < first + 6)  # its 6 transitions
             np.testing.assert_array_equal(row["obs"], by_id[int(s)][int(local)][0])
     assert seen == {0, 1}
-    assert r.zscore(shard1.replay_priorities, first) == P_LO
+    assert r.zscore(shard1.replay_priorities, first) is None  # removed where it was drawn
+    assert int(r.hget(shard1.stats, "rejected:replay")) >= 1

@@ -20,8 +20,8 @@ frames twice, and consecutive transitions share ``stack - 1`` of them. Instead:
 * Sampling is the plain replay's scripts with another ``records`` function: each sampled
   id comes with its chunk (one Lua call). The sampler decodes and checks every chunk
   (sizes, a CRC-32, references, LZ4 blocks decompressed to their exact expected size); a
-  transition whose chunk is missing or corrupt is dropped from the batch and set to the
-  lowest priority, so it is not drawn again.
+  transition whose chunk is missing or corrupt is dropped from the batch and removed from
+  the replay (dead-lettered and counted, as :meth:`PrioritizedReplay.reject` does).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import logging
 import math
 import struct
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +38,8 @@ import lz4.block
 import numpy as np
 
 from qrl.messages import check_chunks
-from qrl.replay.store import P_HI, P_LO, PrioritizedReplay, RecordLayout, Sample
+from qrl.replay.scripts import PRELUDE
+from qrl.replay.store import P_HI, P_LO, PrioritizedReplay, RecordLayout
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def layout_for(obs_shape: tuple[int, ...], obs_dtype: str, n_actions: int) -> Re
     """The replay layout of an env's observations."""
     if is_frame_stack(obs_shape, obs_dtype):
         return FrameLayout(obs_shape, obs_dtype, n_actions)
-    return RecordLayout(obs_shape, obs_dtype)
+    return RecordLayout(obs_shape, obs_dtype, n_actions=n_actions)
 
 
 def replay_class(layout: RecordLayout) -> type[PrioritizedReplay]:
@@ -183,6 +183,19 @@ class FrameLayout(RecordLayout):
             out["ok"][rows] = True
         return out
 
+    def max_chunk(self) -> int:
+        """The most bytes a chunk can take: ``CHUNK_MAX`` records and as many distinct
+        frames as they can reference, in LZ4 blocks that did not compress at all."""
+        frames = 2 * self.obs_shape[0] * CHUNK_MAX
+        raw = FRAMES_PER_BLOCK * self.frame_bytes
+        blocks = -(-frames // FRAMES_PER_BLOCK)
+        return _HEAD.size + CHUNK_MAX * self.rec.itemsize + blocks * (4 + raw + raw // 255 + 16)
+
+    def decode(self, records: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """The transitions whose chunk passed every check, and which did."""
+        out = self.unpack(records)
+        return out[out["ok"]], out["ok"].copy()
+
     def parse(self, blob: Any) -> tuple[np.ndarray, int, int, list[bytes]]:
         """A stored chunk's records, frame count, frames per block and LZ4 blocks; raises
         ``ValueError`` unless its header and sizes are consistent and its CRC matches."""
@@ -228,17 +241,22 @@ class FrameLayout(RecordLayout):
         return r, g, {b: self._block(blocks, b, f, g) for b in sorted({j // g for j in refs})}
 
 
-# the chunks of ids[s..e], with each id's distance to its chunk's start (ring slot id % CAP)
+# the chunks of ids[s..e], with each id's distance to its chunk's start (ring slot id % CAP);
+# a member that is no id, or a ring entry pointing before id 0, fetches no chunk, and a
+# chunk longer than any chunk can be (the second %d) comes back as nil: never sent whole
 _CHUNKS = """
+local TYPES = {'zset', 'hash', 'string', 'hash'}
 local function records(ids, s, e)
   local out = {}
   for i = s, e do
-    local id = tonumber(ids[i])
-    local at = (id %% %d) * 4
-    local rel = redis.call('GETRANGE', KEYS[3], at, at + 3)
-    local chunk = false
-    if #rel == 4 then
-      chunk = redis.call('HGET', KEYS[4], string.format('%%d', id - struct.unpack('<I4', rel)))
+    local id, rel, chunk = whole(ids[i]), '', false
+    if id then
+      local at = (id %% %d) * 4
+      rel = redis.call('GETRANGE', KEYS[3], at, at + 3)
+      if #rel == 4 and struct.unpack('<I4', rel) <= id then
+        chunk = redis.call('HGET', KEYS[4], fmt('%%d', id - struct.unpack('<I4', rel)))
+        if chunk and #chunk > %d then chunk = false end
+      end
     end
     out[#out + 1] = {rel, chunk}
   end
@@ -251,8 +269,10 @@ _INSERT = """
 -- ARGV: capacity, batch_id, n, the n priorities (space-separated), each chunk's first
 --       position (space-separated), each chunk's size, the chunks concatenated, the ring
 --       entries (n x u32: distance to the chunk's first transition)
+-- returns {evicted (-1: a batch already inserted), keys or meta repaired}
+-- (CHUNK_MAX is set before it: no chunk holds more transitions)
 local cap, n, blob, ring = tonumber(ARGV[1]), tonumber(ARGV[3]), ARGV[7], ARGV[8]
-local fmt, sub = string.format, string.sub
+local sub = string.sub
 local prio, pos, size, total = {}, {}, {}, 0
 for p in string.gmatch(ARGV[4], '%S+') do prio[#prio + 1] = p end
 for p in string.gmatch(ARGV[5], '%d+') do pos[#pos + 1] = tonumber(p) end
@@ -262,43 +282,49 @@ end
 if #prio ~= n or #ring ~= 4 * n or #pos ~= #size or total ~= #blob then
   return redis.error_reply('frame replay insert: priorities, chunks or ring do not match')
 end
-if ARGV[2] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[2]) then return -1 end
-local hi = redis.call('HINCRBY', KEYS[3], 'hi', n)
-if ARGV[2] ~= '' then
-  redis.call('ZADD', KEYS[4], hi, ARGV[2])
-  redis.call('HINCRBY', KEYS[3], 'batches', 1)
-end
-local first = hi - n
+local first, lo, repaired = begin({'zset', 'hash', 'hash', 'zset', 'string'}, cap, n)
+if not first then return {-1, repaired} end
+local hi = first + n
 local z, h, off = {}, {}, 1
 for i = 1, n do z[2 * i - 1] = prio[i]; z[2 * i] = fmt('%d', first + i - 1) end
 for c = 1, #pos do
   h[2 * c - 1] = fmt('%d', first + pos[c]); h[2 * c] = sub(blob, off, off + size[c] - 1)
   off = off + size[c]
 end
-for s = 1, #z, 4000 do redis.call('ZADD', KEYS[1], unpack(z, s, math.min(s + 3999, #z))) end
-for s = 1, #h, 4000 do redis.call('HSET', KEYS[2], unpack(h, s, math.min(s + 3999, #h))) end
+each('ZADD', KEYS[1], z)
+each('HSET', KEYS[2], h)
 local skip = math.max(0, n - cap)
 local at, data = (first + skip) % cap, sub(ring, 4 * skip + 1)
 local head = math.min(#data, (cap - at) * 4)
 redis.call('SETRANGE', KEYS[5], at * 4, sub(data, 1, head))
 if head < #data then redis.call('SETRANGE', KEYS[5], 0, sub(data, head + 1)) end
-redis.call('HINCRBY', KEYS[3], 'inserted', n)
-local lo = tonumber(redis.call('HGET', KEYS[3], 'lo') or '0')
-if hi - lo <= cap then return 0 end
-local new_lo = hi - cap
+bump('inserted', n)
+if hi - lo <= cap then
+  redis.call('HSET', KEYS[3], 'hi', fmt('%d', hi), 'lo', fmt('%d', lo))
+  return {0, repaired}
+end
+local new_lo = hi - cap  -- at most n + EXTRA past lo: span checked it
 local function drop(cmd, key, a, b)  -- ids a .. b - 1
   local ids = {}
   for id = a, b - 1 do ids[#ids + 1] = fmt('%d', id) end
-  for s = 1, #ids, 4000 do redis.call(cmd, key, unpack(ids, s, math.min(s + 3999, #ids))) end
+  each(cmd, key, ids)
 end
 drop('ZREM', KEYS[1], lo, new_lo)
+-- the chunks to delete start in [clo, cs): clo the first chunk of the old lo, cs the chunk
+-- of new_lo; a ring entry or clo out of range (no chunk is longer than CHUNK_MAX) is garbage
 local r = (new_lo % cap) * 4
-local cs = new_lo - struct.unpack('<I4', redis.call('GETRANGE', KEYS[5], r, r + 3))
-drop('HDEL', KEYS[2], tonumber(redis.call('HGET', KEYS[3], 'clo') or '0'), cs)
-redis.call('HSET', KEYS[3], 'lo', new_lo, 'clo', cs)
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. fmt('%d', new_lo + 1))
-redis.call('HINCRBY', KEYS[3], 'evicted', new_lo - lo)
-return new_lo - lo
+local rel = redis.call('GETRANGE', KEYS[5], r, r + 3)
+rel = #rel == 4 and struct.unpack('<I4', rel) or 0
+if rel >= CHUNK_MAX or rel > new_lo then rel, repaired = 0, repaired + 1 end
+local cs, clo = new_lo - rel, whole(redis.call('HGET', KEYS[3], 'clo'))
+if not clo or clo < lo - CHUNK_MAX or clo > lo then
+  clo, repaired = math.max(0, lo - CHUNK_MAX), repaired + 1
+end
+drop('HDEL', KEYS[2], clo, cs)
+redis.call('HSET', KEYS[3], 'hi', fmt('%d', hi), 'lo', fmt('%d', new_lo), 'clo', fmt('%d', cs))
+forget_batches(new_lo, n + EXTRA)
+bump('evicted', new_lo - lo)
+return {new_lo - lo, repaired}
 """
 
 
@@ -312,10 +338,10 @@ class FrameReplay(PrioritizedReplay):
         self, client: Any, keys: Any, layout: FrameLayout, capacity: int, **kw: Any
     ) -> None:
         super().__init__(client, keys, layout, capacity, **kw)
-        self._insert = client.register_script(_INSERT)
+        self._insert = client.register_script(f"{PRELUDE}local CHUNK_MAX = {CHUNK_MAX}{_INSERT}")
 
     def records_lua(self) -> str:
-        return _CHUNKS % self.capacity
+        return _CHUNKS % (self.capacity, self.layout.max_chunk())
 
     def sample_keys(self) -> list[str]:
         k = self.keys
@@ -363,28 +389,4 @@ class FrameReplay(PrioritizedReplay):
             k.replay_batches,
             k.replay_index,
         ]
-        return int(self._insert(keys=keys, args=args))
-
-    def sample(self, batch_size: int, beta: float = 0.4) -> Sample | None:
-        """As :meth:`PrioritizedReplay.sample`, without the transitions whose chunk was
-        missing or corrupt (they get the lowest priority)."""
-        return drop_corrupt(super().sample(batch_size, beta), self.update_priorities)
-
-
-def drop_corrupt(
-    s: Sample | None, update_priorities: Callable[[list[bytes], np.ndarray], None]
-) -> Sample | None:
-    """``s`` without the transitions a :class:`FrameLayout` batch marks not ``ok`` (chunk
-    missing or corrupt), which ``update_priorities`` sets to the lowest priority so they
-    are not drawn again; ``None`` if none is left. Any other batch is returned as it is."""
-    if s is None or "ok" not in (s.batch.dtype.names or ()) or s.batch["ok"].all():
-        return s
-    ok = s.batch["ok"]
-    bad = [i for i, k in zip(s.ids, ok, strict=True) if not k]
-    log.warning("dropped %d sampled transitions: chunk missing or corrupt", len(bad))
-    update_priorities(bad, np.zeros(len(bad)))
-    if not ok.any():
-        return None
-    w = s.weights[ok]
-    ids = [i for i, k in zip(s.ids, ok, strict=True) if k]
-    return Sample(ids, s.batch[ok], w / w.max(), s.probs[ok], s.size)
+        return self.evicted(self._insert(keys=keys, args=args))

@@ -55,7 +55,9 @@ class SequenceLayout(RecordLayout):
 def sequence_spec(cfg: R2D2Config, max_rows: int = 4096) -> tuple[SequenceLayout, Schema]:
     """The replay layout and the stream schema of ``cfg``'s sequences."""
     obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
-    layout = SequenceLayout(obs_shape, obs_dtype, length=cfg.sequence_length, lstm=cfg.lstm)
+    layout = SequenceLayout(
+        obs_shape, obs_dtype, length=cfg.sequence_length, lstm=cfg.lstm, n_actions=n_actions
+    )
     schema = sequence_schema(
         obs_shape, obs_dtype, n_actions, cfg.sequence_length, cfg.lstm, max_rows=max_rows
     )

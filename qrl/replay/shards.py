@@ -35,14 +35,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import redis
 
 from qrl.keys import RunKeys
-from qrl.replay.frames import drop_corrupt, replay_class
-from qrl.replay.store import RecordLayout, Sample
+from qrl.replay.frames import replay_class
+from qrl.replay.store import RecordLayout, Sample, screen
 
 
 def shard_capacity(capacity: int, shards: int) -> int:
@@ -119,25 +119,26 @@ class ShardedReplay:
             ids += [b"%d:%s" % (int(s), i) for i in got]
             recs += records
             probs.append(p * (shares[s] / total))
-        if not ids:
-            return None
-        prob = np.concatenate(probs)
-        n_all = int(sizes.sum())
-        w = (n_all * prob) ** -beta
-        batch = self.layout.unpack(recs)
-        sample = Sample(ids, batch, (w / w.max()).astype(np.float32), prob, n_all)
-        return drop_corrupt(sample, self.update_priorities)  # frame stacks: see frames.py
+        prob = np.concatenate(probs) if probs else np.zeros(0)
+        return screen(self, int(sizes.sum()), ids, recs, prob, beta)
+
+    def _by_shard(self, ids: list[bytes]) -> dict[int, list[int]]:
+        """The positions in ``ids`` (``b"shard:id"``) of each shard's ids."""
+        groups: dict[int, list[int]] = defaultdict(list)
+        for k, i in enumerate(ids):
+            groups[int(i.partition(b":")[0])].append(k)
+        return groups
+
+    def reject(self, ids: list[bytes], records: list[Any]) -> None:
+        """Remove sampled items that did not decode, each from its shard."""
+        for s, at in self._by_shard(ids).items():
+            self.parts[s].reject([ids[k].partition(b":")[2] for k in at], [records[k] for k in at])
 
     def update_priorities(self, ids: list[bytes], priorities: np.ndarray) -> None:
         """New priorities, each sent to the shard its id names (ZADD XX there)."""
         if len(self.parts) == 1:
             self.parts[0].update_priorities(ids, priorities)
             return
-        groups: dict[int, tuple[list[bytes], list[float]]] = defaultdict(lambda: ([], []))
-        for i, p in zip(ids, np.asarray(priorities, np.float64).tolist(), strict=True):
-            shard, _, local = i.partition(b":")
-            group = groups[int(shard)]
-            group[0].append(local)
-            group[1].append(p)
-        for s, (local_ids, prios) in groups.items():
-            self.parts[s].update_priorities(local_ids, np.array(prios))
+        p = np.asarray(priorities, np.float64)
+        for s, at in self._by_shard(ids).items():
+            self.parts[s].update_priorities([ids[k].partition(b":")[2] for k in at], p[at])

@@ -10,8 +10,14 @@ Layout (keys from :class:`qrl.keys.RunKeys`):
   id after their last transition; trimmed with the eviction, so it stays bounded too
 
 Ids are consecutive integers, so FIFO eviction (oldest first, as in Ape-X) deletes the range
-``[lo, hi - capacity)``. Every multi-step operation is one Lua script, so readers never see
-half an insert or an eviction.
+``[lo, hi - capacity)``. Every multi-step operation is one Lua script
+(:mod:`qrl.replay.scripts`), so readers never see half an insert or an eviction.
+
+Anyone with the run's keys can write anything into these keys. The scripts' work stays
+bounded whatever they find (meta out of range is repaired, keys of another type deleted),
+and a sampled item that does not decode (a member that is no id, a missing record, one of
+the wrong size, a non-finite value, an action out of range) is removed, dead-lettered and
+counted (``rejected:replay`` in the stats) instead of reaching the learner (:func:`screen`).
 
 Sampling, with ``N`` transitions present:
 
@@ -31,6 +37,7 @@ computed from the probability the sampler actually used.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -39,151 +46,15 @@ import numpy as np
 import redis
 
 from qrl.keys import RunKeys
+from qrl.replay import scripts
+from qrl.streams import dead_letter
+
+log = logging.getLogger(__name__)
 
 P_LO = 1e-6  # priorities are clipped to [P_LO, P_HI]
 P_HI = 1e4
 BUCKETS_PER_OCTAVE = 4
 N_BUCKETS = math.ceil(math.log2(P_HI / P_LO) * BUCKETS_PER_OCTAVE)
-
-_INSERT = """
--- KEYS: prio, data, meta, batches
--- ARGV: capacity, batch_id, n, record size, the n priorities (decimal, space-separated),
---       the n records (each of the record size) concatenated
--- ids are formatted once with %d: a Lua number passed to redis.call costs a %.17g each time
-local cap, n, size, blob = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[6]
-local prio = {}
-for p in string.gmatch(ARGV[5], '%S+') do prio[#prio + 1] = p end
-if #prio ~= n or #blob ~= n * size then
-  return redis.error_reply('replay insert: priorities or records do not match n')
-end
-if ARGV[2] ~= '' and redis.call('ZSCORE', KEYS[4], ARGV[2]) then
-  return -1
-end
-local hi = redis.call('HINCRBY', KEYS[3], 'hi', n)
-if ARGV[2] ~= '' then
-  redis.call('ZADD', KEYS[4], hi, ARGV[2])
-  redis.call('HINCRBY', KEYS[3], 'batches', 1)
-end
-local first = hi - n
-local fmt, sub = string.format, string.sub
-local z, h = {}, {}
-for i = 1, n do
-  local id = fmt('%d', first + i - 1)
-  z[2 * i - 1] = prio[i]; z[2 * i] = id
-  h[2 * i - 1] = id; h[2 * i] = sub(blob, (i - 1) * size + 1, i * size)
-end
-for s = 1, #z, 4000 do
-  redis.call('ZADD', KEYS[1], unpack(z, s, math.min(s + 3999, #z)))
-  redis.call('HSET', KEYS[2], unpack(h, s, math.min(s + 3999, #h)))
-end
-redis.call('HINCRBY', KEYS[3], 'inserted', n)
-local lo = tonumber(redis.call('HGET', KEYS[3], 'lo') or '0')
-local evicted = 0
-if hi - lo > cap then
-  local ids = {}
-  for id = lo, hi - cap - 1 do ids[#ids + 1] = fmt('%d', id) end
-  for s = 1, #ids, 4000 do
-    local e = math.min(s + 3999, #ids)
-    redis.call('ZREM', KEYS[1], unpack(ids, s, e))
-    redis.call('HDEL', KEYS[2], unpack(ids, s, e))
-  end
-  evicted = #ids
-  redis.call('HSET', KEYS[3], 'lo', hi - cap)
-  -- forget the ids of batches whose transitions are all gone: bounded like the replay
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. fmt('%d', hi - cap + 1))
-  redis.call('HINCRBY', KEYS[3], 'evicted', evicted)
-end
-return evicted
-"""
-
-# how the sampling scripts fetch the records of ids[s..e] (a subclass may fetch otherwise)
-_RECORDS = (
-    "local function records(ids, s, e) return redis.call('HMGET', KEYS[2], unpack(ids, s, e)) end\n"
-)
-
-_FETCH_RANKS = """
--- KEYS: prio, data; ARGV: 'desc'|'asc', the ranks (0-based, space-separated)
--- returns {n_present, {id, score, record}...}
--- each rank goes on to ZRANGE as the string it came as (a Lua number would be formatted
--- with %.17g per call), a repeated rank reuses the last lookup, and one HMGET fetches
--- the records
-local desc = ARGV[1] == 'desc'
-local ids, scores, last, m = {}, {}, nil, nil
-for r in string.gmatch(ARGV[2], '%d+') do
-  if r ~= last then
-    if desc then m = redis.call('ZRANGE', KEYS[1], r, r, 'REV', 'WITHSCORES')
-    else m = redis.call('ZRANGE', KEYS[1], r, r, 'WITHSCORES') end
-    last = r
-  end
-  if m[1] then ids[#ids + 1] = m[1]; scores[#scores + 1] = m[2] end
-end
-local out = {}
-for s = 1, #ids, 4000 do
-  local recs = records(ids, s, math.min(s + 3999, #ids))
-  for j = 1, #recs do
-    local i = s + j - 1
-    out[3 * i - 2] = ids[i]; out[3 * i - 1] = scores[i]; out[3 * i] = recs[j]
-  end
-end
-return {redis.call('ZCARD', KEYS[1]), out}
-"""
-
-_SAMPLE_PROPORTIONAL = """
--- KEYS: prio, data; ARGV: alpha, lo, ratio, n_buckets, u (increasing, in [0, 1): float64
--- little-endian, concatenated)
--- returns {n_present, {id, score, record, prob}...}, total mass (%.17g)
-local alpha, lo = tonumber(ARGV[1]), tonumber(ARGV[2])
-local ratio, k = tonumber(ARGV[3]), tonumber(ARGV[4])
-local fmt = string.format
-local counts, mass, starts = {}, {}, {}
-local total, rank = 0, 0
--- bucket b is [edge(b), edge(b + 1)) with edge(b) = lo * ratio^b; both ends are written
--- from the same number with %.17g (exact), so the buckets tile the line: no priority
--- falls between two buckets or into two (tostring, used by '..', keeps only 14 digits)
-local edge = fmt('%.17g', lo)
-for b = 0, k - 1 do
-  local lower = lo * ratio ^ b
-  local next_edge = fmt('%.17g', lo * ratio ^ (b + 1))
-  local lower_s = (b == 0) and '-inf' or edge
-  local upper_s = (b == k - 1) and '+inf' or ('(' .. next_edge)
-  edge = next_edge
-  local c = redis.call('ZCOUNT', KEYS[1], lower_s, upper_s)
-  local w = (lower * math.sqrt(ratio)) ^ alpha
-  counts[b] = c; mass[b] = c * w; starts[b] = rank
-  rank = rank + c; total = total + c * w
-end
-local out = {}
-if total <= 0 or #ARGV[5] == 0 then return {rank, out, fmt('%.17g', total)} end
--- the u are increasing (stratified), so one walk over the buckets serves every draw
-local ids, scores, probs, last, m = {}, {}, {}, nil, nil
-local b, acc = 0, 0
-for i = 1, #ARGV[5] / 8 do
-  local target = struct.unpack('<d', ARGV[5], 8 * i - 7) * total
-  while b < k - 1 and (counts[b] == 0 or acc + mass[b] <= target) do
-    acc = acc + mass[b]; b = b + 1
-  end
-  local bb = b
-  while counts[bb] == 0 and bb > 0 do bb = bb - 1 end
-  local j = math.floor((target - acc) / mass[bb] * counts[bb])
-  if j >= counts[bb] then j = counts[bb] - 1 end
-  if j < 0 then j = 0 end
-  local pos = fmt('%d', starts[bb] + j)
-  if pos ~= last then m = redis.call('ZRANGE', KEYS[1], pos, pos, 'WITHSCORES'); last = pos end
-  if m[1] then
-    ids[#ids + 1] = m[1]; scores[#scores + 1] = m[2]
-    probs[#probs + 1] = fmt('%.17g', mass[bb] / counts[bb] / total)
-  end
-end
-for s = 1, #ids, 4000 do
-  local recs = records(ids, s, math.min(s + 3999, #ids))
-  for j = 1, #recs do
-    local i = s + j - 1
-    out[4 * i - 3] = ids[i]; out[4 * i - 2] = scores[i]; out[4 * i - 1] = recs[j]
-    out[4 * i] = probs[i]
-  end
-end
-return {rank, out, fmt('%.17g', total)}
-"""
 
 
 @dataclass
@@ -200,6 +71,7 @@ class RecordLayout:
     obs_dtype: str
     action_shape: tuple[int, ...] = field(default=(), kw_only=True)
     action_dtype: str = field(default="int32", kw_only=True)
+    n_actions: int | None = field(default=None, kw_only=True)  # discrete: actions 0..n-1
 
     def __post_init__(self) -> None:
         self.obs_shape, self.action_shape = tuple(self.obs_shape), tuple(self.action_shape)
@@ -242,6 +114,24 @@ class RecordLayout:
             raise ValueError(f"replay record of wrong size (expected {self.size} bytes)")
         return np.frombuffer(b"".join(records), self.dtype)
 
+    def decode(self, records: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+        """The records as sampled (any of them missing or garbage: Redis holds what any
+        writer put there) decoded: ``(rows of those that are fine, which were)``. Fine means
+        bytes of the record's size whose float fields are all finite and whose actions are
+        in ``0..n_actions - 1`` (if given): a learner indexes its Q-values with them."""
+        ok = np.array([isinstance(r, bytes) and len(r) == self.size for r in records], bool)
+        rows = np.frombuffer(b"".join(r for r, k in zip(records, ok, strict=True) if k), self.dtype)
+        finite = np.ones(len(rows), bool)
+        for name in rows.dtype.names or ():
+            if rows.dtype[name].base.kind == "f":
+                each = np.isfinite(rows[name])
+                finite &= each.all(axis=tuple(range(1, each.ndim)))
+        if self.n_actions is not None and len(rows):
+            a = rows["action"].reshape(len(rows), -1)
+            finite &= ((a >= 0) & (a < self.n_actions)).all(axis=1)
+        ok[ok] = finite
+        return rows[finite], ok
+
 
 @dataclass
 class Sample:
@@ -274,15 +164,17 @@ class PrioritizedReplay:
         self.client, self.keys, self.layout = client, keys, layout
         self.capacity, self.mode, self.alpha = int(capacity), mode, float(alpha)
         self.rng = np.random.default_rng(seed)
-        self._insert = client.register_script(_INSERT)
-        self._fetch = client.register_script(self.records_lua() + _FETCH_RANKS)
-        self._proportional = client.register_script(self.records_lua() + _SAMPLE_PROPORTIONAL)
+        self._insert = client.register_script(scripts.PRELUDE + scripts.INSERT)
+        sampling = scripts.PRELUDE + self.records_lua()
+        self._fetch = client.register_script(sampling + scripts.FETCH_RANKS)
+        self._proportional = client.register_script(sampling + scripts.SAMPLE_PROPORTIONAL)
         self._rank_cdf: np.ndarray | None = None
         self.last_size = 0  # transitions present at the last call (the replay never shrinks)
 
     def records_lua(self) -> str:
-        """The Lua function ``records(ids, s, e)`` the sampling scripts fetch records with."""
-        return _RECORDS
+        """The Lua function ``records(ids, s, e)`` the sampling scripts fetch records with,
+        and ``TYPES``, the types of their keys."""
+        return f"local SIZE = {self.layout.size}\n{scripts.RECORDS}"
 
     def sample_keys(self) -> list[str]:
         return [self.keys.replay_priorities, self.keys.replay_data]
@@ -306,17 +198,24 @@ class PrioritizedReplay:
             " ".join(map(repr, p.tolist())),  # repr: the shortest exact decimal
             b"".join(records),
         ]
-        return int(
-            self._insert(
-                keys=[
-                    self.keys.replay_priorities,
-                    self.keys.replay_data,
-                    self.keys.replay_meta,
-                    self.keys.replay_batches,
-                ],
-                args=args,
+        keys = [
+            self.keys.replay_priorities,
+            self.keys.replay_data,
+            self.keys.replay_meta,
+            self.keys.replay_batches,
+        ]
+        return self.evicted(self._insert(keys=keys, args=args))
+
+    def evicted(self, reply: list[int]) -> int:
+        """What an insert script's reply says was evicted, with a warning if the replay's keys
+        held garbage (meta out of range, a key of another type), which it repaired."""
+        evicted, repaired = reply
+        if repaired:
+            log.warning(
+                "%s held garbage (ids out of range or keys of another type): repaired",
+                self.keys.replay_meta,
             )
-        )
+        return int(evicted)
 
     def update_priorities(self, ids: list[bytes], priorities: np.ndarray) -> None:
         """Set new priorities, only for transitions still present (ZADD XX)."""
@@ -328,17 +227,25 @@ class PrioritizedReplay:
 
     # -- reading
     def size(self) -> int:
-        self.last_size = int(self.client.zcard(self.keys.replay_priorities))
+        try:
+            self.last_size = int(self.client.zcard(self.keys.replay_priorities))
+        except redis.ResponseError as e:  # a key of another type: the next insert repairs it
+            log.warning("replay size: %s", e)
+            self.last_size = 0
         return self.last_size
 
     def stats(self) -> dict[str, int]:
-        meta = self.client.hmget(self.keys.replay_meta, ["inserted", "evicted", "batches"])
-        return {
-            "size": self.size(),
-            "inserted": int(meta[0] or 0),
-            "evicted": int(meta[1] or 0),
-            "batches": int(meta[2] or 0),
+        """Size and counters (a counter holding garbage, or a meta of another type, reads 0)."""
+        names = ("inserted", "evicted", "batches")
+        try:
+            meta = self.client.hmget(self.keys.replay_meta, names)
+        except redis.ResponseError:
+            meta = [None] * 3
+        count = {
+            k: int(m) if m is not None and m.isdigit() else 0
+            for k, m in zip(names, meta, strict=True)
         }
+        return {"size": self.size(), **count}
 
     def rank_probabilities(self, n: int) -> np.ndarray:
         """P(rank r), r = 1..n, for the rank mode."""
@@ -356,12 +263,27 @@ class PrioritizedReplay:
         return (np.arange(batch_size) + self.rng.random(batch_size)) / batch_size
 
     def sample(self, batch_size: int, beta: float = 0.4) -> Sample | None:
-        """A stratified prioritized batch, or ``None`` while the replay is empty."""
+        """A stratified prioritized batch, or ``None`` while the replay is empty (or all it
+        drew was removed, see :func:`screen`)."""
         n, ids, recs, probs = self.draw(self._stratified(batch_size))
-        if not ids:
-            return None
-        w = (n * probs) ** -beta
-        return Sample(ids, self.layout.unpack(recs), (w / w.max()).astype(np.float32), probs, n)
+        return screen(self, n, ids, recs, probs, beta)
+
+    def reject(self, ids: list[bytes], records: list[Any]) -> None:
+        """Remove sampled items that did not decode (a bogus member, a missing record, one of
+        the wrong size or with values out of bounds: only a writer other than the filler
+        puts them there), dead-lettered and counted as ``rejected:replay`` in the stats."""
+        log.warning("removed %d sampled replay items that did not decode", len(ids))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrem(self.keys.replay_priorities, *ids)
+        pipe.hdel(self.keys.replay_data, *ids)  # a frame replay's chunks stay: shared
+        for i, rec in zip(ids, records, strict=True):
+            payload = rec if isinstance(rec, bytes) else None
+            reason = "replay item missing, of the wrong size or out of bounds"
+            dead_letter(pipe, self.keys, "replay", reason, payload, i.decode(errors="replace"))
+        try:
+            pipe.execute()
+        except redis.ResponseError as e:  # e.g. a stats key of another type: removed anyway
+            log.warning("replay rejection: %s", e)
 
     def mass(self) -> tuple[int, float]:
         """``(transitions present, sum of their proportional sampling weights)``."""
@@ -394,3 +316,20 @@ class PrioritizedReplay:
             probs = np.array([float(x) for x in flat[3::4]])
         self.last_size = int(n_now)
         return n, list(ids), list(recs), probs
+
+
+def screen(
+    replay: Any, n: int, ids: list[bytes], records: list[Any], probs: np.ndarray, beta: float
+) -> Sample | None:
+    """The sample of what ``replay`` drew (``n`` items present), without the items whose
+    records did not decode, which ``replay.reject`` removes; ``None`` if none is left. The
+    IS weights are ``(n P(i))^-beta`` over the batch's largest."""
+    batch, ok = replay.layout.decode(records)
+    if not ok.all():
+        bad = {i: r for i, r, k in zip(ids, records, ok, strict=True) if not k}  # once each
+        replay.reject(list(bad), list(bad.values()))
+        ids, probs = [i for i, k in zip(ids, ok, strict=True) if k], probs[ok]
+    if not ids:
+        return None
+    w = (n * probs) ** -beta
+    return Sample(ids, batch, (w / w.max()).astype(np.float32), probs, n)
