@@ -73,6 +73,24 @@ def tls_args(cert: str, key: str, ca: str) -> tuple[str, ...]:
     )  # fmt: skip
 
 
+_UNITS = {"": 1, "k": 1000, "kb": 1024, "m": 10**6, "mb": 1024**2, "g": 10**9, "gb": 1024**3}
+
+
+def memory_args(maxmemory: str | None, nodes: int = 1) -> tuple[str, ...]:
+    """redis-server options for a memory limit of ``maxmemory`` (bytes or Redis units such
+    as ``4gb``; ``0``: none; default: half this machine's memory) split over ``nodes``, with
+    the ``noeviction`` policy: past the limit Redis refuses writes (roles wait them out)
+    rather than drop a run's keys, and it reaches its limit before the kernel kills it."""
+    if maxmemory is None:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    else:
+        m = re.fullmatch(r"(\d+)\s*([kmg]?b?)", maxmemory.strip().lower())
+        if not m or m[2] not in _UNITS:
+            raise ValueError(f"--maxmemory {maxmemory!r}: bytes or Redis units, e.g. 4gb")
+        total = int(m[1]) * _UNITS[m[2]]
+    return ("--maxmemory", str(total // nodes), "--maxmemory-policy", "noeviction")
+
+
 def close_plain_port(client: redis.Redis) -> None:
     """Stop a server's plain-text port (Redis 7: ``CONFIG SET port 0``), leaving TLS only."""
     client.config_set("port", 0)

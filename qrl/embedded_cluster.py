@@ -60,13 +60,16 @@ class EmbeddedCluster:
         port: int = 0,
         tls: tuple[str, ...] = (),
         binary: str | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
-        """``tls``: redis-server's certificate options (``--tls-cert-file ...``); with them
-        each node also serves TLS on a port of its own (:attr:`tls_ports`), the cluster bus
-        included. ``binary``: a redis-server other than qrl's choice (one built with TLS).
-        ``port``: the first node's port (with ``tls``, its TLS port), the others on the
-        ports after it (default: free ports)."""
+        """``args``: more redis-server options for every node. ``tls``: redis-server's
+        certificate options (``--tls-cert-file ...``); with them each node also serves TLS
+        on a port of its own (:attr:`tls_ports`), the cluster bus included. ``binary``: a
+        redis-server other than qrl's choice (one built with TLS). ``port``: the first
+        node's port (with ``tls``, its TLS port), the others on the ports after it
+        (default: free ports)."""
         self.password = password
+        extra = args
         binary = binary or find_redis_server()
         # Redis 7 takes the bus port as an option; before, it is always the port + 10000
         self.bus_option = server_version(binary) >= (7,)
@@ -94,7 +97,9 @@ class EmbeddedCluster:
             if tls:
                 args += ["--tls-port", str(self.tls_ports[i]), "--tls-cluster", "yes", *tls]
             self.nodes.append(
-                EmbeddedRedis(node_port, host, password=password, args=tuple(args), binary=binary)
+                EmbeddedRedis(
+                    node_port, host, password=password, args=(*args, *extra), binary=binary
+                )
             )
 
     @property

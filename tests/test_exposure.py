@@ -121,3 +121,32 @@ def test_qrl_redis_says_so_when_its_redis_server_has_no_tls(tmp_path):
         str(tmp_path / "key"), "--tls-ca-cert-file", str(tmp_path / "ca"), env=env, timeout=30,
     )  # fmt: skip
     assert done.returncode == 1 and "built without TLS" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "nodes", "each"),
+    [
+        ((), 1, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2),
+        (("--maxmemory", "64mb"), 1, 64 << 20),
+        (("--maxmemory", "300000000", "--cluster", "3"), 3, 100_000_000),
+    ],
+)
+def test_qrl_redis_sets_a_memory_limit_without_eviction(args, nodes, each):
+    """Redis out of memory is an outage roles wait out (issue 28, finding 6): `qrl redis`
+    gives its servers a limit, so writes fail before the kernel kills Redis, and never evicts
+    (an evicted replay or stream key would lose a run's data silently)."""
+    proc, urls, _, _ = qrl_redis(*args, nodes=nodes)
+    try:
+        for url in urls:
+            client = redis.Redis.from_url(url)
+            assert client.config_get("maxmemory") == {"maxmemory": str(each)}
+            assert client.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
+            client.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_qrl_redis_refuses_a_memory_limit_it_cannot_read():
+    done = qrl("redis", "--maxmemory", "lots", timeout=30)
+    assert done.returncode == 2 and "--maxmemory" in done.stderr, done.stderr

@@ -77,6 +77,16 @@ from qrl.cli.options import (
     default=None,
     help="Data directory (default: a temporary one, removed on exit).",
 )
+@click.option(
+    "--maxmemory",
+    default=None,
+    metavar="SIZE",
+    help="Memory Redis may use, in Redis units (e.g. 4gb; 0: no limit), split evenly over "
+    "--cluster nodes; past it writes fail (noeviction: nothing of a run is silently dropped) "
+    "and roles wait until memory is freed. Default: half this machine's memory. Size it as "
+    "replay capacity x bytes per transition (about 240 for CartPole, 280 for Atari frames) "
+    "plus the streams (stream_maxlen x entry size) of every run, and a margin.",
+)
 def redis_cmd(
     port: int,
     host: str,
@@ -88,6 +98,7 @@ def redis_cmd(
     tls_cert_file: str | None,
     tls_key_file: str | None,
     tls_ca_cert_file: str | None,
+    maxmemory: str | None,
 ) -> None:
     """Run a private redis-server (or, with --cluster N, a local Redis Cluster) in the
     foreground and print its URL (without the password); Ctrl-C stops it. Binding to anything
@@ -96,7 +107,7 @@ def redis_cmd(
 
     from qrl.connection import RedisUnavailable, read_password_file
     from qrl.control import on_stop_signals
-    from qrl.embedded import EmbeddedRedis, free_port, tls_args
+    from qrl.embedded import EmbeddedRedis, free_port, memory_args, tls_args
     from qrl.embedded_cluster import EmbeddedCluster
 
     files = (tls_cert_file, tls_key_file, tls_ca_cert_file)
@@ -109,8 +120,12 @@ def redis_cmd(
         if cluster and (appendonly or data_dir):
             raise click.UsageError("--cluster keeps nothing on disk: drop --appendonly/--dir")
         _check_exposure(host, cluster, tls)
+        try:
+            memory = memory_args(maxmemory, cluster or 1)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--maxmemory") from None
         if cluster:
-            server = EmbeddedCluster(cluster, password, host=host, port=port, tls=tls)
+            server = EmbeddedCluster(cluster, password, host=host, port=port, tls=tls, args=memory)
         else:
             tls_port = ("--tls-port", str(port or free_port(host))) if tls else ()
             server = EmbeddedRedis(
@@ -119,7 +134,7 @@ def redis_cmd(
                 data_dir=data_dir,
                 appendonly=appendonly,
                 password=password,
-                args=(*tls_port, *tls),
+                args=(*tls_port, *tls, *memory),
             )
     except (OSError, RedisUnavailable) as e:
         raise click.ClickException(str(e)) from None
