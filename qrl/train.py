@@ -29,7 +29,7 @@ from rich.table import Table
 from qrl.algos import Algorithm
 from qrl.checkpoint import replace_model
 from qrl.connection import connect, disconnect, redact
-from qrl.control import StopFlag, request_stop
+from qrl.control import StopFlag, clear_stop, request_stop
 from qrl.embedded import EmbeddedRedis
 from qrl.files import write_json
 from qrl.keys import RunKeys
@@ -201,7 +201,7 @@ def run_training(
     try:
         client = connect(url)
         create_run(client, keys, algo.name, cfg)
-        client.hdel(keys.control, "stop")  # a rerun of a stopped run starts afresh
+        clear_stop(client, keys)  # a rerun of a stopped run starts afresh
         stop = StopFlag(client, keys)
         reader = MetricsReader(client, keys, from_start=True)
         disconnect(client)  # forked roles inherit no open connection

@@ -186,3 +186,15 @@ def test_qrl_train_does_not_follow_symlinks_planted_in_its_run_dir(tmp_path):
     assert json.loads((run_dir / "config.json").read_text())["algo"] == "es"
     assert (run_dir / "metrics.csv").read_text().startswith("time_s,")
     assert "master" in (run_dir / "logs" / "master.log").read_text()
+
+
+def test_qrl_train_starts_over_a_control_key_of_the_wrong_type(r, keys, redis_server, tmp_path):
+    """Finding 5 for ``qrl train`` itself: a control key someone made a string (in a shared
+    Redis, before the run starts) is repaired, not a WRONGTYPE that ends the job."""
+    r.set(keys.control, "x")
+    args = ["es", "--max-time", "1", "--workers", "1", "--eval-episodes", "1"]
+    run = ["--redis", redis_server.url, "--run", keys.run, "--run-dir", str(tmp_path / "run")]
+    proc = qrl("train", *args, *run, timeout=120)
+    assert "WRONGTYPE" not in proc.stderr, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["exit_code"] == 1
+    assert r.type(keys.control) in (b"none", b"hash")
