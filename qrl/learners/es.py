@@ -217,15 +217,15 @@ class ESMaster(Role):
         w = self.store.fetch() if stored == self.generation else None
         if w is not None and w.version == self.generation:
             return
-        log.warning(
-            "the parameters key no longer holds generation %d: published again as %d",
-            self.generation,
-            self.generation + 1,
-        )
+        lost = self.generation
         self.consumer.ack(self.used)  # results of the lost generation
         self.generation += 1
         self._new_generation()
         self.publish()
+        log.warning(
+            "the parameters key held version %d, not generation %d: published again as %d",
+            stored, lost, self.generation,
+        )  # fmt: skip
 
     def fold(self, e: Entry) -> None:
         """Take one results entry into the current generation (or drop it as stale)."""
