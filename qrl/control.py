@@ -53,3 +53,8 @@ class StopFlag:
 def request_stop(client: redis.Redis, keys: RunKeys) -> None:
     """Ask every role of the run to stop."""
     repaired(client, keys.control, lambda: client.hset(keys.control, "stop", 1), None)
+
+
+def clear_stop(client: redis.Redis, keys: RunKeys) -> None:
+    """Take a stop request back (a rerun of a stopped run starts afresh)."""
+    repaired(client, keys.control, lambda: client.hdel(keys.control, "stop"), 0)

@@ -1,14 +1,16 @@
-"""Files written whole: a reader sees the old file or the new one, never half of one, and a
-link planted where the file goes is replaced, never followed."""
+"""Files written whole (a reader sees the old file or the new one, never half of one) or
+appended to; either way a link planted where the file goes is replaced, never followed."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 
 def write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
@@ -27,3 +29,22 @@ def write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_json(path: Path, value: Any) -> None:
+    """``value`` as indented JSON, written atomically (see :func:`write_atomically`)."""
+    write_atomically(path, lambda f: f.write(json.dumps(value, indent=2).encode()))
+
+
+def open_appending(path: Path, mode: int = 0o666) -> int:
+    """A descriptor of ``path`` for reading and appending, created if missing (``mode`` less
+    the umask). ``O_NOFOLLOW``: a link planted at ``path`` is removed and a new file made in
+    its place, never the link's target appended to (one planted again meanwhile: OSError)."""
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+    try:
+        return os.open(path, flags, mode)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+    os.unlink(path)
+    return os.open(path, flags | os.O_EXCL, mode)

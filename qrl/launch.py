@@ -36,6 +36,7 @@ from qrl.connection import RedisUnavailable, connect, failure_exit, stop_waiting
 from qrl.control import StopFlag, on_stop_signals
 from qrl.embedded import die_with_parent
 from qrl.envs import allow_env_modules, allowed_env_modules, check_env_id
+from qrl.files import open_appending
 from qrl.ids import claim_id, hold_id
 from qrl.keys import RunKeys
 from qrl.loop import RoleFailed
@@ -223,7 +224,7 @@ def start_process(spec: RoleSpec, log_path: Path, name: str) -> multiprocessing.
 
 def _process_main(spec: RoleSpec, log_path: Path) -> None:
     die_with_parent()
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = open_appending(log_path, 0o644)  # not through a link planted in the run dir
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

@@ -15,6 +15,7 @@ import contextlib
 import csv
 import logging
 import math
+import os
 import reprlib
 import threading
 import time
@@ -26,6 +27,7 @@ from typing import Any
 
 import redis
 
+from qrl.files import open_appending
 from qrl.keys import MAX_SHARDS, RunKeys
 from qrl.metrics import MetricsReader
 from qrl.status import finite_values, warn_once
@@ -193,11 +195,13 @@ class RunLog:
         path = run_dir / "metrics.csv"
         # a restarted learner appends to its run's metrics (another layout starts afresh)
         header = ",".join(COLUMNS)
-        keep = False
-        if path.exists():
-            with path.open() as f:
-                keep = f.readline().strip() == header
-        self._file = path.open("a" if keep else "w", newline="")
+        self._file = os.fdopen(open_appending(path), "a+", newline="")  # not through a link
+        self._file.seek(0)
+        keep = self._file.readline(len(header) + 2).strip() == header
+        if not keep:
+            self._file.seek(0)
+            self._file.truncate()
+        self._file.seek(0, os.SEEK_END)
         self._csv = csv.DictWriter(self._file, fieldnames=list(COLUMNS))
         if not keep:
             self._csv.writeheader()

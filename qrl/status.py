@@ -47,15 +47,22 @@ _HOST = socket.gethostname()
 _started: dict[int, float] = {}  # pid -> first heartbeat (forked roles inherit the module)
 
 
+# distinct warnings a process logs: hostile metrics and heartbeats can carry any number of
+# ids and value names, each a new ``what``; past this many none is remembered or logged
+MAX_WARNED = 1000
 _warned: set[str] = set()
 
 
 def warn_once(what: str, message: str, *args: Any) -> None:
     """Log ``message`` the first time this process meets ``what``: a bad value that comes
-    again with every report is logged once, not once a second."""
-    if what not in _warned:
-        _warned.add(what)
-        log.warning(message, *args)
+    again with every report is logged once, not once a second. At most :data:`MAX_WARNED`
+    distinct ones are, then one line saying no more will be."""
+    if what in _warned or len(_warned) >= MAX_WARNED:
+        return
+    _warned.add(what)
+    log.warning(message, *args)
+    if len(_warned) == MAX_WARNED:
+        log.warning("%d distinct bad values logged: no more will be", MAX_WARNED)
 
 
 def is_finite(x: Any) -> bool:

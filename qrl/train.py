@@ -13,7 +13,6 @@ files (:mod:`qrl.runlog`), ``logs/``, ``result.json`` and the learner's checkpoi
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import secrets
 import time
@@ -30,8 +29,9 @@ from rich.table import Table
 from qrl.algos import Algorithm
 from qrl.checkpoint import replace_model
 from qrl.connection import connect, disconnect, redact
-from qrl.control import StopFlag, request_stop
+from qrl.control import StopFlag, clear_stop, request_stop
 from qrl.embedded import EmbeddedRedis
+from qrl.files import write_json
 from qrl.keys import RunKeys
 from qrl.launch import RoleSpec, start_process
 from qrl.metrics import MetricsReader
@@ -184,7 +184,7 @@ def run_training(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     run_config = {"algo": algo.name, "run": run, "config": cfg.to_dict()}
-    (run_dir / "config.json").write_text(json.dumps(run_config, indent=2))
+    write_json(run_dir / "config.json", run_config)  # not through a planted link
     keys = RunKeys(run)
     checkpoint = run_dir / "checkpoint.pt"
     # the embedded Redis has a password of its own: no other user of the machine gets in,
@@ -201,7 +201,7 @@ def run_training(
     try:
         client = connect(url)
         create_run(client, keys, algo.name, cfg)
-        client.hdel(keys.control, "stop")  # a rerun of a stopped run starts afresh
+        clear_stop(client, keys)  # a rerun of a stopped run starts afresh
         stop = StopFlag(client, keys)
         reader = MetricsReader(client, keys, from_start=True)
         disconnect(client)  # forked roles inherit no open connection
@@ -304,7 +304,7 @@ def run_training(
         "confirm_return": confirmed,
         "exit_code": code,
     }
-    (run_dir / "result.json").write_text(json.dumps(result, indent=2))
+    write_json(run_dir / "result.json", result)
     if reached and evaluator.last is not None and checkpoint.exists():
         # the learner kept training after the evaluation that reached the target: keep the
         # weights that reached it, not whatever came after

@@ -115,3 +115,17 @@ def test_hostile_heartbeats_do_not_crash_qrl_status(r, keys):
 
 def _not_json(constant: str) -> None:
     raise AssertionError(f"{constant} in qrl status --json")
+
+
+def test_warnings_about_many_distinct_bad_values_stay_bounded(caplog, monkeypatch):
+    """Hostile metrics may carry any number of ids and value names, each bad value warned
+    about once: what is remembered (and logged) is bounded, not one entry per name."""
+    from qrl import status
+
+    monkeypatch.setattr(status, "_warned", set())  # the other tests' warnings still logged
+    with caplog.at_level(logging.WARNING, logger="qrl.status"):
+        for i in range(100_000):
+            status.finite_values({f"name{i}": math.nan}, f"metrics of actor.{i}")
+    assert len(status._warned) <= status.MAX_WARNED
+    assert len(caplog.records) <= status.MAX_WARNED + 1
+    assert "no more" in caplog.records[-1].getMessage()

@@ -2,6 +2,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -327,3 +328,56 @@ def test_center_policy_refuses_parameters_that_do_not_fit():
     cfg = ESConfig()
     with pytest.raises(ValueError, match="do not fit"):
         policy_from_params(cfg, {"x": np.ones(3)})  # e.g. garbage in the parameters key
+
+
+def test_a_far_ahead_generation_neither_freezes_es_nor_strands_workers(
+    r, keys, redis_server, tmp_path, monkeypatch
+):
+    """Issue 28, finding 3 for ES: ``HSET es:params version 2**53-2`` (with the blob left, or
+    with a valid blob of that generation) during a master+worker exchange. The master counts
+    on from its own generation, the workers follow it back down, and a restarted master does
+    not resume at the injected generation."""
+    from qrl.weights import MAX_VERSION
+
+    monkeypatch.setattr("qrl.learners.es.CHECK_AFTER", 0.2)
+    huge = MAX_VERSION - 1
+    cfg = ESConfig(
+        population=4, noise_size=10_000, envs_per_worker=2, batch_pairs=1, push_interval=0.0
+    )
+    create_run(r, keys, "es", cfg)
+    ckpt = tmp_path / "es.pt"
+    master = ESMaster(lambda: connect(redis_server.url), keys, cfg, checkpoint=ckpt)
+    master.consumer.block_ms = 1  # the worker steps in between
+    worker = ESWorker(connect(redis_server.url), keys, cfg, poll_every=0.0)
+    stop = lambda: False  # noqa: E731
+    master.start(stop)
+    worker.start(stop)
+
+    def exchange(generations: int) -> None:
+        goal, deadline = master.generation + generations, time.monotonic() + 20
+        while master.generation < goal or worker.generation != master.generation:
+            assert time.monotonic() < deadline, (master.generation, worker.generation)
+            for _ in range(20):
+                worker.step(stop)
+            master.step(stop)
+
+    exchange(2)
+    for valid in (False, True):
+        version = huge - valid  # another version each time (a rejected one is not read again)
+        mapping: dict = {"version": version}
+        if valid:
+            params = {k: np.asarray(v) for k, v in master.params().items()}
+            mapping["blob"] = encode("weights", {"version": version, "params": params})
+        r.hset(keys.es_params, mapping=mapping)
+        before = master.generation
+        exchange(2)
+        assert before + 2 <= master.generation < before + 10  # its own count, not huge + 1
+        assert int(r.hget(keys.es_params, "version")) == master.generation
+    master.save()
+    params = {k: np.asarray(v) for k, v in master.params().items()}
+    blob = encode("weights", {"version": huge, "params": params})
+    r.hset(keys.es_params, mapping={"version": huge, "blob": blob})
+    again = ESMaster(lambda: connect(redis_server.url), keys, cfg, checkpoint=ckpt)
+    assert again.generation == master.generation  # from its checkpoint, not huge
+    again.start(stop)
+    assert int(r.hget(keys.es_params, "version")) == master.generation

@@ -165,3 +165,36 @@ def test_qrl_run_list_prints_no_control_characters_or_markup_from_redis():
     assert "listed" in out.stdout and "[link=https://evil.example]" in out.stdout, out.stdout
     for c in "\x1b\x07":
         assert c not in out.stdout, (c, out.stdout)
+
+
+def test_qrl_train_does_not_follow_symlinks_planted_in_its_run_dir(tmp_path):
+    """Links planted in a run dir where ``qrl train`` writes (its config, result, metrics and
+    role logs) are replaced by the files, their targets left alone (a one-second ES job)."""
+    victim = _victim(tmp_path)
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    planted = ["config.json", "result.json", "metrics.csv", "logs/master.log", "logs/worker0.log"]
+    for name in planted:
+        (run_dir / name).symlink_to(victim)
+    env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
+    args = ["es", "--max-time", "1", "--workers", "1", "--eval-episodes", "1"]
+    proc = qrl("train", *args, "--run-dir", str(run_dir), timeout=120, env=env)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # the budget ran out, nothing failed
+    assert victim.read_bytes() == PRECIOUS.encode(), "a symlink's target was written"
+    assert not any((run_dir / name).is_symlink() for name in planted)
+    assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 1
+    assert json.loads((run_dir / "config.json").read_text())["algo"] == "es"
+    assert (run_dir / "metrics.csv").read_text().startswith("time_s,")
+    assert "master" in (run_dir / "logs" / "master.log").read_text()
+
+
+def test_qrl_train_starts_over_a_control_key_of_the_wrong_type(r, keys, redis_server, tmp_path):
+    """Finding 5 for ``qrl train`` itself: a control key someone made a string (in a shared
+    Redis, before the run starts) is repaired, not a WRONGTYPE that ends the job."""
+    r.set(keys.control, "x")
+    args = ["es", "--max-time", "1", "--workers", "1", "--eval-episodes", "1"]
+    run = ["--redis", redis_server.url, "--run", keys.run, "--run-dir", str(tmp_path / "run")]
+    proc = qrl("train", *args, *run, timeout=120)
+    assert "WRONGTYPE" not in proc.stderr, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["exit_code"] == 1
+    assert r.type(keys.control) in (b"none", b"hash")

@@ -79,7 +79,7 @@ class ESWorker(Role):
         self.poll_every, self.next_poll = poll_every, 0.0
 
     def newer(self) -> Weights | None:
-        """A newer generation's parameters, if the master published valid ones."""
+        """Another generation's parameters, if the master published valid ones."""
         w = self.store.fetch(newer_than=self.generation)
         if w is None:
             return None
@@ -202,8 +202,9 @@ class ESWorker(Role):
             return False
         if now >= self.next_poll:
             self.next_poll = now + self.poll_every
-            w = self.newer() if self.store.version() > self.generation else None
-            if w is not None:
+            # another generation, older too: the master overwrote a far-ahead one (garbage
+            # someone wrote, which this worker took), see qrl.weights
+            if (w := self.newer()) is not None:
                 self.push(should_stop)  # the old generation's pairs (the master counts them)
                 self.abandoned += self.n  # episodes in flight on the old parameters
                 self.adopt(w)

@@ -2,16 +2,17 @@
 results from the results stream (older ones are counted as stale and dropped), and once it
 has a population's worth computes the update: centered ranks over the antithetic returns,
 the gradient from the shared noise, L2 weight decay, Adam. A restarted master resumes from
-the last generation it published (the blob carries the optimizer and observation stats).
+its checkpoint, or from the last generation it published if that is ahead (the blob carries
+the optimizer and observation stats), never from one far ahead of its own (garbage).
 
 The master never applies or publishes anything non-finite: a generation whose update would
 make the parameters, the optimizer or the observation statistics non-finite is refused (its
 results are dropped and counted, the generation is gathered again), and saved state that is
 not finite or does not fit is not resumed from. Workers can only evaluate parameters they
 can read: when no result of the current generation came for ``CHECK_AFTER`` seconds and the
-parameters key holds an older version, or this generation in a blob that does not decode
-(something else overwrote it), the master publishes its parameters again as a new
-generation.
+parameters key holds anything but this generation in a blob that decodes (something else
+overwrote it: an older, newer or far-ahead version), the master publishes its parameters
+again as a new generation.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from qrl.keys import RunKeys
 from qrl.loop import Role, StopCheck
 from qrl.messages import es_results_schema
 from qrl.streams import Entry, StreamConsumer
-from qrl.weights import WeightStore
+from qrl.weights import WeightStore, ahead
 
 log = logging.getLogger(__name__)
 
@@ -82,21 +83,24 @@ class ESMaster(Role):
 
     # -- state in the published blob
     def _resume(self) -> bool:
-        """Resume from the last published generation in Redis, else from the checkpoint.
-        Published parameters that do not fit (anyone with the run's keys may write them) are
-        ignored with a warning; a checkpoint that does not fit is an error."""
+        """Resume from the checkpoint, then from the last generation published in Redis if it
+        is ahead of that (a master killed after publishing), but not far ahead (garbage: see
+        :func:`qrl.weights.ahead`; anyone with the run's keys may write it). Published
+        parameters that do not fit are ignored with a warning; a checkpoint that does not fit
+        is an error."""
+        resumed = False
+        if self.checkpoint is not None and self.checkpoint.exists():
+            state = load_checkpoint(self.checkpoint, self.algo, self.cfg)
+            p = {k: v.numpy() for k, v in state["model"].items()}
+            if not self._adopt(state["step"], p, state["extra"]):
+                raise ValueError("saved ES parameters do not fit this run's policy")
+            resumed = True
         w = self.store.fetch()
-        if w is not None:
+        if w is not None and ahead(w.version, self.generation):
             if self._adopt(w.version, w.params, w.meta):
                 return True
             log.warning("published generation %d does not fit this run: ignored", w.version)
-        if self.checkpoint is None or not self.checkpoint.exists():
-            return False
-        state = load_checkpoint(self.checkpoint, self.algo, self.cfg)
-        p = {k: v.numpy() for k, v in state["model"].items()}
-        if not self._adopt(state["step"], p, state["extra"]):
-            raise ValueError("saved ES parameters do not fit this run's policy")
-        return True
+        return resumed
 
     def _adopt(self, generation: int, p: dict[str, Any], meta: dict[str, Any]) -> bool:
         """Take saved state if every part of it has the right shape and is finite; else
@@ -204,24 +208,24 @@ class ESMaster(Role):
         return True
 
     def check_published(self) -> None:
-        """Publish again, as a new generation, if the key lost this generation's blob (a key
-        holding a newer version is another writer's: see :mod:`qrl.weights`)."""
+        """Publish again, as a new generation, if the key lost this generation's blob. A
+        newer version too: workers that took it evaluate parameters the master does not have
+        (a valid blob anyone with the run's keys wrote); the master publishes above it, or
+        over it if it is far ahead (garbage, see :mod:`qrl.weights`), and they follow."""
         self.waiting_since = time.monotonic()
         stored = self.store.version()
-        if stored > self.generation:
-            return
         w = self.store.fetch() if stored == self.generation else None
         if w is not None and w.version == self.generation:
             return
-        log.warning(
-            "the parameters key no longer holds generation %d: published again as %d",
-            self.generation,
-            self.generation + 1,
-        )
+        lost = self.generation
         self.consumer.ack(self.used)  # results of the lost generation
         self.generation += 1
         self._new_generation()
         self.publish()
+        log.warning(
+            "the parameters key held version %d, not generation %d: published again as %d",
+            stored, lost, self.generation,
+        )  # fmt: skip
 
     def fold(self, e: Entry) -> None:
         """Take one results entry into the current generation (or drop it as stale)."""
