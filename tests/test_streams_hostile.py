@@ -1,0 +1,186 @@
+"""Streams against a writer with the run's keys (issue 28, findings 5-9): oversized entries,
+junk filling the stream, fake consumers, wrong-type keys, a destroyed group, Redis out of
+memory. Each test drives the real consumer/producer against a real redis-server."""
+
+import logging
+import time
+import tracemalloc
+
+import pytest
+import redis
+
+from qrl.embedded import EmbeddedRedis
+from qrl.keys import RunKeys
+from qrl.streams import GROUP, StreamConsumer, StreamProducer
+from tests.test_streams import ITEM, item
+
+
+def drain(c: StreamConsumer, rounds: int = 20) -> list[int]:
+    got: list[int] = []
+    for _ in range(rounds):
+        c.process(lambda es: got.extend(e.data["seq"] for e in es), block_ms=10)
+    return got
+
+
+def test_oversized_entries_are_dead_lettered_without_being_fetched(r, keys):
+    s = keys.experience
+    big = b"x" * (8 << 20)
+    r.xadd(s, {"d": item(0)})
+    for _ in range(3):
+        r.xadd(s, {"d": big})
+    r.xadd(s, {"d": item(1)})
+    c = StreamConsumer(r, keys, s, ITEM, count=10, block_ms=10, max_bytes=1 << 16)
+    tracemalloc.start()
+    try:
+        got = drain(c, rounds=6)  # one oversized entry per read at most: bounded work
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got == [0, 1]
+    assert peak < 2 << 20, f"read {peak} bytes into the consumer: oversized entries fetched"
+    dead = r.xrange(keys.deadletter)
+    assert len(dead) == 3 and c.rejected == 3
+    for _, f in dead:
+        assert f[b"payload"] == b"" and f[b"size"] == str(len(big) + 1).encode()
+        assert b"over the" in f[b"reason"]
+    assert r.xlen(s) == 0 and r.xpending(s, GROUP)["pending"] == 0
+
+
+def test_own_pending_and_claimed_oversized_entries_are_screened_too(r, keys):
+    s = keys.experience
+    c = StreamConsumer(r, keys, s, ITEM, consumer="dead", count=10, block_ms=10)
+    r.xadd(s, {"d": b"y" * (4 << 20)})
+    r.xreadgroup(GROUP, "dead", {s: ">"})  # delivered to a consumer that then died
+    r.xadd(s, {"d": b"z" * (4 << 20)})
+    r.xreadgroup(GROUP, "other", {s: ">"})
+    c = StreamConsumer(r, keys, s, ITEM, consumer="dead", count=10, block_ms=10, claim_idle_ms=0)
+    c.max_bytes = 1 << 16
+    tracemalloc.start()
+    try:
+        assert drain(c, rounds=3) == []
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 << 20 and c.rejected == 2
+    assert r.xlen(s) == 0 and r.xpending(s, GROUP)["pending"] == 0
+
+
+def test_junk_filling_the_stream_does_not_block_producers_forever(r, keys, caplog):
+    s = keys.experience
+    for _ in range(5):
+        r.xadd(s, {"d": b"junk"})  # plain XADDs past the room check
+    p = StreamProducer(r, s, maxlen=5, keys=keys, max_wait=0.3)
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="qrl.streams"):
+        assert p.add(item(0)) == ""  # dropped, not raised, not blocked
+    assert time.monotonic() - start < 2
+    assert p.dropped == 1 and "dropped" in caplog.text
+    assert int(r.hget(keys.stats, "dropped:experience")) == 1
+    assert r.xlen(s) == 5  # the cap still holds
+    # the consumer drains the junk (dead-letters and deletes it), so room comes back
+    c = StreamConsumer(r, keys, s, ITEM, count=10, block_ms=10)
+    assert drain(c, rounds=2) == [] and c.rejected == 5 and r.xlen(s) == 0
+    assert p.add(item(1)) not in ("", None)
+    assert drain(c, rounds=2) == [1]
+
+
+def test_producers_wait_is_bounded_by_default():
+    import inspect
+
+    wait = inspect.signature(StreamProducer).parameters["max_wait"].default
+    assert wait is not None and 0 < wait <= 600
+
+
+def test_fake_consumers_do_not_stall_a_read(r, keys):
+    s = keys.experience
+    c = StreamConsumer(r, keys, s, ITEM, block_ms=1, claim_idle_ms=1)
+    pipe = r.pipeline(transaction=False)
+    for i in range(30_000):
+        pipe.xgroup_createconsumer(s, GROUP, f"fake-{i}")
+    pipe.execute()
+    time.sleep(0.01)
+    c._next_claim = 0.0
+    start = time.monotonic()
+    c.read()
+    took = time.monotonic() - start
+    assert took < 1.0, f"one read took {took:.1f}s with 30,000 fake consumers"
+    left = r.xinfo_groups(s)[0]["consumers"]
+    assert 0 < left < 30_000  # some removed: bounded work per cycle, the rest later
+    for _ in range(100):
+        c._next_claim = 0.0
+        c.read()
+    assert r.xinfo_groups(s)[0]["consumers"] <= 1
+
+
+@pytest.mark.parametrize("key", ["deadletter", "stats"])
+def test_wrong_type_deadletter_or_stats_is_repaired(r, keys, key, caplog):
+    s = keys.experience
+    r.set(getattr(keys, key), "x")
+    r.xadd(s, {"d": b"garbage"})
+    r.xadd(s, {"d": item(0)})
+    c = StreamConsumer(r, keys, s, ITEM, count=10, block_ms=10)
+    with caplog.at_level(logging.WARNING, logger="qrl.streams"):
+        assert drain(c, rounds=2) == [0]
+    assert r.xlen(s) == 0 and r.xpending(s, GROUP)["pending"] == 0
+    assert r.type(keys.deadletter) == b"stream" and r.type(keys.stats) == b"hash"
+    assert "wrong type" in caplog.text
+
+
+def test_wrong_type_stream_and_destroyed_group_are_repaired(r, keys, caplog):
+    s = keys.experience
+    p = StreamProducer(r, s, keys=keys)
+    c = StreamConsumer(r, keys, s, ITEM, count=10, block_ms=10)
+    p.add(item(0))
+    assert drain(c, rounds=1) == [0]
+    r.delete(s)
+    r.set(s, "x")  # the stream replaced by a string
+    with caplog.at_level(logging.WARNING, logger="qrl.streams"):
+        assert drain(c, rounds=1) == []
+        assert r.type(s) == b"stream"
+        r.delete(s)
+        r.set(s, "x")
+        assert p.add(item(1))  # the producer repairs it too
+        assert drain(c, rounds=2) == [1]
+        r.xgroup_destroy(s, GROUP)  # NOGROUP
+        p.add(item(2))
+        assert drain(c, rounds=2) == [2]
+        held = c.read()
+        r.xgroup_destroy(s, GROUP)
+        c.ack(held)  # acknowledging into a destroyed group does not end the role either
+        r.set(keys.stats, "x")
+        assert p.add(item(3))
+    assert drain(c, rounds=2) == [3]
+    assert "wrong type" in caplog.text and "group" in caplog.text
+
+
+def test_a_stream_id_pushed_to_the_top_does_not_end_producers(r, keys):
+    s = keys.experience
+    r.xadd(s, {"d": b"junk"}, id="18446744073709551615-18446744073709551615")
+    p = StreamProducer(r, s, keys=keys)
+    assert p.add(item(0))
+    c = StreamConsumer(r, keys, s, ITEM, count=10, block_ms=10)
+    assert drain(c, rounds=2) == [0]
+
+
+def test_out_of_memory_dead_lettering_still_acks(caplog):
+    keys = RunKeys("oom")
+    with EmbeddedRedis() as server:
+        r = redis.Redis.from_url(server.url)
+        s = keys.experience
+        c = StreamConsumer(r, keys, s, ITEM, count=10, block_ms=10)
+        p = StreamProducer(r, s, keys=keys, max_wait=0.2)
+        for _ in range(3):
+            r.xadd(s, {"d": b"garbage"})
+        r.xadd(s, {"d": item(0)})
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", 1)  # below any use: every write that may grow it is refused
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            r.xadd("probe", {"a": "b"})  # Redis refuses writes now
+        with caplog.at_level(logging.WARNING, logger="qrl.streams"):
+            assert drain(c, rounds=2) == [0]
+            assert "not dead-lettered" in caplog.text
+            assert c.rejected == 3 and r.xlen(keys.deadletter) == 0  # refused, yet acked:
+            assert r.xlen(s) == 0 and r.xpending(s, GROUP)["pending"] == 0
+            assert p.add(item(1)) == ""  # an outage: dropped after max_wait, not a crash
+            assert "waits for room" in caplog.text
+        r.close()
