@@ -2,6 +2,7 @@
 junk filling the stream, fake consumers, wrong-type keys, a destroyed group, Redis out of
 memory. Each test drives the real consumer/producer against a real redis-server."""
 
+import inspect
 import logging
 import time
 import tracemalloc
@@ -9,9 +10,11 @@ import tracemalloc
 import pytest
 import redis
 
+from qrl.connection import connect
 from qrl.embedded import EmbeddedRedis
 from qrl.keys import RunKeys
 from qrl.streams import GROUP, StreamConsumer, StreamProducer
+from tests.test_cluster import run_on
 from tests.test_streams import ITEM, item
 
 
@@ -85,8 +88,6 @@ def test_junk_filling_the_stream_does_not_block_producers_forever(r, keys, caplo
 
 
 def test_producers_wait_is_bounded_by_default():
-    import inspect
-
     wait = inspect.signature(StreamProducer).parameters["max_wait"].default
     assert wait is not None and 0 < wait <= 600
 
@@ -184,3 +185,17 @@ def test_out_of_memory_dead_lettering_still_acks(caplog):
             assert p.add(item(1)) == ""  # an outage: dropped after max_wait, not a crash
             assert "waits for room" in caplog.text
         r.close()
+
+
+def test_screening_and_repairs_through_a_cluster_client(redis_cluster):
+    keys = run_on(redis_cluster, 1, "hostile")
+    client = connect(redis_cluster.urls[0])  # not the node that holds the run
+    s = keys.experience
+    c = StreamConsumer(client, keys, s, ITEM, count=10, block_ms=10, max_bytes=1 << 16)
+    client.set(keys.deadletter, "x")
+    client.xadd(s, {"d": b"y" * (1 << 20)})
+    p = StreamProducer(client, s, keys=keys, max_wait=0.2)
+    p.add(item(0))
+    client.xgroup_destroy(s, GROUP)
+    assert drain(c, rounds=4) == [0] and c.rejected == 1
+    assert client.xlen(keys.deadletter) == 1 and client.xlen(s) == 0
