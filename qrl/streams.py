@@ -250,8 +250,9 @@ class StreamConsumer:
         self._ack = client.register_script(ACK)
         ensure_group(client, stream)
 
-    # -- reading
-    def _reject(self, eid: str, reason: str, payload: bytes | None, size: int | None = None):
+    def _reject(
+        self, eid: str, reason: str, payload: bytes | None, size: int | None = None
+    ) -> None:
         log.warning("rejected %s entry %s: %s", self.source, eid, reason)
         dead_letter(self.client, self.keys, self.source, reason, payload, eid, size)
         self.rejected += 1
