@@ -1,7 +1,43 @@
 """The Lua scripts of :mod:`qrl.streams` (each runs atomically inside Redis and touches keys
-of one run's hash tag only, so it is legal in a Redis Cluster). Every loop in them is bounded
-by the caller's own arguments (a batch count, a list of names), never by stored state.
+of one run's hash tag only, so it is legal in a Redis Cluster), and the helpers that read
+their arguments and replies. Every loop in them is bounded by the caller's own arguments (a
+batch count, a list of names), never by stored state.
 """
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+
+log = logging.getLogger("qrl.streams")  # what the scripts repair is the streams' business
+
+_warned: set[str] = set()
+
+
+def warn_once(*messages: str | bytes) -> None:
+    """Log each message as a warning the first time it happens in this process, then at
+    debug: someone who keeps breaking a key must not flood the log."""
+    for m in map(text, messages):
+        log.log(logging.DEBUG if m in _warned else logging.WARNING, "%s", m)
+        _warned.add(m)
+
+
+def refused(e: redis.RedisError) -> bool:
+    """Whether Redis refused a write for lack of memory (plain or inside a script)."""
+    return isinstance(e, redis.exceptions.OutOfMemoryError) or "maxmemory" in str(e)
+
+
+def stored_cap(max_bytes: int) -> int:
+    """The largest stored entry (field names and values) whose payload can inflate to at
+    most ``max_bytes``: LZ4's worst case is +0.4% plus frame and block headers."""
+    return max_bytes + max_bytes // 128 + 1024
+
+
+def text(i: Any) -> str:
+    return i.decode() if isinstance(i, bytes) else i
+
 
 # a key of another type where a stream or hash of ours belongs was written by someone else:
 # delete it (UNLINK frees it in the background) and say so, for the caller's one warning
@@ -134,4 +170,39 @@ return n
 ACK = """
 redis.call('XACK', KEYS[1], 'qrl', unpack(ARGV))
 return redis.call('XDEL', KEYS[1], unpack(ARGV))
+"""
+
+# Entries no consumer will ever be handed: in the stream, at or below the group's
+# last-delivered id, yet pending for nobody (someone moved the group's id with XGROUP SETID,
+# or acknowledged what a dead consumer held). They would hold the producers' room for good:
+# claim them for consumer ARGV[1] as idle for ARGV[5] ms, so its next claim scan hands them
+# out. Looks at up to ARGV[3] entries after ARGV[2] ('-': from the start), one at a time,
+# stopping after ARGV[3] x ARGV[4] bytes; returns {next cursor ('-' when done), claimed}.
+ADOPT = """
+local stream, me, cursor = KEYS[1], ARGV[1], ARGV[2]
+local count, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
+if redis.call('XLEN', stream) <= redis.call('XPENDING', stream, 'qrl')[1] then
+  return {'-', 0}  -- everything in the stream is pending or not yet delivered: no orphans
+end
+local last
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+  for i = 1, #g - 1, 2 do
+    if g[i] == 'name' and g[i + 1] ~= 'qrl' then break end
+    if g[i] == 'last-delivered-id' then last = g[i + 1] end
+  end
+end
+local adopted, seen = 0, 0
+for _ = 1, count do
+  local from = cursor == '-' and '-' or '(' .. cursor
+  local e = redis.call('XRANGE', stream, from, last, 'COUNT', 1)[1]
+  if not e then return {'-', adopted} end
+  cursor = e[1]
+  if #redis.call('XPENDING', stream, 'qrl', cursor, cursor, 1) == 0 then
+    redis.call('XCLAIM', stream, 'qrl', me, 0, cursor, 'IDLE', ARGV[5], 'FORCE', 'JUSTID')
+    adopted = adopted + 1
+  end
+  for _, v in ipairs(e[2]) do seen = seen + #v end
+  if seen >= count * cap then break end
+end
+return {cursor, adopted}
 """

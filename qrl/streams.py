@@ -25,8 +25,9 @@ Delivery contract (``DESIGN.md``):
   and were idle for ``claim_idle_ms`` are removed too (at most ``PRUNE_MAX`` a cycle).
 * Anyone with the run's keys can write anything: a key of the wrong type where the stream,
   the dead letters or the stats belong is deleted (one warning) and recreated, so is a
-  destroyed group, and a stream whose ids were used up. Dead letters and counters are
-  optional writes: when Redis refuses them (out of memory) entries are still acknowledged.
+  destroyed group, and a stream whose ids were used up; entries the group was made to skip
+  (XGROUP SETID) are claimed and handed out. Dead letters and counters are optional
+  writes: when Redis refuses them (out of memory) entries are still acknowledged.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ from typing import Any
 
 import redis
 
+from qrl import stream_scripts as lua
 from qrl.codec import CodecError, Schema, decode
 from qrl.keys import RunKeys
-from qrl.stream_scripts import ACK, ADD_IF_ROOM, DEAD_LETTER, ENSURE_GROUP, LEAVE, READ
+from qrl.stream_scripts import refused, stored_cap, text, warn_once
 
 log = logging.getLogger(__name__)
 
@@ -54,31 +56,6 @@ DEADLETTER_MAX_PAYLOAD = 4096  # bytes of a rejected payload kept (its full size
 # 10,000 entries x 4 KiB bounds the dead-letter stream to ~40 MiB
 PRUNE_MAX = 10_000  # idle consumers removed per claim cycle (each is O(1) in Redis)
 MAX_WAIT = 60.0  # seconds a producer waits for room before it drops the payload
-
-_warned: set[str] = set()
-
-
-def _warn_once(*messages: str | bytes) -> None:
-    """Log each message as a warning the first time it happens in this process, then at
-    debug: someone who keeps breaking a key must not flood the log."""
-    for m in map(_text, messages):
-        log.log(logging.DEBUG if m in _warned else logging.WARNING, "%s", m)
-        _warned.add(m)
-
-
-def _refused(e: redis.RedisError) -> bool:
-    """Whether Redis refused a write for lack of memory (plain or inside a script)."""
-    return isinstance(e, redis.exceptions.OutOfMemoryError) or "maxmemory" in str(e)
-
-
-def stored_cap(max_bytes: int) -> int:
-    """The largest stored entry (field names and values) whose payload can inflate to at
-    most ``max_bytes``: LZ4's worst case is +0.4% plus frame and block headers."""
-    return max_bytes + max_bytes // 128 + 1024
-
-
-def _text(i: Any) -> str:
-    return i.decode() if isinstance(i, bytes) else i
 
 
 def _consumer_name() -> str:
@@ -111,7 +88,7 @@ class StreamProducer:
         self.max_delay = max_delay
         self.waited_s = 0.0
         self.dropped = 0
-        self._script = client.register_script(ADD_IF_ROOM)
+        self._script = client.register_script(lua.ADD_IF_ROOM)
         self._keys = [stream] if keys is None else [stream, keys.stats]
         self._source = stream if keys is None else stream.removeprefix(keys.prefix)
         self._counter = [] if keys is None else [f"produced:{self._source}"]
@@ -124,12 +101,12 @@ class StreamProducer:
                 keys=self._keys, args=[self.maxlen, payload, *self._counter]
             )
         except redis.ResponseError as e:
-            if not _refused(e):
+            if not refused(e):
                 raise
-            _warn_once(f"Redis is out of memory: {self._source} waits for room")
+            warn_once(f"Redis is out of memory: {self._source} waits for room")
             return None
-        _warn_once(*notes)
-        return None if entry_id is None else _text(entry_id)
+        warn_once(*notes)
+        return None if entry_id is None else text(entry_id)
 
     def add(self, payload: bytes, should_stop: Callable[[], bool] | None = None) -> str | None:
         """Add one payload; returns its entry id. Waits while the stream is full; returns
@@ -150,7 +127,7 @@ class StreamProducer:
 
     def _drop(self) -> str:
         self.dropped += 1
-        _warn_once(
+        warn_once(
             f"{self.stream} stayed full ({self.maxlen} waiting) for {self.max_wait:.0f}s: "
             "dropped a payload and went on (a stalled consumer, entries added past the room "
             f"check, or Redis out of memory); counted as dropped:{self._source} in the stats"
@@ -195,13 +172,13 @@ def dead_letter(
     }
     args = [DEADLETTER_MAXLEN, source, *(x for kv in fields.items() for x in kv)]
     try:
-        _warn_once(
-            *client.register_script(DEAD_LETTER)(keys=[keys.deadletter, keys.stats], args=args)
+        warn_once(
+            *client.register_script(lua.DEAD_LETTER)(keys=[keys.deadletter, keys.stats], args=args)
         )
     except redis.ResponseError as e:
-        if not _refused(e):
+        if not refused(e):
             raise
-        _warn_once(f"Redis is out of memory: rejected {source} entries are not dead-lettered")
+        warn_once(f"Redis is out of memory: rejected {source} entries are not dead-lettered")
         return False
     return True
 
@@ -244,10 +221,12 @@ class StreamConsumer:
         self._own_pending: str | None = "0"  # cursor through what this name left pending
         self._held: set[str] = set()  # delivered to us, not yet acknowledged
         self._claim_cursor = "0-0"
+        self._orphan_cursor = "-"
         self._next_claim = 0.0
-        self._read = client.register_script(READ)
-        self._leave = client.register_script(LEAVE)
-        self._ack = client.register_script(ACK)
+        self._adopt = client.register_script(lua.ADOPT)
+        self._read = client.register_script(lua.READ)
+        self._leave = client.register_script(lua.LEAVE)
+        self._ack = client.register_script(lua.ACK)
         ensure_group(client, stream)
 
     def _reject(
@@ -281,15 +260,19 @@ class StreamConsumer:
             self._ack(keys=[self.stream], args=bad)
         return good
 
+    @property
+    def _cap(self) -> int:
+        return stored_cap(self.schema.max_bytes if self.max_bytes is None else self.max_bytes)
+
     def _fetch(self, mode: str, cursor: str = "") -> tuple[str | None, list[Entry], bool]:
         """One call of the read script (see ``qrl/stream_scripts.py``): the next cursor,
         the good entries newly delivered to us (skipping any we already hold), and whether
         any entry came at all."""
-        cap = stored_cap(self.schema.max_bytes if self.max_bytes is None else self.max_bytes)
+        cap = self._cap
         args = [self.consumer, mode, cursor, self.count, cap, self.claim_idle_ms]
         nxt, rows = self._read(keys=[self.stream], args=args)
         raw = []
-        for eid, body, *delivered in ((_text(row[0]), *row[1:]) for row in rows):
+        for eid, body, *delivered in ((text(row[0]), *row[1:]) for row in rows):
             if isinstance(body, int):  # acknowledged and deleted unread by the script
                 reason = f"entry of {body} bytes is over the {cap} bytes a payload may take"
                 self._reject(eid, reason, None, body)
@@ -298,7 +281,7 @@ class StreamConsumer:
                 raw.append((eid, fields, delivered[0] if delivered else 1))
         good = self._decode(raw)
         self._held.update(e.id for e in good)
-        return (None if nxt is None else _text(nxt)), good, bool(rows)
+        return (None if nxt is None else text(nxt)), good, bool(rows)
 
     def read(self, block_ms: int | None = None) -> list[Entry]:
         """Up to ``count`` decoded entries: first this consumer's own pending entries (after
@@ -309,7 +292,7 @@ class StreamConsumer:
         except redis.ResponseError as e:  # the stream or group replaced or destroyed
             if "WRONGTYPE" not in str(e) and "NOGROUP" not in str(e):
                 raise
-            _warn_once(f"{self.stream}: {e}; recreating the stream's group")
+            warn_once(f"{self.stream}: {e}; recreating the stream's group")
             ensure_group(self.client, self.stream)
             return []
 
@@ -329,6 +312,7 @@ class StreamConsumer:
             if self._claim_cursor == "0-0":  # scanned the whole pending list
                 self._next_claim = now + max(self.claim_idle_ms / 4000, 0.05)
                 self._prune()
+                self._claim_orphans()
             if good:
                 log.info("claimed %d pending %s entries", len(good), self.source)
                 return good
@@ -352,7 +336,7 @@ class StreamConsumer:
         except redis.ResponseError as e:  # the stream replaced by another type: gone anyway
             if "WRONGTYPE" not in str(e):
                 raise
-            _warn_once(f"{self.stream}: {e}; its entries are lost")
+            warn_once(f"{self.stream}: {e}; its entries are lost")
         self._held.difference_update(ids)
 
     def release(self, entries: Sequence[Entry]) -> None:
@@ -368,9 +352,19 @@ class StreamConsumer:
             for c in self.client.xinfo_consumers(self.stream, GROUP)
             if not c["pending"] and c["idle"] > self.claim_idle_ms
         ]
-        idle = [n for n in idle if _text(n) != self.consumer][:PRUNE_MAX]
+        idle = [n for n in idle if text(n) != self.consumer][:PRUNE_MAX]
         if idle:
             self._leave(keys=[self.stream], args=[GROUP, *idle])
+
+    def _claim_orphans(self) -> None:
+        """Claim entries nobody would be handed (``ADOPT`` in ``qrl/stream_scripts.py``) and
+        scan the pending entries again at once, which hands them out."""
+        args = [self.consumer, self._orphan_cursor, self.count, self._cap, self.claim_idle_ms]
+        cursor, n = self._adopt(keys=[self.stream], args=args)
+        self._orphan_cursor = text(cursor)
+        if n:
+            warn_once(f"{self.stream}: entries no consumer held or would be handed: claimed")
+            self._next_claim = 0.0
 
     def close(self) -> None:
         """Leave the group, unless entries are still pending for this consumer (then they
@@ -397,4 +391,4 @@ class StreamConsumer:
 def ensure_group(client: redis.Redis, stream: str) -> None:
     """Create the consumer group ``qrl`` on ``stream`` (and the stream) if missing; a key
     of another type in the stream's place is deleted first (one warning)."""
-    _warn_once(*client.register_script(ENSURE_GROUP)(keys=[stream]))
+    warn_once(*client.register_script(lua.ENSURE_GROUP)(keys=[stream]))

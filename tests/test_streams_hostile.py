@@ -199,3 +199,15 @@ def test_screening_and_repairs_through_a_cluster_client(redis_cluster):
     client.xgroup_destroy(s, GROUP)
     assert drain(c, rounds=4) == [0] and c.rejected == 1
     assert client.xlen(keys.deadletter) == 1 and client.xlen(s) == 0
+
+
+def test_entries_skipped_by_moving_the_groups_id_are_still_delivered(r, keys):
+    s = keys.experience
+    p = StreamProducer(r, s, maxlen=3, keys=keys, max_wait=0.2)
+    c = StreamConsumer(r, keys, s, ITEM, count=10, block_ms=10, claim_idle_ms=50)
+    for i in range(3):
+        p.add(item(i))
+    r.xgroup_setid(s, GROUP, "$")  # the group skips them: nobody would ever be handed them
+    assert sorted(drain(c, rounds=10)) == [0, 1, 2]
+    assert r.xlen(s) == 0  # and the producers' room is back
+    assert p.add(item(3)) not in ("", None)
