@@ -7,12 +7,16 @@ batch count, a list of names), never by stored state.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import redis
 
+from qrl.faults import out_of_memory, skip_if_full
+
 log = logging.getLogger("qrl.streams")  # what the scripts repair is the streams' business
 
+T = TypeVar("T")
 _warned: set[str] = set()
 
 
@@ -24,9 +28,17 @@ def warn_once(*messages: str | bytes) -> None:
         _warned.add(m)
 
 
-def refused(e: redis.RedisError) -> bool:
-    """Whether Redis refused a write for lack of memory (plain or inside a script)."""
-    return isinstance(e, redis.exceptions.OutOfMemoryError) or "maxmemory" in str(e)
+def optional(what: str, write: Callable[[], T]) -> T | None:
+    """``write()``, a write that can be lost (a dead letter, a counter, an entry a producer
+    retries): ``None``, with one warning, while Redis is out of memory, not waited for."""
+    try:
+        with skip_if_full(what):
+            return write()
+    except redis.ResponseError as e:  # a plain client's (not connect()'s) refusal
+        if not out_of_memory(e):
+            raise
+        warn_once(f"Redis is out of memory: {what} skipped until it has room")
+    return None
 
 
 def stored_cap(max_bytes: int) -> int:

@@ -32,6 +32,7 @@ Delivery contract (``DESIGN.md``):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -45,7 +46,7 @@ import redis
 from qrl import stream_scripts as lua
 from qrl.codec import CodecError, Schema, decode
 from qrl.keys import RunKeys
-from qrl.stream_scripts import refused, stored_cap, text, warn_once
+from qrl.stream_scripts import optional, stored_cap, text, warn_once
 
 log = logging.getLogger(__name__)
 
@@ -96,15 +97,8 @@ class StreamProducer:
     def _try(self, payload: bytes) -> str | None:
         """Add ``payload`` if there is room: its entry id, or ``None`` (no room, or Redis
         out of memory: both pass when the consumers catch up)."""
-        try:
-            entry_id, *notes = self._script(
-                keys=self._keys, args=[self.maxlen, payload, *self._counter]
-            )
-        except redis.ResponseError as e:
-            if not refused(e):
-                raise
-            warn_once(f"Redis is out of memory: {self._source} waits for room")
-            return None
+        args = [self.maxlen, payload, *self._counter]
+        entry_id, *notes = optional(self.stream, lambda: self._script(self._keys, args)) or [None]
         warn_once(*notes)
         return None if entry_id is None else text(entry_id)
 
@@ -132,11 +126,10 @@ class StreamProducer:
             "dropped a payload and went on (a stalled consumer, entries added past the room "
             f"check, or Redis out of memory); counted as dropped:{self._source} in the stats"
         )
-        if len(self._keys) > 1:
-            try:
-                self.client.hincrby(self._keys[1], f"dropped:{self._source}", 1)
-            except redis.ResponseError as e:  # wrong type or out of memory: a counter only
-                log.debug("could not count a dropped payload: %s", e)
+        if len(self._keys) > 1:  # a counter only: skipped if Redis refuses it
+            counter = f"dropped:{self._source}"
+            with contextlib.suppress(redis.ResponseError):
+                optional(counter, lambda: self.client.hincrby(self._keys[1], counter, 1))
         return ""
 
 
@@ -149,7 +142,7 @@ class Entry:
 
 
 def dead_letter(
-    client: redis.Redis,
+    client: redis.Redis | redis.client.Pipeline,
     keys: RunKeys,
     source: str,
     reason: str,
@@ -159,8 +152,8 @@ def dead_letter(
 ) -> bool:
     """Record a rejected payload with its reason in the run's dead-letter stream (capped)
     and count it in the run's stats hash under ``rejected`` and ``rejected:SOURCE``;
-    ``size`` (default: the payload's) is recorded too. Best effort: returns False, with
-    one warning, when Redis refused the write (out of memory)."""
+    ``size`` (default: the payload's) is recorded too. ``client`` may be a pipeline. Best
+    effort: returns False, with one warning, when Redis refused the write (out of memory)."""
     payload = payload or b""
     fields = {
         "source": source,
@@ -171,16 +164,14 @@ def dead_letter(
         "payload": payload[:DEADLETTER_MAX_PAYLOAD],
     }
     args = [DEADLETTER_MAXLEN, source, *(x for kv in fields.items() for x in kv)]
-    try:
-        warn_once(
-            *client.register_script(lua.DEAD_LETTER)(keys=[keys.deadletter, keys.stats], args=args)
-        )
-    except redis.ResponseError as e:
-        if not refused(e):
-            raise
-        warn_once(f"Redis is out of memory: rejected {source} entries are not dead-lettered")
-        return False
-    return True
+    script = client.register_script(lua.DEAD_LETTER)
+    notes = optional(
+        f"dead letters of {keys.prefix}{source}",
+        lambda: script([keys.deadletter, keys.stats], args),
+    )
+    if isinstance(notes, list):  # not on a pipeline (queued: its caller executes it)
+        warn_once(*notes)
+    return notes is not None
 
 
 class StreamConsumer:
