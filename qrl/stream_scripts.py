@@ -52,13 +52,14 @@ def text(i: Any) -> str:
 
 
 # a key of another type where a stream or hash of ours belongs was written by someone else:
-# delete it (UNLINK frees it in the background) and say so, for the caller's one warning
+# delete it and say so, for the caller's one warning. UNLINK frees a big one in the
+# background; an actor's ACL user may only DEL.
 FIX = """
 local fixed = {}
 local function fix(key, want)
   local t = redis.call('TYPE', key).ok
   if t ~= 'none' and t ~= want then
-    redis.call('UNLINK', key)
+    if type(redis.pcall('UNLINK', key)) == 'table' then redis.call('DEL', key) end
     fixed[#fixed + 1] = key .. ' was a ' .. t .. ', not a ' .. want .. ' (wrong type): deleted'
   end
 end
@@ -78,9 +79,9 @@ if waiting >= tonumber(ARGV[1]) then return {false, unpack(fixed)} end
 local id = redis.pcall('XADD', KEYS[1], '*', 'd', ARGV[2])
 if type(id) == 'table' and id.err and string.find(id.err, 'exhausted') then
   -- someone added an entry with the last possible id: no id is left for '*', ever; start
-  -- the stream (and its group) afresh
+  -- the stream (and its group, or its consumers will: an actor's user may not) afresh
   redis.call('DEL', KEYS[1])
-  redis.call('XGROUP', 'CREATE', KEYS[1], 'qrl', '0', 'MKSTREAM')
+  redis.pcall('XGROUP', 'CREATE', KEYS[1], 'qrl', '0', 'MKSTREAM')
   fixed[#fixed + 1] = KEYS[1] .. ' had used up its ids: deleted and recreated'
   id = redis.pcall('XADD', KEYS[1], '*', 'd', ARGV[2])
 end

@@ -10,12 +10,13 @@ import tracemalloc
 import pytest
 import redis
 
+from qrl.acl import ACTOR_COMMANDS, Access, has_selectors, setuser_args
 from qrl.connection import connect
 from qrl.embedded import EmbeddedRedis
 from qrl.keys import RunKeys
 from qrl.streams import GROUP, StreamConsumer, StreamProducer
 from tests.test_cluster import run_on
-from tests.test_streams import ITEM, item
+from tests.test_streams import ITEM, _url, item
 
 
 def drain(c: StreamConsumer, rounds: int = 20) -> list[int]:
@@ -213,3 +214,30 @@ def test_entries_skipped_by_moving_the_groups_id_are_still_delivered(r, keys):
     assert sorted(drain(c, rounds=10)) == [0, 1, 2]
     assert r.xlen(s) == 0  # and the producers' room is back
     assert p.add(item(3)) not in ("", None)
+
+
+@pytest.mark.parametrize("attack", ["stats wrong type", "stream wrong type", "ids used up"])
+def test_an_actors_acl_user_repairs_what_it_adds_to(r, keys, attack):
+    """An actor's user may only XADD, SET, DEL and HINCRBY: its producer's repairs use
+    those (a wrong-type key is deleted with DEL where UNLINK is refused)."""
+    user = f"{keys.run}.actor"
+    writes = ("stats", "deadletter", "experience")
+    access = Access(("config",), writes, ACTOR_COMMANDS)
+    r.execute_command("ACL", "SETUSER", *setuser_args(keys, access, user, "pw", has_selectors(r)))
+    StreamConsumer(r, keys, keys.experience, ITEM)  # the group, made by a consumer's user
+    actor = redis.Redis.from_url(_url(r), username=user, password="pw")
+    try:
+        if attack == "stats wrong type":
+            r.rpush(keys.stats, "x")
+        elif attack == "stream wrong type":
+            r.delete(keys.experience)
+            r.set(keys.experience, "x")
+        else:
+            r.xadd(keys.experience, {"d": b"x"}, id="18446744073709551615-18446744073709551615")
+        p = StreamProducer(actor, keys.experience, keys=keys, max_wait=0.2)
+        assert p.add(item(0)) not in ("", None)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            actor.hset(keys.stats, "x", 1)  # the user is limited indeed
+    finally:
+        actor.close()
+        r.acl_deluser(user)
