@@ -34,12 +34,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from qrl import ids as ids_module
-from qrl import streams
+from qrl import stream_scripts, streams
 from qrl.embedded import EmbeddedRedis
 from qrl.keys import RunKeys
+from qrl.messages import METRICS
 from qrl.replay.frames import FrameBatch, FrameLayout, FrameReplay, pack_frames
 from qrl.replay.store import PrioritizedReplay, RecordLayout
-from qrl.streams import StreamFull, StreamProducer
+from qrl.streams import StreamConsumer, StreamProducer
 from qrl.weights import WeightStore
 
 LIMIT = 1.0  # seconds a call may take (the unbounded loops take seconds to forever)
@@ -334,7 +335,7 @@ def test_sampling_over_hostile_priorities(private, r, kind, mode):
 # -- scripts of other modules (streams, ids, weights)
 
 
-@pytest.mark.parametrize("wrong", [None, *WRONG_TYPES])
+@pytest.mark.parametrize("wrong", [None, "ids used up", *WRONG_TYPES])
 @pytest.mark.parametrize("target", ["stream", "stats"])
 def test_stream_add_if_room(private, r, target, wrong):
     keys = fresh_keys()
@@ -343,16 +344,67 @@ def test_stream_add_if_room(private, r, target, wrong):
         for _ in range(50):
             r.xadd(keys.experience, {"d": b"x"})
         r.hset(keys.stats, "produced:experience", "abc")
+    elif wrong == "ids used up":
+        r.xadd(keys.experience, {"d": b"x"}, id="18446744073709551615-18446744073709551615")
+        r.hset(keys.stats, "produced:experience", "9223372036854775807")
     else:
         WRONG_TYPES[wrong](r, name)
 
-    def add(c: redis.Redis) -> Any:
-        try:
-            return StreamProducer(c, keys.experience, 10, keys=keys, max_wait=0.2).add(b"p")
-        except StreamFull as e:
-            return e
+    def add(c: redis.Redis) -> Any:  # a full stream: dropped after max_wait, not raised
+        return StreamProducer(c, keys.experience, 10, keys=keys, max_wait=0.2).add(b"p")
 
     bounded(private, add)
+
+
+def _many_pending(c: redis.Redis, k: RunKeys) -> None:
+    pipe = c.pipeline(transaction=False)
+    for _ in range(20_000):
+        pipe.xadd(k.experience, {"d": b"x"})
+    pipe.execute()
+    for i in range(200):  # 200 fake consumers hold 100 entries each
+        c.xreadgroup("qrl", f"fake{i}", {k.experience: ">"}, count=100)
+
+
+STREAM_STATES: dict[str, Callable[[redis.Redis, RunKeys], Any]] = {
+    "no group": lambda c, k: c.xgroup_destroy(k.experience, "qrl"),
+    "stream wrong type": lambda c, k: (c.delete(k.experience), c.set(k.experience, "x")),
+    "oversized entries, new and pending": lambda c, k: (
+        [c.xadd(k.experience, {"d": b"y" * (8 << 20)}) for _ in range(4)]
+        + [c.xreadgroup("qrl", "fake", {k.experience: ">"}, count=2)]
+    ),
+    "20k entries pending for 200 consumers": _many_pending,
+    "group id moved past 5k entries": lambda c, k: (
+        [c.xadd(k.experience, {"d": b"x"}) for _ in range(5_000)]
+        + [c.xgroup_setid(k.experience, "qrl", "$")]
+    ),
+    "20k idle consumers": lambda c, k: [
+        c.xgroup_createconsumer(k.experience, "qrl", f"fake{i}") for i in range(20_000)
+    ],  # one at a time: ~2 s
+    "dead letters and stats of the wrong type, counters no number": lambda c, k: (
+        c.xadd(k.experience, {"d": b"garbage"}),
+        c.set(k.deadletter, "x"),
+        c.hset(k.stats, mapping={"rejected": "abc", "rejected:experience": "9e99"}),
+    ),
+}
+
+
+@pytest.mark.parametrize("state", STREAM_STATES)
+def test_stream_read_claim_adopt_prune_ack_and_dead_letter(private, r, state):
+    """One read of a consumer runs every script of the consumer side: the group made
+    (``ENSURE_GROUP``), its own pending entries, claims, orphans and new entries read and
+    screened (``READ``, ``ADOPT``), idle consumers removed (``LEAVE``), bad entries
+    dead-lettered (``DEAD_LETTER``) and acknowledged (``ACK``)."""
+    keys = fresh_keys()
+    r.xgroup_create(keys.experience, "qrl", id="0", mkstream=True)
+    STREAM_STATES[state](r, keys)
+
+    def read(c: redis.Redis) -> Any:
+        consumer = StreamConsumer(c, keys, keys.experience, METRICS, claim_idle_ms=0)
+        consumer.max_bytes = 1 << 16
+        return consumer.read(block_ms=0)
+
+    bounded(private, read)
+    bounded(private, read)  # and again, with what the first call left
 
 
 @pytest.mark.parametrize("state", ["no group", "stream wrong type", "many consumers"])
@@ -371,8 +423,9 @@ def test_stream_leave(private, r, state):
                 r.xreadgroup("qrl", f"fake{i}", {stream: "0"}, count=1)
 
     def leave(c: redis.Redis) -> Any:
-        script = c.register_script(streams._LEAVE)
-        return [script(keys=[stream], args=["qrl", f"fake{i}"]) for i in (0, 7, 499, -1)]
+        script = c.register_script(stream_scripts.LEAVE)
+        names = [f"fake{i}" for i in range(streams.PRUNE_MAX)]  # as many as a prune gives
+        return [script(keys=[stream], args=["qrl", *names]), script(keys=[stream], args=["qrl"])]
 
     bounded(private, leave)
 
@@ -436,8 +489,13 @@ COVERED = {
     ("replay/store.py", "scripts.FETCH_RANKS"),
     ("replay/store.py", "scripts.SAMPLE_PROPORTIONAL"),
     ("replay/frames.py", "_INSERT"),
-    ("streams.py", "_ADD_IF_ROOM"),
-    ("streams.py", "_LEAVE"),
+    ("streams.py", "lua.ACK"),
+    ("streams.py", "lua.ADD_IF_ROOM"),
+    ("streams.py", "lua.ADOPT"),
+    ("streams.py", "lua.DEAD_LETTER"),
+    ("streams.py", "lua.ENSURE_GROUP"),
+    ("streams.py", "lua.LEAVE"),
+    ("streams.py", "lua.READ"),
     ("ids.py", "_KEEP"),
     ("ids.py", "_LOOK"),
     ("ids.py", "_TAKE"),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from qrl.codec import Field, Schema, encode
-from qrl.streams import GROUP, StreamConsumer, StreamFull, StreamProducer
+from qrl.streams import GROUP, StreamConsumer, StreamProducer
 
 ITEM = Schema("item", {"seq": Field(int), "x": Field(np.ndarray, dtypes=("float32",))})
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,12 +49,11 @@ def test_handler_failure_leaves_entries_pending(r, keys):
     assert [e.data["seq"] for e in again.read()] == [1]
 
 
-def test_producer_backs_off_when_full_and_never_drops(r, keys):
+def test_producer_backs_off_when_full_and_drops_only_after_max_wait(r, keys):
     p = StreamProducer(r, keys.experience, maxlen=5, max_wait=0.2)
     for i in range(5):
         p.add(item(i))
-    with pytest.raises(StreamFull):
-        p.add(item(99))
+    assert p.add(item(99)) == "" and p.dropped == 1  # dropped after 0.2 s, not added
     assert r.xlen(keys.experience) == 5
 
     # a blocked producer proceeds as soon as the consumer makes room; the cap is never exceeded
@@ -179,8 +178,7 @@ def test_producer_counts_every_entry_it_added_in_the_run_stats(r, keys):
     p = StreamProducer(r, keys.experience, maxlen=3, keys=keys, max_wait=0.2)
     for i in range(3):
         p.add(item(i))
-    with pytest.raises(StreamFull):
-        p.add(item(3))  # refused: not added, not counted
+    assert p.add(item(3)) == ""  # dropped: not added, not counted as produced
     assert int(r.hget(keys.stats, "produced:experience")) == 3 == r.xlen(keys.experience)
 
 
