@@ -117,3 +117,14 @@ def test_roles_and_commands_ride_out_keys_of_the_wrong_type(r, keys, tmp_path, a
         text = log.read_text()
         assert code == 0 and "Traceback" not in text, (command, code, text[-3000:])
     _no_traceback(qrl("run", "delete", keys.run, "--yes", timeout=60))
+
+
+def test_qrl_train_over_an_unreadable_run_config_is_a_one_line_error(
+    r, keys, redis_server, tmp_path
+):
+    _spoil(r, "hash", keys.config)
+    run = ["--redis", redis_server.url, "--run", keys.run, "--run-dir", str(tmp_path / "run")]
+    out = qrl("train", "es", "--max-time", "1", *run, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert keys.config in out.stderr and "not readable" in out.stderr, out.stderr
+    assert r.type(keys.config) == b"hash"
