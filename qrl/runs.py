@@ -38,6 +38,11 @@ class RunNotFound(LookupError):
     """No run of that name exists in this Redis."""
 
 
+class RunUnreadable(CodecError):
+    """The run's config key holds something that is not a run config (another Redis type,
+    or a payload that does not decode). It is the run's identity: never repaired here."""
+
+
 def create_run(client: redis.Redis, keys: RunKeys, algo: str, config: Config) -> bool:
     """Write the run's configuration once. Returns True if the run was created, False if an
     identical one already existed; raises :class:`RunExists` if it differs."""
@@ -59,13 +64,23 @@ def create_run(client: redis.Redis, keys: RunKeys, algo: str, config: Config) ->
 
 
 def load_run(client: redis.Redis, keys: RunKeys) -> tuple[str, dict[str, Any]]:
-    """The run's ``(algo, config dict)``; raises :class:`RunNotFound` or ``CodecError``."""
-    blob = client.get(keys.config)
-    if blob is None:
-        raise RunNotFound(
-            f"no run {keys.run!r} in this Redis (create it with `qrl run create` or `qrl train`)"
-        )
-    msg = decode(blob, RUN_CONFIG)
+    """The run's ``(algo, config dict)``; raises :class:`RunNotFound` or
+    :class:`RunUnreadable`."""
+    try:
+        blob = client.get(keys.config)
+        if blob is None:
+            raise RunNotFound(
+                f"no run {keys.run!r} in this Redis "
+                "(create it with `qrl run create` or `qrl train`)"
+            )
+        msg = decode(blob, RUN_CONFIG)
+    except (CodecError, redis.ResponseError) as e:
+        if isinstance(e, redis.ResponseError) and "WRONGTYPE " not in str(e):
+            raise
+        raise RunUnreadable(
+            f"the config of run {keys.run!r} ({keys.config}) is not readable ({e}); qrl "
+            "leaves it as it is: delete the run (`qrl run delete`) or pick another --run name"
+        ) from e
     return msg["algo"], msg["config"]
 
 

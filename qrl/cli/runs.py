@@ -59,7 +59,8 @@ def run_create(
       qrl run create apex --run cartpole --env CartPole-v1 --set lr=5e-4
       qrl run create impala --run lunar --config lunar.toml
     """
-    from qrl.runs import RunExists, create_run
+    from qrl.control import clear_stop
+    from qrl.runs import RunExists, RunUnreadable, create_run
 
     cfg = build_config(ALGOS[algo], config_file, overrides, env=env, seed=seed)
     keys = run_keys(run)
@@ -68,9 +69,9 @@ def run_create(
     client = connect_or_fail(redis_url)
     try:
         created = create_run(client, keys, algo, cfg)
-    except RunExists as e:
+    except (RunExists, RunUnreadable) as e:
         raise click.ClickException(str(e)) from None
-    client.hdel(keys.control, "stop")  # roles of a re-created run do not stop at once
+    clear_stop(client, keys)  # roles of a re-created run do not stop at once
     click.echo(
         f"{'created' if created else 'kept (identical config)'} run {run}: {algo} on {cfg.env}"
     )

@@ -155,17 +155,22 @@ def train_command(algo: Algorithm) -> click.Command:
                 "whole budget; pass --target-return R to stop when the evaluation reaches R",
                 err=True,
             )
-        code = run_training(
-            algo,
-            cfg,
-            budget,
-            redis_url=redis_url,
-            run=run,
-            run_dir=run_dir or Path("runs") / run,
-            device=device,
-            tracking=track_to,
-            actor_nice=actor_nice,
-        )
+        from qrl.runs import RunExists, RunUnreadable
+
+        try:
+            code = run_training(
+                algo,
+                cfg,
+                budget,
+                redis_url=redis_url,
+                run=run,
+                run_dir=run_dir or Path("runs") / run,
+                device=device,
+                tracking=track_to,
+                actor_nice=actor_nice,
+            )
+        except (RunExists, RunUnreadable) as e:  # --run names a run that is not this one
+            raise ConfigProblem(str(e)) from None
         sys.exit(code)
 
     for field in counts:

@@ -223,7 +223,12 @@ class PrioritizedReplay:
             return
         p = np.clip(np.nan_to_num(priorities, nan=P_HI, posinf=P_HI), P_LO, P_HI)
         mapping = dict(zip(ids, p.tolist(), strict=True))
-        self.client.zadd(self.keys.replay_priorities, mapping, xx=True)
+        try:
+            self.client.zadd(self.keys.replay_priorities, mapping, xx=True)
+        except redis.ResponseError as e:  # a key of another type: the next insert repairs it
+            if "WRONGTYPE " not in str(e):
+                raise
+            log.warning("replay priorities not updated: %s", e)
 
     # -- reading
     def size(self) -> int:
