@@ -72,7 +72,9 @@ for _id, _entry in ((NO_VEL_ID, "cartpole_no_vel"), (SLOW_ID, "slow_cartpole")):
 
 
 ENV_MODULES_VAR = "QRL_ENV_MODULES"
-_allowed: set[str] = set()  # modules this process was told to import for env ids
+# modules this process was told to import for env ids; qrl's own simulated env (its import
+# only registers qrl/Sleep-v0) is allowed as part of qrl
+_allowed: set[str] = {"qrl.simenv"}
 
 
 class EnvModuleRefused(ValueError):

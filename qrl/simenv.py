@@ -5,8 +5,9 @@ for with more machines; what qrl must show is that its own work around the step
 adds throughput.
 
 ``qrl/Sleep-v0`` is registered when this module is imported, which is only when an env id
-names it: every role takes ``--env qrl.simenv:qrl/Sleep-v0`` (:data:`SLEEP_ENV`) and
-gymnasium imports the module first; nothing in qrl's own import path registers it. Every
+names it: every role takes ``--env qrl.simenv:qrl/Sleep-v0`` (:data:`SLEEP_ENV`) and qrl
+imports the module first (it is on qrl's own list of env modules, :mod:`qrl.envs`); nothing
+in qrl's own import path registers it. Every
 step costs 1 ms of wall time, with CartPole's spaces (a ``Box(4,)``
 float32 observation, ``Discrete(2)`` actions). Observations are uniform in [-1, 1]; the
 reward is 1 when the action equals ``obs[0] > 0``, else 0; episodes are truncated after 200
