@@ -21,6 +21,30 @@ _OOM = "command not allowed when used memory"
 _skip_oom = threading.local()  # set while a write that may be skipped runs (skip_if_full)
 
 
+# distinct warnings remembered, and so logged, per kind: where ``what`` comes from data (the
+# value names of hostile reports) a flood of new ones stops at the cap, neither flooding the
+# log nor growing memory, and cannot silence the warnings of another kind
+MAX_WARNED = 1000
+_warned: dict[str, set[str]] = {}
+
+
+def warn_once(
+    what: str, message: str | None = None, *args: Any, kind: str = "", logger: Any = None
+) -> None:
+    """Log ``message`` (default: ``what``) the first time this process meets ``what``: a bad
+    key or value that comes again with every call is logged once, not once a second. At most
+    :data:`MAX_WARNED` distinct ones of each ``kind`` are, then one line saying no more will
+    be."""
+    seen, logger = _warned.setdefault(kind, set()), logger or log
+    if what in seen or len(seen) > MAX_WARNED:
+        return
+    seen.add(what)
+    if len(seen) > MAX_WARNED:
+        logger.warning("%d distinct %s warnings logged: no more will be", MAX_WARNED, kind)
+    else:
+        logger.warning(what if message is None else message, *args)
+
+
 def out_of_memory(error: BaseException) -> bool:
     return isinstance(error, ResponseError) and _OOM in str(error)
 

@@ -27,10 +27,11 @@ from typing import Any
 
 import redis
 
+from qrl.faults import warn_once
 from qrl.files import open_appending
 from qrl.keys import MAX_SHARDS, RunKeys
 from qrl.metrics import MetricsReader
-from qrl.status import finite_values, warn_once
+from qrl.status import finite_values
 from qrl.tracking import Tracking, open_sinks
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ class Progress:
             if isinstance(x, list) or not 0 <= x <= MAX_COUNT:
                 warn_once(
                     f"{where}:{key}", "ignoring %s=%s from %s: not a count from 0 to %d",
-                    key, reprlib.repr(x), where, MAX_COUNT,
+                    key, reprlib.repr(x), where, MAX_COUNT, kind="bad value", logger=log,
                 )  # fmt: skip
                 return default
             return int(x)
@@ -228,7 +229,9 @@ class RunLog:
             try:
                 sink.log(scalars, row["env_steps"])
             except Exception as e:  # noqa: BLE001 - a sink's failure must not end the run
-                warn_once(f"sink {id(sink)}", "%s failed (%s): row not logged there", sink, e)
+                warn_once(
+                    f"sink {id(sink)}", "%s failed (%s): row not logged there", sink, e, logger=log
+                )
         return True
 
     def close(self) -> None:

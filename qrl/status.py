@@ -22,6 +22,7 @@ import numpy as np
 import redis
 
 from qrl.codec import CodecError, Field, Schema, decode, encode
+from qrl.faults import warn_once
 from qrl.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -47,24 +48,6 @@ _HOST = socket.gethostname()
 _started: dict[int, float] = {}  # pid -> first heartbeat (forked roles inherit the module)
 
 
-# distinct warnings a process logs: hostile metrics and heartbeats can carry any number of
-# ids and value names, each a new ``what``; past this many none is remembered or logged
-MAX_WARNED = 1000
-_warned: set[str] = set()
-
-
-def warn_once(what: str, message: str, *args: Any) -> None:
-    """Log ``message`` the first time this process meets ``what``: a bad value that comes
-    again with every report is logged once, not once a second. At most :data:`MAX_WARNED`
-    distinct ones are, then one line saying no more will be."""
-    if what in _warned or len(_warned) >= MAX_WARNED:
-        return
-    _warned.add(what)
-    log.warning(message, *args)
-    if len(_warned) == MAX_WARNED:
-        log.warning("%d distinct bad values logged: no more will be", MAX_WARNED)
-
-
 def is_finite(x: Any) -> bool:
     """True for an int or float (not a bool) that is finite as a float."""
     if type(x) is int:
@@ -87,7 +70,7 @@ def finite_values(
         bad.append(name)
         warn_once(
             f"{where}:{name}", "ignoring %s=%s from %s: not a finite number",
-            name, reprlib.repr(x), where,
+            name, reprlib.repr(x), where, kind="bad value", logger=log,
         )  # fmt: skip
     return good, bad
 
@@ -203,7 +186,10 @@ def collect(
         try:
             hb = printable(decode(blob, HEARTBEAT))
         except CodecError as e:
-            warn_once(f"heartbeat:{e}", "ignoring a heartbeat of run %s: %s", keys.run, e)
+            warn_once(
+                f"heartbeat:{e}", "ignoring a heartbeat of run %s: %s", keys.run, e,
+                kind="bad heartbeat", logger=log,
+            )  # fmt: skip
             continue
         where = f"heartbeat {hb['role']}.{hb['id']}@{hb['host']}:{hb['pid']}"
         hb["values"], hb["bad"] = finite_values(hb["values"], where)

@@ -12,20 +12,19 @@ from typing import Any, TypeVar
 
 import redis
 
+from qrl import faults
 from qrl.faults import out_of_memory, skip_if_full
 
 log = logging.getLogger("qrl.streams")  # what the scripts repair is the streams' business
 
 T = TypeVar("T")
-_warned: set[str] = set()
 
 
 def warn_once(*messages: str | bytes) -> None:
-    """Log each message as a warning the first time it happens in this process, then at
-    debug: someone who keeps breaking a key must not flood the log."""
+    """Log each message (a script's reply may hold several, as bytes) the first time it
+    happens in this process: someone who keeps breaking a key must not flood the log."""
     for m in map(text, messages):
-        log.log(logging.DEBUG if m in _warned else logging.WARNING, "%s", m)
-        _warned.add(m)
+        faults.warn_once(m, "%s", m, logger=log)
 
 
 def optional(what: str, write: Callable[[], T]) -> T | None:

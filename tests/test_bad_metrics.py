@@ -120,12 +120,14 @@ def _not_json(constant: str) -> None:
 def test_warnings_about_many_distinct_bad_values_stay_bounded(caplog, monkeypatch):
     """Hostile metrics may carry any number of ids and value names, each bad value warned
     about once: what is remembered (and logged) is bounded, not one entry per name."""
-    from qrl import status
+    from qrl import faults, status
 
-    monkeypatch.setattr(status, "_warned", set())  # the other tests' warnings still logged
-    with caplog.at_level(logging.WARNING, logger="qrl.status"):
+    monkeypatch.setattr(faults, "_warned", {})  # the other tests' warnings still logged
+    with caplog.at_level(logging.WARNING, logger="qrl"):
         for i in range(100_000):
             status.finite_values({f"name{i}": math.nan}, f"metrics of actor.{i}")
-    assert len(status._warned) <= status.MAX_WARNED
-    assert len(caplog.records) <= status.MAX_WARNED + 1
-    assert "no more" in caplog.records[-1].getMessage()
+        faults.warn_once("a sink failed")  # another kind: still logged
+    assert sum(map(len, faults._warned.values())) <= faults.MAX_WARNED + 2
+    assert len(caplog.records) <= faults.MAX_WARNED + 2
+    assert "no more" in caplog.records[-2].getMessage()
+    assert caplog.records[-1].getMessage() == "a sink failed"

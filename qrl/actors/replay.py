@@ -26,11 +26,10 @@ import torch
 from qrl.actors.base import VectorActor
 from qrl.codec import encode
 from qrl.configs.replay import ReplayConfig
-from qrl.faults import repaired
+from qrl.faults import repaired, warn_once
 from qrl.keys import RunKeys
 from qrl.replay.frames import is_frame_stack, pack_frames
 from qrl.replay.shards import shard_of_slots
-from qrl.status import warn_once
 from qrl.streams import StreamProducer
 
 
