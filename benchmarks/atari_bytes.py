@@ -26,15 +26,15 @@ import numpy as np
 import redis
 
 from qrl.actors.apex import ApexActor
-from qrl.configs.apex import ApexConfig
-from qrl.connection import connect
-from qrl.embedded import EmbeddedRedis
-from qrl.keys import RunKeys
+from qrl.algos.apex.config import ApexConfig
 from qrl.replay.frames import FrameBatch, FrameLayout, FrameReplay
 from qrl.replay.role import ReplayFiller
 from qrl.replay.store import PrioritizedReplay, RecordLayout
-from qrl.runs import create_run
-from qrl.weights import WeightStore
+from qrl.runtime.runs import create_run
+from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
+from qrl.wire.weights import WeightStore
 
 ENV = "ALE/Pong-v5"
 

@@ -18,7 +18,7 @@ import lz4.frame
 import msgpack
 import numpy as np
 
-from qrl.codec import Field, Schema, decode, encode
+from qrl.wire.codec import Field, Schema, decode, encode
 
 SCHEMA = Schema("batch", {"x": Field(np.ndarray)})
 

@@ -20,7 +20,7 @@ import timeit
 IMPORTS = {
     "pydantic": "import pydantic",
     "msgspec": "import msgspec",
-    "qrl.configs.apex (pydantic model)": "import qrl.configs.apex",
+    "qrl.algos.apex.config (pydantic model)": "import qrl.algos.apex.config",
 }
 
 
@@ -36,8 +36,8 @@ def import_ms(stmt: str, rounds: int = 7) -> float:
 def main() -> None:
     import msgspec
 
-    from qrl.configs.apex import ApexConfig
-    from qrl.configs.base import parse_config
+    from qrl.algos.apex.config import ApexConfig
+    from qrl.runtime.config import parse_config
 
     data = ApexConfig().to_dict() | {"lr": 5e-4, "hidden": [128, 128]}
     fields = {

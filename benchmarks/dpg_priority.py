@@ -20,8 +20,8 @@ from pathlib import Path
 
 import redis
 
-from qrl.embedded import EmbeddedRedis
-from qrl.keys import RunKeys
+from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.keys import RunKeys
 
 
 def watch(

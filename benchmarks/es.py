@@ -20,14 +20,15 @@ import sys
 import time
 
 from qrl.actors.es import ESWorker
-from qrl.configs.es import ESConfig
-from qrl.connection import connect
-from qrl.control import request_stop
-from qrl.embedded import EmbeddedRedis
-from qrl.keys import RunKeys
-from qrl.loop import run_role
-from qrl.runs import create_run
-from qrl.weights import WeightStore
+from qrl.algos.es.config import ESConfig
+from qrl.algos.es.keys import es_params, es_results
+from qrl.runtime.control import request_stop
+from qrl.runtime.loop import run_role
+from qrl.runtime.runs import create_run
+from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
+from qrl.wire.weights import WeightStore
 
 
 class OfflineWorker(ESWorker):
@@ -61,7 +62,7 @@ def coordination(url: str, cfg: ESConfig, seconds: float, rounds: int) -> tuple[
     on, off = [], []
     for _ in range(rounds):
         on.append(steps_rate(online, seconds))
-        client.delete(keys.es_results)
+        client.delete(es_results(keys))
         off.append(steps_rate(offline, seconds))
     return statistics.median(on), statistics.median(off)
 
@@ -78,7 +79,7 @@ def generations_per_s(n_workers: int, seconds: float, warmup: float = 5.0) -> fl
             subprocess.Popen([*cmd, "worker", "--run", keys.run, "--id", str(i)], env=env)
             for i in range(n_workers)
         ]
-        store = WeightStore(client, keys, keys.es_params)
+        store = WeightStore(client, keys, es_params(keys))
         try:
             time.sleep(warmup)
             g0, t0 = store.version(), time.perf_counter()

@@ -18,15 +18,16 @@ import statistics
 import time
 
 from qrl.actors.impala import ImpalaActor
-from qrl.codec import encode
-from qrl.configs.impala import ImpalaConfig
-from qrl.connection import connect
-from qrl.embedded import EmbeddedRedis
-from qrl.keys import RunKeys
+from qrl.algos.impala.config import ImpalaConfig
+from qrl.algos.impala.keys import trajectories
 from qrl.learners.impala import ImpalaLearner, stack_unrolls
-from qrl.loop import run_role
-from qrl.runs import create_run
-from qrl.streams import FIELD, Entry, ensure_group
+from qrl.runtime.loop import run_role
+from qrl.runtime.runs import create_run
+from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.codec import encode
+from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import FIELD, Entry, ensure_group
 
 
 def learner_rates(url: str, keys: RunKeys, cfg: ImpalaConfig, seconds: float, rounds: int):
@@ -61,13 +62,13 @@ def learner_rates(url: str, keys: RunKeys, cfg: ImpalaConfig, seconds: float, ro
         mem.append(n_updates * frames_per_update / (time.perf_counter() - t))
         pipe = client.pipeline(transaction=False)
         for i in range(n_updates * per_batch + 2 * per_batch):
-            pipe.xadd(keys.trajectories, {FIELD: payloads[i % len(payloads)]})
+            pipe.xadd(trajectories(keys), {FIELD: payloads[i % len(payloads)]})
         pipe.execute()
         t = time.perf_counter()
         done = run_role(lrn, client, keys, 0, lambda: False, limit=n_updates, report_every=1e9)
         ours.append(done * frames_per_update / (time.perf_counter() - t))
-        client.delete(keys.trajectories)
-        ensure_group(client, keys.trajectories)
+        client.delete(trajectories(keys))
+        ensure_group(client, trajectories(keys))
     return statistics.median(ours), statistics.median(mem)
 
 
@@ -87,7 +88,7 @@ def actor_rates(url: str, keys: RunKeys, cfg: ImpalaConfig, seconds: float, roun
                     actor.producer.add(encode("impala.unrolls", msg))
                 actor.refresh_weights()
             out.append((actor.steps - steps0) / (time.perf_counter() - t))
-            client.delete(keys.trajectories)
+            client.delete(trajectories(keys))
     return statistics.median(with_push), statistics.median(without)
 
 

@@ -24,15 +24,15 @@ from functools import partial
 import numpy as np
 from atari_bytes import ENV, fill_from_actor
 
-from qrl.configs.apex import ApexConfig
-from qrl.connection import connect
-from qrl.embedded import EmbeddedRedis
-from qrl.keys import RunKeys
+from qrl.algos.apex.config import ApexConfig
 from qrl.learners.apex import ApexLearner
 from qrl.learners.replay import Batch
-from qrl.loop import run_role
 from qrl.replay.role import make_replay
-from qrl.runs import create_run
+from qrl.runtime.loop import run_role
+from qrl.runtime.runs import create_run
+from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
 
 
 def fill(replay, n: int, rng: np.random.Generator) -> None:

@@ -2,7 +2,7 @@
 
     python benchmarks/replay.py [--capacity 1000000] [--batch 512] [--rounds 5] [--seconds 1]
 
-Starts a private ``redis-server`` (``qrl.embedded.EmbeddedRedis``, never the one on 6379),
+Starts a private ``redis-server`` (``qrl.server.embedded.EmbeddedRedis``, never the one on 6379),
 fills a qrl replay and a plain sorted set + hash to ``--capacity`` CartPole-sized transitions
 (obs (4,) float32, a 44-byte record), then measures, in alternating rounds (median of
 ``--rounds``), transitions/s for:
@@ -37,9 +37,9 @@ import numpy as np
 import redis
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 
-from qrl.embedded import EmbeddedRedis
-from qrl.keys import RunKeys
 from qrl.replay.store import PrioritizedReplay, RecordLayout
+from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.keys import RunKeys
 
 PLAIN_PRIO = "bench:plain:prio"
 PLAIN_DATA = "bench:plain:data"

@@ -5,7 +5,7 @@ the steps/s of one.
                                  [--envs-per-actor 32] [--quantum-ms Q] [--replays 1]
                                  [--learner] [--logs DIR]
 
-For each N: a fresh embedded Redis, a fresh Ape-X run on ``qrl/Sleep-v0`` (``qrl/simenv.py``:
+For each N: a fresh embedded Redis, a fresh Ape-X run on ``qrl/Sleep-v0`` (``qrl/rl/simenv.py``:
 a step costs 1 ms of wall time and almost no CPU; CartPole's spaces, 200-step episodes), one
 ``qrl replay`` and N ``qrl actor apex`` processes started as real commands (``--id auto``).
 Once every actor has reported twice and ``--warmup`` seconds more have passed, each actor's
@@ -22,7 +22,7 @@ times a second each are then limited only by that work.
 
 Choices:
 
-* The env's sleep is paid in 100 ms quanta (``qrl/simenv.py``), not 1 ms per step: on this
+* The env's sleep is paid in 100 ms quanta (``qrl/rl/simenv.py``), not 1 ms per step: on this
   VM waking a sleeping actor costs it about 0.8 ms of CPU, so a sleep per step (or per
   10 ms) would make the env, not qrl, the CPU cost that grows with every actor. Measured in
   one actor process (16 envs), CPU per env step: 154 us sleeping in every step, 101 us in
@@ -71,16 +71,16 @@ from typing import Any
 
 import torch
 
-from qrl.configs.apex import ApexConfig
-from qrl.connection import connect
-from qrl.control import request_stop
-from qrl.embedded import EmbeddedRedis, die_with_parent
-from qrl.keys import RunKeys
-from qrl.metrics import MetricsReader
-from qrl.models import q_network
-from qrl.runs import create_run
-from qrl.simenv import DEFAULT_QUANTUM, QUANTUM_ENV_VAR, SLEEP_ENV, default_quantum
-from qrl.weights import WeightStore
+from qrl.algos.apex.config import ApexConfig
+from qrl.rl.models import q_network
+from qrl.rl.simenv import DEFAULT_QUANTUM, QUANTUM_ENV_VAR, SLEEP_ENV, default_quantum
+from qrl.runtime.control import request_stop
+from qrl.runtime.metrics import MetricsReader
+from qrl.runtime.runs import create_run
+from qrl.server.embedded import EmbeddedRedis, die_with_parent
+from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
+from qrl.wire.weights import WeightStore
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")

@@ -49,16 +49,16 @@ from atari_bytes import ENV, fill_from_actor  # benchmarks/atari_bytes.py, besid
 from redis.cluster import RedisCluster
 from replay import Plain, timed, transitions  # benchmarks/replay.py
 
-from qrl.configs.apex import ApexConfig
-from qrl.connection import connect
-from qrl.embedded import EmbeddedRedis
-from qrl.embedded_cluster import EmbeddedCluster
-from qrl.keys import RunKeys
+from qrl.algos.apex.config import ApexConfig
 from qrl.replay.frames import FrameBatch, FrameLayout
 from qrl.replay.role import make_replay
 from qrl.replay.shards import ShardedReplay, shard_capacity
 from qrl.replay.store import RecordLayout
-from qrl.runs import create_run, delete_run
+from qrl.runtime.runs import create_run, delete_run
+from qrl.server.embedded import EmbeddedRedis
+from qrl.server.embedded_cluster import EmbeddedCluster
+from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
 
 
 @dataclass

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import redis
 
-from qrl.embedded import EmbeddedRedis
+from qrl.server.embedded import EmbeddedRedis
 
 
 def _children() -> dict[int, list[int]]:

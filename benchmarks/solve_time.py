@@ -150,7 +150,7 @@ def pgpe_worker(seed: int, budget: float) -> None:
     from evotorch.algorithms import PGPE as Searcher
     from evotorch.neuroevolution import GymNE
 
-    from qrl.evaluate import evaluate  # the same vectorized greedy evaluation as qrl's
+    from qrl.rl.evaluate import evaluate  # the same vectorized greedy evaluation as qrl's
 
     torch.manual_seed(seed)
     problem = GymNE(

@@ -6,7 +6,7 @@ depends on the start method:
 
 * ``fork`` (qrl's choice while the parent has no thread): the parent imports everything
   first and forks; the children inherit the imports.
-* ``forkserver``: a server process imports :data:`qrl.launch.PRELOAD` once,
+* ``forkserver``: a server process imports :data:`qrl.jobs.launch.PRELOAD` once,
   while the parent goes on; each child is forked from that clean server.
 * ``spawn``: every child is a fresh interpreter that imports everything itself.
 
@@ -49,14 +49,14 @@ def measure(method: str, n: int, t0: float) -> None:
     if method == "forkserver":  # started first: the server preloads while the parent imports
         from multiprocessing import forkserver
 
-        from qrl.launch import PRELOAD
+        from qrl.jobs.launch import PRELOAD
 
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
         forkserver.ensure_running()
     else:
         ctx = mp.get_context(method)
-    importlib.import_module("qrl.train")  # what the parent of qrl train imports itself
+    importlib.import_module("qrl.jobs.train")  # what the parent of qrl train imports itself
     if method == "fork":  # as qrl train: import everything, then fork
         for m in ROLE_MODULES:
             importlib.import_module(m)

@@ -16,9 +16,12 @@ import uuid
 import numpy as np
 import redis
 
-from qrl.codec import encode
-from qrl.keys import RunKeys
-from qrl.messages import RETURN_BOUND
+from qrl.algos.es.keys import es_params
+from qrl.algos.es.keys import es_results as es_results_key
+from qrl.algos.impala.keys import trajectories
+from qrl.rl.fields import RETURN_BOUND
+from qrl.wire.codec import encode
+from qrl.wire.keys import RunKeys
 
 url, run, algo, every = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 r = redis.Redis.from_url(url)
@@ -80,7 +83,7 @@ def unrolls() -> tuple[str, dict]:
 
 def es_results() -> tuple[str, dict]:
     n = 1
-    generation = int(r.hget(keys.es_params, "version") or 0)  # the current one: it is used
+    generation = int(r.hget(es_params(keys), "version") or 0)  # the current one: it is used
     return "es.results", {
         "generation": pick(generation, 2**53),
         "job": np.full(n, pick(0, 2**53)),
@@ -101,8 +104,8 @@ def es_results() -> tuple[str, dict]:
 
 STREAM, MESSAGE, WEIGHTS = {
     "apex": (keys.experience, experience, keys.weights),
-    "impala": (keys.trajectories, unrolls, keys.weights),
-    "es": (keys.es_results, es_results, keys.es_params),
+    "impala": (trajectories(keys), unrolls, keys.weights),
+    "es": (es_results_key(keys), es_results, es_params(keys)),
 }[algo]
 
 sent = 0

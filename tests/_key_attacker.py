@@ -16,8 +16,10 @@ import uuid
 import numpy as np
 import redis
 
-from qrl.codec import encode
-from qrl.keys import RunKeys
+from qrl.algos.es.keys import es_params, es_results
+from qrl.algos.impala.keys import trajectories
+from qrl.wire.codec import encode
+from qrl.wire.keys import RunKeys
 
 url, run, algo, every = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 r = redis.Redis.from_url(url)
@@ -25,8 +27,8 @@ keys = RunKeys(run)
 rng = np.random.default_rng(28)
 STREAM, WEIGHTS = {
     "apex": (keys.experience, keys.weights),
-    "impala": (keys.trajectories, keys.weights),
-    "es": (keys.es_results, keys.es_params),
+    "impala": (trajectories(keys), keys.weights),
+    "es": (es_results(keys), es_params(keys)),
 }[algo]
 LIMIT = 2**53 - 1
 

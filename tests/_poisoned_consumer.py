@@ -7,8 +7,8 @@ import sys
 
 import redis
 
-from qrl.keys import RunKeys
-from qrl.streams import StreamConsumer
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import StreamConsumer
 from tests.test_streams import ITEM
 
 url, run = sys.argv[1], sys.argv[2]

@@ -1,10 +1,10 @@
-"""The tests' cluster: qrl's :class:`~qrl.embedded_cluster.EmbeddedCluster`, three nodes that
+"""The tests' cluster: qrl's :class:`~qrl.server.embedded_cluster.EmbeddedCluster`, three nodes that
 require a password with characters a URL must percent-encode (so the tests also cover qrl's
 password path on a cluster)."""
 
 from __future__ import annotations
 
-from qrl.embedded_cluster import SLOTS, ClusterUnsupported, EmbeddedCluster
+from qrl.server.embedded_cluster import SLOTS, ClusterUnsupported, EmbeddedCluster
 
 PASSWORD = "cluster-pw:#1"
 

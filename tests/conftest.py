@@ -8,8 +8,8 @@ import os
 import pytest
 import redis
 
-from qrl.embedded import EmbeddedRedis
-from qrl.keys import RunKeys
+from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.keys import RunKeys
 from tests.cluster import ClusterUnsupported, LocalCluster
 
 _runs = itertools.count()

@@ -19,7 +19,7 @@ import lz4.frame
 import msgpack
 import numpy as np
 
-from qrl.codec import CodecError, Schema, decode, encode
+from qrl.wire.codec import CodecError, Schema, decode, encode
 
 Mutation = Callable[[np.random.Generator], bytes]
 

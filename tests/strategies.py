@@ -20,9 +20,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from qrl.codec import ALLOWED_DTYPES
-from qrl.messages import MAX_COUNT, RETURN_BOUND, VALUE_BOUND
-from qrl.schema import INT_BOUND, MAX_ARRAY_EXTENT
+from qrl.algos.es.messages import MAX_COUNT
+from qrl.rl.fields import RETURN_BOUND, VALUE_BOUND
+from qrl.wire.codec import ALLOWED_DTYPES
+from qrl.wire.schema import INT_BOUND, MAX_ARRAY_EXTENT
 
 HOSTILE = settings(
     max_examples=int(os.environ.get("QRL_HOSTILE_EXAMPLES", "2000")),

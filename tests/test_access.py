@@ -10,9 +10,10 @@ import subprocess
 import pytest
 import redis
 
-from qrl.connection import RedisUnavailable, connect
-from qrl.embedded import EmbeddedRedis, find_redis_server, free_port, supports_tls
-from qrl.keys import RunKeys
+from qrl.algos.es.keys import es_params
+from qrl.server.embedded import EmbeddedRedis, find_redis_server, free_port, supports_tls
+from qrl.wire.connection import RedisUnavailable, connect
+from qrl.wire.keys import RunKeys
 from tests.cli import ROOT, qrl
 
 # the one-line rule the README documents for a run named RUN
@@ -42,7 +43,7 @@ def test_a_run_works_as_an_acl_user_limited_to_its_prefix(tmp_path):
 
         done = _es_job(url, run, tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]  # solved CartPole as `runner`
-        assert admin.hget(RunKeys(run).es_params, "version") is not None
+        assert admin.hget(es_params(RunKeys(run)), "version") is not None
 
         runner = redis.Redis.from_url(url)
         for forbidden in (
@@ -112,7 +113,7 @@ def test_a_run_works_over_tls_with_a_self_signed_certificate(tmp_path):
         done = _es_job(url, "tls-run", tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
         client = redis.Redis.from_url(url)
-        assert int(client.hget(RunKeys("tls-run").es_params, "version")) > 0
+        assert int(client.hget(es_params(RunKeys("tls-run")), "version")) > 0
         # without the CA the self-signed certificate is refused, and the password is not shown
         untrusted = qrl("run", "list", "--redis", f"rediss://:pw@127.0.0.1:{tls_port}/0")
         assert untrusted.returncode == 1 and "cannot reach Redis" in untrusted.stderr

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from qrl.acl import RUN_COMMANDS, user_name
 from qrl.algos import ALGOS
-from qrl.embedded import EmbeddedRedis, find_redis_server, server_version
-from qrl.keys import RunKeys
+from qrl.jobs.acl import RUN_COMMANDS, user_name
+from qrl.server.embedded import EmbeddedRedis, find_redis_server, server_version
+from qrl.wire.keys import RunKeys
 from tests.cli import ROOT, qrl
 from tests.test_access import ACL_RULE
 
@@ -93,7 +93,7 @@ def test_an_actors_user_cannot_touch_weights_replay_or_other_runs(binary, tmp_pa
 
 @pytest.mark.parametrize("binary", BINARIES.values(), ids=[f"redis{v}" for v in BINARIES])
 def test_the_readmes_per_run_rule_leaves_out_scan_select_and_flushing_scripts(binary):
-    assert ACL_RULE.endswith(RUN_COMMANDS)  # one rule: the README's is qrl/acl.py's
+    assert ACL_RULE.endswith(RUN_COMMANDS)  # one rule: the README's is qrl/jobs/acl.py's
     assert (
         ACL_RULE.format(user="runner", password="SECRET", run="RUN")
         in (ROOT / "README.md").read_text()
@@ -191,8 +191,8 @@ def _logs(folder: Path) -> str:
 
 
 def test_acl_users_are_set_on_every_node_of_a_cluster(redis_cluster, tmp_path):
-    from qrl.acl import create_users
-    from qrl.connection import connect
+    from qrl.jobs.acl import create_users
+    from qrl.wire.connection import connect
 
     keys = RunKeys("acl-cluster")
     users = create_users(connect(redis_cluster.url), ALGOS["es"], keys, {}, tmp_path / "pw")

@@ -11,13 +11,13 @@ import torch
 
 from qrl.actors.apex import epsilons
 from qrl.actors.replay import NStep
-from qrl.checkpoint import CheckpointError, load_checkpoint
-from qrl.configs.apex import ApexConfig
-from qrl.control import request_stop
-from qrl.loop import run_role
+from qrl.algos.apex.config import ApexConfig
 from qrl.replay.role import make_replay
-from qrl.runs import create_run
-from qrl.weights import WeightStore
+from qrl.runtime.checkpoint import CheckpointError, load_checkpoint
+from qrl.runtime.control import request_stop
+from qrl.runtime.loop import run_role
+from qrl.runtime.runs import create_run
+from qrl.wire.weights import WeightStore
 from tests.cli import ROOT, eval_mean, qrl, train
 
 
@@ -256,8 +256,8 @@ def test_learner_fails_loudly_when_its_sampler_dies(r, keys, redis_server):
     import signal
     import threading
 
-    from qrl.connection import connect
     from qrl.learners.apex import ApexLearner
+    from qrl.wire.connection import connect
 
     cfg = ApexConfig(learning_starts=100)
     create_run(r, keys, "apex", cfg)
@@ -292,9 +292,9 @@ def test_a_batch_skipped_for_a_non_finite_loss_is_not_drawn_forever(r, keys, red
     batch now goes to the replay's lowest priority, and the learner makes progress."""
     import threading
 
-    from qrl.connection import connect
     from qrl.learners.apex import ApexLearner
     from qrl.replay.store import P_HI, P_LO
+    from qrl.wire.connection import connect
 
     cfg = ApexConfig(learning_starts=100, batch_size=32)
     create_run(r, keys, "apex", cfg)
@@ -326,8 +326,9 @@ def test_a_batch_skipped_for_a_non_finite_loss_is_not_drawn_forever(r, keys, red
 
 
 def test_experience_with_returns_beyond_the_bound_is_rejected():
-    from qrl.codec import CodecError, decode, encode
-    from qrl.messages import VALUE_BOUND, experience_schema
+    from qrl.algos.apex_family.messages import experience_schema
+    from qrl.rl.fields import VALUE_BOUND
+    from qrl.wire.codec import CodecError, decode, encode
 
     schema = experience_schema((4,), "float32", 2, max_rows=8)
     obs = np.zeros((8, 4), np.float32)

@@ -10,12 +10,19 @@ import pytest
 import torch
 
 from qrl.actors.replay import NStep, spread
-from qrl.codec import CodecError, decode, encode
-from qrl.configs.apex_dpg import ApexDPGConfig
-from qrl.dpg import ActorCritic, critic_target, explore, polyak, scale_action, unscale_action
-from qrl.messages import experience_schema
+from qrl.algos.apex_dpg.config import ApexDPGConfig
+from qrl.algos.apex_dpg.dpg import (
+    ActorCritic,
+    critic_target,
+    explore,
+    polyak,
+    scale_action,
+    unscale_action,
+)
+from qrl.algos.apex_family.messages import experience_schema
 from qrl.replay.role import make_replay
-from qrl.runs import create_run
+from qrl.runtime.runs import create_run
+from qrl.wire.codec import CodecError, decode, encode
 from tests.cli import eval_mean, qrl, train
 
 LOW, HIGH = np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32)
@@ -155,8 +162,8 @@ def test_learner_priorities_are_the_critic_td_errors(r, keys, redis_server):
     """Transitions go through the real replay (float action vectors in the records), the
     learner's sampler draws them with IS weights, and the priorities it writes back are
     Q1's |TD error| against the smoothed twin target."""
-    from qrl.connection import connect
     from qrl.learners.apex_dpg import ApexDPGLearner
+    from qrl.wire.connection import connect
 
     cfg = ApexDPGConfig(learning_starts=100, batch_size=32, target_noise=0.0)
     create_run(r, keys, "apex-dpg", cfg)
@@ -245,7 +252,12 @@ def test_load_policy_acts_within_the_bounds(pendulum_run):
 
 
 def test_reaching_actor_weights_replace_only_the_actor_in_the_checkpoint(tmp_path):
-    from qrl.checkpoint import CheckpointError, load_checkpoint, replace_model, save_checkpoint
+    from qrl.runtime.checkpoint import (
+        CheckpointError,
+        load_checkpoint,
+        replace_model,
+        save_checkpoint,
+    )
 
     net, reached = ActorCritic((3,), 1, (8,)), ActorCritic((3,), 1, (8,))
     path = tmp_path / "c.pt"

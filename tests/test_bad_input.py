@@ -12,15 +12,18 @@ import pytest
 
 from qrl.actors.es import ESWorker
 from qrl.actors.impala import ImpalaActor
-from qrl.codec import encode
-from qrl.configs.apex import ApexConfig
-from qrl.configs.es import ESConfig
-from qrl.configs.impala import ImpalaConfig
-from qrl.keys import RunKeys
-from qrl.messages import METRICS, es_results_schema, experience_schema, unroll_schema
-from qrl.metrics import MetricsReader
-from qrl.runs import create_run
-from qrl.weights import WEIGHTS, WeightStore, module_arrays
+from qrl.algos.apex.config import ApexConfig
+from qrl.algos.apex_family.messages import experience_schema
+from qrl.algos.es.config import ESConfig
+from qrl.algos.es.keys import es_params
+from qrl.algos.es.messages import es_results_schema
+from qrl.algos.impala.config import ImpalaConfig
+from qrl.algos.impala.messages import unroll_schema
+from qrl.runtime.metrics import METRICS, MetricsReader
+from qrl.runtime.runs import create_run
+from qrl.wire.codec import encode
+from qrl.wire.keys import RunKeys
+from qrl.wire.weights import WEIGHTS, WeightStore, module_arrays
 from tests.cli import role
 from tests.corpus import corpus
 
@@ -96,13 +99,13 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
         role("es", "master", "--run", es.run),
     ]
     try:
-        _until(lambda: r.exists(impala.weights) and r.exists(es.es_params), "initial weights")
+        _until(lambda: r.exists(impala.weights) and r.exists(es_params(es)), "initial weights")
         # valid traffic before the attack: the replay holds exactly these 16 transitions
         for b in ("good-1", "good-2"):
             r.xadd(apex.experience, {"d": encode("apex.experience", _experience(8, b))})
         _until(lambda: r.zcard(apex.replay_priorities) == 16, "valid batches in the replay")
         impala_blob = r.hget(impala.weights, "blob")
-        es_blob = r.hget(es.es_params, "blob")
+        es_blob = r.hget(es_params(es), "blob")
         dim = ESWorker(r, es, ecfg, 0).spec.dim
 
         actor = ImpalaActor(r, impala, icfg, actor_id=0)
@@ -128,7 +131,7 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
 
         # no learner published anything from the garbage
         assert r.hget(impala.weights, "blob") == impala_blob
-        assert r.hget(es.es_params, "blob") == es_blob
+        assert r.hget(es_params(es), "blob") == es_blob
 
         # the metrics stream: whoever follows it (qrl train, qrl status, --run-dir) rejects too
         metrics_msg = {"role": "actor", "id": 0, "time": 1.0, "values": {"steps": 1}}
@@ -165,7 +168,7 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
 def _attack_weights(r, keys: RunKeys, reader, field: str, n: int) -> int:
     """Store ``n`` malformed blobs, one newer version at a time, and let ``reader`` (an
     actor or ES worker) poll each: it must reject every one and keep its parameters."""
-    store = WeightStore(r, keys, keys.weights if field == "weights" else keys.es_params)
+    store = WeightStore(r, keys, keys.weights if field == "weights" else es_params(keys))
     current = store.fetch()
     assert current is not None
     if hasattr(reader, "net"):

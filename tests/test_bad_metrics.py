@@ -10,11 +10,11 @@ import logging
 import math
 import time
 
-from qrl.codec import encode
-from qrl.metrics import MetricsReader, report
-from qrl.runlog import Progress, RunLog
-from qrl.runs import create_run
-from qrl.streams import FIELD
+from qrl.runtime.metrics import MetricsReader, report
+from qrl.runtime.runlog import Progress, RunLog
+from qrl.runtime.runs import create_run
+from qrl.wire.codec import encode
+from qrl.wire.streams import FIELD
 from tests.cli import qrl
 
 INF, NAN = float("inf"), float("nan")
@@ -81,7 +81,7 @@ def _heartbeat(r, keys, name: str, host: str, values: dict, started: float = 0.0
 
 
 def test_hostile_heartbeats_do_not_crash_qrl_status(r, keys):
-    from qrl.configs.apex import ApexConfig
+    from qrl.algos.apex.config import ApexConfig
 
     create_run(r, keys, "apex", ApexConfig())
     report(r, keys, "learner", 0, updates=5, updates_per_s=1.5)  # one honest process
@@ -120,7 +120,8 @@ def _not_json(constant: str) -> None:
 def test_warnings_about_many_distinct_bad_values_stay_bounded(caplog, monkeypatch):
     """Hostile metrics may carry any number of ids and value names, each bad value warned
     about once: what is remembered (and logged) is bounded, not one entry per name."""
-    from qrl import faults, status
+    from qrl.runtime import status
+    from qrl.wire import faults
 
     monkeypatch.setattr(faults, "_warned", {})  # the other tests' warnings still logged
     with caplog.at_level(logging.WARNING, logger="qrl"):

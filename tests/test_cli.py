@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from qrl.runs import load_run
+from qrl.runtime.runs import load_run
 from tests.cli import qrl
 
 
@@ -66,7 +66,7 @@ def test_an_eval_env_that_does_not_fit_fails_fast_with_one_line(eval_env, words,
 
 
 def test_default_targets_come_from_the_registration_or_qrls_table():
-    from qrl.train import default_target
+    from qrl.jobs.train import default_target
 
     assert default_target("CartPole-v1") == 475.0  # gymnasium's reward_threshold
     assert default_target("LunarLanderContinuous-v3") == 200.0
@@ -91,7 +91,7 @@ def test_train_takes_the_redis_url_from_the_environment(r, redis_server, tmp_pat
         timeout=240,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
-    from qrl.keys import RunKeys
+    from qrl.wire.keys import RunKeys
 
     algo, config = load_run(r, RunKeys(run))  # the job ran in that Redis, not an embedded one
     assert algo == "es" and config["env"] == "CartPole-v1"

@@ -14,18 +14,18 @@ import numpy as np
 import pytest
 import redis
 
-from qrl.cluster import ClusterClient
-from qrl.codec import Field, Schema, encode
-from qrl.connection import RedisUnavailable, connect
-from qrl.embedded import server_version
-from qrl.ids import claim_id
-from qrl.keys import RunKeys
-from qrl.metrics import MetricsReader, report
 from qrl.replay.store import PrioritizedReplay, RecordLayout
-from qrl.runs import delete_run
-from qrl.status import collect
-from qrl.streams import StreamConsumer, StreamProducer
-from qrl.weights import WeightStore
+from qrl.runtime.ids import claim_id
+from qrl.runtime.metrics import MetricsReader, report
+from qrl.runtime.runs import delete_run
+from qrl.runtime.status import collect
+from qrl.server.embedded import server_version
+from qrl.wire.cluster import ClusterClient
+from qrl.wire.codec import Field, Schema, encode
+from qrl.wire.connection import RedisUnavailable, connect
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import StreamConsumer, StreamProducer
+from qrl.wire.weights import WeightStore
 from tests.cli import qrl, qrl_redis
 from tests.cluster import LocalCluster
 from tests.test_access import _tls_args, _tls_binary

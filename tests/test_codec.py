@@ -3,7 +3,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from qrl.codec import (
+from qrl.wire.codec import (
     ALLOWED_DTYPES,
     DEFAULT_MAX_BYTES,
     SCHEMA_VERSION,
@@ -271,14 +271,11 @@ def test_empty_array_with_huge_dimensions_is_a_codec_error(ndim):
 
 
 def test_every_message_schema_survives_the_empty_huge_array():
-    from qrl.messages import (
-        es_results_schema,
-        experience_schema,
-        frames_schema,
-        sequence_schema,
-        unroll_schema,
-    )
-    from qrl.weights import WEIGHTS
+    from qrl.algos.apex_family.messages import experience_schema, frames_schema
+    from qrl.algos.es.messages import es_results_schema
+    from qrl.algos.impala.messages import unroll_schema
+    from qrl.algos.r2d2.messages import sequence_schema
+    from qrl.wire.weights import WEIGHTS
 
     head = __import__("struct").pack("<BB3I", 10, 3, 0, 2**31 - 1, 2**31 - 1)
     schemas = [
@@ -302,7 +299,7 @@ def test_container_bomb_is_refused_at_its_first_header():
     before the schema check; msgpack's limits from the schema refuse it before building."""
     import tracemalloc
 
-    from qrl.messages import unroll_schema
+    from qrl.algos.impala.messages import unroll_schema
 
     bomb = lz4.frame.compress(msgpack.packb([SCHEMA_VERSION, "x", {"a": [[]] * 1_000_000}]))
     assert len(bomb) < 8192

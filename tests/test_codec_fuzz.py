@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qrl.codec import CodecError, Field, Schema, decode, encode
+from qrl.wire.codec import CodecError, Field, Schema, decode, encode
 
 SCHEMA = Schema(
     "batch",

@@ -15,7 +15,7 @@ import click
 import pytest
 
 from qrl.algos import ALGOS
-from qrl.configs.base import parse_config, parse_overrides
+from qrl.runtime.config import parse_config, parse_overrides
 from tests.cli import ROOT
 from tests.compose import (
     COMPOSE,

@@ -18,12 +18,12 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from qrl.configs.apex import ApexConfig
-from qrl.embedded import EmbeddedRedis
-from qrl.keys import RunKeys
+from qrl.algos.apex.config import ApexConfig
 from qrl.replay.role import make_replay
-from qrl.runs import load_run_config
-from qrl.weights import WeightStore
+from qrl.runtime.runs import load_run_config
+from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.keys import RunKeys
+from qrl.wire.weights import WeightStore
 from tests.compose import (
     EXAMPLE,
     environment,

@@ -1,10 +1,10 @@
 import pytest
 import redis
 
-from qrl.codec import CodecError
-from qrl.configs.base import Config, Layers, parse_config
-from qrl.keys import RunKeys
-from qrl.runs import RunExists, RunNotFound, create_run, load_run_config
+from qrl.runtime.config import Config, Layers, parse_config
+from qrl.runtime.runs import RunExists, RunNotFound, create_run, load_run_config
+from qrl.wire.codec import CodecError
+from qrl.wire.keys import RunKeys
 
 
 class Cfg(Config):
@@ -59,8 +59,8 @@ def test_run_names_are_checked():
 def test_checkpoints_refuse_pickled_objects_and_other_formats(tmp_path):
     import torch
 
-    from qrl.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-    from qrl.configs.es import ESConfig
+    from qrl.algos.es.config import ESConfig
+    from qrl.runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
     good = tmp_path / "good.pt"
     save_checkpoint(good, "es", ESConfig(), {"theta": torch.zeros(3)}, None, 7)
@@ -88,8 +88,13 @@ def test_replace_model_keeps_the_reaching_weights_and_the_rest(tmp_path):
     import numpy as np
     import torch
 
-    from qrl.checkpoint import CheckpointError, load_checkpoint, replace_model, save_checkpoint
-    from qrl.configs.impala import ImpalaConfig
+    from qrl.algos.impala.config import ImpalaConfig
+    from qrl.runtime.checkpoint import (
+        CheckpointError,
+        load_checkpoint,
+        replace_model,
+        save_checkpoint,
+    )
 
     net, other = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
     opt = torch.optim.Adam(net.parameters())

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from qrl.connection import RedisUnavailable, connect, redact
-from qrl.embedded import EmbeddedRedis, find_redis_server, free_port
+from qrl.server.embedded import EmbeddedRedis, find_redis_server, free_port
+from qrl.wire.connection import RedisUnavailable, connect, redact
 from tests.cli import qrl_redis
 
 

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
-from qrl.keys import RunKeys
+from qrl.wire.keys import RunKeys
 from tests.cli import ROOT, eval_mean, eval_stats, qrl
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from qrl.checkpoint import save_checkpoint
-from qrl.configs.apex import ApexConfig
-from qrl.configs.base import parse_config
-from qrl.runs import create_run
+from qrl.algos.apex.config import ApexConfig
+from qrl.runtime.checkpoint import save_checkpoint
+from qrl.runtime.config import parse_config
+from qrl.runtime.runs import create_run
 from tests.cli import qrl
 
 ZEN = "Beautiful is better than ugly"  # what importing `this` prints
@@ -51,7 +51,7 @@ def _plant(tmp_path: Path, env: str) -> tuple[Path, Path]:
     """A run directory ``tmp_path/run`` whose checkpoint's env is ``env``, and beside it a
     module and a package (the run directory itself) that leave a marker file if imported;
     returns (run dir, marker)."""
-    from qrl.models import q_network
+    from qrl.rl.models import q_network
 
     marker = tmp_path / "imported"
     code = f"open({str(marker)!r}, 'w').write(__name__)\n"
@@ -111,8 +111,8 @@ def test_load_policy_and_eval_import_the_modules_they_are_told_to(tmp_path):
 
 
 def test_env_modules_are_refused_unless_allowed_and_never_from_data(monkeypatch):
-    from qrl import envs
-    from qrl.envs import EnvModuleRefused, allow_env_modules, make_env
+    from qrl.rl import envs
+    from qrl.rl.envs import EnvModuleRefused, allow_env_modules, make_env
 
     monkeypatch.setattr(envs, "_allowed", set())  # this process's list, restored after
 

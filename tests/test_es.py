@@ -9,15 +9,23 @@ import numpy as np
 import pytest
 
 from qrl.actors.es import ESWorker
-from qrl.codec import CodecError, decode, encode
-from qrl.configs.es import ESConfig
-from qrl.connection import connect
-from qrl.es import Adam, NoiseTable, PolicySpec, centered_ranks, es_gradient, pair_ranks
+from qrl.algos.es.config import ESConfig
+from qrl.algos.es.keys import es_params, es_results
+from qrl.algos.es.messages import es_results_schema
+from qrl.algos.es.strategy import (
+    Adam,
+    NoiseTable,
+    PolicySpec,
+    centered_ranks,
+    es_gradient,
+    pair_ranks,
+)
 from qrl.learners.es import ESMaster
-from qrl.loop import run_role
-from qrl.messages import es_results_schema
-from qrl.runs import create_run
-from qrl.streams import FIELD, GROUP
+from qrl.runtime.loop import run_role
+from qrl.runtime.runs import create_run
+from qrl.wire.codec import CodecError, decode, encode
+from qrl.wire.connection import connect
+from qrl.wire.streams import FIELD, GROUP
 from tests.cli import ROOT, eval_mean, train
 
 
@@ -138,8 +146,8 @@ def test_master_ignores_stale_results_and_resumes(r, keys, redis_server):
     master.publish()
     theta0 = master.theta.copy()
     # two stale pairs (generation 2) that would pull theta elsewhere, then the real ones
-    r.xadd(keys.es_results, {FIELD: _results(2, [5, 6], [100.0, 100.0], [-100.0, -100.0])})
-    r.xadd(keys.es_results, {FIELD: _results(3, [10, 20], [1.0, 0.0], [0.0, 2.0])})
+    r.xadd(es_results(keys), {FIELD: _results(2, [5, 6], [100.0, 100.0], [-100.0, -100.0])})
+    r.xadd(es_results(keys), {FIELD: _results(3, [10, 20], [1.0, 0.0], [0.0, 2.0])})
     assert run_role(master, r, keys, 0, lambda: False, limit=1) == 1
     assert master.stale == 2 and master.generation == 4
     # the update used exactly the current generation's pairs
@@ -149,7 +157,7 @@ def test_master_ignores_stale_results_and_resumes(r, keys, redis_server):
     rp, rn = np.array([1.0, 0.0]), np.array([0.0, 2.0])
     grad = es_gradient(eps, rp, rn, cfg.sigma, cfg.shaping) - cfg.l2 * theta0
     np.testing.assert_allclose(master.theta, theta0 + adam.step(grad), rtol=1e-5, atol=1e-7)
-    assert r.xlen(keys.es_results) == 0 and r.xpending(keys.es_results, GROUP)["pending"] == 0
+    assert r.xlen(es_results(keys)) == 0 and r.xpending(es_results(keys), GROUP)["pending"] == 0
     # a restarted master resumes from the last published generation
     again = ESMaster(lambda: connect(redis_server.url), keys, cfg)
     assert again.resumed and again.generation == 4
@@ -232,7 +240,7 @@ def test_master_resumes_from_its_checkpoint_when_redis_has_nothing(r, keys, redi
     master.generation, master.adam.t = 7, 3
     master.theta = master.theta + 1.0
     master.save()
-    r.delete(keys.es_params)  # e.g. a Redis without persistence was restarted
+    r.delete(es_params(keys))  # e.g. a Redis without persistence was restarted
     again = ESMaster(lambda: connect(redis_server.url), keys, cfg, checkpoint=ckpt)
     assert again.resumed and again.generation == 7 and again.adam.t == 3
     np.testing.assert_array_equal(again.theta, master.theta)
@@ -242,17 +250,17 @@ def test_a_result_with_zero_count_and_huge_sums_cannot_wedge_the_master(r, keys,
     """Issue 12, finding 3: obs_count=0 with obs_sum = obs_sumsq = 1e308 made the master's
     observation statistics inf/NaN for good. It is now refused at decode (dead-lettered) and
     the generation goes on with the valid results, its published statistics finite."""
-    from qrl.weights import WeightStore
+    from qrl.wire.weights import WeightStore
 
     cfg = ESConfig(population=4, noise_size=10_000)
     create_run(r, keys, "es", cfg)
     master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
     master.publish()
     hostile = _results(0, [1, 2], [1.0, 0.0], [0.0, 1.0], 0.0, 1e308, 1e308)
-    r.xadd(keys.es_results, {FIELD: hostile})
-    r.xadd(keys.es_results, {FIELD: _results(0, [10, 20], [1.0, 0.0], [0.0, 2.0], 8.0, 4.0, 9.0)})
+    r.xadd(es_results(keys), {FIELD: hostile})
+    r.xadd(es_results(keys), {FIELD: _results(0, [10, 20], [1.0, 0.0], [0.0, 2.0], 8.0, 4.0, 9.0)})
     assert run_role(master, r, keys, 0, lambda: False, limit=1) == 1
-    w = WeightStore(r, keys, keys.es_params).fetch()  # a worker's view: valid, finite
+    w = WeightStore(r, keys, es_params(keys)).fetch()  # a worker's view: valid, finite
     assert w is not None and w.version == 1
     assert all(np.isfinite(v).all() for v in w.params.values())
     assert master.obs_count == pytest.approx(1e-2 + 8.0)
@@ -263,13 +271,13 @@ def test_a_result_with_zero_count_and_huge_sums_cannot_wedge_the_master(r, keys,
 def test_master_refuses_to_apply_or_publish_non_finite_state(r, keys, redis_server):
     """The master's own guard, behind the schema: results whose update would make the
     statistics non-finite are dropped, nothing is published, and the next ones go in."""
-    from qrl.streams import Entry
+    from qrl.wire.streams import Entry
 
     cfg = ESConfig(population=4, noise_size=10_000)
     create_run(r, keys, "es", cfg)
     master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
     master.start(lambda: False)
-    theta, blob = master.theta.copy(), r.hget(keys.es_params, "blob")
+    theta, blob = master.theta.copy(), r.hget(es_params(keys), "blob")
 
     def entry(obs_sum: float) -> Entry:
         return Entry(
@@ -289,20 +297,20 @@ def test_master_refuses_to_apply_or_publish_non_finite_state(r, keys, redis_serv
     assert not master.apply()
     assert master.generation == 0 and master.refused == 2
     np.testing.assert_array_equal(master.theta, theta)
-    assert r.hget(keys.es_params, "blob") == blob  # nothing published
+    assert r.hget(es_params(keys), "blob") == blob  # nothing published
     assert np.isfinite(master.obs_sum).all() and master.metrics()["refused"] == 2
     # a finite generation afterwards is applied and published
     master.fold(entry(0.0))
     master.obs_new[2] = np.zeros(4)
     assert master.apply() and master.generation == 1
-    assert r.hget(keys.es_params, "version") == b"1"
+    assert r.hget(es_params(keys), "version") == b"1"
 
 
 def test_master_publishes_again_when_its_parameters_key_is_overwritten(r, keys, redis_server):
     """Garbage written over the current generation's blob would leave workers on the old
     generation and the master waiting for results that never come: once it has waited, the
     master publishes its parameters again as the next generation."""
-    from qrl.weights import WeightStore
+    from qrl.wire.weights import WeightStore
 
     cfg = ESConfig(population=4, noise_size=10_000)
     create_run(r, keys, "es", cfg)
@@ -313,11 +321,11 @@ def test_master_publishes_again_when_its_parameters_key_is_overwritten(r, keys, 
     master.waiting_since -= 10
     master.step(lambda: False)  # checked: the key holds generation 0, nothing to do
     assert master.generation == 0
-    r.hset(keys.es_params, "blob", b"garbage")
+    r.hset(es_params(keys), "blob", b"garbage")
     master.waiting_since -= 10
     master.step(lambda: False)
     assert master.generation == 1
-    w = WeightStore(r, keys, keys.es_params).fetch()
+    w = WeightStore(r, keys, es_params(keys)).fetch()
     assert w is not None and w.version == 1
     np.testing.assert_array_equal(w.params["theta"], master.theta)
 
@@ -337,7 +345,7 @@ def test_a_far_ahead_generation_neither_freezes_es_nor_strands_workers(
     with a valid blob of that generation) during a master+worker exchange. The master counts
     on from its own generation, the workers follow it back down, and a restarted master does
     not resume at the injected generation."""
-    from qrl.weights import MAX_VERSION
+    from qrl.wire.weights import MAX_VERSION
 
     monkeypatch.setattr("qrl.learners.es.CHECK_AFTER", 0.2)
     huge = MAX_VERSION - 1
@@ -368,16 +376,16 @@ def test_a_far_ahead_generation_neither_freezes_es_nor_strands_workers(
         if valid:
             params = {k: np.asarray(v) for k, v in master.params().items()}
             mapping["blob"] = encode("weights", {"version": version, "params": params})
-        r.hset(keys.es_params, mapping=mapping)
+        r.hset(es_params(keys), mapping=mapping)
         before = master.generation
         exchange(2)
         assert before + 2 <= master.generation < before + 10  # its own count, not huge + 1
-        assert int(r.hget(keys.es_params, "version")) == master.generation
+        assert int(r.hget(es_params(keys), "version")) == master.generation
     master.save()
     params = {k: np.asarray(v) for k, v in master.params().items()}
     blob = encode("weights", {"version": huge, "params": params})
-    r.hset(keys.es_params, mapping={"version": huge, "blob": blob})
+    r.hset(es_params(keys), mapping={"version": huge, "blob": blob})
     again = ESMaster(lambda: connect(redis_server.url), keys, cfg, checkpoint=ckpt)
     assert again.generation == master.generation  # from its checkpoint, not huge
     again.start(stop)
-    assert int(r.hget(keys.es_params, "version")) == master.generation
+    assert int(r.hget(es_params(keys), "version")) == master.generation

@@ -13,9 +13,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import redis
 
-from qrl.connection import connect
-from qrl.embedded import EmbeddedRedis, free_port, supports_tls
-from qrl.embedded_cluster import EmbeddedCluster
+from qrl.server.embedded import EmbeddedRedis, free_port, supports_tls
+from qrl.server.embedded_cluster import EmbeddedCluster
+from qrl.wire.connection import connect
 from tests.cli import qrl, qrl_redis
 from tests.test_access import _tls_args, _tls_binary
 from tests.test_acl import BINARIES
@@ -101,7 +101,7 @@ def test_a_password_over_plain_text_to_another_host_warns(caplog):
     address = _outward_address()
     if address is None:
         pytest.skip("this machine has no address but loopback")
-    caplog.set_level(logging.WARNING, logger="qrl.connection")
+    caplog.set_level(logging.WARNING, logger="qrl.wire.connection")
     with EmbeddedRedis(host=address, password=PW) as outward, EmbeddedRedis(password=PW) as local:
         connect(local.url).ping()
         assert "plain text" not in caplog.text  # loopback: nothing leaves the machine

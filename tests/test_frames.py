@@ -12,18 +12,18 @@ import pytest
 from hypothesis import given, settings
 
 from qrl.actors.replay import NStep
-from qrl.codec import decode, encode
-from qrl.configs.apex import ApexConfig
-from qrl.connection import connect
-from qrl.envs import make_env
-from qrl.keys import RunKeys
-from qrl.messages import frames_schema
+from qrl.algos.apex.config import ApexConfig
+from qrl.algos.apex_family.messages import frames_schema
 from qrl.replay import frames as frames_module
 from qrl.replay.frames import FrameBatch, FrameLayout, FrameReplay, encode_chunk, pack_frames
 from qrl.replay.role import ReplayFiller
 from qrl.replay.shards import ShardedReplay
-from qrl.runs import create_run, delete_run
-from qrl.streams import StreamProducer
+from qrl.rl.envs import make_env
+from qrl.runtime.runs import create_run, delete_run
+from qrl.wire.codec import decode, encode
+from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import StreamProducer
 from tests import strategies as hs
 
 ENV = "ALE/Pong-v5"

@@ -19,22 +19,23 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qrl.codec import decode, encode
-from qrl.configs.apex import ApexConfig
-from qrl.configs.es import ESConfig
-from qrl.configs.impala import ImpalaConfig
-from qrl.connection import connect
-from qrl.keys import RunKeys
+from qrl.algos.apex.config import ApexConfig
+from qrl.algos.es.config import ESConfig
+from qrl.algos.es.keys import es_params
+from qrl.algos.impala.config import ImpalaConfig
 from qrl.learners.es import ESMaster
 from qrl.learners.impala import ImpalaLearner, stack_unrolls
-from qrl.metrics import MetricsReader
-from qrl.models import QNetwork
 from qrl.replay.role import ReplayFiller
-from qrl.runlog import Progress
-from qrl.runs import create_run
-from qrl.status import collect
-from qrl.streams import FIELD, Entry
-from qrl.weights import WeightStore, module_arrays
+from qrl.rl.models import QNetwork
+from qrl.runtime.metrics import MetricsReader
+from qrl.runtime.runlog import Progress
+from qrl.runtime.runs import create_run
+from qrl.runtime.status import collect
+from qrl.wire.codec import decode, encode
+from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import FIELD, Entry
+from qrl.wire.weights import WeightStore, module_arrays
 from tests import strategies as hs
 
 APEX = ApexConfig(replay_capacity=2000, actor_batch=48, envs_per_actor=4, n_step=4)  # 64 rows
@@ -185,7 +186,7 @@ def test_es_master_survives_hostile_results(master, client, msg, current):
         msg = {**msg, "generation": master.generation}
     _fold(master, msg)
     assert _finite(master.theta, master.adam.m, master.adam.v, *master.obs_stats())
-    assert _published_finite(client, master.keys, master.keys.es_params)
+    assert _published_finite(client, master.keys, es_params(master.keys))
     before = master.generation
     _fold(
         master,

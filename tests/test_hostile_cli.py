@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from qrl.codec import encode
-from qrl.configs.apex import ApexConfig
-from qrl.configs.base import parse_config
-from qrl.runs import create_run
+from qrl.algos.apex.config import ApexConfig
+from qrl.runtime.config import parse_config
+from qrl.runtime.runs import create_run
+from qrl.wire.codec import encode
 from tests.cli import qrl
 
 PRECIOUS = "someone else's file\n"
@@ -29,7 +29,7 @@ def _victim(tmp_path: Path) -> Path:
 def test_a_checkpoint_write_does_not_follow_a_planted_symlink(tmp_path):
     import torch
 
-    from qrl.checkpoint import load_checkpoint, replace_model, save_checkpoint
+    from qrl.runtime.checkpoint import load_checkpoint, replace_model, save_checkpoint
 
     victim = _victim(tmp_path)
     run_dir = tmp_path / "run"
@@ -49,7 +49,7 @@ def test_a_checkpoint_write_does_not_follow_a_planted_symlink(tmp_path):
 
 
 def test_qrl_plot_does_not_follow_a_planted_symlink(tmp_path):
-    from qrl.plot import plot_run
+    from qrl.runtime.plot import plot_run
 
     victim = _victim(tmp_path)
     run_dir = tmp_path / "run"
@@ -130,8 +130,8 @@ def test_a_role_with_a_bad_run_name_is_a_usage_error(command):
 def test_qrl_status_finds_the_only_run_whatever_the_type_of_its_keys():
     import redis
 
-    from qrl.embedded import EmbeddedRedis
-    from qrl.keys import RunKeys
+    from qrl.server.embedded import EmbeddedRedis
+    from qrl.wire.keys import RunKeys
 
     with EmbeddedRedis() as server:  # its own Redis: the run is the only one
         r = redis.Redis.from_url(server.url)
@@ -152,8 +152,8 @@ def test_qrl_status_finds_the_only_run_whatever_the_type_of_its_keys():
 def test_qrl_run_list_prints_no_control_characters_or_markup_from_redis():
     import redis
 
-    from qrl.embedded import EmbeddedRedis
-    from qrl.keys import RunKeys
+    from qrl.server.embedded import EmbeddedRedis
+    from qrl.wire.keys import RunKeys
 
     with EmbeddedRedis() as server:
         r = redis.Redis.from_url(server.url)

@@ -9,8 +9,8 @@ import sys
 import threading
 import time
 
-from qrl import ids
-from qrl.ids import LEASE_TTL, claim_id, hold_id, holder
+from qrl.runtime import ids
+from qrl.runtime.ids import LEASE_TTL, claim_id, hold_id, holder
 
 
 def dead_pid() -> int:

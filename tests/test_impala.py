@@ -4,15 +4,16 @@ import pytest
 import torch
 
 from qrl.actors.impala import ImpalaActor
-from qrl.codec import CodecError, decode, encode
-from qrl.configs.impala import ImpalaConfig
-from qrl.connection import connect
+from qrl.algos.impala.config import ImpalaConfig
+from qrl.algos.impala.keys import trajectories
+from qrl.algos.impala.messages import unroll_schema
+from qrl.algos.impala.vtrace import vtrace
 from qrl.learners.impala import ImpalaLearner, stack_unrolls
-from qrl.loop import run_role
-from qrl.messages import unroll_schema
-from qrl.runs import create_run
-from qrl.streams import GROUP, Entry
-from qrl.vtrace import vtrace
+from qrl.runtime.loop import run_role
+from qrl.runtime.runs import create_run
+from qrl.wire.codec import CodecError, decode, encode
+from qrl.wire.connection import connect
+from qrl.wire.streams import GROUP, Entry
 from tests.cli import eval_mean, train
 
 
@@ -129,12 +130,12 @@ def test_learner_drops_unrolls_beyond_max_policy_lag(r, keys, redis_server):
     lrn.weights.publish(lrn.net, version=100)
     for version in (10, 98):  # one entry far too old, one fresh
         r.xadd(
-            keys.trajectories,
+            trajectories(keys),
             {"d": encode("impala.unrolls", _actor_message(cfg, r, keys, version))},
         )
     assert run_role(lrn, r, keys, 0, lambda: False, limit=1) == 1
     assert lrn.dropped == 4  # the old entry's 4 unrolls
-    assert r.xlen(keys.trajectories) == 0 and r.xpending(keys.trajectories, GROUP)["pending"] == 0
+    assert r.xlen(trajectories(keys)) == 0 and r.xpending(trajectories(keys), GROUP)["pending"] == 0
     assert lrn.weights.version() == 101
 
 
@@ -186,7 +187,7 @@ def test_non_finite_loss_publishes_nothing_and_does_not_loop(r, keys, redis_serv
     with torch.no_grad():
         next(lrn.net.parameters()).fill_(float("nan"))  # a diverged learner
     for _ in range(3):
-        r.xadd(keys.trajectories, {"d": encode("impala.unrolls", _actor_message(cfg, r, keys))})
+        r.xadd(trajectories(keys), {"d": encode("impala.unrolls", _actor_message(cfg, r, keys))})
     stop_at = [0]
 
     def stop() -> bool:  # run until the three batches were all skipped, or give up
@@ -197,7 +198,7 @@ def test_non_finite_loss_publishes_nothing_and_does_not_loop(r, keys, redis_serv
     assert lrn.skipped == 3 and lrn.updates == 0
     assert lrn.weights.version() == 0  # the NaN weights were never published
     # the skipped unrolls were consumed once, not redelivered forever
-    assert r.xlen(keys.trajectories) == 0 and r.xpending(keys.trajectories, GROUP)["pending"] == 0
+    assert r.xlen(trajectories(keys)) == 0 and r.xpending(trajectories(keys), GROUP)["pending"] == 0
 
 
 class EndsAfter(gym.Env):

@@ -33,15 +33,15 @@ from hypothesis import strategies as st
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from qrl import ids as ids_module
-from qrl import stream_scripts, streams
-from qrl.embedded import EmbeddedRedis
-from qrl.keys import RunKeys
-from qrl.messages import METRICS
 from qrl.replay.frames import FrameBatch, FrameLayout, FrameReplay, pack_frames
 from qrl.replay.store import PrioritizedReplay, RecordLayout
-from qrl.streams import StreamConsumer, StreamProducer
-from qrl.weights import WeightStore
+from qrl.runtime import ids as ids_module
+from qrl.runtime.metrics import METRICS
+from qrl.server.embedded import EmbeddedRedis
+from qrl.wire import stream_scripts, streams
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import StreamConsumer, StreamProducer
+from qrl.wire.weights import WeightStore
 
 LIMIT = 1.0  # seconds a call may take (the unbounded loops take seconds to forever)
 PING_LIMIT = LIMIT  # seconds another client's PING may wait meanwhile (a noisy machine)
@@ -489,17 +489,17 @@ COVERED = {
     ("replay/store.py", "scripts.FETCH_RANKS"),
     ("replay/store.py", "scripts.SAMPLE_PROPORTIONAL"),
     ("replay/frames.py", "_INSERT"),
-    ("streams.py", "lua.ACK"),
-    ("streams.py", "lua.ADD_IF_ROOM"),
-    ("streams.py", "lua.ADOPT"),
-    ("streams.py", "lua.DEAD_LETTER"),
-    ("streams.py", "lua.ENSURE_GROUP"),
-    ("streams.py", "lua.LEAVE"),
-    ("streams.py", "lua.READ"),
-    ("ids.py", "_KEEP"),
-    ("ids.py", "_LOOK"),
-    ("ids.py", "_TAKE"),
-    ("weights.py", "_PUBLISH"),
+    ("wire/streams.py", "lua.ACK"),
+    ("wire/streams.py", "lua.ADD_IF_ROOM"),
+    ("wire/streams.py", "lua.ADOPT"),
+    ("wire/streams.py", "lua.DEAD_LETTER"),
+    ("wire/streams.py", "lua.ENSURE_GROUP"),
+    ("wire/streams.py", "lua.LEAVE"),
+    ("wire/streams.py", "lua.READ"),
+    ("runtime/ids.py", "_KEEP"),
+    ("runtime/ids.py", "_LOOK"),
+    ("runtime/ids.py", "_TAKE"),
+    ("wire/weights.py", "_PUBLISH"),
 }
 _SCRIPT_CALL = re.compile(r"(?:register_script|\.eval)\(([^)]*(?:\)[^)]*)?)\)")
 

@@ -6,12 +6,12 @@ from functools import partial
 import numpy as np
 import torch
 
-from qrl.configs.apex import ApexConfig
-from qrl.configs.r2d2 import R2D2Config
-from qrl.envs import obs_bounds
-from qrl.models import ObsScale, q_network, recurrent_q_network
-from qrl.runs import create_run
-from qrl.weights import WeightStore
+from qrl.algos.apex.config import ApexConfig
+from qrl.algos.r2d2.config import R2D2Config
+from qrl.rl.envs import obs_bounds
+from qrl.rl.models import ObsScale, q_network, recurrent_q_network
+from qrl.runtime.runs import create_run
+from qrl.wire.weights import WeightStore
 
 
 def scaled(net: torch.nn.Module, obs: list[float]) -> np.ndarray:
@@ -59,8 +59,8 @@ def test_the_learner_publishes_its_weights_before_it_makes_its_optimizer(
 ):
     """Making torch's first optimizer imports torch._dynamo (1-2 s): actors wait for the
     first weights, so they are published first. A resumed optimizer keeps its state."""
-    from qrl.connection import connect
     from qrl.learners.apex import ApexLearner
+    from qrl.wire.connection import connect
 
     cfg = ApexConfig(learning_starts=10**9)  # the sampler waits: nothing to train on
     create_run(r, keys, "apex", cfg)

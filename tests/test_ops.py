@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from qrl.runs import load_run
+from qrl.runtime.runs import load_run
 from tests.cli import qrl, role
 
 
@@ -148,7 +148,7 @@ def test_hand_started_master_writes_csv_and_tensorboard_and_qrl_plot_draws_them(
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from qrl.runlog import COLUMNS
+    from qrl.runtime.runlog import COLUMNS
 
     run_dir = tmp_path / "run"
     assert qrl("run", "create", "es", "--run", keys.run, "--set", "workers=1").returncode == 0

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import qrl
-from qrl.checkpoint import CheckpointError
+from qrl.runtime.checkpoint import CheckpointError
 from tests.cli import train
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from qrl.keys import RunKeys
-from qrl.streams import GROUP
+from qrl.algos.es.keys import es_params
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import GROUP
 from tests.cli import qrl, role
 
 
@@ -174,7 +175,7 @@ def test_sigkill_an_es_worker_and_the_generations_go_on(r, keys, tmp_path):
     es = RunKeys(keys.run)
 
     def generation() -> int:
-        return _int(r.hget(es.es_params, "version"))
+        return _int(r.hget(es_params(es), "version"))
 
     try:
         roles.start("master", "es", "master", "--checkpoint", str(tmp_path / "es.pt"))

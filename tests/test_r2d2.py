@@ -14,11 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from qrl.codec import CodecError, decode, encode
-from qrl.configs.base import ConfigError, parse_config
-from qrl.configs.r2d2 import R2D2Config
-from qrl.models import RecurrentQNetwork
-from qrl.r2d2 import (
+from qrl.algos.r2d2.config import R2D2Config
+from qrl.algos.r2d2.rule import (
     Rule,
     Sequences,
     n_step_targets,
@@ -32,7 +29,10 @@ from qrl.r2d2 import (
 from qrl.replay.role import make_replay
 from qrl.replay.sequences import SequenceFiller, Sequencer, max_rows, sequence_spec, stack
 from qrl.replay.shards import ShardedReplay
-from qrl.runs import create_run
+from qrl.rl.models import RecurrentQNetwork
+from qrl.runtime.config import ConfigError, parse_config
+from qrl.runtime.runs import create_run
+from qrl.wire.codec import CodecError, decode, encode
 from tests.cli import ROOT
 
 LSTM = 8

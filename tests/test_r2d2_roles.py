@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 import torch
 
-from qrl.codec import encode
-from qrl.configs.r2d2 import R2D2Config
-from qrl.control import request_stop
-from qrl.r2d2 import (
+from qrl.algos.r2d2.config import R2D2Config
+from qrl.algos.r2d2.rule import (
     sequence_priority,
     sequence_td,
 )
 from qrl.replay.role import make_replay
 from qrl.replay.sequences import SequenceFiller, max_rows, sequence_spec
-from qrl.runs import create_run
-from qrl.weights import WeightStore
+from qrl.runtime.control import request_stop
+from qrl.runtime.runs import create_run
+from qrl.wire.codec import encode
+from qrl.wire.weights import WeightStore
 from tests.cli import ROOT, eval_stats, qrl, train
 from tests.test_r2d2 import _message, _random_sequences  # the sequence builders
 
@@ -32,8 +32,8 @@ LSTM = 8
 
 
 def test_learner_writes_the_priority_mix_back(r, keys, redis_server):
-    from qrl.connection import connect
     from qrl.learners.r2d2 import R2D2Learner
+    from qrl.wire.connection import connect
 
     cfg = R2D2Config(
         sequence_length=6,

@@ -12,8 +12,8 @@ import time
 import numpy as np
 import redis
 
-from qrl.embedded import EmbeddedRedis
-from qrl.keys import RunKeys
+from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.keys import RunKeys
 from tests.cli import qrl, role
 
 ROLES = {  # the Ape-X job, as hand-started roles
@@ -121,10 +121,10 @@ def test_roles_give_up_with_a_clear_message_after_the_deadline(tmp_path):
 
 
 def test_a_learner_stopped_while_redis_is_away_writes_its_final_checkpoint(tmp_path):
-    from qrl.checkpoint import load_checkpoint
-    from qrl.configs.apex import ApexConfig
+    from qrl.algos.apex.config import ApexConfig
     from qrl.replay.role import make_replay
-    from qrl.runs import create_run
+    from qrl.runtime.checkpoint import load_checkpoint
+    from qrl.runtime.runs import create_run
 
     server = EmbeddedRedis(data_dir=tmp_path / "redis").start()
     keys, cfg = RunKeys("final-ckpt"), ApexConfig(learning_starts=100, publish_every=5)

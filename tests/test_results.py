@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from qrl.tracking import WANDB_MISSING
+from qrl.runtime.tracking import WANDB_MISSING
 from tests.cli import ROOT, eval_stats, qrl, role, train
 
 
@@ -112,7 +112,7 @@ def test_eval_video_writes_an_mp4_per_episode(run_dir, tmp_path):
 
 
 def test_plot_draws_new_evaluations_as_points_the_target_and_the_loss(tmp_path):
-    from qrl.plot import draw
+    from qrl.runtime.plot import draw
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -133,7 +133,7 @@ def test_plot_draws_new_evaluations_as_points_the_target_and_the_loss(tmp_path):
 
 
 def test_plot_of_a_run_writes_a_png_with_one_point_per_evaluation(run_dir):
-    from qrl.plot import draw
+    from qrl.runtime.plot import draw
 
     out = qrl("plot", str(run_dir))
     assert out.returncode == 0, out.stderr

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from qrl.configs.apex import ApexConfig
-from qrl.control import request_stop
-from qrl.metrics import MetricsReader
+from qrl.algos.apex.config import ApexConfig
 from qrl.replay.role import make_replay
-from qrl.runs import create_run
-from qrl.simenv import SLEEP_ENV
+from qrl.rl.simenv import SLEEP_ENV
+from qrl.runtime.control import request_stop
+from qrl.runtime.metrics import MetricsReader
+from qrl.runtime.runs import create_run
 from tests.cli import role
 
 

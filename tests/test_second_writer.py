@@ -14,19 +14,21 @@ import numpy as np
 import pytest
 import torch
 
-from qrl.codec import encode
-from qrl.configs.apex import ApexConfig
-from qrl.configs.es import ESConfig
-from qrl.configs.impala import ImpalaConfig
-from qrl.connection import connect
-from qrl.es import PolicySpec
+from qrl.algos.apex.config import ApexConfig
+from qrl.algos.es.config import ESConfig
+from qrl.algos.es.keys import es_params, es_results
+from qrl.algos.es.strategy import PolicySpec
+from qrl.algos.impala.config import ImpalaConfig
+from qrl.algos.impala.keys import trajectories
 from qrl.learners.es import ESMaster
 from qrl.learners.impala import ImpalaLearner
-from qrl.loop import run_role
 from qrl.replay.role import make_replay
-from qrl.runs import create_run
-from qrl.streams import FIELD
-from qrl.weights import WeightStore, module_arrays
+from qrl.runtime.loop import run_role
+from qrl.runtime.runs import create_run
+from qrl.wire.codec import encode
+from qrl.wire.connection import connect
+from qrl.wire.streams import FIELD
+from qrl.wire.weights import WeightStore, module_arrays
 from tests.test_es import _results
 from tests.test_impala import _actor_message
 
@@ -48,7 +50,7 @@ def test_publish_goes_above_a_newer_version_and_warns_once(r, keys, caplog):
     ours, theirs, reader = WeightStore(r, keys), WeightStore(r, keys), WeightStore(r, keys)
     assert ours.publish(_net(0), version=3) == 3
     assert theirs.publish(_net(1), version=10) == 10  # a second learner
-    with caplog.at_level(logging.WARNING, "qrl.weights"):
+    with caplog.at_level(logging.WARNING, "qrl.wire.weights"):
         assert ours.publish(_net(0), version=4) == 11
         assert ours.publish(_net(0), version=11) == 12  # taken already: above it again
     warned = [rec for rec in caplog.records if "another writer" in rec.getMessage()]
@@ -83,7 +85,7 @@ def test_impala_learner_publishes_above_a_second_writer(r, keys, redis_server):
 
     def train_once() -> None:  # the learner's loop, one update at a time
         done, deadline = lrn.updates, time.monotonic() + 30
-        r.xadd(keys.trajectories, msg)
+        r.xadd(trajectories(keys), msg)
         while lrn.updates == done and time.monotonic() < deadline:
             assert lrn.step(lambda: False)
 
@@ -109,7 +111,7 @@ def test_es_master_publishes_above_a_second_writer_and_survives_garbage(r, keys,
     master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
 
     def generation_done(gen: int) -> None:  # the master's loop, one generation
-        r.xadd(keys.es_results, {FIELD: _results(gen, [10, 20], [1.0, 0.0], [0.0, 2.0])})
+        r.xadd(es_results(keys), {FIELD: _results(gen, [10, 20], [1.0, 0.0], [0.0, 2.0])})
         deadline = time.monotonic() + 30
         while master.generation == gen and time.monotonic() < deadline:
             assert master.step(lambda: False)
@@ -126,14 +128,14 @@ def test_es_master_publishes_above_a_second_writer_and_survives_garbage(r, keys,
     assert master.generation == 22 and master.stale == 0
     # a restarted master does not crash on garbage or on parameters that do not fit
     unfit = {"theta": np.zeros(3, np.float32), "adam_m": np.zeros(3), "adam_v": np.zeros(3)}
-    WeightStore(r, keys, keys.es_params).publish(unfit, version=30, meta={"adam_t": "x"})
+    WeightStore(r, keys, es_params(keys)).publish(unfit, version=30, meta={"adam_t": "x"})
     again = ESMaster(lambda: connect(redis_server.url), keys, cfg)
     assert not again.resumed and again.generation == 0
     again.start(lambda: False)
     assert again.generation == 31 == again.store.version()
     for garbage in GARBAGE:
-        r.delete(keys.es_params)
-        r.hset(keys.es_params, mapping=garbage)
+        r.delete(es_params(keys))
+        r.hset(es_params(keys), mapping=garbage)
         assert not ESMaster(lambda: connect(redis_server.url), keys, cfg).resumed
 
 
@@ -180,11 +182,11 @@ def test_apex_learner_publishes_above_a_second_writer(r, keys, redis_server):
 
 def test_qrl_train_evaluation_skips_parameters_that_do_not_fit(r, keys):
     from qrl.algos import ALGOS
-    from qrl.train import Evaluator
+    from qrl.jobs.train import Evaluator
 
     cfg = ESConfig(population=4, noise_size=10_000)
     evaluator = Evaluator(ALGOS["es"], cfg, episodes=1)
-    store = WeightStore(r, keys, keys.es_params)
+    store = WeightStore(r, keys, es_params(keys))
     store.publish({"theta": np.zeros(3, np.float32)}, version=1)  # decodes, does not fit
     with pytest.raises(ValueError, match="do not fit"):  # logged by qrl train, not fatal
         evaluator(r, keys)

@@ -15,8 +15,8 @@ from urllib.parse import quote
 import pytest
 import redis
 
-from qrl.connection import RedisUnavailable, connect, redact
-from qrl.embedded import EmbeddedRedis, free_port
+from qrl.server.embedded import EmbeddedRedis, free_port
+from qrl.wire.connection import RedisUnavailable, connect, redact
 from tests.cli import qrl, qrl_redis
 
 SECRET = "S3cr#t/pa?ss@w:rd"  # what a URL should percent-encode, and people do not

@@ -13,16 +13,16 @@ import redis
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
 from qrl.actors.apex import ApexActor
-from qrl.configs.apex import ApexConfig
-from qrl.embedded import EmbeddedRedis
-from qrl.keys import RunKeys
+from qrl.algos.apex.config import ApexConfig
 from qrl.replay.role import ReplayFiller, make_replay
 from qrl.replay.shards import ShardedReplay, shard_of_slots
 from qrl.replay.store import BUCKETS_PER_OCTAVE, P_LO, PrioritizedReplay
-from qrl.runlog import Progress
-from qrl.runs import create_run, delete_run
-from qrl.streams import ensure_group
-from qrl.weights import WeightStore
+from qrl.runtime.runlog import Progress
+from qrl.runtime.runs import create_run, delete_run
+from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import ensure_group
+from qrl.wire.weights import WeightStore
 from tests.cli import qrl
 from tests.test_access import ACL_RULE
 from tests.test_replay import LAYOUT, bucket_of, check_records, chi2_critical, chi2_stat

@@ -11,13 +11,13 @@ import time
 
 import pytest
 
-from qrl.configs.apex import ApexConfig
-from qrl.connection import connect
-from qrl.keys import RunKeys
-from qrl.models import q_network
-from qrl.runs import delete_run
-from qrl.streams import GROUP
-from qrl.weights import WeightStore
+from qrl.algos.apex.config import ApexConfig
+from qrl.rl.models import q_network
+from qrl.runtime.runs import delete_run
+from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import GROUP
+from qrl.wire.weights import WeightStore
 from tests.cli import qrl, train
 from tests.test_process_faults import Roles, _until
 

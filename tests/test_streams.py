@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qrl.codec import Field, Schema, encode
-from qrl.streams import GROUP, StreamConsumer, StreamProducer
+from qrl.wire.codec import Field, Schema, encode
+from qrl.wire.streams import GROUP, StreamConsumer, StreamProducer
 
 ITEM = Schema("item", {"seq": Field(int), "x": Field(np.ndarray, dtypes=("float32",))})
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,7 +183,7 @@ def test_producer_counts_every_entry_it_added_in_the_run_stats(r, keys):
 
 
 def test_dead_letters_keep_a_bounded_prefix_of_the_payload(r, keys):
-    from qrl.streams import DEADLETTER_MAX_PAYLOAD, dead_letter
+    from qrl.wire.streams import DEADLETTER_MAX_PAYLOAD, dead_letter
 
     big = b"x" * (1 << 20)
     dead_letter(r, keys, "experience", "too big to keep", big, "1-0")
@@ -263,7 +263,7 @@ def test_held_entries_do_not_age_into_poison(r, keys):
 
 
 def test_consumers_leave_the_group_when_they_close(r, keys):
-    from qrl.configs.apex import ApexConfig
+    from qrl.algos.apex.config import ApexConfig
     from qrl.replay.role import ReplayFiller
 
     for _ in range(3):  # three restarts of a replay role

@@ -10,11 +10,11 @@ import tracemalloc
 import pytest
 import redis
 
-from qrl.acl import ACTOR_COMMANDS, Access, has_selectors, setuser_args
-from qrl.connection import connect
-from qrl.embedded import EmbeddedRedis
-from qrl.keys import RunKeys
-from qrl.streams import GROUP, StreamConsumer, StreamProducer
+from qrl.jobs.acl import ACTOR_COMMANDS, Access, has_selectors, setuser_args
+from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import GROUP, StreamConsumer, StreamProducer
 from tests.test_cluster import run_on
 from tests.test_streams import ITEM, _url, item
 
@@ -75,7 +75,7 @@ def test_junk_filling_the_stream_does_not_block_producers_forever(r, keys, caplo
         r.xadd(s, {"d": b"junk"})  # plain XADDs past the room check
     p = StreamProducer(r, s, maxlen=5, keys=keys, max_wait=0.3)
     start = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="qrl.streams"):
+    with caplog.at_level(logging.WARNING, logger="qrl.wire.streams"):
         assert p.add(item(0)) == ""  # dropped, not raised, not blocked
     assert time.monotonic() - start < 2
     assert p.dropped == 1 and "dropped" in caplog.text
@@ -121,7 +121,7 @@ def test_wrong_type_deadletter_or_stats_is_repaired(r, keys, key, caplog):
     r.xadd(s, {"d": b"garbage"})
     r.xadd(s, {"d": item(0)})
     c = StreamConsumer(r, keys, s, ITEM, count=10, block_ms=10)
-    with caplog.at_level(logging.WARNING, logger="qrl.streams"):
+    with caplog.at_level(logging.WARNING, logger="qrl.wire.streams"):
         assert drain(c, rounds=2) == [0]
     assert r.xlen(s) == 0 and r.xpending(s, GROUP)["pending"] == 0
     assert r.type(keys.deadletter) == b"stream" and r.type(keys.stats) == b"hash"
@@ -136,7 +136,7 @@ def test_wrong_type_stream_and_destroyed_group_are_repaired(r, keys, caplog):
     assert drain(c, rounds=1) == [0]
     r.delete(s)
     r.set(s, "x")  # the stream replaced by a string
-    with caplog.at_level(logging.WARNING, logger="qrl.streams"):
+    with caplog.at_level(logging.WARNING, logger="qrl.wire.streams"):
         assert drain(c, rounds=1) == []
         assert r.type(s) == b"stream"
         r.delete(s)
@@ -180,7 +180,7 @@ def test_out_of_memory_dead_lettering_still_acks(caplog, how):
         r.config_set("maxmemory", 1)  # below any use: every write that may grow it is refused
         with pytest.raises(redis.exceptions.OutOfMemoryError):
             r.xadd("probe", {"a": "b"})  # Redis refuses writes now
-        with caplog.at_level(logging.WARNING, logger="qrl.streams"):
+        with caplog.at_level(logging.WARNING, logger="qrl.wire.streams"):
             assert drain(c, rounds=2) == [0]
             assert f"dead letters of {s} skipped" in caplog.text
             assert c.rejected == 3 and r.xlen(keys.deadletter) == 0  # refused, yet acked:

@@ -16,7 +16,7 @@ SECRET = "Tr4ck3dS3cr3t"
 SCRIPT = """
 import sys
 from pathlib import Path
-from qrl.tracking import Tracking, open_sinks
+from qrl.runtime.tracking import Tracking, open_sinks
 
 tracking = Tracking(tensorboard=False, wandb=True, wandb_project="qrl-test")
 (sink,) = open_sinks(Path(sys.argv[1]), tracking, run="argv-test", config={"lr": 0.1})

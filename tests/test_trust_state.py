@@ -13,15 +13,15 @@ import pytest
 import redis
 import torch
 
-from qrl.codec import encode
-from qrl.connection import connect
-from qrl.control import StopFlag, request_stop
-from qrl.embedded import EmbeddedRedis
-from qrl.ids import LEASE_TTL, Lease, claim_id, id_limit
-from qrl.keys import RunKeys
-from qrl.metrics import MetricsReader, report
-from qrl.runlog import MAX_COUNT, MAX_IDS, Progress, RunLog
-from qrl.weights import MAX_AHEAD, MAX_VERSION, WeightStore, module_arrays
+from qrl.runtime.control import StopFlag, request_stop
+from qrl.runtime.ids import LEASE_TTL, Lease, claim_id, id_limit
+from qrl.runtime.metrics import MetricsReader, report
+from qrl.runtime.runlog import MAX_COUNT, MAX_IDS, Progress, RunLog
+from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.codec import encode
+from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
+from qrl.wire.weights import MAX_AHEAD, MAX_VERSION, WeightStore, module_arrays
 
 
 def _net(seed: int = 0) -> torch.nn.Module:
@@ -47,9 +47,9 @@ def test_a_far_ahead_weights_version_is_garbage_overwritten_not_adopted(r, keys)
 
 
 def test_a_learner_never_resumes_from_a_far_ahead_version(r, keys, redis_server):
-    from qrl.configs.impala import ImpalaConfig
+    from qrl.algos.impala.config import ImpalaConfig
     from qrl.learners.impala import ImpalaLearner
-    from qrl.runs import create_run
+    from qrl.runtime.runs import create_run
 
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
     create_run(r, keys, "impala", cfg)
@@ -184,7 +184,7 @@ def test_writes_wait_out_redis_out_of_memory(tight, caplog):
     client, full = tight
     keys = RunKeys("oom")
     store = WeightStore(client, keys)
-    with caplog.at_level(logging.WARNING, "qrl.connection"):
+    with caplog.at_level(logging.WARNING, "qrl.wire.connection"):
         for write in (
             lambda: store.publish(_net(), version=1),
             lambda: claim_id(client, keys, "actor", count=2).release(),
@@ -223,8 +223,8 @@ def _throttled(actor, seconds: float = 0.5) -> bool:
 
 def test_apex_rate_limit_trusts_neither_an_injected_version_nor_stats(r, keys):
     from qrl.actors.apex import ApexActor
-    from qrl.configs.apex import ApexConfig
-    from qrl.runs import create_run
+    from qrl.algos.apex.config import ApexConfig
+    from qrl.runtime.runs import create_run
 
     cfg = ApexConfig(actors=2, envs_per_actor=2, learning_starts=100, steps_per_update=10)
     create_run(r, keys, "apex", cfg)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from qrl.weights import WeightStore, load_arrays, module_arrays
+from qrl.wire.weights import WeightStore, load_arrays, module_arrays
 
 
 def net(seed: int) -> torch.nn.Module:

@@ -10,9 +10,11 @@ import time
 import pytest
 
 from qrl.algos import ALGOS
-from qrl.configs.apex import ApexConfig
-from qrl.configs.base import parse_config
-from qrl.runs import create_run
+from qrl.algos.apex.config import ApexConfig
+from qrl.algos.es.keys import es_params, es_results
+from qrl.algos.impala.keys import trajectories
+from qrl.runtime.config import parse_config
+from qrl.runtime.runs import create_run
 from tests.cli import qrl, role
 
 WRONG = {  # a write of each Redis type over whatever the key held (on a MULTI pipeline)
@@ -67,8 +69,8 @@ def _role_keys(keys, algo: str) -> list[str]:
     own = {
         "apex": [keys.experience, keys.replay_priorities, keys.replay_data, keys.replay_meta,
                  keys.replay_batches],
-        "impala": [keys.trajectories],
-        "es": [keys.es_params, keys.es_results],
+        "impala": [trajectories(keys)],
+        "es": [es_params(keys), es_results(keys)],
     }  # fmt: skip
     return [keys.control, keys.stats, keys.metrics, keys.deadletter, keys.weights, *own[algo]]
 

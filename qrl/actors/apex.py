@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from qrl.actors.replay import ReplayActor, spread
-from qrl.configs.apex import ApexConfig
-from qrl.models import q_network
+from qrl.algos.apex.config import ApexConfig
+from qrl.rl.models import q_network
 
 
 def epsilons(cfg: ApexConfig, actor_id: int) -> np.ndarray:

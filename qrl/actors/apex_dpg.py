@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from qrl.actors.replay import ReplayActor, spread
-from qrl.dpg import explore, policy_net, scale_action
-from qrl.envs import box_spec
+from qrl.algos.apex_dpg.dpg import explore, policy_net, scale_action
+from qrl.rl.envs import box_spec
 
 
 class ApexDPGActor(ReplayActor):

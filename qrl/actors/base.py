@@ -10,16 +10,16 @@ import numpy as np
 import redis
 import torch
 
-from qrl.envs import env_spec, make_vector_env
-from qrl.keys import RunKeys
-from qrl.loop import Role, StopCheck
-from qrl.streams import StreamProducer
-from qrl.weights import WeightStore
+from qrl.rl.envs import env_spec, make_vector_env
+from qrl.runtime.loop import Role, StopCheck
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import StreamProducer
+from qrl.wire.weights import WeightStore
 
 
 class VectorActor(Role):
     """Base of the vector-env actors. Subclasses build ``self.net`` and implement
-    :meth:`advance`; :func:`qrl.loop.run_role` runs them."""
+    :meth:`advance`; :func:`qrl.runtime.loop.run_role` runs them."""
 
     name = "actor"
     counter = "steps"

@@ -24,14 +24,15 @@ from typing import Any, NamedTuple
 import numpy as np
 import redis
 
-from qrl.codec import encode
-from qrl.configs.es import ESConfig
-from qrl.envs import make_env
-from qrl.es import NoiseTable, PolicySpec, normalize
-from qrl.keys import RunKeys
-from qrl.loop import Role, StopCheck
-from qrl.streams import StreamProducer
-from qrl.weights import Weights, WeightStore
+from qrl.algos.es.config import ESConfig
+from qrl.algos.es.keys import es_params, es_results
+from qrl.algos.es.strategy import NoiseTable, PolicySpec, normalize
+from qrl.rl.envs import make_env
+from qrl.runtime.loop import Role, StopCheck
+from qrl.wire.codec import encode
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import StreamProducer
+from qrl.wire.weights import Weights, WeightStore
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,10 @@ class ESWorker(Role):
         self.envs = [make_env(cfg.env) for _ in range(self.n)]
         self.obs = np.zeros((self.n, self.spec.obs_dim), np.float32)
         self.rng = np.random.default_rng(cfg.seed * 10_000 + worker_id)
-        self.store = WeightStore(client, keys, keys.es_params)
-        self.producer = StreamProducer(client, keys.es_results, maxlen=cfg.stream_maxlen, keys=keys)
+        self.store = WeightStore(client, keys, es_params(keys))
+        self.producer = StreamProducer(
+            client, es_results(keys), maxlen=cfg.stream_maxlen, keys=keys
+        )
         self.generation = -1
         self.theta = np.zeros(self.spec.dim, np.float32)
         self.obs_mean = np.zeros(self.spec.obs_dim)
@@ -161,7 +164,7 @@ class ESWorker(Role):
         self.obs_sum, self.obs_sumsq, self.obs_count = 0 * self.obs_sum, 0 * self.obs_sumsq, 0.0
         return self.producer.add(payload, should_stop=should_stop) is not None
 
-    # -- the role (run by :func:`qrl.loop.run_role`)
+    # -- the role (run by :func:`qrl.runtime.loop.run_role`)
     def start(self, should_stop: StopCheck) -> bool:
         """Wait for the master's first generation."""
         while self.generation < 0:
@@ -203,7 +206,7 @@ class ESWorker(Role):
         if now >= self.next_poll:
             self.next_poll = now + self.poll_every
             # another generation, older too: the master overwrote a far-ahead one (garbage
-            # someone wrote, which this worker took), see qrl.weights
+            # someone wrote, which this worker took), see qrl.wire.weights
             if (w := self.newer()) is not None:
                 self.push(should_stop)  # the old generation's pairs (the master counts them)
                 self.abandoned += self.n  # episodes in flight on the old parameters

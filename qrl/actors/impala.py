@@ -15,17 +15,18 @@ import redis
 import torch
 
 from qrl.actors.base import VectorActor
-from qrl.codec import encode
-from qrl.configs.impala import ImpalaConfig
-from qrl.keys import RunKeys
-from qrl.models import PolicyValueNet
+from qrl.algos.impala.config import ImpalaConfig
+from qrl.algos.impala.keys import trajectories
+from qrl.rl.models import PolicyValueNet
+from qrl.wire.codec import encode
+from qrl.wire.keys import RunKeys
 
 
 class ImpalaActor(VectorActor):
     def __init__(
         self, client: redis.Redis, keys: RunKeys, cfg: ImpalaConfig, actor_id: int = 0
     ) -> None:
-        super().__init__(client, keys, cfg, actor_id, keys.trajectories)
+        super().__init__(client, keys, cfg, actor_id, trajectories(keys))
         self.net = PolicyValueNet(self.obs_shape, self.n_actions, cfg.hidden)
         self.net.eval()
         self.gen = torch.Generator().manual_seed(cfg.seed * 10_000 + actor_id)

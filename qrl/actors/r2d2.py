@@ -3,7 +3,7 @@ throttling: :class:`qrl.actors.replay.ReplayActor`) with an LSTM Q-network whose
 carries from step to step (zeros at each episode's start), cutting each env slot's
 episodes into overlapping sequences (:class:`qrl.replay.sequences.Sequencer`) that go to
 the stream with their starting state and initial priorities from its own network (R2D2's
-loss and priority mix, :func:`qrl.r2d2.sequence_td`)."""
+loss and priority mix, :func:`qrl.algos.r2d2.rule.sequence_td`)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ import redis
 import torch
 
 from qrl.actors.replay import ReplayActor, spread
-from qrl.codec import encode
-from qrl.configs.r2d2 import R2D2Config
-from qrl.keys import RunKeys
-from qrl.models import recurrent_q_network
-from qrl.r2d2 import Sequences, priorities, rule_of
+from qrl.algos.r2d2.config import R2D2Config
+from qrl.algos.r2d2.rule import Sequences, priorities, rule_of
 from qrl.replay.sequences import Sequencer, stack
-from qrl.streams import StreamProducer
+from qrl.rl.models import recurrent_q_network
+from qrl.wire.codec import encode
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import StreamProducer
 
 
 class R2D2Actor(ReplayActor):

@@ -5,7 +5,7 @@ experience stream of each env slot's shard, and the rate limit against the learn
 Follow one batch: ``ReplayActor.advance`` calls ``act`` and steps the envs; ``NStep.add``
 turns rewards into n-step transitions; ``ReplayActor.flush`` pushes them, one batch per
 shard (:func:`qrl.replay.shards.shard_of_slots`), with the subclass's initial priorities,
-through :class:`qrl.streams.StreamProducer`; the replay role (``qrl/replay/role.py``)
+through :class:`qrl.wire.streams.StreamProducer`; the replay role (``qrl/replay/role.py``)
 inserts them. Stacked frames (Atari) travel each frame once, in per-env-slot chunks
 (:mod:`qrl.replay.frames`). A subclass gives the policy: ``make_net``, ``act``,
 ``priorities`` and ``action_dtype`` (R2D2 also its own ``advance`` and ``push``)."""
@@ -24,13 +24,13 @@ import redis
 import torch
 
 from qrl.actors.base import VectorActor
-from qrl.codec import encode
-from qrl.configs.replay import ReplayConfig
-from qrl.faults import repaired, warn_once
-from qrl.keys import RunKeys
+from qrl.algos.apex_family.config import ReplayConfig
 from qrl.replay.frames import is_frame_stack, pack_frames
 from qrl.replay.shards import shard_of_slots
-from qrl.streams import StreamProducer
+from qrl.wire.codec import encode
+from qrl.wire.faults import repaired, warn_once
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import StreamProducer
 
 
 def spread(base: float, alpha: float, cfg: ReplayConfig, actor_id: int) -> np.ndarray:
@@ -186,7 +186,7 @@ class ReplayActor(VectorActor):
         """Count our steps in the run's total and wait while the total is ahead of what the
         learner's progress allows. Its progress is the version of the weights this actor
         loaded (a blob that passed validation: a bare version field anyone with the run's
-        keys can set does not count; see :mod:`qrl.weights` for versions far ahead)."""
+        keys can set does not count; see :mod:`qrl.wire.weights` for versions far ahead)."""
         total = self.env_steps()
         spu = self.cfg.steps_per_update
         if spu <= 0:

@@ -1,20 +1,16 @@
-"""The algorithms qrl runs: one line each. A new algorithm is its own modules (config,
-actor, learner, builder) plus its line here."""
+"""The algorithms qrl runs, one registry line each. An algorithm is its package here
+(``qrl/algos/NAME/``: config, builder, message schemas, key names, maths), its actor in
+``qrl/actors/NAME.py`` and its learner in ``qrl/learners/NAME.py``."""
 
 from __future__ import annotations
 
-from qrl.algos import apex, apex_dpg, es, impala, r2d2
-from qrl.algos.base import Algorithm, RoleContext, RoleDef
+from qrl.algos.apex.builder import ALGORITHM as APEX
+from qrl.algos.apex_dpg.builder import ALGORITHM as APEX_DPG
+from qrl.algos.es.builder import ALGORITHM as ES
+from qrl.algos.impala.builder import ALGORITHM as IMPALA
+from qrl.algos.r2d2.builder import ALGORITHM as R2D2
+from qrl.runtime.algorithm import Algorithm, RoleContext, RoleDef
 
-ALGOS: dict[str, Algorithm] = {
-    a.name: a
-    for a in (
-        apex.ALGORITHM,
-        apex_dpg.ALGORITHM,
-        r2d2.ALGORITHM,
-        impala.ALGORITHM,
-        es.ALGORITHM,
-    )
-}
+ALGOS: dict[str, Algorithm] = {a.name: a for a in (APEX, APEX_DPG, R2D2, IMPALA, ES)}
 
 __all__ = ["ALGOS", "Algorithm", "RoleContext", "RoleDef"]

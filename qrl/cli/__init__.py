@@ -19,7 +19,7 @@ class QrlGroup(click.Group):
     traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        from qrl.connection import failure_exit
+        from qrl.wire.connection import failure_exit
 
         try:
             return super().invoke(ctx)
@@ -53,7 +53,7 @@ def main(ctx: click.Context, redis_deadline: float) -> None:
     A cluster: run `qrl redis` (or your own Redis), then start roles anywhere with
     --redis URL --run NAME.
     """
-    from qrl.launch import setup_logging
+    from qrl.jobs.launch import setup_logging
 
     setup_logging(logging.WARNING, force=False)  # unless -v came first
     ctx.obj = Settings(redis_deadline=redis_deadline)

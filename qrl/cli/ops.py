@@ -105,10 +105,10 @@ def redis_cmd(
     but loopback needs a password, and a cluster also TLS (its bus has no password)."""
     import signal
 
-    from qrl.connection import RedisUnavailable, read_password_file
-    from qrl.control import on_stop_signals
-    from qrl.embedded import EmbeddedRedis, free_port, memory_args, tls_args
-    from qrl.embedded_cluster import EmbeddedCluster
+    from qrl.runtime.control import on_stop_signals
+    from qrl.server.embedded import EmbeddedRedis, free_port, memory_args, tls_args
+    from qrl.server.embedded_cluster import EmbeddedCluster
+    from qrl.wire.connection import RedisUnavailable, read_password_file
 
     files = (tls_cert_file, tls_key_file, tls_ca_cert_file)
     if any(files) and not all(files):
@@ -172,7 +172,7 @@ def _check_exposure(host: str, cluster: int | None, tls: tuple[str, ...]) -> Non
     CLUSTER MEET from anyone who reaches it (no password), so off loopback it needs TLS,
     where nodes accept only peers with a certificate of the CA; TLS needs a binary built
     with it."""
-    from qrl.embedded import find_redis_server, is_loopback, supports_tls
+    from qrl.server.embedded import find_redis_server, is_loopback, supports_tls
 
     if cluster and not tls and not is_loopback(host):
         raise click.ClickException(
@@ -195,7 +195,7 @@ def _tls_only(nodes: list[Any], ca: str | None) -> list[str]:
 
     import redis
 
-    from qrl.embedded import close_plain_port
+    from qrl.server.embedded import close_plain_port
 
     urls = []
     for n in nodes:
@@ -234,7 +234,7 @@ def status_cmd(
 ) -> None:
     """Every live process of a run, throughput per role, streams and consumer-group lag,
     replay size, weight version, policy lag and dead letters; stale heartbeats flagged."""
-    from qrl.runs import list_runs
+    from qrl.runtime.runs import list_runs
 
     client = connect_or_fail(redis_url)
     if run is None:
@@ -255,7 +255,7 @@ def status_cmd(
     from rich.console import Console
     from rich.live import Live
 
-    from qrl.status import render
+    from qrl.runtime.status import render
 
     console = Console() if sys.stdout.isatty() else Console(width=160)  # pipes: no wrapping
     if not watch:
@@ -275,9 +275,9 @@ def _collector(client: Any, keys: Any, stale_after: float) -> Any:
     from redis import ResponseError
 
     from qrl.algos import ALGOS
-    from qrl.codec import CodecError
-    from qrl.runs import RunNotFound, load_run
-    from qrl.status import collect
+    from qrl.runtime.runs import RunNotFound, load_run
+    from qrl.runtime.status import collect
+    from qrl.wire.codec import CodecError
 
     unreadable = []  # the config of the wrong type or unreadable: shown as unknown
     try:
@@ -317,7 +317,7 @@ def plot_cmd(run_dir: Path, out: Path | None) -> None:
     """Draw a run's learning curve with its evaluations and target, its loss and its
     throughput (from RUN_DIR/metrics.csv and result.json) as a PNG."""
     try:
-        from qrl.plot import plot_run
+        from qrl.runtime.plot import plot_run
     except ImportError as e:  # pragma: no cover
         raise click.ClickException(f"{e}; install matplotlib (pip install 'qrl-rl[plot]')") from e
     try:
@@ -365,8 +365,8 @@ def eval_cmd(
 
     import numpy as np
 
-    from qrl.evaluate import check_same_spaces, evaluate
-    from qrl.policy import load_policy
+    from qrl.jobs.policy import load_policy
+    from qrl.rl.evaluate import check_same_spaces, evaluate
 
     if video_dir is not None and importlib.util.find_spec("moviepy") is None:
         raise click.ClickException("--video needs moviepy: pip install 'qrl-rl[video]'")

@@ -30,7 +30,7 @@ def settings() -> Settings:
 
 def _verbosity(ctx: click.Context, param: click.Parameter, value: int) -> int:
     if value:
-        from qrl.launch import setup_logging
+        from qrl.jobs.launch import setup_logging
 
         setup_logging(logging.WARNING - 10 * value)
     return value
@@ -69,7 +69,7 @@ def warn_secret_in_argv(ctx: click.Context, param: click.Parameter, value: Any) 
     machine can read (``ps``); the environment and files are private."""
     from click.core import ParameterSource
 
-    from qrl.connection import redact
+    from qrl.wire.connection import redact
 
     given = ctx.get_parameter_source(param.name or "") is ParameterSource.COMMANDLINE
     secret = param.name != "redis_url" or (value is not None and redact(value) != value)
@@ -129,7 +129,7 @@ class ModuleNames(click.types.StringParamType):
 
 
 def _allow_modules(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> None:
-    from qrl.envs import allow_env_modules
+    from qrl.rl.envs import allow_env_modules
 
     try:
         allow_env_modules(m.strip() for m in value if m.strip())  # "a,b," is a list too
@@ -201,8 +201,8 @@ def build_config(
     """The config from a file, then the options given (``None``: not given), then --set;
     with ``check``, its env is made once to check that it exists and that ``algo`` can act
     in it."""
-    from qrl.configs.base import ConfigError, parse_config, parse_overrides, read_config_file
-    from qrl.envs import check_env
+    from qrl.rl.envs import check_env
+    from qrl.runtime.config import ConfigError, parse_config, parse_overrides, read_config_file
 
     try:
         values = read_config_file(config_file, algo.name, list(ALGOS)) if config_file else {}
@@ -217,7 +217,7 @@ def build_config(
 
 
 def run_keys(run: str, hint: str = "--run") -> Any:
-    from qrl.keys import RunKeys
+    from qrl.wire.keys import RunKeys
 
     try:
         return RunKeys(run)
@@ -227,7 +227,7 @@ def run_keys(run: str, hint: str = "--run") -> Any:
 
 def connect_or_fail(redis_url: str | None, wait: float = 10) -> Any:
     """A client, or one line and exit code 1 if Redis cannot be reached."""
-    from qrl.connection import RedisUnavailable, connect
+    from qrl.wire.connection import RedisUnavailable, connect
 
     try:
         return connect(redis_url, wait=wait, deadline=settings().redis_deadline)
@@ -290,9 +290,9 @@ track_options = stack(
 
 
 def tracking(track: bool, wandb_project: str, wandb_entity: str | None) -> Any:
-    """The :class:`qrl.tracking.Tracking` the options ask for; one line and exit code 1,
+    """The :class:`qrl.runtime.tracking.Tracking` the options ask for; one line and exit code 1,
     before anything starts, if ``--track`` is given without wandb installed."""
-    from qrl.tracking import Tracking
+    from qrl.runtime.tracking import Tracking
 
     t = Tracking(wandb=track, wandb_project=wandb_project, wandb_entity=wandb_entity)
     try:

@@ -1,6 +1,6 @@
 """The commands that start one role of a run (``qrl actor apex``, ``qrl replay``, ``qrl es
 worker``...), made from the algorithms' role definitions: each goes through
-:func:`qrl.launch.run_role`."""
+:func:`qrl.jobs.launch.run_role`."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from qrl.cli.options import (
 
 
 def _run(algo: Algorithm, role: RoleDef, **opts: Any) -> None:
-    from qrl.launch import LaunchError, RoleSpec, run_role
-    from qrl.loop import RoleFailed
+    from qrl.jobs.launch import LaunchError, RoleSpec, run_role
+    from qrl.runtime.loop import RoleFailed
 
     run_keys(opts["run"])  # an invalid name is a usage error (exit 2), before anything starts
     if "track" in opts:  # a learner

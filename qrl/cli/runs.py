@@ -59,8 +59,8 @@ def run_create(
       qrl run create apex --run cartpole --env CartPole-v1 --set lr=5e-4
       qrl run create impala --run lunar --config lunar.toml
     """
-    from qrl.control import clear_stop
-    from qrl.runs import RunExists, RunUnreadable, create_run
+    from qrl.runtime.control import clear_stop
+    from qrl.runtime.runs import RunExists, RunUnreadable, create_run
 
     cfg = build_config(ALGOS[algo], config_file, overrides, env=env, seed=seed)
     keys = run_keys(run)
@@ -84,8 +84,8 @@ def _check_admin_password(redis_url: str | None) -> None:
     """``run create --acl`` refuses the example admin password before connecting."""
     from redis.connection import parse_url
 
-    from qrl.acl import check_password
-    from qrl.connection import RedisUnavailable, default_url, env_password
+    from qrl.jobs.acl import check_password
+    from qrl.wire.connection import RedisUnavailable, default_url, env_password
 
     try:
         password = parse_url(redis_url or default_url()).get("password") or env_password()
@@ -96,8 +96,8 @@ def _check_admin_password(redis_url: str | None) -> None:
 
 def _create_users(client: Any, algo: str, keys: Any, config: dict, folder: Path) -> None:
     """``run create --acl``: one ACL user per role, with its password file."""
-    from qrl.acl import create_users
-    from qrl.connection import RedisUnavailable
+    from qrl.jobs.acl import create_users
+    from qrl.wire.connection import RedisUnavailable
 
     try:
         users = create_users(client, ALGOS[algo], keys, config, folder)
@@ -112,7 +112,7 @@ def _create_users(client: Any, algo: str, keys: Any, config: dict, folder: Path)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def run_list(redis_url: str | None, as_json: bool) -> None:
     """List the runs in a Redis."""
-    from qrl.runs import list_runs
+    from qrl.runtime.runs import list_runs
 
     runs = list_runs(connect_or_fail(redis_url))
     if as_json:
@@ -125,7 +125,7 @@ def run_list(redis_url: str | None, as_json: bool) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from qrl.status import printable
+    from qrl.runtime.status import printable
 
     table = Table("run", "algo", "env", "created", "state")
     for r in printable(runs):  # what came from Redis: shown as text, never obeyed as markup
@@ -139,7 +139,7 @@ def run_list(redis_url: str | None, as_json: bool) -> None:
 @redis_and_run
 def run_stop(redis_url: str | None, run: str) -> None:
     """Ask every role of a run to stop (they finish their in-flight batch and exit 0)."""
-    from qrl.control import request_stop
+    from qrl.runtime.control import request_stop
 
     keys = run_keys(run)
     request_stop(connect_or_fail(redis_url), keys)
@@ -152,7 +152,7 @@ def run_stop(redis_url: str | None, run: str) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def run_delete(name: str, redis_url: str | None, yes: bool) -> None:
     """Delete every key of run NAME (config, weights, streams, replay, metrics)."""
-    from qrl.runs import delete_run
+    from qrl.runtime.runs import delete_run
 
     keys = run_keys(name, "NAME")
     client = connect_or_fail(redis_url)

@@ -1,5 +1,5 @@
 """``qrl train ALGO``: a whole job in one command (one subcommand per algorithm, made from
-its builder); :func:`qrl.train.run_training` does the work."""
+its builder); :func:`qrl.jobs.train.run_training` does the work."""
 
 from __future__ import annotations
 
@@ -127,14 +127,14 @@ def train_command(algo: Algorithm) -> click.Command:
     ) -> None:
         track_to = tracking(track, wandb_project, wandb_entity)
         cfg = build_config(algo, config_file, overrides, env=env, seed=seed, **count_values)
-        from qrl.train import Budget, default_run_name, default_target, run_training  # torch
+        from qrl.jobs.train import Budget, default_run_name, default_target, run_training  # torch
 
         run = run or default_run_name(algo.name, cfg.env, cfg.seed)
         run_keys(run)  # an invalid name is a usage error (exit 2), before anything starts
         if eval_env is not None:
             import gymnasium as gym
 
-            from qrl.evaluate import check_same_spaces
+            from qrl.rl.evaluate import check_same_spaces
 
             try:
                 check_same_spaces(cfg.env, eval_env)
@@ -155,7 +155,7 @@ def train_command(algo: Algorithm) -> click.Command:
                 "whole budget; pass --target-return R to stop when the evaluation reaches R",
                 err=True,
             )
-        from qrl.runs import RunExists, RunUnreadable
+        from qrl.runtime.runs import RunExists, RunUnreadable
 
         try:
             code = run_training(

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from qrl.envs import env_spec
 from qrl.learners.base import adam
 from qrl.learners.replay import Batch, ReplayLearner
-from qrl.models import q_network
 from qrl.replay.frames import layout_for
+from qrl.rl.envs import env_spec
+from qrl.rl.models import q_network
 
 
 class ApexLearner(ReplayLearner):

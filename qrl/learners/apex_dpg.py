@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from qrl.dpg import ActorCritic, critic_target, polyak, unscale_action
-from qrl.envs import box_spec
+from qrl.algos.apex_dpg.dpg import ActorCritic, critic_target, polyak, unscale_action
 from qrl.learners.base import adam
 from qrl.learners.replay import Batch, ReplayLearner
 from qrl.replay.role import experience_spec
+from qrl.rl.envs import box_spec
 
 
 class ApexDPGLearner(ReplayLearner):

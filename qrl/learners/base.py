@@ -1,5 +1,5 @@
 """What every torch learner shares: device choice, checkpoint resume, the guarded optimizer
-step, weight publication, and its part of the role loop (:mod:`qrl.loop`).
+step, weight publication, and its part of the role loop (:mod:`qrl.runtime.loop`).
 
 A subclass builds its network and optimizer, starts its data-loading threads, and turns a
 batch into a loss; the rest is here and in the loop.
@@ -18,10 +18,10 @@ import numpy as np
 import redis
 import torch
 
-from qrl.checkpoint import load_checkpoint, save_checkpoint
-from qrl.keys import RunKeys
-from qrl.loop import Role, StopCheck
-from qrl.weights import WeightStore, ahead
+from qrl.runtime.checkpoint import load_checkpoint, save_checkpoint
+from qrl.runtime.loop import Role, StopCheck
+from qrl.wire.keys import RunKeys
+from qrl.wire.weights import WeightStore, ahead
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class Learner(Role):
     def publish(self) -> None:
         """Publish the weights as version ``updates``; if another writer stored a newer
         version, they go above it and the learner counts on from there (see
-        :meth:`qrl.weights.WeightStore.publish`). Parameters that are not finite are never
+        :meth:`qrl.wire.weights.WeightStore.publish`). Parameters that are not finite are never
         published."""
         module = self.published()
         if not all(torch.isfinite(p).all() for p in module.parameters()):
@@ -171,11 +171,11 @@ class Learner(Role):
         if self.checkpoint is not None:
             save_checkpoint(self.checkpoint, self.algo, self.cfg, self.net, self.opt, self.updates)
 
-    # -- the role (run by :func:`qrl.loop.run_role`)
+    # -- the role (run by :func:`qrl.runtime.loop.run_role`)
     def start(self, should_stop: StopCheck) -> bool:
         stored = self.weights.version()
         # e.g. restarted after SIGKILL: Redis is newer than the file (not far ahead of it:
-        # that is garbage, overwritten with this learner's own count, see qrl.weights)
+        # that is garbage, overwritten with this learner's own count, see qrl.wire.weights)
         if ahead(stored, self.updates):
             loaded = self.weights.load_into(self.published(), newer_than=self.updates)
             if loaded is not None and ahead(loaded, self.updates):

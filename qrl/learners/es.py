@@ -27,14 +27,15 @@ import numpy as np
 import redis
 import torch
 
-from qrl.checkpoint import load_checkpoint, save_checkpoint
-from qrl.configs.es import ESConfig
-from qrl.es import Adam, NoiseTable, PolicySpec, es_gradient
-from qrl.keys import RunKeys
-from qrl.loop import Role, StopCheck
-from qrl.messages import es_results_schema
-from qrl.streams import Entry, StreamConsumer
-from qrl.weights import WeightStore, ahead
+from qrl.algos.es.config import ESConfig
+from qrl.algos.es.keys import es_params, es_results
+from qrl.algos.es.messages import es_results_schema
+from qrl.algos.es.strategy import Adam, NoiseTable, PolicySpec, es_gradient
+from qrl.runtime.checkpoint import load_checkpoint, save_checkpoint
+from qrl.runtime.loop import Role, StopCheck
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import Entry, StreamConsumer
+from qrl.wire.weights import WeightStore, ahead
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +61,11 @@ class ESMaster(Role):
         self.client, self.keys, self.cfg = client_factory(), keys, cfg
         self.spec = PolicySpec.for_env(cfg.env, cfg.hidden)
         self.noise = NoiseTable(cfg.noise_seed, cfg.noise_size)
-        self.store = WeightStore(self.client, keys, keys.es_params)
+        self.store = WeightStore(self.client, keys, es_params(keys))
         self.consumer = StreamConsumer(
             self.client,
             keys,
-            keys.es_results,
+            es_results(keys),
             es_results_schema(self.spec.obs_dim, cfg.noise_size, self.spec.dim),
             count=64,
             block_ms=100,
@@ -85,7 +86,7 @@ class ESMaster(Role):
     def _resume(self) -> bool:
         """Resume from the checkpoint, then from the last generation published in Redis if it
         is ahead of that (a master killed after publishing), but not far ahead (garbage: see
-        :func:`qrl.weights.ahead`; anyone with the run's keys may write it). Published
+        :func:`qrl.wire.weights.ahead`; anyone with the run's keys may write it). Published
         parameters that do not fit are ignored with a warning; a checkpoint that does not fit
         is an error."""
         resumed = False
@@ -153,7 +154,7 @@ class ESMaster(Role):
 
     def publish(self) -> None:
         """Publish the generation; above a newer one another writer stored, and go on from
-        there (see :meth:`qrl.weights.WeightStore.publish`)."""
+        there (see :meth:`qrl.wire.weights.WeightStore.publish`)."""
         self.generation = self.store.publish(
             self.params(), version=self.generation, meta=self.meta()
         )
@@ -179,7 +180,7 @@ class ESMaster(Role):
         both = np.concatenate([rp, rn])
         return {"population_mean": float(both.mean()), "population_max": float(both.max())}
 
-    # -- the role (run by :func:`qrl.loop.run_role`)
+    # -- the role (run by :func:`qrl.runtime.loop.run_role`)
     @property
     def updates(self) -> int:
         return self.generation
@@ -211,7 +212,7 @@ class ESMaster(Role):
         """Publish again, as a new generation, if the key lost this generation's blob. A
         newer version too: workers that took it evaluate parameters the master does not have
         (a valid blob anyone with the run's keys wrote); the master publishes above it, or
-        over it if it is far ahead (garbage, see :mod:`qrl.weights`), and they follow."""
+        over it if it is far ahead (garbage, see :mod:`qrl.wire.weights`), and they follow."""
         self.waiting_since = time.monotonic()
         stored = self.store.version()
         w = self.store.fetch() if stored == self.generation else None
@@ -285,7 +286,7 @@ class ESMaster(Role):
 def policy_from_params(cfg: ESConfig, params: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:
     """The center policy (no noise) of published or checkpointed ES parameters; raises
     ``ValueError`` if they do not fit the run's policy."""
-    from qrl.es import normalize
+    from qrl.algos.es.strategy import normalize
 
     spec = PolicySpec.for_env(cfg.env, cfg.hidden)
     shapes = {"theta": (spec.dim,), "obs_mean": (spec.obs_dim,), "obs_std": (spec.obs_dim,)}

@@ -19,12 +19,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qrl.envs import env_spec
+from qrl.algos.impala.keys import trajectories
+from qrl.algos.impala.messages import unroll_schema
+from qrl.algos.impala.vtrace import vtrace
 from qrl.learners.base import Learner, adam
-from qrl.messages import unroll_schema
-from qrl.models import PolicyValueNet
-from qrl.streams import Entry, StreamConsumer
-from qrl.vtrace import vtrace
+from qrl.rl.envs import env_spec
+from qrl.rl.models import PolicyValueNet
+from qrl.wire.streams import Entry, StreamConsumer
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class ImpalaLearner(Learner):
         self.consumer = StreamConsumer(
             self.client_factory(),
             self.keys,
-            self.keys.trajectories,
+            trajectories(self.keys),
             unroll_schema(self.obs_shape, obs_dtype, n_actions, cfg.unroll, cfg.envs_per_actor),
             count=max(1, cfg.batch_unrolls // per_entry),
             block_ms=100,

@@ -1,6 +1,7 @@
 """The R2D2 learner: the Ape-X learner's sampler process, priority writes, target syncs and
 skipped-batch handling (:class:`qrl.learners.replay.ReplayLearner`) on a replay of sequences;
-the loss is R2D2's (:mod:`qrl.r2d2`): the LSTM unrolled from each sequence's stored state,
+the loss is R2D2's (:mod:`qrl.algos.r2d2.rule`): the LSTM unrolled from each
+sequence's stored state,
 n-step double-Q targets under the value rescaling, loss after the burn-in, and the
 sequence priority ``eta max|delta| + (1 - eta) mean|delta|`` written back."""
 
@@ -8,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
+from qrl.algos.r2d2.rule import Sequences, rule_of, sequence_loss, sequence_priority, sequence_td
 from qrl.learners.base import adam
 from qrl.learners.replay import ReplayLearner
-from qrl.models import recurrent_q_network
-from qrl.r2d2 import Sequences, rule_of, sequence_loss, sequence_priority, sequence_td
 from qrl.replay.sequences import sequence_spec
 from qrl.replay.store import Sample
+from qrl.rl.models import recurrent_q_network
 
 
 class SequenceBatch:

@@ -37,7 +37,7 @@ from typing import Any
 import lz4.block
 import numpy as np
 
-from qrl.messages import check_chunks
+from qrl.algos.apex_family.messages import check_chunks
 from qrl.replay.scripts import PRELUDE
 from qrl.replay.store import P_HI, P_LO, PrioritizedReplay, RecordLayout
 

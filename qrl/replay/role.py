@@ -11,16 +11,16 @@ from typing import Any
 
 import redis
 
-from qrl.configs.replay import ReplayConfig
-from qrl.envs import action_kind, box_spec, env_spec, spaces
-from qrl.keys import RunKeys
-from qrl.loop import Role, StopCheck
-from qrl.messages import experience_schema, frames_schema
+from qrl.algos.apex_family.config import ReplayConfig
+from qrl.algos.apex_family.messages import experience_schema, frames_schema
 from qrl.replay.frames import FrameBatch, is_frame_stack, layout_for, replay_class
 from qrl.replay.shards import filler_shard, shard_capacity
 from qrl.replay.store import PrioritizedReplay, RecordLayout
-from qrl.schema import Schema
-from qrl.streams import Entry, StreamConsumer
+from qrl.rl.envs import action_kind, box_spec, env_spec, spaces
+from qrl.runtime.loop import Role, StopCheck
+from qrl.wire.keys import RunKeys
+from qrl.wire.schema import Schema
+from qrl.wire.streams import Entry, StreamConsumer
 
 log = logging.getLogger(__name__)
 

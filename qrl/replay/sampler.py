@@ -27,10 +27,10 @@ from typing import Any, Literal
 import numpy as np
 import redis
 
-from qrl.embedded import signal_on_parent_death
-from qrl.keys import RunKeys
 from qrl.replay.shards import ShardedReplay
 from qrl.replay.store import RecordLayout, Sample
+from qrl.server.embedded import signal_on_parent_death
+from qrl.wire.keys import RunKeys
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class SamplerSpec:
     """What the sampler process needs (picklable: ``connect`` is e.g. a ``functools.partial``
-    of :func:`qrl.connection.connect`)."""
+    of :func:`qrl.wire.connection.connect`)."""
 
     connect: Callable[[], redis.Redis]
     keys: RunKeys

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from qrl.configs.r2d2 import R2D2Config
-from qrl.envs import env_spec
-from qrl.messages import sequence_schema
+from qrl.algos.r2d2.config import R2D2Config
+from qrl.algos.r2d2.messages import sequence_schema
 from qrl.replay.role import ReplayFiller
 from qrl.replay.store import RecordLayout
-from qrl.schema import Schema
+from qrl.rl.envs import env_spec
+from qrl.wire.schema import Schema
 
 # the fields of a sequence, as the actor sends them and the replay stores them
 FIELDS = ("obs", "action", "reward", "steps", "terminal", "first", "h0", "c0")

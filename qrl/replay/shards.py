@@ -1,5 +1,5 @@
 """The sharded replay (``replay_shards`` = S > 1): S prioritized replays, each over its own
-keys (:meth:`qrl.keys.RunKeys.shards`: its own hash tag, so on a Redis Cluster the shards
+keys (:meth:`qrl.wire.keys.RunKeys.shards`: its own hash tag, so on a Redis Cluster the shards
 spread over the nodes), each with its own experience stream, filler and eviction; the
 learner draws every batch across all of them.
 
@@ -40,9 +40,9 @@ from typing import Any, Literal
 import numpy as np
 import redis
 
-from qrl.keys import RunKeys
 from qrl.replay.frames import replay_class
 from qrl.replay.store import RecordLayout, Sample, screen
+from qrl.wire.keys import RunKeys
 
 
 def shard_capacity(capacity: int, shards: int) -> int:

@@ -1,6 +1,6 @@
 """The prioritized replay, kept in Redis.
 
-Layout (keys from :class:`qrl.keys.RunKeys`):
+Layout (keys from :class:`qrl.wire.keys.RunKeys`):
 
 * ``replay:prio``  sorted set, member = transition id, score = priority ``p_i`` (> 0)
 * ``replay:data``  hash, transition id -> fixed-size record (see :class:`RecordLayout`)
@@ -45,9 +45,9 @@ from typing import Any, Literal
 import numpy as np
 import redis
 
-from qrl.keys import RunKeys
 from qrl.replay import scripts
-from qrl.streams import dead_letter
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import dead_letter
 
 log = logging.getLogger(__name__)
 

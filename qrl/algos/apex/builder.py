@@ -1,0 +1,66 @@
+"""Ape-X (Horgan et al. 2018): actors -> experience stream -> replay fillers -> prioritized
+replay in Redis -> learner (double DQN, dueling, n-step) -> weights -> actors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qrl.algos.apex.config import ApexConfig
+from qrl.algos.apex_family.builder import replay_role, status, streams, transition_filler
+from qrl.runtime.algorithm import Algorithm, RoleContext, RoleDef, torch_policy
+
+
+def _actor(ctx: RoleContext) -> Any:
+    from qrl.actors.apex import ApexActor
+
+    return ApexActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident)
+
+
+def _learner(ctx: RoleContext) -> Any:
+    from qrl.learners.apex import ApexLearner
+
+    return ApexLearner(
+        ctx.connect, ctx.keys, ctx.cfg, ctx.device, checkpoint=ctx.checkpoint, threads=ctx.threads
+    )
+
+
+def _q_network(cfg: ApexConfig) -> Any:
+    from qrl.rl.models import q_network
+
+    return q_network(cfg)
+
+
+ALGORITHM = Algorithm(
+    name="apex",
+    config=ApexConfig,
+    summary="""Ape-X: replay, learner and actor processes around one Redis; exits 0 iff the
+    greedy evaluation reached the target return (1: budget ran out, 2: a role failed).
+
+    \b
+    qrl train apex --env CartPole-v1 --seed 0
+    qrl train apex --env LunarLander-v3 --max-time 1200 --eval-every 30 --set lr=5e-4
+    """,
+    roles=(
+        replay_role(transition_filler),
+        RoleDef(
+            "learner",
+            ("learner", "apex"),
+            "learner",
+            _learner,
+            "The Ape-X learner of a run: trains on the replay and publishes the weights.",
+            torch=True,
+        ),
+        RoleDef(
+            "actor",
+            ("actor", "apex"),
+            "actor",
+            _actor,
+            "An Ape-X actor: joins the run, plays epsilon-greedy, pushes n-step transitions.",
+            count="actors",
+        ),
+    ),
+    policy=torch_policy(_q_network),
+    weights_key=lambda keys: keys.weights,
+    streams=streams,
+    status=status,
+)

@@ -1,0 +1,87 @@
+"""Ape-X DPG (Horgan et al. 2018, the continuous-action half of Ape-X): actors with a
+deterministic policy and per-actor Gaussian noise -> the Ape-X experience stream, replay
+fillers and prioritized replay -> a TD3-style learner -> the actor network -> actors.
+
+The replay role, the streams and the status lines are Ape-X's own (one replay for both)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qrl.algos.apex_dpg.config import ApexDPGConfig
+from qrl.algos.apex_family.builder import replay_role, status, streams, transition_filler
+from qrl.runtime.algorithm import Algorithm, Policy, RoleContext, RoleDef
+
+
+def _actor(ctx: RoleContext) -> Any:
+    from qrl.actors.apex_dpg import ApexDPGActor
+
+    return ApexDPGActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident)
+
+
+def _learner(ctx: RoleContext) -> Any:
+    from qrl.learners.apex_dpg import ApexDPGLearner
+
+    return ApexDPGLearner(
+        ctx.connect, ctx.keys, ctx.cfg, ctx.device, checkpoint=ctx.checkpoint, threads=ctx.threads
+    )
+
+
+def _policy(cfg: ApexDPGConfig, params: dict[str, Any]) -> Policy:
+    """The deterministic actor, scaled to the Box's bounds; ``params`` are published
+    weights (``actor.*``) or a checkpoint's whole model (the critics are left out)."""
+    import numpy as np
+    import torch
+
+    from qrl.algos.apex_dpg.dpg import policy_net, scale_action
+    from qrl.rl.envs import box_spec
+    from qrl.wire.weights import load_arrays
+
+    obs_shape, _, low, high = box_spec(cfg.env)
+    net = policy_net(obs_shape, len(low), cfg.hidden)
+    load_arrays(net, {k: v for k, v in params.items() if k.startswith("actor.")})
+
+    @torch.no_grad()
+    def act(obs: np.ndarray) -> np.ndarray:
+        return scale_action(net["actor"](torch.as_tensor(np.asarray(obs))).numpy(), low, high)
+
+    return act
+
+
+ALGORITHM = Algorithm(
+    name="apex-dpg",
+    config=ApexDPGConfig,
+    summary="""Ape-X DPG: Ape-X for continuous (Box) actions, with a TD3-style learner; exits
+    0 iff the greedy evaluation reached the target return (1: budget ran out, 2: a role
+    failed).
+
+    \b
+    qrl train apex-dpg --env Pendulum-v1 --seed 0 --target-return -200
+    """,
+    roles=(
+        replay_role(transition_filler),
+        RoleDef(
+            "learner",
+            ("learner", "apex-dpg"),
+            "learner",
+            _learner,
+            "The Ape-X DPG learner of a run: twin critics and an actor trained on the replay; "
+            "publishes the actor.",
+            torch=True,
+        ),
+        RoleDef(
+            "actor",
+            ("actor", "apex-dpg"),
+            "actor",
+            _actor,
+            "An Ape-X DPG actor: plays the published actor plus Gaussian noise, pushes n-step "
+            "transitions.",
+            count="actors",
+        ),
+    ),
+    policy=_policy,
+    weights_key=lambda keys: keys.weights,
+    streams=streams,
+    status=status,
+    actions=frozenset({"continuous"}),
+)

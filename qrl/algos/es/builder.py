@@ -1,0 +1,63 @@
+"""Evolution Strategies (Salimans et al. 2017): workers evaluate antithetic perturbations ->
+results stream -> master (centered ranks, Adam) -> parameters with their generation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qrl.algos.es.config import ESConfig
+from qrl.algos.es.keys import es_params, es_results
+from qrl.runtime.algorithm import Algorithm, RoleContext, RoleDef
+
+
+def _worker(ctx: RoleContext) -> Any:
+    from qrl.actors.es import ESWorker
+
+    return ESWorker(ctx.client, ctx.keys, ctx.cfg, ctx.ident)
+
+
+def _master(ctx: RoleContext) -> Any:
+    from qrl.learners.es import ESMaster
+
+    return ESMaster(ctx.connect, ctx.keys, ctx.cfg, checkpoint=ctx.checkpoint)
+
+
+def _center_policy(cfg: ESConfig, params: dict[str, Any]) -> Any:
+    from qrl.learners.es import policy_from_params
+
+    return policy_from_params(cfg, params)
+
+
+ALGORITHM = Algorithm(
+    name="es",
+    config=ESConfig,
+    summary="""Evolution Strategies: a master and --workers worker processes around one Redis;
+    exits 0 iff the center policy's evaluation reached the target return (1: budget ran out,
+    2: a role failed).
+
+    \b
+    qrl train es --env CartPole-v1 --workers 2
+    qrl train es --env Pendulum-v1 --target-return -250 --max-time 1200 --eval-every 30
+    """,
+    roles=(
+        RoleDef(
+            "master",
+            ("es", "master"),
+            "learner",
+            _master,
+            "The ES master of a run: folds results into generations, publishes parameters.",
+        ),
+        RoleDef(
+            "worker",
+            ("es", "worker"),
+            "actor",
+            _worker,
+            "An ES worker: joins the run, evaluates antithetic perturbations, pushes results.",
+            count="workers",
+        ),
+    ),
+    policy=_center_policy,
+    actions=frozenset({"discrete", "continuous"}),
+    weights_key=lambda keys: es_params(keys),
+    streams=lambda keys, config: {"es_results": es_results(keys)},
+)

@@ -1,0 +1,66 @@
+"""IMPALA (Espeholt et al. 2018): actors -> trajectory stream -> V-trace learner -> weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qrl.algos.impala.config import ImpalaConfig
+from qrl.algos.impala.keys import trajectories
+from qrl.runtime.algorithm import Algorithm, RoleContext, RoleDef, torch_policy
+
+
+def _actor(ctx: RoleContext) -> Any:
+    from qrl.actors.impala import ImpalaActor
+
+    return ImpalaActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident)
+
+
+def _learner(ctx: RoleContext) -> Any:
+    from qrl.learners.impala import ImpalaLearner
+
+    return ImpalaLearner(
+        ctx.connect, ctx.keys, ctx.cfg, ctx.device, checkpoint=ctx.checkpoint, threads=ctx.threads
+    )
+
+
+def _policy_value_net(cfg: ImpalaConfig) -> Any:
+    from qrl.rl.envs import env_spec
+    from qrl.rl.models import PolicyValueNet
+
+    obs_shape, _, n_actions = env_spec(cfg.env)
+    return PolicyValueNet(obs_shape, n_actions, cfg.hidden)
+
+
+ALGORITHM = Algorithm(
+    name="impala",
+    config=ImpalaConfig,
+    summary="""IMPALA: learner and actor processes around one Redis, V-trace off-policy
+    correction; exits 0 iff the greedy evaluation reached the target return (1: budget ran
+    out, 2: a role failed).
+
+    \b
+    qrl train impala --env CartPole-v1 --seed 0
+    qrl train impala --env LunarLander-v3 --max-time 1200 --eval-every 30
+    """,
+    roles=(
+        RoleDef(
+            "learner",
+            ("learner", "impala"),
+            "learner",
+            _learner,
+            "The IMPALA learner of a run: V-trace on the actors' unrolls, publishes weights.",
+            torch=True,
+        ),
+        RoleDef(
+            "actor",
+            ("actor", "impala"),
+            "actor",
+            _actor,
+            "An IMPALA actor: joins the run, samples from the policy, pushes unrolls.",
+            count="actors",
+        ),
+    ),
+    policy=torch_policy(_policy_value_net),
+    weights_key=lambda keys: keys.weights,
+    streams=lambda keys, config: {"trajectories": trajectories(keys)},
+)

@@ -1,0 +1,84 @@
+"""R2D2 (Kapturowski et al. 2019): actors with an LSTM Q-network -> overlapping sequences
+with their starting recurrent state -> the Ape-X stream, fillers and prioritized replay
+(one item per sequence) -> a learner that replays a burn-in before its n-step double-Q
+loss under value rescaling -> weights -> actors.
+
+The streams and the status lines are Ape-X's; its replay role is its own (``qrl replay``
+of an R2D2 run fills the replay with sequences)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qrl.algos.apex_family.builder import replay_role, status, streams
+from qrl.algos.r2d2.config import R2D2Config
+from qrl.runtime.algorithm import Algorithm, Policy, RoleContext, RoleDef
+
+
+def _actor(ctx: RoleContext) -> Any:
+    from qrl.actors.r2d2 import R2D2Actor
+
+    return R2D2Actor(ctx.client, ctx.keys, ctx.cfg, ctx.ident)
+
+
+def _replay(ctx: RoleContext) -> Any:
+    from qrl.replay.sequences import SequenceFiller
+
+    return SequenceFiller(ctx.client, ctx.keys, ctx.cfg, ctx.ident)
+
+
+def _learner(ctx: RoleContext) -> Any:
+    from qrl.learners.r2d2 import R2D2Learner
+
+    return R2D2Learner(
+        ctx.connect, ctx.keys, ctx.cfg, ctx.device, checkpoint=ctx.checkpoint, threads=ctx.threads
+    )
+
+
+def _policy(cfg: R2D2Config, params: dict[str, Any]) -> Policy:
+    """The greedy policy of the LSTM Q-network; it keeps the LSTM state between calls
+    (``.reset()`` starts new episodes; so does a new batch size)."""
+    from qrl.algos.r2d2.rule import RecurrentPolicy
+    from qrl.rl.models import recurrent_q_network
+    from qrl.wire.weights import load_arrays
+
+    net = recurrent_q_network(cfg)
+    load_arrays(net, params)
+    return RecurrentPolicy(net)
+
+
+ALGORITHM = Algorithm(
+    name="r2d2",
+    config=R2D2Config,
+    summary="""R2D2: Ape-X with an LSTM Q-network trained on stored sequences (for partially
+    observed tasks); exits 0 iff the greedy evaluation reached the target return (1: budget
+    ran out, 2: a role failed).
+
+    \b
+    qrl train r2d2 --env qrl/CartPoleNoVel-v1 --seed 0 --max-time 300
+    """,
+    roles=(
+        replay_role(_replay),
+        RoleDef(
+            "learner",
+            ("learner", "r2d2"),
+            "learner",
+            _learner,
+            "The R2D2 learner of a run: trains on the replay's sequences and publishes the "
+            "weights.",
+            torch=True,
+        ),
+        RoleDef(
+            "actor",
+            ("actor", "r2d2"),
+            "actor",
+            _actor,
+            "An R2D2 actor: plays epsilon-greedy with an LSTM, pushes overlapping sequences.",
+            count="actors",
+        ),
+    ),
+    policy=_policy,
+    weights_key=lambda keys: keys.weights,
+    streams=streams,
+    status=status,
+)

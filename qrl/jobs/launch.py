@@ -1,0 +1,244 @@
+"""Starting a role: one function, :func:`run_role`, whatever starts it (``qrl actor apex``
+and the other role commands, the processes of ``qrl train``, the compose services, which
+run those commands).
+
+A :class:`RoleSpec` says which role of which run; :func:`run_role` connects, reads the
+run's config from Redis (all a joining process needs is the URL and the run name), takes a
+process number, asks the algorithm's builder to make the role and runs it in the one role
+loop (:func:`qrl.runtime.loop.run_role`). :func:`start_process` runs a spec in a child process.
+
+Child processes are forked while the parent has no thread, no torch op run and no open
+Redis connection, so they inherit torch's imports and nothing live; a parent with threads
+gets ``forkserver`` instead (:func:`process_context`; docs/benchmarks.md has the start-up
+cost of fork, forkserver and spawn).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+import redis
+
+from qrl.algos import ALGOS
+from qrl.rl.envs import allow_env_modules, allowed_env_modules, check_env_id
+from qrl.runtime.algorithm import RoleContext
+from qrl.runtime.control import StopFlag, on_stop_signals
+from qrl.runtime.files import open_appending
+from qrl.runtime.ids import claim_id, hold_id
+from qrl.runtime.loop import RoleFailed
+from qrl.runtime.loop import run_role as run_loop
+from qrl.runtime.runs import RunNotFound, load_run, load_run_config
+from qrl.runtime.tracking import Tracking
+from qrl.server.embedded import die_with_parent
+from qrl.wire.codec import CodecError
+from qrl.wire.connection import RedisUnavailable, connect, failure_exit, stop_waiting
+from qrl.wire.keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+# what the process server imports once, before it forks role processes (torch._dynamo: what
+# a learner's first torch.optim optimizer imports, 1.4 s here, paid once instead of per learner)
+PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "gymnasium",
+    "qrl.jobs.launch",
+    "qrl.actors.base",
+    "qrl.learners.base",
+]
+
+
+class LaunchError(RuntimeError):
+    """A role could not start (no Redis, no such run, a checkpoint that does not fit...)."""
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """One role process: which role of which run, and its options."""
+
+    algo: str
+    role: str
+    run: str
+    redis_url: str | None = None
+    ident: int | Literal["auto"] = "auto"
+    limit: int | None = None  # stop after this many steps (actors) or updates (learners)
+    device: str = "auto"
+    threads: int = 1
+    checkpoint: Path | None = None
+    run_dir: Path | None = None  # a learner writes metrics.csv and TensorBoard files here
+    checkpoint_every: float = 60.0
+    redis_deadline: float | None = None
+    tracking: Tracking | None = None  # where a learner with run_dir sends metrics besides CSV
+    nice: int = 0  # added to the process's niceness at its start (lower CPU priority)
+    # the modules env ids may name: those the starting process was told to import (by its
+    # user, never by the run's config), so qrl train's roles import what its --env named
+    env_modules: tuple[str, ...] = field(default_factory=allowed_env_modules)
+
+
+def setup_logging(level: int, force: bool = True) -> None:
+    """qrl's log format at ``level``; without ``force``, only if logging is not set up yet."""
+    logging.basicConfig(
+        level=max(level, logging.DEBUG),
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
+        datefmt="%H:%M:%S",
+        force=force,
+    )
+
+
+def _algorithm(spec: RoleSpec, client: redis.Redis, keys: RunKeys) -> str:
+    """The algorithm whose role runs: the spec's, or for a role command that several share
+    (``qrl replay``: Ape-X and Ape-X DPG fill one kind of replay) the run's own."""
+    command = ALGOS[spec.algo].role(spec.role).command
+    found, _ = load_run(client, keys)
+    other = ALGOS.get(found)
+    if other is not None and any((r.name, r.command) == (spec.role, command) for r in other.roles):
+        return found
+    return spec.algo
+
+
+def run_role(spec: RoleSpec) -> int:
+    """Run the role of ``spec`` in this process until the run stops, a signal comes, or its
+    limit is reached; returns how far its counter advanced. SIGINT/SIGTERM before the role
+    runs end the process with exit code 0. Raises :class:`LaunchError` if it cannot start
+    and :class:`qrl.runtime.loop.RoleFailed` if it failed."""
+    stopping = threading.Event()
+    running = threading.Event()
+
+    def on_signal() -> None:
+        stopping.set()
+        stop_waiting()  # a lost Redis must not keep the final checkpoint waiting
+        if not running.is_set():
+            sys.exit(0)  # imports, waiting for Redis: nothing to finish
+
+    if threading.current_thread() is threading.main_thread():
+        on_stop_signals(on_signal)
+    opener = partial(connect, spec.redis_url, deadline=spec.redis_deadline)
+    try:
+        allow_env_modules(spec.env_modules)
+        keys = RunKeys(spec.run)
+        client = connect(spec.redis_url, wait=30, deadline=spec.redis_deadline)
+        spec = replace(spec, algo=_algorithm(spec, client, keys))
+        algo = ALGOS[spec.algo]
+        roledef = algo.role(spec.role)
+        cfg = load_run_config(client, keys, algo.name, algo.config)
+        check_env_id(cfg.env)  # the config is data: it may name no module to import
+    except (RedisUnavailable, RunNotFound, CodecError, ValueError) as e:
+        raise LaunchError(str(e)) from e
+    if spec.ident == "auto":
+        count = sum(1 for r, _ in algo.processes(cfg) if r is roledef)
+        lease = claim_id(client, keys, roledef.name, count)
+    else:
+        lease = hold_id(client, keys, roledef.name, int(spec.ident))
+    try:
+        return _run(spec, client, opener, keys, cfg, lease.ident, stopping, running)
+    finally:
+        lease.release()
+
+
+def _run(
+    spec: RoleSpec,
+    client: redis.Redis,
+    opener: Callable[[], redis.Redis],
+    keys: RunKeys,
+    cfg: Any,
+    ident: int,
+    stopping: threading.Event,
+    running: threading.Event,
+) -> int:
+    """Make the role of ``spec`` as process ``ident`` and run it in the role loop."""
+    algo = ALGOS[spec.algo]
+    roledef = algo.role(spec.role)
+    checkpoint = spec.checkpoint
+    if checkpoint is None and spec.run_dir is not None:
+        checkpoint = spec.run_dir / "checkpoint.pt"
+    ctx = RoleContext(client, opener, keys, cfg, ident, spec.device, spec.threads, checkpoint)
+    try:
+        role = roledef.make(ctx)
+    except (RuntimeError, ValueError) as e:  # CheckpointError is a ValueError
+        raise LaunchError(str(e)) from e
+    log.info(
+        "%s %d of run %r (%s on %s, config %s), pid %d (nice %d) on %s", roledef.name, ident,
+        spec.run, algo.name, cfg.env, cfg.digest(), os.getpid(), os.nice(0),
+        socket.gethostname(),
+    )  # fmt: skip
+    done = threading.Event()
+    writer = None
+    if spec.run_dir is not None and roledef.kind == "learner":
+        from qrl.runtime.runlog import follow
+
+        described = {"algo": algo.name, "run": spec.run, "config": cfg.to_dict()}
+        writer = follow(opener, keys, spec.run_dir, done, tracking=spec.tracking, config=described)
+    running.set()
+    try:
+        return run_loop(
+            role,
+            client,
+            keys,
+            ident,
+            StopFlag(client, keys, signals=False, local=stopping),
+            limit=spec.limit,
+            checkpoint_every=spec.checkpoint_every if roledef.kind == "learner" else None,
+        )
+    finally:
+        if writer is not None:
+            done.set()
+            writer.join(timeout=10)
+
+
+def process_context() -> multiprocessing.context.BaseContext:
+    """The start method of role processes, chosen by measurement (docs/benchmarks.md):
+    ``fork`` while the caller has started no thread (``qrl train`` forks its roles after it
+    imported torch, before it runs any torch op or thread: nothing live is inherited and
+    the children share the imports); otherwise ``forkserver`` preloaded with
+    :data:`PRELOAD`, never a fork of live threads; ``spawn`` where neither exists."""
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    if "forkserver" not in methods:
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def start_process(spec: RoleSpec, log_path: Path, name: str) -> multiprocessing.Process:
+    """Run ``spec`` in a child process whose output goes to ``log_path``; it gets SIGTERM
+    when its parent dies and has its own process group (a terminal's Ctrl-C reaches only the
+    parent, which stops the roles in order)."""
+    ctx = process_context()
+    log.debug("starting %s with %s", name, ctx.get_start_method())
+    proc = ctx.Process(target=_process_main, args=(spec, log_path), name=name)
+    proc.start()
+    return proc  # type: ignore[return-value]
+
+
+def _process_main(spec: RoleSpec, log_path: Path) -> None:
+    die_with_parent()
+    fd = open_appending(log_path, 0o644)  # not through a link planted in the run dir
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    setup_logging(logging.INFO)
+    if spec.nice:
+        os.nice(spec.nice)
+    try:
+        run_role(spec)
+    except (LaunchError, RoleFailed) as e:
+        log.error("%s", e)
+        sys.exit(1)
+    except Exception as e:
+        failure = failure_exit(e)
+        if failure is None:
+            raise
+        log.error("%s", failure[1])
+        sys.exit(failure[0])

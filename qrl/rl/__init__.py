@@ -1,0 +1,1 @@
+"""Reinforcement-learning pieces free of any algorithm: environments, networks, evaluation."""

@@ -1,0 +1,171 @@
+"""Networks, chosen from the observation: an MLP for vectors, the Nature-DQN convnet for
+stacked uint8 frames."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from qrl.rl.envs import env_spec, obs_bounds
+
+Bounds = tuple[np.ndarray, np.ndarray]  # an observation space's (low, high)
+
+
+def torso(
+    obs_shape: tuple[int, ...], hidden: tuple[int, ...], bounds: Bounds | None = None
+) -> tuple[nn.Module, int]:
+    """A feature extractor for ``obs_shape`` and its output width; with ``bounds``, vector
+    observations are first scaled by them (:class:`ObsScale`)."""
+    if len(obs_shape) == 3:  # (C, H, W) frames, uint8
+        c, h, w = obs_shape
+        conv = nn.Sequential(
+            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+            nn.Flatten(),
+        )  # fmt: skip
+        with torch.no_grad():
+            n = conv(torch.zeros(1, c, h, w)).shape[1]
+        return nn.Sequential(_Scale(1 / 255.0), conv, nn.Linear(n, 512), nn.ReLU()), 512
+    if len(obs_shape) != 1:
+        raise ValueError(f"observations of shape {obs_shape} are not supported (vector or CxHxW)")
+    layers: list[nn.Module] = []
+    width = obs_shape[0]
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.ReLU()]
+        width = h
+    first = _Scale(1.0) if bounds is None else ObsScale(*bounds)
+    return nn.Sequential(first, *layers), width
+
+
+class _Scale(nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float() * self.scale
+
+
+class ObsScale(nn.Module):
+    """Vector observations mapped to [-1, 1] by the finite bounds of their space, dimension
+    by dimension; a dimension without them (or with a half-range over ``MAX_HALF_RANGE``)
+    passes as it is. The scale is fixed by the env (it does not drift as the policy's
+    states do) and sets the features' relative weights: CartPole's pole angle (+-0.42 rad)
+    and cart position (+-4.8) differ ten-fold, and scaled, Ape-X solves CartPole-v1 in a
+    fraction of the updates (docs/benchmarks.md). The buffers travel with the weights."""
+
+    MAX_HALF_RANGE = 1e4
+
+    def __init__(self, low: np.ndarray, high: np.ndarray) -> None:
+        super().__init__()
+        with np.errstate(invalid="ignore", over="ignore"):  # infinite bounds
+            half, mid = (high - low) / 2, (high + low) / 2
+        ok = np.isfinite(half) & np.isfinite(mid) & (half > 0) & (half <= self.MAX_HALF_RANGE)
+        center = np.where(ok, mid, 0.0)
+        scale = 1 / np.where(ok, half, 1.0)
+        self.register_buffer("center", torch.as_tensor(center, dtype=torch.float32))
+        self.register_buffer("scale", torch.as_tensor(scale, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.float() - self.center) * self.scale
+
+
+class QNetwork(nn.Module):
+    """Q-values for discrete actions, with a dueling head (Wang et al. 2016) by default."""
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        n_actions: int,
+        hidden: tuple[int, ...] = (256, 256),
+        dueling: bool = True,
+        bounds: Bounds | None = None,
+    ) -> None:
+        super().__init__()
+        self.features, width = torso(obs_shape, hidden, bounds)
+        self.dueling = dueling
+        self.advantage = nn.Linear(width, n_actions)
+        self.value = nn.Linear(width, 1) if dueling else None
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self.features(obs)
+        a = self.advantage(x)
+        if self.value is None:
+            return a
+        return self.value(x) + a - a.mean(dim=1, keepdim=True)
+
+
+class PolicyValueNet(nn.Module):
+    """Policy logits and a state value from one shared torso (IMPALA, ES)."""
+
+    def __init__(
+        self, obs_shape: tuple[int, ...], n_actions: int, hidden: tuple[int, ...] = (64, 64)
+    ) -> None:
+        super().__init__()
+        self.features, width = torso(obs_shape, hidden)
+        self.policy = nn.Linear(width, n_actions)
+        self.value = nn.Linear(width, 1)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.features(obs)
+        return self.policy(x), self.value(x)[..., 0]
+
+
+class RecurrentQNetwork(nn.Module):
+    """R2D2's network: the torso, an LSTM, then Q-values with a dueling head. Inputs are
+    batch-first sequences ``[B, T, *obs_shape]`` and the LSTM state ``(h, c)``, each
+    ``[B, lstm]`` (zeros if ``None``); returns Q ``[B, T, A]`` and the state after the last
+    step."""
+
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        n_actions: int,
+        hidden: tuple[int, ...] = (64,),
+        lstm: int = 64,
+        dueling: bool = True,
+        bounds: Bounds | None = None,
+    ) -> None:
+        super().__init__()
+        self.features, width = torso(obs_shape, hidden, bounds)
+        self.lstm_size = lstm
+        self.lstm = nn.LSTM(width, lstm, batch_first=True)
+        self.advantage = nn.Linear(lstm, n_actions)
+        self.value = nn.Linear(lstm, 1) if dueling else None
+
+    def initial_state(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        zeros = torch.zeros(batch, self.lstm_size)
+        return zeros, zeros.clone()
+
+    def forward(
+        self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        b, t = obs.shape[:2]
+        x = self.features(obs.reshape(b * t, *obs.shape[2:])).reshape(b, t, -1)
+        h, c = state if state is not None else self.initial_state(b)
+        out, (h, c) = self.lstm(x, (h[None].to(x), c[None].to(x)))
+        a = self.advantage(out)
+        q = a if self.value is None else self.value(out) + a - a.mean(dim=-1, keepdim=True)
+        return q, (h[0], c[0])
+
+
+def _bounds(cfg: Any, obs_shape: tuple[int, ...]) -> Bounds | None:
+    return obs_bounds(cfg.env) if cfg.obs_scale and len(obs_shape) == 1 else None
+
+
+def q_network(cfg: Any) -> QNetwork:
+    """Ape-X's Q-network for ``cfg`` (its learner, actors and greedy policy build it here)."""
+    obs_shape, _, n_actions = env_spec(cfg.env)
+    return QNetwork(obs_shape, n_actions, cfg.hidden, cfg.dueling, _bounds(cfg, obs_shape))
+
+
+def recurrent_q_network(cfg: Any) -> RecurrentQNetwork:
+    """R2D2's LSTM Q-network for ``cfg`` (its learner, actors and greedy policy build it
+    here)."""
+    obs_shape, _, n_actions = env_spec(cfg.env)
+    bounds = _bounds(cfg, obs_shape)
+    return RecurrentQNetwork(obs_shape, n_actions, cfg.hidden, cfg.lstm, cfg.dueling, bounds)

@@ -1,0 +1,60 @@
+"""Stopping: the run's ``stop`` flag in Redis, and SIGINT/SIGTERM to this process."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import redis
+
+from qrl.wire.faults import repaired
+from qrl.wire.keys import RunKeys
+
+
+def on_stop_signals(handler: Callable[[], None]) -> None:
+    """Call ``handler`` on SIGINT and SIGTERM: the one place qrl installs signal handlers
+    (main thread only)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: handler())
+
+
+class StopFlag:
+    """True once the run's ``stop`` flag is set in Redis or ``local`` is set (by a signal,
+    with ``signals``, or by the caller). Redis is asked at most every ``interval`` seconds."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        interval: float = 0.5,
+        signals: bool = True,
+        local: threading.Event | None = None,
+    ) -> None:
+        self.client, self.keys, self.interval = client, keys, interval
+        self.local = local or threading.Event()
+        self._next = 0.0
+        if signals and threading.current_thread() is threading.main_thread():
+            on_stop_signals(self.local.set)
+
+    def __call__(self) -> bool:
+        if self.local.is_set():
+            return True
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.interval
+            key = self.keys.control
+            if repaired(self.client, key, lambda: self.client.hget(key, "stop"), None):
+                self.local.set()
+        return self.local.is_set()
+
+
+def request_stop(client: redis.Redis, keys: RunKeys) -> None:
+    """Ask every role of the run to stop."""
+    repaired(client, keys.control, lambda: client.hset(keys.control, "stop", 1), None)
+
+
+def clear_stop(client: redis.Redis, keys: RunKeys) -> None:
+    """Take a stop request back (a rerun of a stopped run starts afresh)."""
+    repaired(client, keys.control, lambda: client.hdel(keys.control, "stop"), 0)

@@ -1,0 +1,207 @@
+"""Process numbers of a run (``--id auto``) and the leases that keep them.
+
+A process holds its number by a lease, ``qrl:{RUN}:lease:ROLE.ID``: a string naming the
+holder (``HOST:PID:TOKEN``) with a short TTL, kept alive by a thread of the process for as
+long as it runs (waiting for weights included) and deleted when it ends. :func:`claim_id`
+gives a joining process the smallest number whose lease is free: one nobody holds, one
+whose holder stopped keeping it for :data:`LEASE_TTL` seconds, or one held by a dead
+process of this host. So
+a restarted container (same host name, its old process gone) takes its own number back at
+once, and the numbers of a run (and with them the Ape-X actors' epsilons) stay within the
+count of processes it has, however often they restart. Whatever is stored, they stay below
+:func:`id_limit` of the count the run is configured for, and a lease key qrl did not write
+(another type, no TTL or a longer one) is garbage, taken over; the scripts look at one
+lease each, or one bounded chunk of them.
+
+Processes that share a host name must share a process-id namespace (as the containers of
+one compose project and the processes of ``qrl train`` do): a holder on this host whose pid
+is not running here is taken to be dead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+
+import redis
+
+from qrl.wire.connection import RedisUnavailable
+from qrl.wire.keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+LEASE_TTL = 10  # seconds a number stays taken after its holder last kept it alive
+_SCAN = 64  # leases read per round trip while looking for a free number
+_FULL_WAIT = 0.5  # seconds between looks while every number up to the limit is held
+
+# holder(key, ttl, repair): who holds lease ``key``, '' if none, and 1 if it held garbage: a
+# lease qrl did not write (another Redis type, no TTL, a TTL longer than ``ttl``: anyone with
+# the run's keys can make one), which counts as free, and with ``repair`` is deleted.
+_HOLDER = """
+local function holder(key, ttl, repair)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind == 'none' then return '', 0 end
+  local left = redis.call('TTL', key)
+  if kind == 'string' and left >= 0 and left <= tonumber(ttl) then
+    return redis.call('GET', key), 0
+  end
+  if repair then redis.call('DEL', key) end
+  return '', 1
+end
+"""
+# the holders of leases KEYS (bounded: one chunk of numbers), garbage as ''; ARGV[1] = TTL
+_LOOK = (
+    _HOLDER
+    + """
+local out = {}
+for i, key in ipairs(KEYS) do out[i] = holder(key, ARGV[1], false) end
+return out
+"""
+)
+# take KEYS[1] for ARGV[1] if it still holds ARGV[3] ('' = nothing); ARGV[2] = TTL;
+# returns 0 (not taken), 1 (taken), 2 (taken from garbage)
+_TAKE = (
+    _HOLDER
+    + """
+local cur, garbage = holder(KEYS[1], ARGV[2], true)
+if cur ~= ARGV[3] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1 + garbage
+"""
+)
+# ARGV[3] 'keep': keep KEYS[1] for ARGV[1] another ARGV[2] seconds (taking it again if it
+# ran out or holds garbage), unless another holds it; 'release': delete it if ARGV[1] does
+_KEEP = (
+    _HOLDER
+    + """
+local cur = holder(KEYS[1], ARGV[2], true)
+if cur ~= '' and cur ~= ARGV[1] then return 0 end
+if ARGV[3] == 'release' then return redis.call('DEL', KEYS[1]) end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
+)
+
+
+def id_limit(count: int) -> int:
+    """How many numbers :func:`claim_id` hands out for a role the run is configured to have
+    ``count`` processes of: twice that, plus 8. Twice, since a process restarted on another
+    host gets a new number while its old lease lives out its TTL (a rolling restart of all
+    of them at once); 8 for processes started by hand beside the configured ones. Never
+    more: numbers feed seeds and epsilons, and fake leases must not make them grow."""
+    return 2 * max(count, 1) + 8
+
+
+_HOST = socket.gethostname()
+_tokens: dict[int, str] = {}  # pid -> its token (forked processes inherit the module)
+
+
+def holder() -> str:
+    """This process, as a lease names it: ``HOST:PID:TOKEN``, the token drawn once per
+    process (a restarted container can give its new process the old one's pid)."""
+    pid = os.getpid()
+    return f"{_HOST}:{pid}:{_tokens.setdefault(pid, secrets.token_hex(4))}"
+
+
+def _dead_here(name: str) -> bool:
+    """Whether the holder ``name`` is a process of this host that is gone."""
+    host, pid = (name.rsplit(":", 2) + [""])[:2]
+    if host != _HOST or not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return name != holder()  # this pid's previous process
+    return not _process_alive(int(pid))
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether a process has this pid. On Linux a thread's id answers ``kill(pid, 0)`` too
+    (a restarted container's new process may have a thread with its old process's pid), so
+    a pid whose ``/proc`` entry names another thread-group leader is no process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True  # no /proc to ask: kill said it is there
+    tgid = re.search(r"^Tgid:\s*(\d+)", status, re.MULTILINE)
+    return tgid is None or int(tgid.group(1)) == pid
+
+
+class Lease:
+    """Number ``ident`` of ``role``, held by this process: a daemon thread keeps the lease
+    alive every third of its TTL until :meth:`release`."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys, role: str, ident: int) -> None:
+        self.client, self.key, self.ident, self.me = (
+            client,
+            keys.lease(role, ident),
+            ident,
+            holder(),
+        )
+        self._done = threading.Event()
+        self._thread = threading.Thread(
+            target=self._keep, name=f"lease-{role}.{ident}", daemon=True
+        )
+        self._thread.start()
+
+    def _keep(self) -> None:
+        lost = False
+        while not self._done.wait(LEASE_TTL / 3):
+            try:
+                kept = self.client.eval(_KEEP, 1, self.key, self.me, LEASE_TTL, "keep")
+            except (redis.RedisError, RedisUnavailable):
+                continue  # Redis away: the roles report it; the lease is taken again after
+            if not kept and not lost:
+                log.warning("%s is held by another process now", self.key)
+            lost = not kept
+
+    def release(self) -> None:
+        """Give the number back, if this process still holds it."""
+        self._done.set()
+        self._thread.join(timeout=5)
+        with contextlib.suppress(redis.RedisError, RedisUnavailable):  # else it runs out
+            self.client.eval(_KEEP, 1, self.key, self.me, LEASE_TTL, "release")
+
+
+def claim_id(client: redis.Redis, keys: RunKeys, role: str, count: int) -> Lease:
+    """The smallest free number of ``role`` in the run, taken for this process, below
+    :func:`id_limit` of the ``count`` of such processes the run is configured for; while
+    every one of them is held, it waits (one warning)."""
+    look, take = client.register_script(_LOOK), client.register_script(_TAKE)
+    me, limit, waiting = holder(), id_limit(count), False
+    while True:
+        for start in range(0, limit, _SCAN):
+            names = [keys.lease(role, i) for i in range(start, min(start + _SCAN, limit))]
+            for n, cur in enumerate(look(keys=names, args=[LEASE_TTL])):
+                current = cur.decode() if isinstance(cur, bytes) else str(cur)
+                if current and not _dead_here(current):
+                    continue
+                taken = take(keys=[names[n]], args=[me, LEASE_TTL, current])
+                if taken == 2:
+                    log.warning("%s held garbage (the wrong type or TTL): taken", names[n])
+                if taken:
+                    return Lease(client, keys, role, start + n)
+        if not waiting:
+            waiting = True
+            log.warning(
+                "every number of %s up to %d is held (the run is configured for %d): waiting "
+                "for one to be free", role, limit - 1, count,
+            )  # fmt: skip
+        time.sleep(_FULL_WAIT)
+
+
+def hold_id(client: redis.Redis, keys: RunKeys, role: str, ident: int) -> Lease:
+    """Take number ``ident`` of ``role`` (an explicit ``--id``), whoever holds it."""
+    client.set(keys.lease(role, ident), holder(), ex=LEASE_TTL)
+    return Lease(client, keys, role, ident)

@@ -1,0 +1,229 @@
+"""The wire codec: msgpack inside an LZ4 frame, with numpy arrays as dtype + shape + raw bytes.
+
+Every payload is a msgpack array ``[SCHEMA_VERSION, kind, {field: value}]``
+compressed as one LZ4 frame that records its content size. An array travels as a two-element
+msgpack list of ``bin``: a header ``[dtype code: u8][ndim: u8][dims: ndim x u32
+little-endian]``, then the raw C-order bytes (packed without an extra copy, decoded with
+``np.frombuffer``: decoded arrays are read-only views).
+
+Decoding is driven by a :class:`Schema`, which says where arrays are (a field of type
+``np.ndarray``, or the values of a ``Field(dict, values=Field(np.ndarray))``); msgpack's only
+Python hook counts containers, and arrays are built in the same pass that checks the fields.
+Decoding trusts nothing: the frame is decompressed with a size cap (no LZ4 bombs), must be
+complete, the top level must carry a known version and the expected kind, the fields must be
+exactly the schema's, each of the right type, arrays of an allowed dtype whose shape matches
+the byte count. msgpack runs with limits derived from the schema (the longest string, list
+and map it admits, binaries up to the payload cap, no extension types, at most
+``MAX_CONTAINERS`` lists and maps), so a container bomb is refused at its first oversized
+header or as soon as it has built that many containers; a schema's ``max_bytes`` caps its
+payloads.
+Any failure raises :class:`CodecError` with a message saying what was wrong, and nothing
+else: no pickle, no code runs on decode.
+"""
+
+import struct
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import lz4.frame
+import msgpack
+import numpy as np
+
+from qrl.wire.schema import (
+    _CODE_OF_NAME,
+    _DTYPES,
+    _HEADER_CACHE_SIZE,
+    _HEADERS,
+    ALLOWED_DTYPES,
+    DEFAULT_MAX_BYTES,
+    MAX_CONTAINERS,
+    MAX_NDIM,
+    CodecError,
+    Field,
+    Schema,
+)
+
+__all__ = [
+    "ALLOWED_DTYPES",
+    "DEFAULT_MAX_BYTES",
+    "SCHEMA_VERSION",
+    "CodecError",
+    "Field",
+    "Schema",
+    "decode",
+    "encode",
+]
+
+SCHEMA_VERSION = 1
+
+# --------------------------------------------------------------------------- encode
+
+
+_HEADER_OF: dict[tuple[np.dtype, tuple[int, ...]], bytes] = {}  # (dtype, shape) -> header
+
+
+def _array_parts(obj: np.ndarray) -> tuple[bytes, memoryview]:
+    """An array as (header, raw C-order bytes without a copy)."""
+    head = _HEADER_OF.get((obj.dtype, obj.shape))  # only allowed little-endian dtypes are here
+    if head is None or not obj.flags.c_contiguous:
+        code = _CODE_OF_NAME.get(obj.dtype.name)
+        if code is None:
+            raise CodecError(f"dtype {obj.dtype} is not on the allow-list {sorted(ALLOWED_DTYPES)}")
+        if obj.ndim > MAX_NDIM:
+            raise CodecError(f"array has {obj.ndim} dimensions, more than {MAX_NDIM}")
+        obj = np.asarray(obj, dtype=_DTYPES[code], order="C")  # 0-d stays 0-d
+        head = _HEADERS[obj.ndim].pack(code, obj.ndim, *obj.shape)
+        if len(_HEADER_OF) >= _HEADER_CACHE_SIZE:
+            _HEADER_OF.clear()
+        _HEADER_OF[obj.dtype, obj.shape] = head
+    return head, memoryview(obj)
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return _array_parts(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise CodecError(f"cannot encode a value of type {type(obj).__name__}")
+
+
+_local = threading.local()  # one reusable Packer per thread (a Packer is not thread-safe)
+
+
+def encode(kind: str, data: Mapping[str, Any]) -> bytes:
+    """Encode ``data`` (str keys; values: None, bool, int, float, str, bytes, lists, dicts,
+    numpy arrays) as one compressed payload of the given kind."""
+    try:
+        packer = _local.packer
+    except AttributeError:
+        packer = _local.packer = msgpack.Packer(
+            default=_default, use_bin_type=True, autoreset=False
+        )
+    try:
+        fields = dict(data)
+        for k, v in fields.items():
+            if type(v) is np.ndarray:  # the common case, without msgpack's ``default`` detour
+                fields[k] = _array_parts(v)
+        packer.pack((SCHEMA_VERSION, kind, fields))
+        # compress straight from the packer's buffer (the view is released on return, before
+        # the reset): no copy of the packed bytes. Defaults: fast mode (level 0), size stored.
+        return lz4.frame.compress(packer.getbuffer())
+    except CodecError:
+        raise
+    except (TypeError, ValueError, OverflowError) as e:
+        raise CodecError(f"cannot encode {kind!r}: {e}") from e
+    finally:
+        packer.reset()
+
+
+# --------------------------------------------------------------------------- decode
+
+
+_LZ4_MAGIC = 0x184D2204
+_LZ4_HEADER = struct.Struct("<IBxQ")  # magic, FLG, (BD), content size when FLG bit 3 is set
+
+
+def _decompress(payload: bytes, max_bytes: int) -> bytes:
+    if type(payload) is not bytes:
+        if not isinstance(payload, (bytearray, memoryview)):
+            raise CodecError(f"payload must be bytes, got {type(payload).__name__}")
+        payload = bytes(payload)
+    # read the declared content size from the frame header (magic, FLG, BD, size u64);
+    # lz4 itself verifies the header checksum and enforces the size while inflating
+    try:
+        magic, flags, size = _LZ4_HEADER.unpack_from(payload)
+    except struct.error:
+        magic = flags = size = 0
+    if magic != _LZ4_MAGIC:
+        raise CodecError("not an LZ4 frame (bad magic or header too short)")
+    if not flags & 0x08:
+        raise CodecError("LZ4 frame does not record its content size")
+    if size > max_bytes:
+        raise CodecError(f"decompressed payload would be {size} bytes, over the {max_bytes} cap")
+    try:
+        # LZ4F enforces the recorded size: a frame that inflates past it fails, it does not grow
+        out, used = lz4.frame.decompress(payload, False, True)  # (bytes, bytes read)
+    except RuntimeError as e:
+        raise CodecError(f"corrupt or truncated LZ4 frame: {e}") from e
+    if used != len(payload):
+        raise CodecError(f"{len(payload) - used} bytes of trailing data after the LZ4 frame")
+    if len(out) != size:
+        raise CodecError(f"LZ4 frame inflated to {len(out)} bytes, header says {size}")
+    return out
+
+
+def _envelope_error(msg: Any, schema: Schema) -> CodecError:
+    """Why ``msg`` is not a well-formed envelope of ``schema``'s kind."""
+    if type(msg) is not list or len(msg) != 3:
+        return CodecError("payload is not a qrl envelope [version, kind, data]")
+    version, kind, data = msg
+    if version != SCHEMA_VERSION or type(version) is not int:
+        return CodecError(f"unknown schema version {version!r} (this qrl speaks {SCHEMA_VERSION})")
+    if type(kind) is not str:
+        return CodecError("message kind is not a string")
+    if type(data) is not dict:
+        return CodecError("message data is not a map")
+    if kind != schema.kind:
+        return CodecError(f"expected a {schema.kind!r} message, got {kind!r}")
+    extra = sorted(map(str, data.keys() - schema.fields.keys()))
+    return CodecError(f"unexpected fields in {kind!r}: {extra}")
+
+
+def _container_counter() -> Callable[[Any], Any]:
+    """A msgpack hook that lets containers through until there were ``MAX_CONTAINERS``."""
+    left = MAX_CONTAINERS
+
+    def hook(obj: Any) -> Any:
+        nonlocal left
+        left -= 1
+        if left < 0:
+            raise CodecError(f"more than {MAX_CONTAINERS} lists and maps")
+        return obj
+
+    return hook
+
+
+def decode(payload: bytes, schema: Schema, *, max_bytes: int | None = None) -> dict[str, Any]:
+    """Decode a payload and validate it against ``schema`` (at most ``max_bytes``
+    decompressed, default the schema's). Raises only :class:`CodecError`."""
+    raw = _decompress(payload, schema.max_bytes if max_bytes is None else max_bytes)
+    hook = _container_counter()
+    try:
+        msg = msgpack.unpackb(raw, list_hook=hook, object_hook=hook, **schema.limits)
+    except Exception as e:  # msgpack raises several types for malformed input
+        raise CodecError(f"malformed msgpack: {type(e).__name__}: {e}") from e
+    fields = schema.fields
+    try:
+        version, kind, data = msg
+        ok = (
+            type(version) is int
+            and version == SCHEMA_VERSION
+            and type(kind) is str
+            and kind == schema.kind
+            and type(data) is dict
+            and type(msg) is list
+            and data.keys() <= fields.keys()
+        )
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise _envelope_error(msg, schema)
+    out: dict[str, Any] = {}
+    try:
+        for name, spec in fields.items():
+            value = data.get(name)
+            if value is None and name not in data and not spec.optional:
+                raise CodecError(f"missing field {name!r} in {kind!r}")
+            # arrays, the bulk of every batch, skip one call
+            if spec.type is np.ndarray and value is not None:
+                out[name] = spec._array(name, value)
+            else:
+                out[name] = spec.check(name, value)
+        if schema.check is not None:
+            schema.check(out)
+    except CodecError:
+        raise
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError) as e:
+        raise CodecError(f"invalid {kind!r}: {type(e).__name__}: {e}") from e
+    return out

@@ -1,0 +1,126 @@
+"""Redis faults a role rides out or repairs instead of dying of: Redis out of memory
+(waited out like a lost connection, see :func:`qrl.wire.connection.connect`, or skipped for a
+write that can be lost) and a key of the wrong Redis type (deleted and written afresh)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from redis.exceptions import NoPermissionError, OutOfMemoryError, ResponseError
+from redis.retry import Retry
+
+log = logging.getLogger(__name__)
+
+# what Redis answers a write while it is at ``maxmemory`` with ``noeviction``; Redis 6.2
+# wraps it in a script's error ("Error running script ... -OOM command not allowed ...")
+_OOM = "command not allowed when used memory"
+_skip_oom = threading.local()  # set while a write that may be skipped runs (skip_if_full)
+
+
+# distinct warnings remembered, and so logged, per kind: where ``what`` comes from data (the
+# value names of hostile reports) a flood of new ones stops at the cap, neither flooding the
+# log nor growing memory, and cannot silence the warnings of another kind
+MAX_WARNED = 1000
+_warned: dict[str, set[str]] = {}
+
+
+def warn_once(
+    what: str, message: str | None = None, *args: Any, kind: str = "", logger: Any = None
+) -> None:
+    """Log ``message`` (default: ``what``) the first time this process meets ``what``: a bad
+    key or value that comes again with every call is logged once, not once a second. At most
+    :data:`MAX_WARNED` distinct ones of each ``kind`` are, then one line saying no more will
+    be."""
+    seen, logger = _warned.setdefault(kind, set()), logger or log
+    if what in seen or len(seen) > MAX_WARNED:
+        return
+    seen.add(what)
+    if len(seen) > MAX_WARNED:
+        logger.warning("%d distinct %s warnings logged: no more will be", MAX_WARNED, kind)
+    else:
+        logger.warning(what if message is None else message, *args)
+
+
+def out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, ResponseError) and _OOM in str(error)
+
+
+class OutageRetry(Retry):
+    """redis-py's ``Retry`` that also waits out Redis out of memory, as it waits out a lost
+    connection: an OOM refusal, in a script's error too, is raised as ``OutOfMemoryError``
+    (one of the retried errors), except inside :func:`skip_if_full`, where it is not
+    retried."""
+
+    def call_with_retry(
+        self,
+        do: Callable[[], Any],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> Any:
+        def attempt() -> Any:
+            try:
+                return do()
+            except ResponseError as e:
+                if out_of_memory(e) and not isinstance(e, OutOfMemoryError):
+                    raise OutOfMemoryError(str(e)) from e
+                raise
+
+        def retryable(error: Exception) -> bool:
+            if isinstance(error, OutOfMemoryError) and getattr(_skip_oom, "on", False):
+                return False
+            return is_retryable is None or is_retryable(error)
+
+        return super().call_with_retry(attempt, fail, retryable, with_failure_count)
+
+
+_skipped: set[str] = set()  # writes skipped since Redis last took them (logged once)
+
+
+@contextlib.contextmanager
+def skip_if_full(what: str) -> Iterator[None]:
+    """Run the block's Redis commands without waiting for Redis out of memory: if it is, the
+    block is left and ``what`` (a write that can be lost, e.g. a metrics report) skipped,
+    with one warning until such a write goes through again."""
+    _skip_oom.on = True
+    try:
+        yield
+    except OutOfMemoryError as e:
+        if what not in _skipped:
+            _skipped.add(what)
+            log.warning("Redis is out of memory (%s): %s skipped until it has room", e, what)
+        return
+    finally:
+        _skip_oom.on = False
+    if what in _skipped:
+        _skipped.discard(what)
+        log.warning("Redis has room again: %s written again", what)
+
+
+T = TypeVar("T")
+_wrong_type: set[str] = set()  # keys repaired (logged once per process)
+
+
+def repaired(client: Any, key: str, command: Callable[[], T], default: T) -> T:
+    """``command()`` on ``key``; if the key holds another Redis type (written by something
+    else: anyone with the run's keys can), it is deleted (logged once per key) and
+    ``command()`` tried again; ``default`` if it is wrong again at once, or if this user
+    may not delete it (an ACL user that may only read the key)."""
+    for _ in range(3):
+        try:
+            return command()
+        except ResponseError as e:
+            if "WRONGTYPE " not in str(e):  # a pipeline's error names its command first
+                raise
+        if key not in _wrong_type:
+            _wrong_type.add(key)
+            log.warning("%s held the wrong type (written by something else): deleting it", key)
+        try:
+            client.delete(key)
+        except NoPermissionError:
+            break
+    return default

@@ -1,0 +1,220 @@
+"""The Lua scripts of :mod:`qrl.wire.streams` (each runs atomically inside Redis and touches keys
+of one run's hash tag only, so it is legal in a Redis Cluster), and the helpers that read
+their arguments and replies. Every loop in them is bounded by the caller's own arguments (a
+batch count, a list of names), never by stored state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+
+from qrl.wire import faults
+from qrl.wire.faults import out_of_memory, skip_if_full
+
+log = logging.getLogger("qrl.wire.streams")  # what the scripts repair is the streams' business
+
+T = TypeVar("T")
+
+
+def warn_once(*messages: str | bytes) -> None:
+    """Log each message (a script's reply may hold several, as bytes) the first time it
+    happens in this process: someone who keeps breaking a key must not flood the log."""
+    for m in map(text, messages):
+        faults.warn_once(m, "%s", m, logger=log)
+
+
+def optional(what: str, write: Callable[[], T]) -> T | None:
+    """``write()``, a write that can be lost (a dead letter, a counter, an entry a producer
+    retries): ``None``, with one warning, while Redis is out of memory, not waited for."""
+    try:
+        with skip_if_full(what):
+            return write()
+    except redis.ResponseError as e:  # a plain client's (not connect()'s) refusal
+        if not out_of_memory(e):
+            raise
+        warn_once(f"Redis is out of memory: {what} skipped until it has room")
+    return None
+
+
+def stored_cap(max_bytes: int) -> int:
+    """The largest stored entry (field names and values) whose payload can inflate to at
+    most ``max_bytes``: LZ4's worst case is +0.4% plus frame and block headers."""
+    return max_bytes + max_bytes // 128 + 1024
+
+
+def text(i: Any) -> str:
+    return i.decode() if isinstance(i, bytes) else i
+
+
+# a key of another type where a stream or hash of ours belongs was written by someone else:
+# delete it and say so, for the caller's one warning. UNLINK frees a big one in the
+# background; an actor's ACL user may only DEL.
+FIX = """
+local fixed = {}
+local function fix(key, want)
+  local t = redis.call('TYPE', key).ok
+  if t ~= 'none' and t ~= want then
+    if type(redis.pcall('UNLINK', key)) == 'table' then redis.call('DEL', key) end
+    fixed[#fixed + 1] = key .. ' was a ' .. t .. ', not a ' .. want .. ' (wrong type): deleted'
+  end
+end
+"""
+
+ADD_IF_ROOM = (
+    FIX
+    + """
+fix(KEYS[1], 'stream')
+if KEYS[2] then fix(KEYS[2], 'hash') end
+-- entries waiting = in the stream and not yet delivered to a consumer (XLEN - pending):
+-- what consumers hold while assembling a batch must not count, or they could wait forever
+local waiting = redis.call('XLEN', KEYS[1])
+local pending = redis.pcall('XPENDING', KEYS[1], 'qrl')
+if type(pending) == 'table' and pending.err == nil then waiting = waiting - pending[1] end
+if waiting >= tonumber(ARGV[1]) then return {false, unpack(fixed)} end
+local id = redis.pcall('XADD', KEYS[1], '*', 'd', ARGV[2])
+if type(id) == 'table' and id.err and string.find(id.err, 'exhausted') then
+  -- someone added an entry with the last possible id: no id is left for '*', ever; start
+  -- the stream (and its group, or its consumers will: an actor's user may not) afresh
+  redis.call('DEL', KEYS[1])
+  redis.pcall('XGROUP', 'CREATE', KEYS[1], 'qrl', '0', 'MKSTREAM')
+  fixed[#fixed + 1] = KEYS[1] .. ' had used up its ids: deleted and recreated'
+  id = redis.pcall('XADD', KEYS[1], '*', 'd', ARGV[2])
+end
+if type(id) == 'table' then return id end  -- an error (out of memory): nothing was added
+-- count every entry ever added, in the same step (the run's stats hash, if given); a
+-- counter someone overwrote with a non-number starts again
+if KEYS[2] and type(redis.pcall('HINCRBY', KEYS[2], ARGV[3], 1)) == 'table' then
+  redis.pcall('HSET', KEYS[2], ARGV[3], 1)
+end
+return {id, unpack(fixed)}
+"""
+)
+
+DEAD_LETTER = (
+    FIX
+    + """
+-- KEYS: dead letters, stats; ARGV: maxlen, source, then the entry's field/value pairs
+fix(KEYS[1], 'stream')
+fix(KEYS[2], 'hash')
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 3))
+for _, f in ipairs({'rejected', 'rejected:' .. ARGV[2]}) do
+  if type(redis.pcall('HINCRBY', KEYS[2], f, 1)) == 'table' then
+    redis.pcall('HSET', KEYS[2], f, 1)
+  end
+end
+return fixed
+"""
+)
+
+ENSURE_GROUP = (
+    FIX
+    + """
+fix(KEYS[1], 'stream')
+local ok = redis.pcall('XGROUP', 'CREATE', KEYS[1], 'qrl', '0', 'MKSTREAM')
+if type(ok) == 'table' and ok.err and not string.find(ok.err, 'BUSYGROUP') then return ok end
+return fixed
+"""
+)
+
+READ = """
+-- Up to ARGV[4] entries for consumer ARGV[1], one at a time, each measured here: one over
+-- ARGV[5] bytes (fields and values) is acknowledged and deleted unread and only its size
+-- returned. Stops once ARGV[4] x ARGV[5] bytes were examined. ARGV[2] is the mode: '>' new
+-- entries, 'own' this consumer's pending entries after id ARGV[3], 'claim' entries idle
+-- for ARGV[6] ms (XAUTOCLAIM from cursor ARGV[3]). Returns {next cursor or false,
+-- {id, fields or false (deleted) or size (oversized), times delivered (not for '>')}...}.
+local stream, me, mode, cursor = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
+local count, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
+local ids
+if mode == 'claim' then
+  local r = redis.call('XAUTOCLAIM', stream, 'qrl', me, ARGV[6], cursor, 'COUNT', count, 'JUSTID')
+  cursor, ids = r[1], r[2]
+end
+local out, seen = {}, 0
+for i = 1, count do
+  local e
+  if ids then  -- claimed: XCLAIM (not JUSTID) fetches it and counts the delivery
+    if not ids[i] then break end
+    e = redis.call('XCLAIM', stream, 'qrl', me, 0, ids[i])[1] or {ids[i], false}
+  else
+    local r = redis.call('XREADGROUP', 'GROUP', 'qrl', me, 'COUNT', 1, 'STREAMS', stream,
+      mode == '>' and '>' or cursor)
+    e = r and r[1][2][1]
+    if not e then cursor = false break end
+    cursor = e[1]
+  end
+  local size = 0
+  if e[2] then for _, v in ipairs(e[2]) do size = size + #v end end
+  seen = seen + size
+  if size > cap then
+    redis.call('XACK', stream, 'qrl', e[1])
+    redis.call('XDEL', stream, e[1])
+    e = {e[1], size}
+  end
+  if mode ~= '>' then  -- how often it was delivered: the caller refuses poison
+    local p = redis.call('XPENDING', stream, 'qrl', e[1], e[1], 1)[1]
+    e[3] = p and p[4] or 0
+  end
+  out[#out + 1] = e
+  if seen >= count * cap then break end
+end
+return {cursor, out}
+"""
+
+LEAVE = """
+-- remove consumers ARGV[2..] from group ARGV[1] unless they still hold entries (they would
+-- be lost); returns how many left
+local n = 0
+for i = 2, #ARGV do
+  if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[i]) == 0 then
+    n = n + redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[i]) + 1
+  end
+end
+return n
+"""
+
+# acknowledge and delete entries ARGV[1..] in one step (a script, not MULTI: Redis out of
+# memory refuses every command queued in a MULTI, while XACK and XDEL free memory)
+ACK = """
+redis.call('XACK', KEYS[1], 'qrl', unpack(ARGV))
+return redis.call('XDEL', KEYS[1], unpack(ARGV))
+"""
+
+# Entries no consumer will ever be handed: in the stream, at or below the group's
+# last-delivered id, yet pending for nobody (someone moved the group's id with XGROUP SETID,
+# or acknowledged what a dead consumer held). They would hold the producers' room for good:
+# claim them for consumer ARGV[1] as idle for ARGV[5] ms, so its next claim scan hands them
+# out. Looks at up to ARGV[3] entries after ARGV[2] ('-': from the start), one at a time,
+# stopping after ARGV[3] x ARGV[4] bytes; returns {next cursor ('-' when done), claimed}.
+ADOPT = """
+local stream, me, cursor = KEYS[1], ARGV[1], ARGV[2]
+local count, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
+if redis.call('XLEN', stream) <= redis.call('XPENDING', stream, 'qrl')[1] then
+  return {'-', 0}  -- everything in the stream is pending or not yet delivered: no orphans
+end
+local last
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+  for i = 1, #g - 1, 2 do
+    if g[i] == 'name' and g[i + 1] ~= 'qrl' then break end
+    if g[i] == 'last-delivered-id' then last = g[i + 1] end
+  end
+end
+local adopted, seen = 0, 0
+for _ = 1, count do
+  local from = cursor == '-' and '-' or '(' .. cursor
+  local e = redis.call('XRANGE', stream, from, last, 'COUNT', 1)[1]
+  if not e then return {'-', adopted} end
+  cursor = e[1]
+  if #redis.call('XPENDING', stream, 'qrl', cursor, cursor, 1) == 0 then
+    redis.call('XCLAIM', stream, 'qrl', me, 0, cursor, 'IDLE', ARGV[5], 'FORCE', 'JUSTID')
+    adopted = adopted + 1
+  end
+  for _, v in ipairs(e[2]) do seen = seen + #v end
+  if seen >= count * cap then break end
+end
+return {cursor, adopted}
+"""

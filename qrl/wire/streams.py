@@ -1,0 +1,385 @@
+"""Redis streams: a producer with backpressure and a consumer-group reader.
+
+Delivery contract (``DESIGN.md``):
+
+* A producer adds an entry only while fewer than ``maxlen`` entries wait undelivered (an
+  atomic Lua check-and-XADD); otherwise it backs off and retries, for at most ``max_wait``
+  seconds: then it drops that payload (one warning, counted as ``dropped:SOURCE`` in the
+  run's stats) and goes on, so entries added past the room check (or Redis out of memory)
+  never block it for good. It never trims: the cap bounds memory by making producers wait.
+  Entries delivered but not yet acknowledged (a consumer assembling a batch) do not count.
+* A consumer reads through the consumer group ``qrl``, acknowledges an entry only after its
+  handler succeeded, and then deletes it (XACK + XDEL in one step), so the stream's length
+  is exactly the work not yet done.
+* A Lua script reads entries one at a time and measures each inside Redis: one larger than
+  a payload under the schema's cap can be is acknowledged and deleted there, unread, and
+  dead-lettered by its size. A read examines at most ``count`` entries and stops after
+  about ``count`` x cap bytes: bounded work for Redis and for the consumer.
+* Entries left pending by a dead consumer are claimed (XAUTOCLAIM) once idle for
+  ``claim_idle_ms``; a restarted consumer with the same name first re-reads its own pending
+  entries, once each. Entries a consumer still holds are never handed to it a second time.
+* An entry that fails to decode, or was delivered more than ``max_deliveries`` times
+  without being acknowledged (a handler that raised, a consumer killed by it), is moved to
+  the run's dead-letter stream with the reason, counted in the run's stats, and acknowledged.
+* A consumer that closes with nothing pending leaves the group; consumers that hold nothing
+  and were idle for ``claim_idle_ms`` are removed too (at most ``PRUNE_MAX`` a cycle).
+* Anyone with the run's keys can write anything: a key of the wrong type where the stream,
+  the dead letters or the stats belong is deleted (one warning) and recreated, so is a
+  destroyed group, and a stream whose ids were used up; entries the group was made to skip
+  (XGROUP SETID) are claimed and handed out. Dead letters and counters are optional
+  writes: when Redis refuses them (out of memory) entries are still acknowledged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from qrl.wire import stream_scripts as lua
+from qrl.wire.codec import CodecError, Schema, decode
+from qrl.wire.keys import RunKeys
+from qrl.wire.stream_scripts import optional, stored_cap, text, warn_once
+
+log = logging.getLogger(__name__)
+
+GROUP = "qrl"
+FIELD = b"d"  # an entry's one field: the encoded payload
+DEADLETTER_MAXLEN = 10_000
+DEADLETTER_MAX_PAYLOAD = 4096  # bytes of a rejected payload kept (its full size is recorded):
+# 10,000 entries x 4 KiB bounds the dead-letter stream to ~40 MiB
+PRUNE_MAX = 10_000  # idle consumers removed per claim cycle (each is O(1) in Redis)
+MAX_WAIT = 60.0  # seconds a producer waits for room before it drops the payload
+
+
+def _consumer_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class StreamProducer:
+    """Adds encoded payloads to ``stream``, waiting (with backoff) while it holds ``maxlen``
+    entries, at most ``max_wait`` seconds per payload (then it is dropped and counted in
+    ``dropped``). ``waited_s`` accumulates the time spent waiting, a measure of
+    backpressure. With ``keys``, every entry added is also counted, atomically with the
+    XADD, in the run's stats hash under ``produced:SOURCE`` (e.g. ``produced:experience``)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        stream: str,
+        maxlen: int = 1000,
+        *,
+        keys: RunKeys | None = None,
+        max_wait: float = MAX_WAIT,
+        max_delay: float = 0.5,
+    ) -> None:
+        if maxlen < 1:
+            raise ValueError("maxlen must be >= 1")
+        self.client = client
+        self.stream = stream
+        self.maxlen = maxlen
+        self.max_wait = max_wait
+        self.max_delay = max_delay
+        self.waited_s = 0.0
+        self.dropped = 0
+        self._script = client.register_script(lua.ADD_IF_ROOM)
+        self._keys = [stream] if keys is None else [stream, keys.stats]
+        self._source = stream if keys is None else stream.removeprefix(keys.prefix)
+        self._counter = [] if keys is None else [f"produced:{self._source}"]
+
+    def _try(self, payload: bytes) -> str | None:
+        """Add ``payload`` if there is room: its entry id, or ``None`` (no room, or Redis
+        out of memory: both pass when the consumers catch up)."""
+        args = [self.maxlen, payload, *self._counter]
+        entry_id, *notes = optional(self.stream, lambda: self._script(self._keys, args)) or [None]
+        warn_once(*notes)
+        return None if entry_id is None else text(entry_id)
+
+    def add(self, payload: bytes, should_stop: Callable[[], bool] | None = None) -> str | None:
+        """Add one payload; returns its entry id. Waits while the stream is full; returns
+        ``None`` without adding if ``should_stop()`` becomes true while waiting, and ``""``
+        (dropped, counted, logged) after ``max_wait`` seconds."""
+        delay = 0.001
+        start = time.monotonic()
+        while (entry_id := self._try(payload)) is None:
+            waited = time.monotonic() - start
+            if waited > self.max_wait:
+                return self._drop()
+            if should_stop is not None and should_stop():
+                return None
+            time.sleep(delay)
+            self.waited_s += delay
+            delay = min(delay * 2, self.max_delay)
+        return entry_id
+
+    def _drop(self) -> str:
+        self.dropped += 1
+        warn_once(
+            f"{self.stream} stayed full ({self.maxlen} waiting) for {self.max_wait:.0f}s: "
+            "dropped a payload and went on (a stalled consumer, entries added past the room "
+            f"check, or Redis out of memory); counted as dropped:{self._source} in the stats"
+        )
+        if len(self._keys) > 1:  # a counter only: skipped if Redis refuses it
+            counter = f"dropped:{self._source}"
+            with contextlib.suppress(redis.ResponseError):
+                optional(counter, lambda: self.client.hincrby(self._keys[1], counter, 1))
+        return ""
+
+
+@dataclass
+class Entry:
+    """A decoded stream entry."""
+
+    id: str
+    data: dict[str, Any]
+
+
+def dead_letter(
+    client: redis.Redis | redis.client.Pipeline,
+    keys: RunKeys,
+    source: str,
+    reason: str,
+    payload: bytes | None,
+    entry_id: str = "",
+    size: int | None = None,
+) -> bool:
+    """Record a rejected payload with its reason in the run's dead-letter stream (capped)
+    and count it in the run's stats hash under ``rejected`` and ``rejected:SOURCE``;
+    ``size`` (default: the payload's) is recorded too. ``client`` may be a pipeline. Best
+    effort: returns False, with one warning, when Redis refused the write (out of memory)."""
+    payload = payload or b""
+    fields = {
+        "source": source,
+        "id": entry_id,
+        "reason": reason[:1000],
+        "time": f"{time.time():.3f}",
+        "size": str(len(payload) if size is None else size),
+        "payload": payload[:DEADLETTER_MAX_PAYLOAD],
+    }
+    args = [DEADLETTER_MAXLEN, source, *(x for kv in fields.items() for x in kv)]
+    script = client.register_script(lua.DEAD_LETTER)
+    notes = optional(
+        f"dead letters of {keys.prefix}{source}",
+        lambda: script([keys.deadletter, keys.stats], args),
+    )
+    if isinstance(notes, list):  # not on a pipeline (queued: its caller executes it)
+        warn_once(*notes)
+    return notes is not None
+
+
+class StreamConsumer:
+    """Reads ``stream`` through the consumer group ``qrl`` and decodes with ``schema``.
+
+    Use :meth:`read` then :meth:`ack`, or :meth:`process` with a handler, and :meth:`close`
+    at the end. Undecodable entries, entries larger than a payload of ``max_bytes`` can be
+    (default: the schema's cap), and entries delivered more than ``max_deliveries`` times
+    never reach the caller: they are dead-lettered and acknowledged.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        stream: str,
+        schema: Schema,
+        *,
+        consumer: str | None = None,
+        count: int = 16,
+        block_ms: int = 1000,
+        claim_idle_ms: int = 30_000,
+        max_bytes: int | None = None,
+        max_deliveries: int = 5,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.stream = stream
+        self.source = stream.removeprefix(keys.prefix)
+        self.schema = schema
+        self.consumer = consumer or _consumer_name()
+        self.count = count
+        self.block_ms = block_ms
+        self.claim_idle_ms = claim_idle_ms
+        self.max_bytes = max_bytes
+        self.max_deliveries = max_deliveries
+        self.rejected = 0
+        self._own_pending: str | None = "0"  # cursor through what this name left pending
+        self._held: set[str] = set()  # delivered to us, not yet acknowledged
+        self._claim_cursor = "0-0"
+        self._orphan_cursor = "-"
+        self._next_claim = 0.0
+        self._adopt = client.register_script(lua.ADOPT)
+        self._read = client.register_script(lua.READ)
+        self._leave = client.register_script(lua.LEAVE)
+        self._ack = client.register_script(lua.ACK)
+        ensure_group(client, stream)
+
+    def _reject(
+        self, eid: str, reason: str, payload: bytes | None, size: int | None = None
+    ) -> None:
+        log.warning("rejected %s entry %s: %s", self.source, eid, reason)
+        dead_letter(self.client, self.keys, self.source, reason, payload, eid, size)
+        self.rejected += 1
+
+    def _decode(self, raw: Sequence[tuple[str, dict[bytes, bytes] | None, int]]) -> list[Entry]:
+        good: list[Entry] = []
+        bad: list[str] = []
+        for eid, fields, delivered in raw:
+            if not fields:  # deleted while pending: nothing to deliver
+                bad.append(eid)
+                continue
+            payload = fields.get(FIELD)
+            try:
+                if delivered > self.max_deliveries:
+                    raise CodecError(
+                        f"poison: delivered {delivered} times without being acknowledged "
+                        f"(more than {self.max_deliveries}: its consumers failed or died on it)"
+                    )
+                if payload is None or len(fields) != 1:
+                    raise CodecError(f"entry fields must be exactly [{FIELD.decode()}]")
+                good.append(Entry(eid, decode(payload, self.schema, max_bytes=self.max_bytes)))
+            except CodecError as e:
+                self._reject(eid, str(e), payload)
+                bad.append(eid)
+        if bad:  # acknowledged whether or not the dead letter could be written
+            self._ack(keys=[self.stream], args=bad)
+        return good
+
+    @property
+    def _cap(self) -> int:
+        return stored_cap(self.schema.max_bytes if self.max_bytes is None else self.max_bytes)
+
+    def _fetch(self, mode: str, cursor: str = "") -> tuple[str | None, list[Entry], bool]:
+        """One call of the read script (see ``qrl/wire/stream_scripts.py``): the next cursor,
+        the good entries newly delivered to us (skipping any we already hold), and whether
+        any entry came at all."""
+        cap = self._cap
+        args = [self.consumer, mode, cursor, self.count, cap, self.claim_idle_ms]
+        nxt, rows = self._read(keys=[self.stream], args=args)
+        raw = []
+        for eid, body, *delivered in ((text(row[0]), *row[1:]) for row in rows):
+            if isinstance(body, int):  # acknowledged and deleted unread by the script
+                reason = f"entry of {body} bytes is over the {cap} bytes a payload may take"
+                self._reject(eid, reason, None, body)
+            elif eid not in self._held:
+                fields = dict(zip(body[::2], body[1::2], strict=True)) if body else None
+                raw.append((eid, fields, delivered[0] if delivered else 1))
+        good = self._decode(raw)
+        self._held.update(e.id for e in good)
+        return (None if nxt is None else text(nxt)), good, bool(rows)
+
+    def read(self, block_ms: int | None = None) -> list[Entry]:
+        """Up to ``count`` decoded entries: first this consumer's own pending entries (after
+        a restart), then entries claimed from dead consumers, then new ones (waiting up to
+        ``block_ms``). Returns an empty list when there is nothing to do."""
+        try:
+            return self._read_once(self.block_ms if block_ms is None else block_ms)
+        except redis.ResponseError as e:  # the stream or group replaced or destroyed
+            if "WRONGTYPE" not in str(e) and "NOGROUP" not in str(e):
+                raise
+            warn_once(f"{self.stream}: {e}; recreating the stream's group")
+            ensure_group(self.client, self.stream)
+            return []
+
+    def _read_once(self, block_ms: int) -> list[Entry]:
+        while self._own_pending is not None:
+            self._own_pending, good, _ = self._fetch("own", self._own_pending)
+            if good:
+                return good
+        now = time.monotonic()
+        if now >= self._next_claim:
+            if self._held:  # keep what we hold from going idle (JUSTID: no delivery counted)
+                self.client.xclaim(
+                    self.stream, GROUP, self.consumer, 0, sorted(self._held), justid=True
+                )
+            cursor, good, _ = self._fetch("claim", self._claim_cursor)
+            self._claim_cursor = cursor or "0-0"
+            if self._claim_cursor == "0-0":  # scanned the whole pending list
+                self._next_claim = now + max(self.claim_idle_ms / 4000, 0.05)
+                self._prune()
+                self._claim_orphans()
+            if good:
+                log.info("claimed %d pending %s entries", len(good), self.source)
+                return good
+        # scripts cannot block: poll, backing off up to 20 ms, until block_ms has passed
+        deadline, delay = now + block_ms / 1000, 0.002
+        while True:
+            _, good, came = self._fetch(">")
+            left = deadline - time.monotonic()
+            if came or left <= 0:
+                return good
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.02)
+
+    def ack(self, entries: Sequence[Entry]) -> None:
+        """Acknowledge and delete ``entries`` (in one step)."""
+        if not entries:
+            return
+        ids = [e.id for e in entries]
+        try:
+            self._ack(keys=[self.stream], args=ids)
+        except redis.ResponseError as e:  # the stream replaced by another type: gone anyway
+            if "WRONGTYPE" not in str(e):
+                raise
+            warn_once(f"{self.stream}: {e}; its entries are lost")
+        self._held.difference_update(ids)
+
+    def release(self, entries: Sequence[Entry]) -> None:
+        """Give up ``entries`` without acknowledging: they stay pending and can be claimed
+        again (by any consumer, this one included) once idle."""
+        self._held.difference_update(e.id for e in entries)
+
+    def _prune(self) -> None:
+        """Remove up to ``PRUNE_MAX`` consumers that hold nothing and were idle for
+        ``claim_idle_ms``, in one script call (the listing is one command)."""
+        idle = [
+            c["name"]
+            for c in self.client.xinfo_consumers(self.stream, GROUP)
+            if not c["pending"] and c["idle"] > self.claim_idle_ms
+        ]
+        idle = [n for n in idle if text(n) != self.consumer][:PRUNE_MAX]
+        if idle:
+            self._leave(keys=[self.stream], args=[GROUP, *idle])
+
+    def _claim_orphans(self) -> None:
+        """Claim entries nobody would be handed (``ADOPT`` in ``qrl/wire/stream_scripts.py``) and
+        scan the pending entries again at once, which hands them out."""
+        args = [self.consumer, self._orphan_cursor, self.count, self._cap, self.claim_idle_ms]
+        cursor, n = self._adopt(keys=[self.stream], args=args)
+        self._orphan_cursor = text(cursor)
+        if n:
+            warn_once(f"{self.stream}: entries no consumer held or would be handed: claimed")
+            self._next_claim = 0.0
+
+    def close(self) -> None:
+        """Leave the group, unless entries are still pending for this consumer (then they
+        stay claimable by others). Best effort: Redis may already be gone."""
+        try:
+            self._leave(keys=[self.stream], args=[GROUP, self.consumer])
+        except redis.RedisError as e:
+            log.debug("could not leave the %s group: %s", self.source, e)
+
+    def process(self, handler: Callable[[list[Entry]], None], block_ms: int | None = None) -> int:
+        """Read a batch, pass it to ``handler`` and acknowledge it only if the handler
+        returned. Returns the number of entries handled."""
+        entries = self.read(block_ms)
+        if entries:
+            try:
+                handler(entries)
+            except BaseException:
+                self.release(entries)
+                raise
+            self.ack(entries)
+        return len(entries)
+
+
+def ensure_group(client: redis.Redis, stream: str) -> None:
+    """Create the consumer group ``qrl`` on ``stream`` (and the stream) if missing; a key
+    of another type in the stream's place is deleted first (one warning)."""
+    warn_once(*client.register_script(lua.ENSURE_GROUP)(keys=[stream]))
