@@ -15,9 +15,10 @@ from qrl.actors.impala import ImpalaActor
 from qrl.algos.apex.config import ApexConfig
 from qrl.algos.apex_family.messages import experience_schema
 from qrl.algos.es.config import ESConfig
-from qrl.algos.es.keys import es_params
+from qrl.algos.es.keys import es_params, es_results
 from qrl.algos.es.messages import es_results_schema
 from qrl.algos.impala.config import ImpalaConfig
+from qrl.algos.impala.keys import trajectories
 from qrl.algos.impala.messages import unroll_schema
 from qrl.runtime.metrics import METRICS, MetricsReader
 from qrl.runtime.runs import create_run
@@ -112,21 +113,21 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
         obs, _ = actor.envs.reset()
         unrolls, _ = actor.unroll(obs)
         targets = [
-            (apex, "experience", "apex.experience", _experience(8, "x"),
+            (apex, apex.experience, "apex.experience", _experience(8, "x"),
              experience_schema((4,), "float32", 2)),
-            (impala, "trajectories", "impala.unrolls", unrolls,
+            (impala, trajectories(impala), "impala.unrolls", unrolls,
              unroll_schema((4,), "float32", 2, icfg.unroll)),
-            (es, "es_results", "es.results", _es_results(ecfg, dim),
+            (es, es_results(es), "es.results", _es_results(ecfg, dim),
              es_results_schema(4, ecfg.noise_size, dim)),
         ]  # fmt: skip
         total = 0
-        for k, attr, kind, msg, schema in targets:
-            total += _inject(r, getattr(k, attr), corpus(kind, msg, schema, OTHER, PER_STREAM))
-        for k, attr, *_ in targets:
-            source = getattr(k, attr).removeprefix(k.prefix)  # e.g. "es:results"
+        for _k, stream, kind, msg, schema in targets:
+            total += _inject(r, stream, corpus(kind, msg, schema, OTHER, PER_STREAM))
+        for k, stream, *_ in targets:
+            source = stream.removeprefix(k.prefix)  # e.g. "es:results"
             _until(lambda k=k, s=source: _rejected(r, k, s) >= PER_STREAM, f"{source} rejected")
             assert _rejected(r, k, source) == PER_STREAM  # each exactly once
-            assert r.xlen(getattr(k, attr)) == 0  # and acknowledged: nothing left behind
+            assert r.xlen(stream) == 0  # and acknowledged: nothing left behind
         assert all(p.poll() is None for p in roles), "a consumer died"
 
         # no learner published anything from the garbage
