@@ -1,5 +1,6 @@
 """Evolution Strategies (Salimans et al. 2017): the shared noise table, the policy as a flat
-parameter vector, centered-rank fitness shaping and the gradient estimate.
+parameter vector, fitness shaping (pair differences by default, or centered ranks) and the
+gradient estimate.
 
 The policy is a small tanh MLP evaluated in numpy for many parameter vectors at once (one
 per environment slot), which is what makes ES workers cheap: no torch on the hot path.
