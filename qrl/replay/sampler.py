@@ -122,7 +122,7 @@ def _sampler_main(
     halt: Any,
     parent: int,
 ) -> None:
-    """The sampler process (numpy and Redis only, no torch)."""
+    """The sampler process (no torch: see the module's docstring)."""
     signal_on_parent_death(signal.SIGKILL)  # a SIGKILLed learner must not leave it behind
     if os.getppid() != parent:  # the learner died before that took effect
         os._exit(1)
