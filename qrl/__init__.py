@@ -1,4 +1,5 @@
-"""qrl: Redis-backed distributed reinforcement learning (Ape-X, R2D2, IMPALA, ES)."""
+"""qrl: Redis-backed distributed reinforcement learning (Ape-X, Ape-X DPG, R2D2, IMPALA,
+ES)."""
 
 from qrl.rl import envs  # noqa: F401  (registers qrl's gymnasium tasks: qrl/CartPoleNoVel-v1)
 from qrl.version import __version__

@@ -1,8 +1,9 @@
 """The IMPALA actor: vector envs sampled from the policy, unrolls of length T pushed to the
 trajectory stream with the behaviour logits and the policy version they were acted with.
 
-Follow one unroll: ``ImpalaActor.unroll`` steps the envs T times; ``ImpalaActor.push``
-sends the B unrolls as one stream entry; ``qrl/learners/impala.py`` consumes it.
+Follow one unroll: ``ImpalaActor.unroll`` steps the envs T times; ``ImpalaActor.advance``
+encodes the B unrolls as one ``impala.unrolls`` message and adds it to the stream through
+its producer; ``qrl/learners/impala.py`` consumes it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ sampler process, batches, IS weights and priority updates are the Ape-X learner'
   does not ride a sharp peak of the critic.
 * Delayed policy updates: the actor steps every ``policy_delay`` critic steps, on a critic
   whose error has had time to shrink (a moving critic gives the actor a noisy gradient);
-  on 2 cores it also saves half the actor's backward passes.
+  the other critic steps skip the actor's loss, forward and backward.
 * Polyak-averaged targets (``tau``) after every update.
 
 The critic loss is the IS-weighted squared error of both critics; the priority of a

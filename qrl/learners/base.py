@@ -36,8 +36,9 @@ def pick_device(device: str) -> torch.device:
 
 
 def adam(params: Any, **kwargs: Any) -> torch.optim.Adam:
-    """Adam with its fused kernel (one pass over all parameters instead of a Python loop
-    over them; ~30% of a small LSTM learner's update on one CPU thread)."""
+    """Adam with its fused kernel: one pass over all parameters instead of a Python loop
+    over them, which on one CPU thread is a large share of a small network's update
+    (docs/benchmarks.md, "Adam's fused kernel")."""
     return torch.optim.Adam(params, fused=True, **kwargs)
 
 
@@ -84,8 +85,9 @@ class Learner(Role):
     @property
     def opt(self) -> torch.optim.Optimizer:
         """The optimizer, made on first use: making torch's first optimizer imports
-        ``torch._dynamo`` (1-2 s), so the learner publishes its initial weights first and
-        the actors start meanwhile (:meth:`start`)."""
+        ``torch._dynamo`` (seconds: docs/benchmarks.md, "Start method of role processes"),
+        so the learner publishes its initial weights first and the actors start meanwhile
+        (:meth:`start`)."""
         if self._opt is None:
             self._opt = self.optimizer()
             if self._opt_state:

@@ -1,9 +1,11 @@
 """The ES master: publishes the parameters with their generation, gathers that generation's
 results from the results stream (older ones are counted as stale and dropped), and once it
-has a population's worth computes the update: centered ranks over the antithetic returns,
-the gradient from the shared noise, L2 weight decay, Adam. A restarted master resumes from
-its checkpoint, or from the last generation it published if that is ahead (the blob carries
-the optimizer and observation stats), never from one far ahead of its own (garbage).
+has a population's worth computes the update: the returns shaped into weights (``shaping``:
+by default each antithetic pair's signed rank of its own difference, or centered ranks over
+all returns), the gradient from the shared noise, L2 weight decay, Adam. A restarted master
+resumes from its checkpoint, or from the last generation it published if that is ahead (the
+blob carries the optimizer and observation stats), never from one far ahead of its own
+(garbage).
 
 The master never applies or publishes anything non-finite: a generation whose update would
 make the parameters, the optimizer or the observation statistics non-finite is refused (its

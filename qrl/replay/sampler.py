@@ -3,11 +3,12 @@ replay ahead of the gradient loop and writes back the priorities the learner sen
 
 Sampling and priority writes run in their own process with their own Redis connections, so
 the gradient loop neither waits on Redis nor shares a GIL with the Python work of sampling
-(with threads instead, the Ape-X learner ran at 0.73 of its in-memory speed; with the
-process, 0.83 on 2 cores). The process is started with ``spawn``: a fresh interpreter that
-imports only numpy, redis and this module (no torch), never a fork of a learner with live
-torch threads and Redis pools. Batches come over a multiprocessing queue (local IPC; nothing
-pickled crosses Redis).
+(threads in the learner process held it back more than the process does: docs/benchmarks.md,
+"Learners fed through Redis"). The process is started with ``spawn``: a fresh interpreter
+that imports this module and what it needs (the replay, the codec and message schemas:
+numpy, redis, lz4, msgpack, pydantic, gymnasium; not torch), not a fork of a learner with
+live torch threads and Redis pools. Batches come over a multiprocessing queue (local IPC;
+nothing pickled crosses Redis).
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def _sampler_main(
     halt: Any,
     parent: int,
 ) -> None:
-    """The sampler process (numpy and Redis only, no torch)."""
+    """The sampler process (no torch: see the module's docstring)."""
     signal_on_parent_death(signal.SIGKILL)  # a SIGKILLed learner must not leave it behind
     if os.getppid() != parent:  # the learner died before that took effect
         os._exit(1)

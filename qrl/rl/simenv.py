@@ -21,13 +21,11 @@ env is made, so role processes inherit it); ``QRL_SLEEP_QUANTUM_MS=0`` sleeps 1 
 step.
 
 Why not a sleep in every step: waking a process is not free, least of all on a virtual
-machine. On the 2-core Firecracker VM qrl is developed on, a Python process that sleeps and
-wakes pays 0.1 ms of CPU per wake-up doing nothing, and an Ape-X actor about 0.8 ms (its
-working set is cold after every sleep). With a 1 ms sleep per step an actor burns more CPU
-on waking than on acting, and 32 of them saturate both cores: a scaling measurement would
-measure the hypervisor. Measured in one actor process of 16 envs, CPU per env step: 154 us
-with a sleep in every step, 101 us with a 10 ms quantum, 69 with 50 ms, 46 with 100 ms, 37
-with 200 ms, 20-26 with no sleep at all (see ``benchmarks/scaling.py``).
+machine, and an actor's working set is cold after every sleep. With a 1 ms sleep per step
+an actor burns more CPU on waking than on acting, and 32 of them saturate both cores of the
+machine qrl is developed on: a scaling measurement would measure the hypervisor. Longer
+quanta cost less CPU per env step (docs/benchmarks.md, "Scaling by adding actor processes",
+has the cost of a wake-up and of each quantum).
 
 From Python: ``gymnasium.make("qrl/Sleep-v0", delay=0.01, quantum=0.0)``.
 """

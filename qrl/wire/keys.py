@@ -1,10 +1,12 @@
-"""Every Redis key of a run, in one place.
+"""The Redis keys of a run: those every run has and the replay's (``qrl/replay/``, which the
+Ape-X family shares) here; another algorithm's own keys in its package's ``keys.py``
+(``qrl/algos/NAME/keys.py``, named through :meth:`RunKeys.key`).
 
 All keys share the prefix ``qrl:{RUN}:`` where ``{RUN}`` is a Redis Cluster hash tag, so one
 run's keys live on one node and multi-key Lua scripts stay legal. A sharded replay
 (``replay_shards`` > 1) gives shard ``s`` its own tag, ``qrl:{RUN~TAG}:`` (run names cannot
 contain ``~``), with ``TAG`` chosen so that the shards' slots spread over the slot space
-(:meth:`RunKeys.shards`). No other module spells a key: they ask a :class:`RunKeys`.
+(:meth:`RunKeys.shards`). No other module spells a prefix: they ask a :class:`RunKeys`.
 """
 
 from __future__ import annotations
@@ -140,10 +142,11 @@ class RunKeys:
         """A SCAN pattern matching every heartbeat key of this run."""
         return _glob_escape(self.prefix) + "proc:*"
 
-    # Ape-X
+    # the Ape-X family's (Ape-X, Ape-X DPG, R2D2) experience stream and replay
     @property
     def experience(self) -> str:
-        """Ape-X actors' experience stream (n-step transitions with priorities)."""
+        """The actors' experience stream (n-step transitions, frame chunks or R2D2
+        sequences, with their priorities)."""
         return self.key("experience")
 
     @property
@@ -153,7 +156,8 @@ class RunKeys:
 
     @property
     def replay_data(self) -> str:
-        """Prioritized replay: hash member -> transition payload."""
+        """Prioritized replay: hash member -> fixed-size record (a transition, or an R2D2
+        sequence)."""
         return self.key("replay:data")
 
     @property
@@ -174,7 +178,9 @@ class RunKeys:
 
     @property
     def replay_meta(self) -> str:
-        """Prioritized replay: counters (hash: seq, inserted, evicted, batches seen)."""
+        """Prioritized replay: hash of the id range (``hi`` next id, ``lo`` oldest present;
+        ``clo`` the oldest chunk's first id in a frame replay) and the counters
+        ``inserted``, ``evicted``, ``batches`` (see :mod:`qrl.replay.store`)."""
         return self.key("replay:meta")
 
 

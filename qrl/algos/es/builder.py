@@ -1,5 +1,5 @@
 """Evolution Strategies (Salimans et al. 2017): workers evaluate antithetic perturbations ->
-results stream -> master (centered ranks, Adam) -> parameters with their generation."""
+results stream -> master (fitness shaping, Adam) -> parameters with their generation."""
 
 from __future__ import annotations
 

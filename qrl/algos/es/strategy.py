@@ -1,5 +1,6 @@
 """Evolution Strategies (Salimans et al. 2017): the shared noise table, the policy as a flat
-parameter vector, centered-rank fitness shaping and the gradient estimate.
+parameter vector, fitness shaping (pair differences by default, or centered ranks) and the
+gradient estimate.
 
 The policy is a small tanh MLP evaluated in numpy for many parameter vectors at once (one
 per environment slot), which is what makes ES workers cheap: no torch on the hot path.
@@ -42,8 +43,9 @@ def pair_ranks(returns_pos: np.ndarray, returns_neg: np.ndarray) -> np.ndarray:
     """Each pair's weight from its own difference: ``sign(r+ - r-)`` times the rank of
     ``|r+ - r-|`` among the pairs, scaled to (0, 1]. Both halves of a pair played the same
     episode start (common random numbers), so the difference is the perturbation's effect;
-    ranks over all 2n returns would mostly rank the starts (Pendulum-v1's returns range from
-    -100 to -1,500 by the start alone) and give a pair of two hard starts a weight near 0."""
+    ranks over all 2n returns would mostly rank the starts where the start decides most of
+    the return (Pendulum-v1: docs/benchmarks.md, "Do the defaults generalize?") and give a
+    pair of two hard starts a weight near 0."""
     diff = returns_pos - returns_neg
     ranks = np.empty(diff.size, dtype=np.float32)
     ranks[np.abs(diff).argsort(kind="stable")] = np.arange(1, diff.size + 1, dtype=np.float32)

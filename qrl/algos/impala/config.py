@@ -1,6 +1,6 @@
 """IMPALA's configuration (Espeholt et al. 2018): actors send unrolls, the learner corrects
 for policy lag with V-trace. The defaults solve CartPole-v1 and Acrobot-v1 on a 2-core machine
-(docs/benchmarks.md, `benchmarks/defaults.py`)."""
+(docs/benchmarks.md, "Do the defaults generalize?")."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class ImpalaConfig(Config):
         gt=0,
         description="Rewards are multiplied by this for learning (not for reports). 0.01 "
         "keeps values and advantages near 1 on classic control and Box2D tasks; at 1 the "
-        "policy collapsed on Acrobot-v1 (docs/benchmarks.md).",
+        "policy collapsed on Acrobot-v1 (docs/benchmarks.md, 'Do the defaults generalize?').",
     )
     batch_unrolls: int = Field(32, ge=1, le=65_536, description="Unrolls per learner update.")
     passes: int = Field(
@@ -39,8 +39,8 @@ class ImpalaConfig(Config):
         description="Gradient steps a batch may give: after the first, another pass over "
         "it only while no fresh batch is waiting (sample reuse, V-trace corrects the lag; "
         "it pays when the actors are the bound, e.g. a slow simulator; 1: off). 3 took "
-        "fewer env steps than 1 (median of 3 seeds) on each task of the defaults table "
-        "(docs/benchmarks.md).",
+        "fewer env steps than 1 on each task of the defaults table (docs/benchmarks.md, "
+        "'Do the defaults generalize?').",
     )
     publish_every: int = Field(1, ge=1, description="Updates between weight publications.")
     max_policy_lag: int = Field(

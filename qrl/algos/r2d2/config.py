@@ -2,7 +2,7 @@
 (:class:`ReplayConfig`) around an LSTM Q-network trained on stored sequences with their
 starting recurrent state, a burn-in prefix, n-step double-Q targets under the value
 rescaling h, and sequence priorities. The defaults solve ``qrl/CartPoleNoVel-v1`` on a
-2-core machine (docs/benchmarks.md)."""
+2-core machine (docs/benchmarks.md, "R2D2 on the velocity-hidden CartPole")."""
 
 from __future__ import annotations
 
