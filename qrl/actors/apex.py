@@ -23,7 +23,7 @@ class ApexActor(ReplayActor):
     def make_net(self) -> torch.nn.Module:
         """The local copy of the learner's network, and the exploration around it."""
         self.eps = epsilons(self.cfg, self.actor_id)
-        return q_network(self.cfg)
+        return q_network(self.cfg, self.env)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:

@@ -10,7 +10,8 @@ import numpy as np
 import redis
 import torch
 
-from qrl.rl.envs import env_spec, make_vector_env
+from qrl.rl.envs import make_vector_env
+from qrl.rl.envspec import EnvSpec
 from qrl.runtime.loop import Role, StopCheck
 from qrl.wire.keys import RunKeys
 from qrl.wire.streams import StreamProducer
@@ -19,7 +20,9 @@ from qrl.wire.weights import WeightStore
 
 class VectorActor(Role):
     """Base of the vector-env actors. Subclasses build ``self.net`` and implement
-    :meth:`advance`; :func:`qrl.runtime.loop.run_role` runs them."""
+    :meth:`advance`; :func:`qrl.runtime.loop.run_role` runs them. ``self.env`` describes
+    the env (read once, :class:`qrl.rl.envspec.EnvSpec`: given, or read from ``cfg.env``);
+    ``self.envs`` are the copies it plays."""
 
     name = "actor"
     counter = "steps"
@@ -31,10 +34,13 @@ class VectorActor(Role):
         cfg: Any,
         actor_id: int,
         stream: str,
+        env: EnvSpec | None = None,
     ) -> None:
         torch.set_num_threads(1)
         self.client, self.keys, self.cfg, self.actor_id = client, keys, cfg, actor_id
-        self.obs_shape, self.obs_dtype, self.n_actions = self.spaces(cfg.env)
+        self.env = env or EnvSpec.of(cfg.env)
+        self.obs_shape, self.obs_dtype = self.env.obs_shape, self.env.obs_dtype
+        self.n_actions = self.action_size(self.env)
         self.envs = make_vector_env(
             cfg.env, cfg.envs_per_actor, seed=cfg.seed * 10_000 + actor_id * 100
         )
@@ -88,10 +94,10 @@ class VectorActor(Role):
         return next_obs, true_next, rewards, term, trunc
 
     # -- for subclasses
-    def spaces(self, env_id: str) -> tuple[tuple[int, ...], str, int]:
-        """``(observation shape, observation dtype, number of actions)``; a continuous-action
-        actor returns the action vector's length."""
-        return env_spec(env_id)
+    def action_size(self, env: EnvSpec) -> int:
+        """The number of discrete actions; a continuous-action actor returns the action
+        vector's length."""
+        return env.discrete_actions()
 
     def advance(self, obs: np.ndarray, should_stop: StopCheck) -> np.ndarray | None:
         """One unit of work from ``obs`` (a vector step, an unroll); returns the observation

@@ -17,6 +17,7 @@ import torch
 from qrl.actors.base import VectorActor
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
+from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import PolicyValueNet
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
@@ -24,9 +25,14 @@ from qrl.wire.keys import RunKeys
 
 class ImpalaActor(VectorActor):
     def __init__(
-        self, client: redis.Redis, keys: RunKeys, cfg: ImpalaConfig, actor_id: int = 0
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        cfg: ImpalaConfig,
+        actor_id: int = 0,
+        env: EnvSpec | None = None,
     ) -> None:
-        super().__init__(client, keys, cfg, actor_id, trajectories(keys))
+        super().__init__(client, keys, cfg, actor_id, trajectories(keys), env)
         self.net = PolicyValueNet(self.obs_shape, self.n_actions, cfg.hidden)
         self.net.eval()
         self.gen = torch.Generator().manual_seed(cfg.seed * 10_000 + actor_id)

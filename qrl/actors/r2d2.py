@@ -19,6 +19,7 @@ from qrl.actors.replay import ReplayActor, spread
 from qrl.algos.r2d2.config import R2D2Config
 from qrl.algos.r2d2.rule import Sequences, priorities, rule_of
 from qrl.replay.sequences import Sequencer, stack
+from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import recurrent_q_network
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
@@ -27,9 +28,14 @@ from qrl.wire.streams import StreamProducer
 
 class R2D2Actor(ReplayActor):
     def __init__(
-        self, client: redis.Redis, keys: RunKeys, cfg: R2D2Config, actor_id: int = 0
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        cfg: R2D2Config,
+        actor_id: int = 0,
+        env: EnvSpec | None = None,
     ) -> None:
-        super().__init__(client, keys, cfg, actor_id)
+        super().__init__(client, keys, cfg, actor_id, env)
         self.sequencer = Sequencer(
             cfg.envs_per_actor, cfg.sequence_length, cfg.overlap, self.obs_shape,
             self.obs_dtype, cfg.lstm,
@@ -40,7 +46,7 @@ class R2D2Actor(ReplayActor):
     def make_net(self) -> torch.nn.Module:
         cfg = self.cfg
         self.eps = spread(cfg.eps_base, cfg.eps_alpha, cfg, self.actor_id)
-        return recurrent_q_network(cfg)
+        return recurrent_q_network(cfg, self.env)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:

@@ -27,6 +27,7 @@ from qrl.actors.base import VectorActor
 from qrl.algos.apex_family.config import ReplayConfig
 from qrl.replay.frames import is_frame_stack, pack_frames
 from qrl.replay.shards import shard_of_slots
+from qrl.rl.envspec import EnvSpec
 from qrl.wire.codec import encode
 from qrl.wire.faults import repaired, warn_once
 from qrl.wire.keys import RunKeys
@@ -84,9 +85,14 @@ class ReplayActor(VectorActor):
     action_dtype: Any = np.int32
 
     def __init__(
-        self, client: redis.Redis, keys: RunKeys, cfg: ReplayConfig, actor_id: int = 0
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        cfg: ReplayConfig,
+        actor_id: int = 0,
+        env: EnvSpec | None = None,
     ) -> None:
-        super().__init__(client, keys, cfg, actor_id, keys.experience)
+        super().__init__(client, keys, cfg, actor_id, keys.experience, env)
         self.net = self.make_net()
         self.net.eval()
         self.nstep = NStep(cfg.envs_per_actor, cfg.n_step, cfg.gamma)

@@ -18,6 +18,7 @@ import numpy as np
 import redis
 import torch
 
+from qrl.rl.envspec import EnvSpec
 from qrl.runtime.checkpoint import load_checkpoint, save_checkpoint
 from qrl.runtime.loop import Role, StopCheck
 from qrl.wire.keys import RunKeys
@@ -58,8 +59,10 @@ class Learner(Role):
         device: str = "auto",
         checkpoint: Path | None = None,
         threads: int = 1,
+        env: EnvSpec | None = None,
     ) -> None:
         self.client_factory, self.keys, self.cfg = client_factory, keys, cfg
+        self.env = env or EnvSpec.of(cfg.env)  # what build reads: the launcher's, read once
         self.client = client_factory()
         self.device = pick_device(device)
         torch.set_num_threads(threads)  # actors share the cores: one compute thread by default
