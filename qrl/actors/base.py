@@ -1,5 +1,6 @@
 """What every vector-env actor shares: vector envs, a local copy of the learner's network
-kept fresh from the weight store, a bounded producer, episode statistics."""
+kept fresh from the weight store, episode statistics. Each subclass pushes through its own
+bounded producers (one stream, or one per replay shard)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,14 @@ from qrl.rl.envs import make_vector_env
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.loop import Role, StopCheck
 from qrl.wire.keys import RunKeys
-from qrl.wire.streams import StreamProducer
 from qrl.wire.weights import WeightStore
 
 
 class VectorActor(Role):
     """Base of the vector-env actors. Subclasses build ``self.net`` and implement
-    :meth:`advance`; :func:`qrl.runtime.loop.run_role` runs them. ``self.env`` describes
-    the env (read once, :class:`qrl.rl.envspec.EnvSpec`: given, or read from ``cfg.env``);
-    ``self.envs`` are the copies it plays."""
+    :meth:`advance` and :meth:`waited_s`; :func:`qrl.runtime.loop.run_role` runs them.
+    ``self.env`` describes the env (read once, :class:`qrl.rl.envspec.EnvSpec`: given, or
+    read from ``cfg.env``); ``self.envs`` are the copies it plays."""
 
     name = "actor"
     counter = "steps"
@@ -33,7 +33,6 @@ class VectorActor(Role):
         keys: RunKeys,
         cfg: Any,
         actor_id: int,
-        stream: str,
         env: EnvSpec | None = None,
     ) -> None:
         torch.set_num_threads(1)
@@ -46,7 +45,6 @@ class VectorActor(Role):
         )
         self.rng = np.random.default_rng(cfg.seed * 10_000 + actor_id)
         self.weights = WeightStore(client, keys)
-        self.producer = StreamProducer(client, stream, maxlen=cfg.stream_maxlen, keys=keys)
         self.net: torch.nn.Module
         self.version = -1
         self.steps = 0
@@ -107,6 +105,10 @@ class VectorActor(Role):
     def finish(self, should_stop: StopCheck) -> None:
         """Push what is left before the actor ends."""
 
+    def waited_s(self) -> float:
+        """Seconds spent waiting for room in the streams it pushes to (backpressure)."""
+        raise NotImplementedError
+
     def extra_metrics(self) -> dict[str, float]:
         return {}
 
@@ -141,6 +143,6 @@ class VectorActor(Role):
             "episode_returns": returns,
             "episode_lengths": lengths,
             "version": self.version,
-            "backpressure_s": self.producer.waited_s,
+            "backpressure_s": self.waited_s(),
             **self.extra_metrics(),
         }

@@ -21,6 +21,7 @@ from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import PolicyValueNet
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
+from qrl.wire.streams import StreamProducer
 
 
 class ImpalaActor(VectorActor):
@@ -32,7 +33,10 @@ class ImpalaActor(VectorActor):
         actor_id: int = 0,
         env: EnvSpec | None = None,
     ) -> None:
-        super().__init__(client, keys, cfg, actor_id, trajectories(keys), env)
+        super().__init__(client, keys, cfg, actor_id, env)
+        self.producer = StreamProducer(
+            client, trajectories(keys), maxlen=cfg.stream_maxlen, keys=keys
+        )
         self.net = PolicyValueNet(self.obs_shape, self.n_actions, cfg.hidden)
         self.net.eval()
         self.gen = torch.Generator().manual_seed(cfg.seed * 10_000 + actor_id)
@@ -85,3 +89,6 @@ class ImpalaActor(VectorActor):
         if self.producer.add(encode("impala.unrolls", msg), should_stop=should_stop) is None:
             return None
         return obs
+
+    def waited_s(self) -> float:
+        return self.producer.waited_s
