@@ -27,11 +27,6 @@ def action_kind(space: object) -> str:
     return type(space).__name__
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
-    a.setflags(write=False)
-    return a
-
-
 @dataclass(frozen=True, eq=False)
 class EnvSpec:
     """An env's observations and actions as plain data (no gymnasium objects): cheap to
@@ -144,7 +139,9 @@ def _bounds(box: gym.spaces.Box, dtype: type) -> tuple[np.ndarray, np.ndarray] |
         return None
     if low.shape != box.shape or high.shape != box.shape:
         return None
-    return _readonly(low), _readonly(high)
+    low.setflags(write=False)
+    high.setflags(write=False)
+    return low, high
 
 
 def check_env(env_id: str, algo: str, actions: Iterable[str]) -> EnvSpec:
