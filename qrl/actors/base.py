@@ -5,7 +5,7 @@ bounded producers (one stream, or one per replay shard)."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import redis
@@ -16,6 +16,17 @@ from qrl.rl.envspec import EnvSpec
 from qrl.runtime.loop import Role, StopCheck
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore
+
+
+class Step(NamedTuple):
+    """What one step of the vector env gave; ``true_next`` holds the final observation of
+    the episodes that ended (``next_obs``, the first of the next ones)."""
+
+    next_obs: np.ndarray
+    true_next: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
 
 
 class VectorActor(Role):
@@ -73,9 +84,8 @@ class VectorActor(Role):
         self.version = v
         return True
 
-    def step_envs(self, actions: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Step every env; returns ``(next_obs, true_next_obs, rewards, terminated,
-        truncated)`` where ``true_next_obs`` holds the final observation of ended episodes."""
+    def step_envs(self, actions: np.ndarray) -> Step:
+        """Step every env."""
         next_obs, rewards, term, trunc, info = self.envs.step(actions)
         ended = term | trunc
         true_next = next_obs
@@ -89,7 +99,7 @@ class VectorActor(Role):
             self.finished.append((float(self.ep_return[j]), int(self.ep_length[j])))
             self.ep_return[j], self.ep_length[j] = 0.0, 0
         self.steps += len(actions)
-        return next_obs, true_next, rewards, term, trunc
+        return Step(next_obs, true_next, rewards, term, trunc)
 
     # -- for subclasses
     def action_size(self, env: EnvSpec) -> int:

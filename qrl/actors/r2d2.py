@@ -13,6 +13,7 @@ import numpy as np
 import redis
 import torch
 
+from qrl.actors.base import Step
 from qrl.actors.replay import ReplayActor, spread
 from qrl.algos.r2d2.config import R2D2Config
 from qrl.algos.r2d2.rule import Sequences, priorities, rule_of
@@ -56,19 +57,15 @@ class R2D2Actor(ReplayActor):
         return np.where(explore, random, greedy)
 
     def collect(
-        self,
-        obs: np.ndarray,
-        actions: np.ndarray,
-        rewards: np.ndarray,
-        true_next: np.ndarray,
-        terminated: np.ndarray,
-        truncated: np.ndarray,
+        self, obs: np.ndarray, actions: np.ndarray, step: Step
     ) -> tuple[list[Any], list[int]]:
         """The sequences this step completed (each step kept with the LSTM state it was
         acted in); the state of a slot whose episode ended starts again from zeros."""
         h, c = (x.numpy() for x in self.acted_in)
-        done = self.sequencer.add(obs, actions, rewards, true_next, terminated, truncated, h, c)
-        ended = torch.from_numpy(terminated | truncated)[:, None]
+        done = self.sequencer.add(
+            obs, actions, step.rewards, step.true_next, step.terminated, step.truncated, h, c
+        )
+        ended = torch.from_numpy(step.terminated | step.truncated)[:, None]
         self.state = tuple(torch.where(ended, 0.0, x) for x in self.state)  # type: ignore[assignment]
         return done, self.sequencer.slots
 

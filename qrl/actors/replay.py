@@ -24,7 +24,7 @@ import numpy as np
 import redis
 import torch
 
-from qrl.actors.base import VectorActor
+from qrl.actors.base import Step, VectorActor
 from qrl.algos.apex_family.config import ReplayConfig
 from qrl.replay.frames import is_frame_stack, pack_frames
 from qrl.replay.shards import shard_of_slots
@@ -115,16 +115,10 @@ class ReplayActor(VectorActor):
         raise NotImplementedError
 
     def collect(
-        self,
-        obs: np.ndarray,
-        actions: np.ndarray,
-        rewards: np.ndarray,
-        true_next: np.ndarray,
-        terminated: np.ndarray,
-        truncated: np.ndarray,
+        self, obs: np.ndarray, actions: np.ndarray, step: Step
     ) -> tuple[list[Any], list[int]]:
-        """The replay items one vector step completed (``true_next``: the true next
-        observations, an ended episode's final one), and the env slot of each."""
+        """The replay items that taking ``actions`` in ``obs`` completed, and the env slot of
+        each."""
         raise NotImplementedError
 
     def message(self, items: list[Any], slots: np.ndarray) -> tuple[str, dict[str, Any]]:
@@ -204,13 +198,13 @@ class ReplayActor(VectorActor):
     def advance(self, obs: np.ndarray, should_stop: Callable[[], bool]) -> np.ndarray | None:
         """One vector step; pushes a batch when ``actor_batch`` items are ready."""
         actions = self.act(obs)
-        next_obs, true_next, rewards, term, trunc = self.step_envs(actions)
-        items, slots = self.collect(obs, actions, rewards, true_next, term, trunc)
+        step = self.step_envs(actions)
+        items, slots = self.collect(obs, actions, step)
         self.pending += items
         self.pending_slots += slots
         if len(self.pending) >= self.cfg.actor_batch and not self.flush(should_stop):
             return None
-        return next_obs
+        return step.next_obs
 
     def finish(self, should_stop: Callable[[], bool]) -> None:
         self.flush(should_stop)
@@ -248,17 +242,12 @@ class TransitionActor(ReplayActor):
         raise NotImplementedError
 
     def collect(
-        self,
-        obs: np.ndarray,
-        actions: np.ndarray,
-        rewards: np.ndarray,
-        true_next: np.ndarray,
-        terminated: np.ndarray,
-        truncated: np.ndarray,
+        self, obs: np.ndarray, actions: np.ndarray, step: Step
     ) -> tuple[list[Any], list[int]]:
-        return self.nstep.add(
-            obs, actions, rewards, true_next, terminated, truncated
-        ), self.nstep.slots
+        done = self.nstep.add(
+            obs, actions, step.rewards, step.true_next, step.terminated, step.truncated
+        )
+        return done, self.nstep.slots
 
     def message(
         self, items: list[tuple[np.ndarray, Any, float, float, np.ndarray]], slots: np.ndarray

@@ -19,6 +19,7 @@ import redis
 import torch
 
 from qrl.rl.envspec import EnvSpec
+from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.checkpoint import load_checkpoint, save_checkpoint
 from qrl.runtime.loop import Role, StopCheck
 from qrl.wire.keys import RunKeys
@@ -94,6 +95,19 @@ class Learner(Role):
             if self._opt_state:
                 self._opt.load_state_dict(self._opt_state)
         return self._opt
+
+    @classmethod
+    def from_context(cls, ctx: RoleContext) -> Learner:
+        """The learner a role context asks for (what the builders' ``make`` returns)."""
+        return cls(
+            ctx.connect,
+            ctx.keys,
+            ctx.cfg,
+            ctx.device,
+            checkpoint=ctx.checkpoint,
+            threads=ctx.threads,
+            env=ctx.env,
+        )
 
     # -- for subclasses
     def build(self) -> torch.nn.Module:

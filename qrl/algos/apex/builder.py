@@ -22,15 +22,7 @@ def _actor(ctx: RoleContext) -> Any:
 def _learner(ctx: RoleContext) -> Any:
     from qrl.learners.apex import ApexLearner
 
-    return ApexLearner(
-        ctx.connect,
-        ctx.keys,
-        ctx.cfg,
-        ctx.device,
-        checkpoint=ctx.checkpoint,
-        threads=ctx.threads,
-        env=ctx.env,
-    )
+    return ApexLearner.from_context(ctx)
 
 
 def _q_network(cfg: ApexConfig, env: EnvSpec) -> Any:

@@ -25,15 +25,7 @@ def _actor(ctx: RoleContext) -> Any:
 def _learner(ctx: RoleContext) -> Any:
     from qrl.learners.apex_dpg import ApexDPGLearner
 
-    return ApexDPGLearner(
-        ctx.connect,
-        ctx.keys,
-        ctx.cfg,
-        ctx.device,
-        checkpoint=ctx.checkpoint,
-        threads=ctx.threads,
-        env=ctx.env,
-    )
+    return ApexDPGLearner.from_context(ctx)
 
 
 def _policy(cfg: ApexDPGConfig, env: EnvSpec, params: dict[str, Any]) -> Policy:

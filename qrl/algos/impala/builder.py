@@ -21,15 +21,7 @@ def _actor(ctx: RoleContext) -> Any:
 def _learner(ctx: RoleContext) -> Any:
     from qrl.learners.impala import ImpalaLearner
 
-    return ImpalaLearner(
-        ctx.connect,
-        ctx.keys,
-        ctx.cfg,
-        ctx.device,
-        checkpoint=ctx.checkpoint,
-        threads=ctx.threads,
-        env=ctx.env,
-    )
+    return ImpalaLearner.from_context(ctx)
 
 
 def _policy_value_net(cfg: ImpalaConfig, env: EnvSpec) -> Any:

@@ -33,15 +33,7 @@ def _replay(ctx: RoleContext) -> Any:
 def _learner(ctx: RoleContext) -> Any:
     from qrl.learners.r2d2 import R2D2Learner
 
-    return R2D2Learner(
-        ctx.connect,
-        ctx.keys,
-        ctx.cfg,
-        ctx.device,
-        checkpoint=ctx.checkpoint,
-        threads=ctx.threads,
-        env=ctx.env,
-    )
+    return R2D2Learner.from_context(ctx)
 
 
 def _policy(cfg: R2D2Config, env: EnvSpec, params: dict[str, Any]) -> Policy:
