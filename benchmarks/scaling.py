@@ -72,6 +72,7 @@ from typing import Any
 import torch
 
 from qrl.algos.apex.config import ApexConfig
+from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import q_network
 from qrl.rl.simenv import DEFAULT_QUANTUM, QUANTUM_ENV_VAR, SLEEP_ENV, default_quantum
 from qrl.runtime.control import request_stop
@@ -208,7 +209,7 @@ def measure(n: int, args: argparse.Namespace, log_root: Path) -> dict[str, float
         keys = RunKeys(f"scaling-{n}")
         create_run(client, keys, "apex", cfg)
         torch.manual_seed(cfg.seed)
-        net = q_network(cfg)
+        net = q_network(cfg, EnvSpec.of(cfg.env))
         WeightStore(client, keys).publish(net, version=0)  # what actors wait for
         roles = Roles(server.url, keys.run, log_dir)
         follower = Follower(client, keys)

@@ -51,6 +51,7 @@ def _plant(tmp_path: Path, env: str) -> tuple[Path, Path]:
     """A run directory ``tmp_path/run`` whose checkpoint's env is ``env``, and beside it a
     module and a package (the run directory itself) that leave a marker file if imported;
     returns (run dir, marker)."""
+    from qrl.rl.envspec import EnvSpec
     from qrl.rl.models import q_network
 
     marker = tmp_path / "imported"
@@ -59,7 +60,7 @@ def _plant(tmp_path: Path, env: str) -> tuple[Path, Path]:
     run_dir.mkdir()
     (run_dir / "__init__.py").write_text(code)
     (tmp_path / "evil.py").write_text(code)
-    net = q_network(parse_config(ApexConfig, {"env": "CartPole-v1"}))
+    net = q_network(parse_config(ApexConfig, {"env": "CartPole-v1"}), EnvSpec.of("CartPole-v1"))
     cfg = parse_config(ApexConfig, {"env": env})
     save_checkpoint(run_dir / "checkpoint.pt", "apex", cfg, net, None, 0)
     return run_dir, marker

@@ -21,6 +21,7 @@ from qrl.algos.es.strategy import (
     pair_ranks,
 )
 from qrl.learners.es import ESMaster
+from qrl.rl.envspec import EnvSpec
 from qrl.runtime.loop import run_role
 from qrl.runtime.runs import create_run
 from qrl.wire.codec import CodecError, decode, encode
@@ -93,7 +94,7 @@ def test_es_update_converges_on_a_quadratic(shaping):
 
 
 def test_policy_spec_acts_for_discrete_and_continuous():
-    spec = PolicySpec.for_env("CartPole-v1", (8,))
+    spec = PolicySpec.for_env(EnvSpec.of("CartPole-v1"), (8,))
     assert spec.discrete and spec.dim == 4 * 8 + 8 + 8 * 2 + 2
     theta = spec.init(np.random.default_rng(0))
     obs = np.random.default_rng(1).standard_normal((5, 4)).astype(np.float32)
@@ -104,7 +105,7 @@ def test_policy_spec_acts_for_discrete_and_continuous():
     np.testing.assert_array_equal(
         spec.act(many, obs), [spec.act(many[k], obs[k : k + 1])[0] for k in range(5)]
     )
-    pend = PolicySpec.for_env("Pendulum-v1", (8,))
+    pend = PolicySpec.for_env(EnvSpec.of("Pendulum-v1"), (8,))
     act = pend.act(pend.init(np.random.default_rng(0)) * 50, np.ones((3, 3), np.float32))
     assert act.shape == (3, 1) and (np.abs(act) <= 2.0).all()
 
@@ -335,7 +336,8 @@ def test_center_policy_refuses_parameters_that_do_not_fit():
 
     cfg = ESConfig()
     with pytest.raises(ValueError, match="do not fit"):
-        policy_from_params(cfg, {"x": np.ones(3)})  # e.g. garbage in the parameters key
+        # e.g. garbage in the parameters key
+        policy_from_params(cfg, EnvSpec.of(cfg.env), {"x": np.ones(3)})
 
 
 def test_a_far_ahead_generation_neither_freezes_es_nor_strands_workers(

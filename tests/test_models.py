@@ -8,10 +8,14 @@ import torch
 
 from qrl.algos.apex.config import ApexConfig
 from qrl.algos.r2d2.config import R2D2Config
-from qrl.rl.envs import obs_bounds
+from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import ObsScale, q_network, recurrent_q_network
 from qrl.runtime.runs import create_run
 from qrl.wire.weights import WeightStore
+
+
+def apex_net(cfg: ApexConfig) -> torch.nn.Module:
+    return q_network(cfg, EnvSpec.of(cfg.env))
 
 
 def scaled(net: torch.nn.Module, obs: list[float]) -> np.ndarray:
@@ -20,16 +24,16 @@ def scaled(net: torch.nn.Module, obs: list[float]) -> np.ndarray:
 
 def test_finite_bounds_map_to_the_unit_range_and_unbounded_dimensions_pass():
     # CartPole-v1: x in +-4.8 and the angle in +-0.418 are bounded, the velocities are not
-    net = q_network(ApexConfig())
+    net = apex_net(ApexConfig())
     assert isinstance(net.features[0], ObsScale)
     out = scaled(net, [4.8, 7.0, -0.41887903, -3.0])
     np.testing.assert_allclose(out, [1.0, 7.0, -1.0, -3.0], rtol=1e-5)
     # MountainCar-v0: position -1.2..0.6 (centred at -0.3), velocity +-0.07
-    car = q_network(ApexConfig(env="MountainCar-v0"))
+    car = apex_net(ApexConfig(env="MountainCar-v0"))
     np.testing.assert_allclose(scaled(car, [0.6, -0.07]), [1.0, -1.0], rtol=1e-5)
     np.testing.assert_allclose(scaled(car, [-0.3, 0.0]), [0.0, 0.0], atol=1e-6)
     # R2D2's velocity-hidden CartPole: x and the angle
-    rec = recurrent_q_network(R2D2Config())
+    rec = recurrent_q_network(R2D2Config(), EnvSpec.of(R2D2Config().env))
     np.testing.assert_allclose(scaled(rec, [2.4, 0.2094395]), [0.5, 0.5], rtol=1e-5)
 
 
@@ -37,8 +41,9 @@ def test_huge_or_missing_bounds_and_the_option_off_leave_observations_as_they_ar
     s = ObsScale(np.array([-np.inf, -1e6, 0.0, 3.0]), np.array([np.inf, 1e6, 0.0, 3.0]))
     x = torch.tensor([[5.0, 123.0, 7.0, -2.0]])
     np.testing.assert_array_equal(s(x).numpy(), x.numpy())  # none has a sane finite range
-    assert obs_bounds("FrozenLake-v1") is None  # Discrete observations: no bounds to scale by
-    plain = q_network(ApexConfig(obs_scale=False))
+    # Discrete observations: no bounds to scale by
+    assert EnvSpec.of("FrozenLake-v1").obs_bounds is None
+    plain = apex_net(ApexConfig(obs_scale=False))
     assert not isinstance(plain.features[0], ObsScale)
     raw = [4.8, 7.0, 0.4, -3.0]
     np.testing.assert_allclose(scaled(plain, raw), raw, rtol=1e-6)
@@ -46,7 +51,7 @@ def test_huge_or_missing_bounds_and_the_option_off_leave_observations_as_they_ar
 
 def test_the_scale_travels_with_the_published_weights(r, keys):
     """Actors and evaluation load the learner's published state: the scale is in it."""
-    net = q_network(ApexConfig())
+    net = apex_net(ApexConfig())
     store = WeightStore(r, keys)
     store.publish(net, version=1)
     params = store.fetch().params

@@ -29,6 +29,7 @@ from qrl.algos.r2d2.rule import (
 from qrl.replay.role import make_replay
 from qrl.replay.sequences import SequenceFiller, Sequencer, max_rows, sequence_spec, stack
 from qrl.replay.shards import ShardedReplay
+from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import RecurrentQNetwork
 from qrl.runtime.config import ConfigError, parse_config
 from qrl.runtime.runs import create_run
@@ -255,7 +256,7 @@ def test_stored_state_round_trips_through_the_codec_and_the_replay(r, keys):
     create_run(r, keys, "r2d2", cfg)
     rng = np.random.default_rng(2)
     batch = _random_sequences(rng, 12, 7, obs_dim=2)
-    layout, schema = sequence_spec(cfg, max_rows(cfg))
+    layout, schema = sequence_spec(cfg, EnvSpec.of(cfg.env), max_rows(cfg))
     msg = decode(encode("r2d2.sequences", _message(batch)), schema)
     filler = SequenceFiller(r, keys, cfg)
     records = filler.records(msg)
@@ -275,7 +276,7 @@ def test_sequences_in_a_sharded_replay(r, keys):
     cfg = R2D2Config(
         sequence_length=5, overlap=2, burn_in=2, lstm=LSTM, replay_shards=3, replay_capacity=30
     )
-    layout, _ = sequence_spec(cfg)
+    layout, _ = sequence_spec(cfg, EnvSpec.of(cfg.env))
     rng = np.random.default_rng(3)
     for shard in range(3):
         b = _random_sequences(rng, 4, 5, obs_dim=2)
@@ -292,7 +293,7 @@ def test_sequences_in_a_sharded_replay(r, keys):
 
 def test_hostile_sequences_are_rejected():
     cfg = R2D2Config(sequence_length=5, overlap=2, burn_in=2, lstm=LSTM)
-    _, schema = sequence_spec(cfg, max_rows=8)
+    _, schema = sequence_spec(cfg, EnvSpec.of(cfg.env), max_rows=8)
     good = _random_sequences(np.random.default_rng(4), 3, 5, obs_dim=2)
     assert decode(encode("r2d2.sequences", _message(good)), schema)["obs"].shape == (3, 6, 2)
 

@@ -21,6 +21,7 @@ from qrl.algos.r2d2.rule import (
 )
 from qrl.replay.role import make_replay
 from qrl.replay.sequences import SequenceFiller, max_rows, sequence_spec
+from qrl.rl.envspec import EnvSpec
 from qrl.runtime.control import request_stop
 from qrl.runtime.runs import create_run
 from qrl.wire.codec import encode
@@ -45,7 +46,7 @@ def test_learner_writes_the_priority_mix_back(r, keys, redis_server):
         burn_in=2,
     )
     create_run(r, keys, "r2d2", cfg)
-    layout, _ = sequence_spec(cfg)
+    layout, _ = sequence_spec(cfg, EnvSpec.of(cfg.env))
     batch = _random_sequences(np.random.default_rng(5), 40, 6, obs_dim=2)
     make_replay(r, keys, cfg, layout=layout).insert(layout.pack_columns(**batch), np.ones(40))
     lrn = R2D2Learner(partial(connect, redis_server.url), keys, cfg, "cpu")
@@ -87,7 +88,7 @@ def test_hand_started_roles_fill_the_replay_with_sequences(r, keys, redis_server
         while WeightStore(r, keys).version() <= 0 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert WeightStore(r, keys).version() > 0
-        layout, _ = sequence_spec(cfg)
+        layout, _ = sequence_spec(cfg, EnvSpec.of(cfg.env))
         replay = make_replay(r, keys, cfg, layout=layout)
         size = replay.size()
         assert 3000 / cfg.sequence_length <= size <= 3000  # sequences, not transitions
@@ -160,7 +161,7 @@ def test_the_filler_dead_letters_a_corpus_of_malformed_sequences(r, keys):
          "disc": np.ones(2, np.float32), "next_obs": obs, "priority": np.ones(2, np.float32),
          "version": 0, "actor": 0, "batch": "x"},
     )  # fmt: skip
-    _, schema = sequence_spec(cfg, max_rows(cfg))
+    _, schema = sequence_spec(cfg, EnvSpec.of(cfg.env), max_rows(cfg))
     n = 0
     for _, payload in corpus("r2d2.sequences", _message(good), schema, other, 300):
         r.xadd(keys.experience, {"d": payload})

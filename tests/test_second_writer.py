@@ -23,6 +23,7 @@ from qrl.algos.impala.keys import trajectories
 from qrl.learners.es import ESMaster
 from qrl.learners.impala import ImpalaLearner
 from qrl.replay.role import make_replay
+from qrl.rl.envspec import EnvSpec
 from qrl.runtime.loop import run_role
 from qrl.runtime.runs import create_run
 from qrl.wire.codec import encode
@@ -191,7 +192,7 @@ def test_qrl_train_evaluation_skips_parameters_that_do_not_fit(r, keys):
     with pytest.raises(ValueError, match="do not fit"):  # logged by qrl train, not fatal
         evaluator(r, keys)
     assert evaluator.last is None and evaluator(r, keys) is None  # not tried again
-    spec = PolicySpec.for_env(cfg.env, cfg.hidden)
+    spec = PolicySpec.for_env(EnvSpec.of(cfg.env), cfg.hidden)
     good = {
         "theta": np.zeros(spec.dim, np.float32),
         "obs_mean": np.zeros(spec.obs_dim, np.float32),

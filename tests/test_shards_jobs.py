@@ -12,6 +12,7 @@ import time
 import pytest
 
 from qrl.algos.apex.config import ApexConfig
+from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import q_network
 from qrl.runtime.runs import delete_run
 from qrl.wire.connection import connect
@@ -34,7 +35,8 @@ def test_sigkill_one_shards_filler_and_restart_it_loses_no_batch(r, keys, tmp_pa
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
     cfg = ApexConfig(replay_shards=3)
-    WeightStore(r, keys).publish(q_network(cfg), 0)  # the network the actors build
+    net = q_network(cfg, EnvSpec.of(cfg.env))  # the network the actors build
+    WeightStore(r, keys).publish(net, 0)
     shards = keys.shards(3)
     roles = Roles(keys.run, tmp_path)
 

@@ -1,4 +1,4 @@
-"""The Ape-X actor (:class:`qrl.actors.replay.ReplayActor`): batched epsilon-greedy
+"""The Ape-X actor (:class:`qrl.actors.replay.TransitionActor`): batched epsilon-greedy
 inference with the paper's per-slot epsilons, and initial priorities from the actor's own
 |TD error| under its copy of the Q-network."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from qrl.actors.replay import ReplayActor, spread
+from qrl.actors.replay import TransitionActor, spread
 from qrl.algos.apex.config import ApexConfig
 from qrl.rl.models import q_network
 
@@ -17,13 +17,13 @@ def epsilons(cfg: ApexConfig, actor_id: int) -> np.ndarray:
     return spread(cfg.eps_base, cfg.eps_alpha, cfg, actor_id)
 
 
-class ApexActor(ReplayActor):
+class ApexActor(TransitionActor):
     action_dtype = np.int32
 
     def make_net(self) -> torch.nn.Module:
         """The local copy of the learner's network, and the exploration around it."""
         self.eps = epsilons(self.cfg, self.actor_id)
-        return q_network(self.cfg)
+        return q_network(self.cfg, self.env)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:

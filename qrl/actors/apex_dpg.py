@@ -1,5 +1,5 @@
 """The Ape-X DPG actor: the Ape-X actor (vector envs, n-step returns, shards, pushing,
-throttling: :class:`qrl.actors.replay.ReplayActor`) with a deterministic policy plus Gaussian
+throttling: :class:`qrl.actors.replay.TransitionActor`) with a deterministic policy plus Gaussian
 exploration noise, one sigma per env slot spread like Ape-X's epsilons, actions scaled to
 the Box's bounds and clipped there.
 
@@ -15,17 +15,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from qrl.actors.replay import ReplayActor, spread
+from qrl.actors.replay import TransitionActor, spread
 from qrl.algos.apex_dpg.dpg import explore, policy_net, scale_action
-from qrl.rl.envs import box_spec
+from qrl.rl.envspec import EnvSpec
 
 
-class ApexDPGActor(ReplayActor):
+class ApexDPGActor(TransitionActor):
     action_dtype: Any = np.float32
 
-    def spaces(self, env_id: str) -> tuple[tuple[int, ...], str, int]:
-        obs_shape, obs_dtype, self.low, self.high = box_spec(env_id)
-        return obs_shape, obs_dtype, len(self.low)
+    def action_size(self, env: EnvSpec) -> int:
+        self.low, self.high = env.box_actions()
+        return len(self.low)
 
     def make_net(self) -> torch.nn.Module:
         cfg = self.cfg

@@ -1,25 +1,39 @@
 """What every vector-env actor shares: vector envs, a local copy of the learner's network
-kept fresh from the weight store, a bounded producer, episode statistics."""
+kept fresh from the weight store, episode statistics. Each subclass pushes through its own
+bounded producers (one stream, or one per replay shard)."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import redis
 import torch
 
-from qrl.rl.envs import env_spec, make_vector_env
+from qrl.rl.envs import make_vector_env
+from qrl.rl.envspec import EnvSpec
 from qrl.runtime.loop import Role, StopCheck
 from qrl.wire.keys import RunKeys
-from qrl.wire.streams import StreamProducer
 from qrl.wire.weights import WeightStore
+
+
+class Step(NamedTuple):
+    """What one step of the vector env gave; ``true_next`` holds the final observation of
+    the episodes that ended (``next_obs``, the first of the next ones)."""
+
+    next_obs: np.ndarray
+    true_next: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
 
 
 class VectorActor(Role):
     """Base of the vector-env actors. Subclasses build ``self.net`` and implement
-    :meth:`advance`; :func:`qrl.runtime.loop.run_role` runs them."""
+    :meth:`advance` and :meth:`waited_s`; :func:`qrl.runtime.loop.run_role` runs them.
+    ``self.env`` describes the env (read once, :class:`qrl.rl.envspec.EnvSpec`: given, or
+    read from ``cfg.env``); ``self.envs`` are the copies it plays."""
 
     name = "actor"
     counter = "steps"
@@ -30,17 +44,18 @@ class VectorActor(Role):
         keys: RunKeys,
         cfg: Any,
         actor_id: int,
-        stream: str,
+        env: EnvSpec | None = None,
     ) -> None:
         torch.set_num_threads(1)
         self.client, self.keys, self.cfg, self.actor_id = client, keys, cfg, actor_id
-        self.obs_shape, self.obs_dtype, self.n_actions = self.spaces(cfg.env)
+        self.env = env or EnvSpec.of(cfg.env)
+        self.obs_shape, self.obs_dtype = self.env.obs_shape, self.env.obs_dtype
+        self.n_actions = self.action_size(self.env)
         self.envs = make_vector_env(
             cfg.env, cfg.envs_per_actor, seed=cfg.seed * 10_000 + actor_id * 100
         )
         self.rng = np.random.default_rng(cfg.seed * 10_000 + actor_id)
         self.weights = WeightStore(client, keys)
-        self.producer = StreamProducer(client, stream, maxlen=cfg.stream_maxlen, keys=keys)
         self.net: torch.nn.Module
         self.version = -1
         self.steps = 0
@@ -69,9 +84,8 @@ class VectorActor(Role):
         self.version = v
         return True
 
-    def step_envs(self, actions: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Step every env; returns ``(next_obs, true_next_obs, rewards, terminated,
-        truncated)`` where ``true_next_obs`` holds the final observation of ended episodes."""
+    def step_envs(self, actions: np.ndarray) -> Step:
+        """Step every env."""
         next_obs, rewards, term, trunc, info = self.envs.step(actions)
         ended = term | trunc
         true_next = next_obs
@@ -85,13 +99,13 @@ class VectorActor(Role):
             self.finished.append((float(self.ep_return[j]), int(self.ep_length[j])))
             self.ep_return[j], self.ep_length[j] = 0.0, 0
         self.steps += len(actions)
-        return next_obs, true_next, rewards, term, trunc
+        return Step(next_obs, true_next, rewards, term, trunc)
 
     # -- for subclasses
-    def spaces(self, env_id: str) -> tuple[tuple[int, ...], str, int]:
-        """``(observation shape, observation dtype, number of actions)``; a continuous-action
-        actor returns the action vector's length."""
-        return env_spec(env_id)
+    def action_size(self, env: EnvSpec) -> int:
+        """The number of discrete actions; a continuous-action actor returns the action
+        vector's length."""
+        return env.discrete_actions()
 
     def advance(self, obs: np.ndarray, should_stop: StopCheck) -> np.ndarray | None:
         """One unit of work from ``obs`` (a vector step, an unroll); returns the observation
@@ -100,6 +114,10 @@ class VectorActor(Role):
 
     def finish(self, should_stop: StopCheck) -> None:
         """Push what is left before the actor ends."""
+
+    def waited_s(self) -> float:
+        """Seconds spent waiting for room in the streams it pushes to (backpressure)."""
+        raise NotImplementedError
 
     def extra_metrics(self) -> dict[str, float]:
         return {}
@@ -135,6 +153,6 @@ class VectorActor(Role):
             "episode_returns": returns,
             "episode_lengths": lengths,
             "version": self.version,
-            "backpressure_s": self.producer.waited_s,
+            "backpressure_s": self.waited_s(),
             **self.extra_metrics(),
         }

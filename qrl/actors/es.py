@@ -28,6 +28,7 @@ from qrl.algos.es.config import ESConfig
 from qrl.algos.es.keys import es_params, es_results
 from qrl.algos.es.strategy import NoiseTable, PolicySpec, normalize
 from qrl.rl.envs import make_env
+from qrl.rl.envspec import EnvSpec
 from qrl.runtime.loop import Role, StopCheck
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
@@ -57,9 +58,10 @@ class ESWorker(Role):
         cfg: ESConfig,
         worker_id: int = 0,
         poll_every: float = 0.005,
+        env: EnvSpec | None = None,
     ) -> None:
         self.client, self.keys, self.cfg, self.worker_id = client, keys, cfg, worker_id
-        self.spec = PolicySpec.for_env(cfg.env, cfg.hidden)
+        self.spec = PolicySpec.for_env(env or EnvSpec.of(cfg.env), cfg.hidden)
         self.noise = NoiseTable(cfg.noise_seed, cfg.noise_size)
         self.n = cfg.envs_per_worker
         self.envs = [make_env(cfg.env) for _ in range(self.n)]

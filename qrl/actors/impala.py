@@ -18,16 +18,26 @@ import torch
 from qrl.actors.base import VectorActor
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
+from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import PolicyValueNet
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
+from qrl.wire.streams import StreamProducer
 
 
 class ImpalaActor(VectorActor):
     def __init__(
-        self, client: redis.Redis, keys: RunKeys, cfg: ImpalaConfig, actor_id: int = 0
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        cfg: ImpalaConfig,
+        actor_id: int = 0,
+        env: EnvSpec | None = None,
     ) -> None:
-        super().__init__(client, keys, cfg, actor_id, trajectories(keys))
+        super().__init__(client, keys, cfg, actor_id, env)
+        self.producer = StreamProducer(
+            client, trajectories(keys), maxlen=cfg.stream_maxlen, keys=keys
+        )
         self.net = PolicyValueNet(self.obs_shape, self.n_actions, cfg.hidden)
         self.net.eval()
         self.gen = torch.Generator().manual_seed(cfg.seed * 10_000 + actor_id)
@@ -80,3 +90,6 @@ class ImpalaActor(VectorActor):
         if self.producer.add(encode("impala.unrolls", msg), should_stop=should_stop) is None:
             return None
         return obs
+
+    def waited_s(self) -> float:
+        return self.producer.waited_s

@@ -1,85 +1,82 @@
-"""The R2D2 actor: the Ape-X actor (vector envs, per-slot epsilons, shards, pushing,
-throttling: :class:`qrl.actors.replay.ReplayActor`) with an LSTM Q-network whose state it
-carries from step to step (zeros at each episode's start), cutting each env slot's
+"""The R2D2 actor: the Ape-X family's actor (vector envs, per-slot epsilons, shards,
+pushing, throttling: :class:`qrl.actors.replay.ReplayActor`) with an LSTM Q-network whose
+state it carries from step to step (zeros at each episode's start), cutting each env slot's
 episodes into overlapping sequences (:class:`qrl.replay.sequences.Sequencer`) that go to
 the stream with their starting state and initial priorities from its own network (R2D2's
 loss and priority mix, :func:`qrl.algos.r2d2.rule.sequence_td`)."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import redis
 import torch
 
+from qrl.actors.base import Step
 from qrl.actors.replay import ReplayActor, spread
 from qrl.algos.r2d2.config import R2D2Config
 from qrl.algos.r2d2.rule import Sequences, priorities, rule_of
 from qrl.replay.sequences import Sequencer, stack
+from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import recurrent_q_network
-from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
-from qrl.wire.streams import StreamProducer
 
 
 class R2D2Actor(ReplayActor):
     def __init__(
-        self, client: redis.Redis, keys: RunKeys, cfg: R2D2Config, actor_id: int = 0
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        cfg: R2D2Config,
+        actor_id: int = 0,
+        env: EnvSpec | None = None,
     ) -> None:
-        super().__init__(client, keys, cfg, actor_id)
+        super().__init__(client, keys, cfg, actor_id, env)
         self.sequencer = Sequencer(
             cfg.envs_per_actor, cfg.sequence_length, cfg.overlap, self.obs_shape,
             self.obs_dtype, cfg.lstm,
         )  # fmt: skip
         self.state = self.net.initial_state(cfg.envs_per_actor)
+        self.acted_in = self.state  # the state the last actions were taken in
         self.rule = rule_of(cfg)
 
     def make_net(self) -> torch.nn.Module:
         cfg = self.cfg
         self.eps = spread(cfg.eps_base, cfg.eps_alpha, cfg, self.actor_id)
-        return recurrent_q_network(cfg)
+        return recurrent_q_network(cfg, self.env)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Epsilon-greedy actions; the LSTM state moves on (``self.state``)."""
+        self.acted_in = self.state
         q, self.state = self.net(torch.from_numpy(np.asarray(obs))[:, None], self.state)
         greedy = q[:, 0].argmax(dim=1).numpy()
         explore = self.rng.random(len(greedy)) < self.eps
         random = self.rng.integers(0, self.n_actions, len(greedy))
         return np.where(explore, random, greedy)
 
-    def advance(self, obs: np.ndarray, should_stop: Callable[[], bool]) -> np.ndarray | None:
-        """One vector step; pushes a batch when ``actor_batch`` sequences are ready."""
-        h, c = (x.numpy() for x in self.state)  # the state the actions are taken in
-        actions = self.act(obs)
-        next_obs, true_next, rewards, term, trunc = self.step_envs(actions)
-        self.pending += self.sequencer.add(obs, actions, rewards, true_next, term, trunc, h, c)
-        self.pending_slots += self.sequencer.slots
-        ended = torch.from_numpy(term | trunc)[:, None]
+    def collect(
+        self, obs: np.ndarray, actions: np.ndarray, step: Step
+    ) -> tuple[list[Any], list[int]]:
+        """The sequences this step completed (each step kept with the LSTM state it was
+        acted in); the state of a slot whose episode ended starts again from zeros."""
+        h, c = (x.numpy() for x in self.acted_in)
+        done = self.sequencer.add(
+            obs, actions, step.rewards, step.true_next, step.terminated, step.truncated, h, c
+        )
+        ended = torch.from_numpy(step.terminated | step.truncated)[:, None]
         self.state = tuple(torch.where(ended, 0.0, x) for x in self.state)  # type: ignore[assignment]
-        if len(self.pending) >= self.cfg.actor_batch and not self.flush(should_stop):
-            return None
-        return next_obs
+        return done, self.sequencer.slots
 
     @torch.no_grad()
     def sequence_priorities(self, batch: dict[str, np.ndarray]) -> np.ndarray:
         """R2D2's priority mix of the sequences' TD errors under the actor's own network."""
         return priorities(self.net, self.net, Sequences.of(batch), self.rule).numpy()
 
-    def push(
-        self,
-        producer: StreamProducer,
-        pending: list[Any],
-        slots: np.ndarray,
-        should_stop: Callable[[], bool],
-    ) -> bool:
-        batch = stack(pending)
-        fields = {**batch, "priority": self.sequence_priorities(batch).astype(np.float32)}
-        payload = encode(
-            "r2d2.sequences",
-            {**fields, "version": self.version, "actor": self.actor_id, "batch": uuid.uuid4().hex},
-        )
-        return producer.add(payload, should_stop=should_stop) is not None
+    def message(self, items: list[Any], slots: np.ndarray) -> tuple[str, dict[str, Any]]:
+        batch = stack(items)
+        return "r2d2.sequences", {
+            **batch,
+            "priority": self.sequence_priorities(batch).astype(np.float32),
+        }

@@ -1,14 +1,15 @@
 """What the Ape-X family's actors share (Ape-X, Ape-X DPG, R2D2): vector envs, per-slot
-exploration spread like Ape-X's epsilons, local n-step returns, batches pushed to the
-experience stream of each env slot's shard, and the rate limit against the learner.
+exploration spread like Ape-X's epsilons, batches of replay items pushed to the experience
+stream of each env slot's shard, and the rate limit against the learner
+(:class:`ReplayActor`); and the actors of n-step transitions (:class:`TransitionActor`).
 
-Follow one batch: ``ReplayActor.advance`` calls ``act`` and steps the envs; ``NStep.add``
-turns rewards into n-step transitions; ``ReplayActor.flush`` pushes them, one batch per
-shard (:func:`qrl.replay.shards.shard_of_slots`), with the subclass's initial priorities,
-through :class:`qrl.wire.streams.StreamProducer`; the replay role (``qrl/replay/role.py``)
-inserts them. Stacked frames (Atari) travel each frame once, in per-env-slot chunks
-(:mod:`qrl.replay.frames`). A subclass gives the policy: ``make_net``, ``act``,
-``priorities`` and ``action_dtype`` (R2D2 also its own ``advance`` and ``push``)."""
+Follow one batch: ``ReplayActor.advance`` calls ``act`` and steps the envs; ``collect``
+turns the step into replay items (``TransitionActor``: ``NStep.add``'s n-step transitions;
+R2D2: sequences); ``ReplayActor.flush`` pushes them, one batch per shard
+(:func:`qrl.replay.shards.shard_of_slots`), as the subclass's ``message`` (initial
+priorities included), through :class:`qrl.wire.streams.StreamProducer`; the replay role
+(``qrl/replay/role.py``) inserts them. Stacked frames (Atari) travel each frame once, in
+per-env-slot chunks (:mod:`qrl.replay.frames`)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ import numpy as np
 import redis
 import torch
 
-from qrl.actors.base import VectorActor
+from qrl.actors.base import Step, VectorActor
 from qrl.algos.apex_family.config import ReplayConfig
 from qrl.replay.frames import is_frame_stack, pack_frames
 from qrl.replay.shards import shard_of_slots
+from qrl.rl.envspec import EnvSpec
 from qrl.wire.codec import encode
 from qrl.wire.faults import repaired, warn_once
 from qrl.wire.keys import RunKeys
@@ -78,27 +80,29 @@ class NStep:
 
 
 class ReplayActor(VectorActor):
-    """One actor process's worth of environments feeding the prioritized replay. ``run``
-    until ``should_stop()``."""
-
-    action_dtype: Any = np.int32
+    """One actor process's worth of environments feeding the prioritized replay. A subclass
+    gives the policy (:meth:`make_net`, :meth:`act`), turns each vector step into replay
+    items (:meth:`collect`) and a batch of items into a message (:meth:`message`)."""
 
     def __init__(
-        self, client: redis.Redis, keys: RunKeys, cfg: ReplayConfig, actor_id: int = 0
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        cfg: ReplayConfig,
+        actor_id: int = 0,
+        env: EnvSpec | None = None,
     ) -> None:
-        super().__init__(client, keys, cfg, actor_id, keys.experience)
+        super().__init__(client, keys, cfg, actor_id, env)
         self.net = self.make_net()
         self.net.eval()
-        self.nstep = NStep(cfg.envs_per_actor, cfg.n_step, cfg.gamma)
-        self.pending: list[tuple[np.ndarray, Any, float, float, np.ndarray]] = []
-        self.pending_slots: list[int] = []
+        self.pending: list[Any] = []  # replay items not pushed yet
+        self.pending_slots: list[int] = []  # the env slot of each
         # each shard's stream (its own keys: on a cluster, its own node), and each slot's shard
         self.producers = [
             StreamProducer(client, k.experience, maxlen=cfg.stream_maxlen, keys=k)
             for k in keys.shards(cfg.replay_shards)
         ]
         self.shard_of = shard_of_slots(actor_id, cfg.envs_per_actor, cfg.replay_shards)
-        self.frames = is_frame_stack(self.obs_shape, self.obs_dtype)  # send frames once
         self.counted = 0  # steps already added to the run's global env-step counter
         self.throttled_s = 0.0
 
@@ -110,15 +114,21 @@ class ReplayActor(VectorActor):
         """A batch of actions, exploration included."""
         raise NotImplementedError
 
-    def priorities(
-        self, obs: np.ndarray, act: np.ndarray, ret: np.ndarray, disc: np.ndarray, nxt: np.ndarray
-    ) -> np.ndarray:
-        """Initial priorities of n-step transitions."""
+    def collect(
+        self, obs: np.ndarray, actions: np.ndarray, step: Step
+    ) -> tuple[list[Any], list[int]]:
+        """The replay items that taking ``actions`` in ``obs`` completed, and the env slot of
+        each."""
+        raise NotImplementedError
+
+    def message(self, items: list[Any], slots: np.ndarray) -> tuple[str, dict[str, Any]]:
+        """The kind and the fields of the message of ``items`` (from env slots ``slots``),
+        ``priority`` included; the actor, the version and a batch id are added to them."""
         raise NotImplementedError
 
     def flush(self, should_stop: Callable[[], bool]) -> bool:
-        """Push the pending transitions, one batch per shard (the shard of their env slot);
-        False if stopped while waiting."""
+        """Push the pending items, one batch per shard (the shard of their env slot); False
+        if stopped while waiting."""
         if not self.pending:
             return True
         pending, slots = self.pending, np.asarray(self.pending_slots)
@@ -126,37 +136,21 @@ class ReplayActor(VectorActor):
         self.pending, self.pending_slots = [], []
         for s, producer in enumerate(self.producers):
             mine = np.flatnonzero(shard == s)
-            rows = [pending[i] for i in mine]
-            if rows and not self.push(producer, rows, slots[mine], should_stop):
+            items = [pending[i] for i in mine]
+            if items and not self.push(producer, items, slots[mine], should_stop):
                 return False
         return self.throttle(should_stop)
 
     def push(
         self,
         producer: StreamProducer,
-        pending: list[tuple[np.ndarray, Any, float, float, np.ndarray]],
+        items: list[Any],
         slots: np.ndarray,
         should_stop: Callable[[], bool],
     ) -> bool:
-        """Push ``pending`` (from env slots ``slots``) as one batch to ``producer``'s
+        """Push ``items`` (from env slots ``slots``) as one message to ``producer``'s
         stream; False if stopped."""
-        obs, act, ret, disc, nxt = zip(*pending, strict=True)
-        obs_a = np.stack(obs).astype(self.obs_dtype)
-        nxt_a = np.stack(nxt).astype(self.obs_dtype)
-        act_a = np.asarray(act, self.action_dtype)
-        ret_a, disc_a = np.asarray(ret, np.float32), np.asarray(disc, np.float32)
-        rows = {
-            "action": act_a,
-            "ret": ret_a,
-            "disc": disc_a,
-            "priority": self.priorities(obs_a, act_a, ret_a, disc_a, nxt_a),
-        }
-        if self.frames:  # each frame once, per env-slot chunk (qrl/replay/frames.py)
-            kind, fields = "apex.frames", pack_frames(obs_a, nxt_a, slots)
-            order = fields.pop("order")
-            fields.update({k: v[order] for k, v in rows.items()})
-        else:
-            kind, fields = "apex.experience", {"obs": obs_a, "next_obs": nxt_a, **rows}
+        kind, fields = self.message(items, slots)
         payload = encode(
             kind,
             {**fields, "version": self.version, "actor": self.actor_id, "batch": uuid.uuid4().hex},
@@ -202,18 +196,77 @@ class ReplayActor(VectorActor):
         return True
 
     def advance(self, obs: np.ndarray, should_stop: Callable[[], bool]) -> np.ndarray | None:
-        """One vector step; pushes a batch when ``actor_batch`` transitions are ready."""
+        """One vector step; pushes a batch when ``actor_batch`` items are ready."""
         actions = self.act(obs)
-        next_obs, true_next, rewards, term, trunc = self.step_envs(actions)
-        self.pending += self.nstep.add(obs, actions, rewards, true_next, term, trunc)
-        self.pending_slots += self.nstep.slots
+        step = self.step_envs(actions)
+        items, slots = self.collect(obs, actions, step)
+        self.pending += items
+        self.pending_slots += slots
         if len(self.pending) >= self.cfg.actor_batch and not self.flush(should_stop):
             return None
-        return next_obs
+        return step.next_obs
 
     def finish(self, should_stop: Callable[[], bool]) -> None:
         self.flush(should_stop)
 
+    def waited_s(self) -> float:
+        return sum(p.waited_s for p in self.producers)
+
     def extra_metrics(self) -> dict[str, float]:
-        waited = sum(p.waited_s for p in self.producers)
-        return {"throttled_s": self.throttled_s, "backpressure_s": waited}
+        return {"throttled_s": self.throttled_s}
+
+
+class TransitionActor(ReplayActor):
+    """The actors of n-step transitions (Ape-X, Ape-X DPG): local n-step returns
+    (:class:`NStep`), initial priorities from the subclass (:meth:`priorities`), stacked
+    frames sent once. A subclass also gives ``action_dtype``."""
+
+    action_dtype: Any = np.int32
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        cfg: ReplayConfig,
+        actor_id: int = 0,
+        env: EnvSpec | None = None,
+    ) -> None:
+        super().__init__(client, keys, cfg, actor_id, env)
+        self.nstep = NStep(cfg.envs_per_actor, cfg.n_step, cfg.gamma)
+        self.frames = is_frame_stack(self.obs_shape, self.obs_dtype)  # send frames once
+
+    def priorities(
+        self, obs: np.ndarray, act: np.ndarray, ret: np.ndarray, disc: np.ndarray, nxt: np.ndarray
+    ) -> np.ndarray:
+        """Initial priorities of n-step transitions."""
+        raise NotImplementedError
+
+    def collect(
+        self, obs: np.ndarray, actions: np.ndarray, step: Step
+    ) -> tuple[list[Any], list[int]]:
+        done = self.nstep.add(
+            obs, actions, step.rewards, step.true_next, step.terminated, step.truncated
+        )
+        return done, self.nstep.slots
+
+    def message(
+        self, items: list[tuple[np.ndarray, Any, float, float, np.ndarray]], slots: np.ndarray
+    ) -> tuple[str, dict[str, Any]]:
+        """Transitions as ``apex.experience``, or over stacked frames as ``apex.frames``."""
+        obs, act, ret, disc, nxt = zip(*items, strict=True)
+        obs_a = np.stack(obs).astype(self.obs_dtype)
+        nxt_a = np.stack(nxt).astype(self.obs_dtype)
+        act_a = np.asarray(act, self.action_dtype)
+        ret_a, disc_a = np.asarray(ret, np.float32), np.asarray(disc, np.float32)
+        rows = {
+            "action": act_a,
+            "ret": ret_a,
+            "disc": disc_a,
+            "priority": self.priorities(obs_a, act_a, ret_a, disc_a, nxt_a),
+        }
+        if not self.frames:
+            return "apex.experience", {"obs": obs_a, "next_obs": nxt_a, **rows}
+        fields = pack_frames(obs_a, nxt_a, slots)  # each frame once, per env-slot chunk
+        order = fields.pop("order")
+        fields.update({k: v[order] for k, v in rows.items()})
+        return "apex.frames", fields

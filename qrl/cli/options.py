@@ -201,7 +201,7 @@ def build_config(
     """The config from a file, then the options given (``None``: not given), then --set;
     with ``check``, its env is made once to check that it exists and that ``algo`` can act
     in it."""
-    from qrl.rl.envs import check_env
+    from qrl.rl.envspec import check_env
     from qrl.runtime.config import ConfigError, parse_config, parse_overrides, read_config_file
 
     try:

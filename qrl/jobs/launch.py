@@ -31,6 +31,7 @@ import redis
 
 from qrl.algos import ALGOS
 from qrl.rl.envs import allow_env_modules, allowed_env_modules, check_env_id
+from qrl.rl.envspec import EnvSpec
 from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.control import StopFlag, on_stop_signals
 from qrl.runtime.files import open_appending
@@ -161,8 +162,11 @@ def _run(
     checkpoint = spec.checkpoint
     if checkpoint is None and spec.run_dir is not None:
         checkpoint = spec.run_dir / "checkpoint.pt"
-    ctx = RoleContext(client, opener, keys, cfg, ident, spec.device, spec.threads, checkpoint)
     try:
+        env = EnvSpec.of(cfg.env)  # read once: the role gets it, no role makes an env to read it
+        ctx = RoleContext(
+            client, opener, keys, cfg, ident, spec.device, spec.threads, checkpoint, env
+        )
         role = roledef.make(ctx)
     except (RuntimeError, ValueError) as e:  # CheckpointError is a ValueError
         raise LaunchError(str(e)) from e

@@ -11,13 +11,14 @@ the algorithm (its builder says how to act with its parameters).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from qrl.algos import ALGOS, Algorithm
+from qrl.rl.envspec import EnvSpec
 from qrl.runtime.algorithm import Policy
 from qrl.runtime.checkpoint import CheckpointError, load_checkpoint
 from qrl.runtime.config import parse_config
@@ -25,14 +26,15 @@ from qrl.runtime.config import parse_config
 
 @dataclass
 class LoadedPolicy:
-    """A trained policy: ``predict`` acts greedily; ``algo``, ``config`` and ``env_id`` say
-    what it is; ``step`` is the learner's update (or generation) it was saved at."""
+    """A trained policy: ``predict`` acts greedily; ``algo``, ``config``, ``env_id`` and
+    ``env`` (its spaces) say what it is; ``step`` is the learner's update (or generation)
+    it was saved at."""
 
     algorithm: Algorithm
     config: Any
     act: Policy  # a batch of observations -> a batch of greedy actions
     step: int
-    _obs_shape: tuple[int, ...] | None = field(default=None, repr=False)
+    env: EnvSpec
 
     @property
     def algo(self) -> str:
@@ -44,11 +46,7 @@ class LoadedPolicy:
 
     @property
     def observation_shape(self) -> tuple[int, ...]:
-        if self._obs_shape is None:
-            from qrl.rl.envs import spaces
-
-            self._obs_shape = tuple(spaces(self.env_id)[0].shape or ())
-        return self._obs_shape
+        return self.env.obs_shape
 
     def reset(self) -> None:
         """Start new episodes: a recurrent policy (R2D2) forgets its state; others have none."""
@@ -94,7 +92,8 @@ def load_policy(path: str | Path, env_modules: Iterable[str] = ()) -> LoadedPoli
     cfg = parse_config(algo.config, state["config"])
     try:
         check_env_id(cfg.env)
+        env = EnvSpec.of(cfg.env)
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    act = algo.policy(cfg, {k: v.numpy() for k, v in state["model"].items()})
-    return LoadedPolicy(algo, cfg, act, int(state["step"]))
+    act = algo.policy(cfg, env, {k: v.numpy() for k, v in state["model"].items()})
+    return LoadedPolicy(algo, cfg, act, int(state["step"]), env)

@@ -28,6 +28,7 @@ from rich.table import Table
 
 from qrl.algos import Algorithm
 from qrl.jobs.launch import RoleSpec, start_process
+from qrl.rl.envspec import EnvSpec
 from qrl.runtime.checkpoint import replace_model
 from qrl.runtime.control import StopFlag, clear_stop, request_stop
 from qrl.runtime.files import write_json
@@ -75,6 +76,7 @@ class Evaluator:
     def __init__(self, algo: Algorithm, cfg: Any, episodes: int, env: str | None = None) -> None:
         self.algo, self.cfg, self.episodes = algo, cfg, episodes
         self.env = env or cfg.env
+        self.spec: EnvSpec | None = None  # of the env trained on, read at the first play
         self.last: Weights | None = None
         self.seen = -1  # the newest version fetched, whether it could be evaluated or not
 
@@ -107,7 +109,9 @@ class Evaluator:
 
         from qrl.rl.evaluate import evaluate
 
-        act = self.algo.policy(self.cfg, w.params)
+        if self.spec is None:
+            self.spec = EnvSpec.of(self.cfg.env)
+        act = self.algo.policy(self.cfg, self.spec, w.params)
         return float(np.mean(evaluate(self.env, act, episodes, seed=seed)))
 
 

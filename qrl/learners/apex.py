@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from qrl.learners.base import adam
 from qrl.learners.replay import Batch, ReplayLearner
 from qrl.replay.frames import layout_for
-from qrl.rl.envs import env_spec
 from qrl.rl.models import q_network
 
 
@@ -17,11 +16,10 @@ class ApexLearner(ReplayLearner):
     algo = "apex"
 
     def build(self) -> torch.nn.Module:
-        cfg = self.cfg
-        obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
-        self.target = q_network(cfg).to(self.device)
-        self.layout = layout_for(obs_shape, obs_dtype, n_actions)
-        return q_network(cfg).to(self.device)
+        cfg, env = self.cfg, self.env
+        self.target = q_network(cfg, env).to(self.device)
+        self.layout = layout_for(env.obs_shape, env.obs_dtype, env.discrete_actions())
+        return q_network(cfg, env).to(self.device)
 
     def optimizer(self) -> torch.optim.Optimizer:
         return adam(self.net.parameters(), lr=self.cfg.lr, eps=self.cfg.adam_eps)

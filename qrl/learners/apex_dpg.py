@@ -28,22 +28,21 @@ from qrl.algos.apex_dpg.dpg import ActorCritic, critic_target, polyak, unscale_a
 from qrl.learners.base import adam
 from qrl.learners.replay import Batch, ReplayLearner
 from qrl.replay.role import experience_spec
-from qrl.rl.envs import box_spec
 
 
 class ApexDPGLearner(ReplayLearner):
     algo = "apex-dpg"
 
     def build(self) -> torch.nn.Module:
-        cfg = self.cfg
-        obs_shape, _, low, high = box_spec(cfg.env)
-        self.low = torch.from_numpy(low).to(self.device)
-        self.high = torch.from_numpy(high).to(self.device)
+        cfg, obs_shape = self.cfg, self.env.obs_shape
+        low, high = self.env.box_actions()
+        self.low = torch.tensor(low, device=self.device)
+        self.high = torch.tensor(high, device=self.device)
         net = ActorCritic(obs_shape, len(low), cfg.hidden).to(self.device)
         self.target = ActorCritic(obs_shape, len(low), cfg.hidden).to(self.device)
         self.target.requires_grad_(False)
         self.actor_view = nn.ModuleDict({"actor": net.actor})  # what is published
-        self.layout, _ = experience_spec(cfg.env)
+        self.layout, _ = experience_spec(self.env)
         self.q_mean = float("nan")
         return net
 

@@ -18,6 +18,8 @@ import numpy as np
 import redis
 import torch
 
+from qrl.rl.envspec import EnvSpec
+from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.checkpoint import load_checkpoint, save_checkpoint
 from qrl.runtime.loop import Role, StopCheck
 from qrl.wire.keys import RunKeys
@@ -59,8 +61,10 @@ class Learner(Role):
         device: str = "auto",
         checkpoint: Path | None = None,
         threads: int = 1,
+        env: EnvSpec | None = None,
     ) -> None:
         self.client_factory, self.keys, self.cfg = client_factory, keys, cfg
+        self.env = env or EnvSpec.of(cfg.env)  # what build reads: the launcher's, read once
         self.client = client_factory()
         self.device = pick_device(device)
         torch.set_num_threads(threads)  # actors share the cores: one compute thread by default
@@ -93,6 +97,19 @@ class Learner(Role):
             if self._opt_state:
                 self._opt.load_state_dict(self._opt_state)
         return self._opt
+
+    @classmethod
+    def from_context(cls, ctx: RoleContext) -> Learner:
+        """The learner a role context asks for (what the builders' ``make`` returns)."""
+        return cls(
+            ctx.connect,
+            ctx.keys,
+            ctx.cfg,
+            ctx.device,
+            checkpoint=ctx.checkpoint,
+            threads=ctx.threads,
+            env=ctx.env,
+        )
 
     # -- for subclasses
     def build(self) -> torch.nn.Module:

@@ -33,6 +33,7 @@ from qrl.algos.es.config import ESConfig
 from qrl.algos.es.keys import es_params, es_results
 from qrl.algos.es.messages import es_results_schema
 from qrl.algos.es.strategy import Adam, NoiseTable, PolicySpec, es_gradient
+from qrl.rl.envspec import EnvSpec
 from qrl.runtime.checkpoint import load_checkpoint, save_checkpoint
 from qrl.runtime.loop import Role, StopCheck
 from qrl.wire.keys import RunKeys
@@ -59,9 +60,10 @@ class ESMaster(Role):
         keys: RunKeys,
         cfg: ESConfig,
         checkpoint: Path | None = None,
+        env: EnvSpec | None = None,
     ) -> None:
         self.client, self.keys, self.cfg = client_factory(), keys, cfg
-        self.spec = PolicySpec.for_env(cfg.env, cfg.hidden)
+        self.spec = PolicySpec.for_env(env or EnvSpec.of(cfg.env), cfg.hidden)
         self.noise = NoiseTable(cfg.noise_seed, cfg.noise_size)
         self.store = WeightStore(self.client, keys, es_params(keys))
         self.consumer = StreamConsumer(
@@ -285,12 +287,14 @@ class ESMaster(Role):
         self.consumer.close()
 
 
-def policy_from_params(cfg: ESConfig, params: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:
-    """The center policy (no noise) of published or checkpointed ES parameters; raises
-    ``ValueError`` if they do not fit the run's policy."""
+def policy_from_params(
+    cfg: ESConfig, env: EnvSpec, params: dict[str, Any]
+) -> Callable[[np.ndarray], np.ndarray]:
+    """The center policy (no noise) of published or checkpointed ES parameters on ``env``;
+    raises ``ValueError`` if they do not fit the run's policy."""
     from qrl.algos.es.strategy import normalize
 
-    spec = PolicySpec.for_env(cfg.env, cfg.hidden)
+    spec = PolicySpec.for_env(env, cfg.hidden)
     shapes = {"theta": (spec.dim,), "obs_mean": (spec.obs_dim,), "obs_std": (spec.obs_dim,)}
     if any(np.shape(params.get(k)) != v for k, v in shapes.items()):
         raise ValueError("ES parameters do not fit this run's policy")

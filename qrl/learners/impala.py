@@ -23,7 +23,6 @@ from qrl.algos.impala.keys import trajectories
 from qrl.algos.impala.messages import unroll_schema
 from qrl.algos.impala.vtrace import vtrace
 from qrl.learners.base import Learner, adam
-from qrl.rl.envs import env_spec
 from qrl.rl.models import PolicyValueNet
 from qrl.wire.streams import Entry, StreamConsumer
 
@@ -80,7 +79,8 @@ class ImpalaLearner(Learner):
 
     def build(self) -> torch.nn.Module:
         cfg = self.cfg
-        self.obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
+        self.obs_shape, obs_dtype = self.env.obs_shape, self.env.obs_dtype
+        n_actions = self.env.discrete_actions()
         net = PolicyValueNet(self.obs_shape, n_actions, cfg.hidden).to(self.device)
         per_entry = cfg.envs_per_actor
         self.consumer = StreamConsumer(

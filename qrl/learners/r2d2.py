@@ -33,10 +33,10 @@ class R2D2Learner(ReplayLearner):
 
     def build(self) -> torch.nn.Module:
         cfg = self.cfg
-        self.target = recurrent_q_network(cfg).to(self.device).requires_grad_(False)
+        self.target = recurrent_q_network(cfg, self.env).to(self.device).requires_grad_(False)
         self.rule = rule_of(cfg)
-        self.layout, _ = sequence_spec(cfg)
-        return recurrent_q_network(cfg).to(self.device)
+        self.layout, _ = sequence_spec(cfg, self.env)
+        return recurrent_q_network(cfg, self.env).to(self.device)
 
     def optimizer(self) -> torch.optim.Optimizer:
         return adam(self.net.parameters(), lr=self.cfg.lr, eps=self.cfg.adam_eps)

@@ -16,7 +16,7 @@ from qrl.algos.apex_family.messages import experience_schema, frames_schema
 from qrl.replay.frames import FrameBatch, is_frame_stack, layout_for, replay_class
 from qrl.replay.shards import filler_shard, shard_capacity
 from qrl.replay.store import PrioritizedReplay, RecordLayout
-from qrl.rl.envs import action_kind, box_spec, env_spec, spaces
+from qrl.rl.envspec import EnvSpec
 from qrl.runtime.loop import Role, StopCheck
 from qrl.wire.keys import RunKeys
 from qrl.wire.schema import Schema
@@ -25,15 +25,16 @@ from qrl.wire.streams import Entry, StreamConsumer
 log = logging.getLogger(__name__)
 
 
-def experience_spec(env_id: str, max_rows: int = 4096) -> tuple[RecordLayout, Schema]:
-    """The replay layout and the experience-stream schema of ``env_id``'s transitions:
+def experience_spec(env: EnvSpec, max_rows: int = 4096) -> tuple[RecordLayout, Schema]:
+    """The replay layout and the experience-stream schema of ``env``'s transitions:
     discrete actions (Ape-X; stacked frames sent and stored once) or a Box action vector
     (Ape-X DPG: float32, within the space's bounds)."""
-    if action_kind(spaces(env_id)[1]) == "continuous":
-        obs_shape, obs_dtype, low, high = box_spec(env_id)
+    obs_shape, obs_dtype = env.obs_shape, env.obs_dtype
+    if env.action_kind == "continuous":
+        low, high = env.box_actions()
         layout = RecordLayout(obs_shape, obs_dtype, action_shape=low.shape, action_dtype="float32")
         return layout, experience_schema(obs_shape, obs_dtype, 0, max_rows, (low, high))
-    obs_shape, obs_dtype, n_actions = env_spec(env_id)
+    n_actions = env.discrete_actions()
     if is_frame_stack(obs_shape, obs_dtype):
         schema = frames_schema(obs_shape, n_actions, max_rows=max_rows)
     else:
@@ -50,8 +51,8 @@ def make_replay(
     layout: RecordLayout | None = None,
 ) -> PrioritizedReplay:
     """Shard ``shard`` of the run's replay (the whole replay when it has one shard), of
-    ``layout``'s records (default: the env's transitions, :func:`experience_spec`)."""
-    layout = layout or experience_spec(cfg.env)[0]
+    ``layout``'s records (default: the transitions of ``cfg.env``, :func:`experience_spec`)."""
+    layout = layout or experience_spec(EnvSpec.of(cfg.env))[0]
     return replay_class(layout)(
         client,
         keys.shards(cfg.replay_shards)[shard],
@@ -71,11 +72,16 @@ class ReplayFiller(Role):
     counter = "inserted"
 
     def __init__(
-        self, client: redis.Redis, keys: RunKeys, cfg: ReplayConfig, ident: int = 0
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        cfg: ReplayConfig,
+        ident: int = 0,
+        env: EnvSpec | None = None,
     ) -> None:
         self.client, self.ident = client, ident
         self.shard = filler_shard(ident, cfg.replay_shards)
-        layout, schema = self.spec(cfg)
+        layout, schema = self.spec(cfg, env or EnvSpec.of(cfg.env))
         self.replay = make_replay(client, keys, cfg, shard=self.shard, layout=layout)
         self.keys = self.replay.keys  # the shard's: its stream, dead letters and counters
         self.frames = schema.kind == "apex.frames"
@@ -94,10 +100,10 @@ class ReplayFiller(Role):
                 ident, self.shard, cfg.replay_shards, cfg.replay_shards - 1,
             )  # fmt: skip
 
-    def spec(self, cfg: ReplayConfig) -> tuple[RecordLayout, Schema]:
+    def spec(self, cfg: ReplayConfig, env: EnvSpec) -> tuple[RecordLayout, Schema]:
         """The replay's record layout and the schema of the stream's messages."""
         rows = cfg.actor_batch + cfg.envs_per_actor * cfg.n_step
-        return experience_spec(cfg.env, max_rows=rows)
+        return experience_spec(env, max_rows=rows)
 
     def records(self, d: dict[str, Any]) -> Any:
         """The replay items of a decoded message: records (or a frame batch), in the

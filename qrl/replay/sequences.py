@@ -24,7 +24,7 @@ from qrl.algos.r2d2.config import R2D2Config
 from qrl.algos.r2d2.messages import sequence_schema
 from qrl.replay.role import ReplayFiller
 from qrl.replay.store import RecordLayout
-from qrl.rl.envs import env_spec
+from qrl.rl.envspec import EnvSpec
 from qrl.wire.schema import Schema
 
 # the fields of a sequence, as the actor sends them and the replay stores them
@@ -52,9 +52,11 @@ class SequenceLayout(RecordLayout):
         ]
 
 
-def sequence_spec(cfg: R2D2Config, max_rows: int = 4096) -> tuple[SequenceLayout, Schema]:
-    """The replay layout and the stream schema of ``cfg``'s sequences."""
-    obs_shape, obs_dtype, n_actions = env_spec(cfg.env)
+def sequence_spec(
+    cfg: R2D2Config, env: EnvSpec, max_rows: int = 4096
+) -> tuple[SequenceLayout, Schema]:
+    """The replay layout and the stream schema of ``cfg``'s sequences on ``env``."""
+    obs_shape, obs_dtype, n_actions = env.obs_shape, env.obs_dtype, env.discrete_actions()
     layout = SequenceLayout(
         obs_shape, obs_dtype, length=cfg.sequence_length, lstm=cfg.lstm, n_actions=n_actions
     )
@@ -73,8 +75,8 @@ def max_rows(cfg: R2D2Config) -> int:
 class SequenceFiller(ReplayFiller):
     """Drains R2D2's sequence stream into the replay (``qrl replay`` of an R2D2 run)."""
 
-    def spec(self, cfg: Any) -> tuple[RecordLayout, Schema]:
-        return sequence_spec(cfg, max_rows(cfg))
+    def spec(self, cfg: Any, env: EnvSpec) -> tuple[RecordLayout, Schema]:
+        return sequence_spec(cfg, env, max_rows(cfg))
 
     def records(self, d: dict[str, Any]) -> list[bytes]:
         return self.replay.layout.pack_columns(**{k: d[k] for k in FIELDS})

@@ -127,35 +127,6 @@ def find_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     return gym.spec(registered_id(env_id))
 
 
-def action_kind(space: gym.Space) -> str:
-    """``discrete``, ``continuous`` (a Box) or the space's class name."""
-    if isinstance(space, gym.spaces.Discrete):
-        return "discrete"
-    if isinstance(space, gym.spaces.Box):
-        return "continuous"
-    return type(space).__name__
-
-
-def check_env(env_id: str, algo: str, actions: frozenset[str]) -> None:
-    """Make ``env_id`` once; raise ``ValueError`` (one line) if it cannot be made (with
-    gymnasium's suggestion for a near miss) or its actions are not of a kind in ``actions``."""
-    try:
-        env = make_env(env_id)
-    except (gym.error.Error, ImportError, RuntimeError, ValueError) as e:
-        msg = str(e).removeprefix(f"cannot make environment {env_id!r}: ")
-        msg = msg.removeprefix(f"environment {env_id!r}: ")
-        raise ValueError(f"environment {env_id!r}: {msg}") from None
-    try:
-        kind = action_kind(env.action_space)
-        if kind not in actions:
-            raise ValueError(
-                f"{env_id} has {kind} actions ({env.action_space}); {algo} needs "
-                f"{' or '.join(sorted(actions))} actions"
-            )
-    finally:
-        env.close()
-
-
 def is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/") or "NoFrameskip" in env_id
 
@@ -203,40 +174,10 @@ def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorE
 
 
 def spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
-    """The env's ``(observation space, action space)`` (the env made, read and closed)."""
+    """The env's ``(observation space, action space)`` (the env made, read and closed; roles
+    get them read once, as a :class:`qrl.rl.envspec.EnvSpec`)."""
     env = make_env(env_id)
     try:
         return env.observation_space, env.action_space
     finally:
         env.close()
-
-
-def env_spec(env_id: str) -> tuple[tuple[int, ...], str, int]:
-    """``(observation shape, observation dtype, number of discrete actions)``."""
-    obs, act = spaces(env_id)
-    if not isinstance(act, gym.spaces.Discrete):
-        raise ValueError(f"{env_id} has {act}, this algorithm needs discrete actions")
-    return tuple(obs.shape), np.dtype(obs.dtype).name, int(act.n)
-
-
-def obs_bounds(env_id: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """The ``(low, high)`` bounds of the env's observation space (float64 arrays), or
-    ``None`` for a space that is not a Box (it has none)."""
-    obs, _ = spaces(env_id)
-    if not isinstance(obs, gym.spaces.Box):
-        return None
-    return obs.low.astype(np.float64), obs.high.astype(np.float64)
-
-
-def box_spec(env_id: str) -> tuple[tuple[int, ...], str, np.ndarray, np.ndarray]:
-    """``(observation shape, observation dtype, action low, action high)`` of an env with
-    vector observations and a Box action vector with finite bounds (float32 arrays)."""
-    obs, act = spaces(env_id)
-    if not isinstance(act, gym.spaces.Box) or len(act.shape) != 1:
-        raise ValueError(f"{env_id} has {act}, this algorithm needs a Box action vector")
-    low, high = act.low.astype(np.float32), act.high.astype(np.float32)
-    if not (np.isfinite(low).all() and np.isfinite(high).all() and (low < high).all()):
-        raise ValueError(f"{env_id} has action bounds {act.low}..{act.high}: need finite ones")
-    if len(obs.shape) != 1:
-        raise ValueError(f"{env_id} has observations of shape {obs.shape}: need a vector")
-    return tuple(obs.shape), np.dtype(obs.dtype).name, low, high

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from qrl.rl.envs import env_spec, obs_bounds
+from qrl.rl.envspec import EnvSpec
 
 Bounds = tuple[np.ndarray, np.ndarray]  # an observation space's (low, high)
 
@@ -154,19 +154,19 @@ class RecurrentQNetwork(nn.Module):
         return q, (h[0], c[0])
 
 
-def _bounds(cfg: Any, obs_shape: tuple[int, ...]) -> Bounds | None:
-    return obs_bounds(cfg.env) if cfg.obs_scale and len(obs_shape) == 1 else None
+def _bounds(cfg: Any, env: EnvSpec) -> Bounds | None:
+    return env.obs_bounds if cfg.obs_scale and len(env.obs_shape) == 1 else None
 
 
-def q_network(cfg: Any) -> QNetwork:
-    """Ape-X's Q-network for ``cfg`` (its learner, actors and greedy policy build it here)."""
-    obs_shape, _, n_actions = env_spec(cfg.env)
-    return QNetwork(obs_shape, n_actions, cfg.hidden, cfg.dueling, _bounds(cfg, obs_shape))
+def q_network(cfg: Any, env: EnvSpec) -> QNetwork:
+    """Ape-X's Q-network for ``cfg`` on ``env`` (its learner, actors and greedy policy build
+    it here)."""
+    n_actions = env.discrete_actions()
+    return QNetwork(env.obs_shape, n_actions, cfg.hidden, cfg.dueling, _bounds(cfg, env))
 
 
-def recurrent_q_network(cfg: Any) -> RecurrentQNetwork:
-    """R2D2's LSTM Q-network for ``cfg`` (its learner, actors and greedy policy build it
-    here)."""
-    obs_shape, _, n_actions = env_spec(cfg.env)
-    bounds = _bounds(cfg, obs_shape)
-    return RecurrentQNetwork(obs_shape, n_actions, cfg.hidden, cfg.lstm, cfg.dueling, bounds)
+def recurrent_q_network(cfg: Any, env: EnvSpec) -> RecurrentQNetwork:
+    """R2D2's LSTM Q-network for ``cfg`` on ``env`` (its learner, actors and greedy policy
+    build it here)."""
+    n_actions, bounds = env.discrete_actions(), _bounds(cfg, env)
+    return RecurrentQNetwork(env.obs_shape, n_actions, cfg.hidden, cfg.lstm, cfg.dueling, bounds)

@@ -30,7 +30,9 @@ Policy = Callable[["np.ndarray"], "np.ndarray"]  # a batch of observations -> ac
 @dataclass(frozen=True)
 class RoleContext:
     """What making a role needs: a connection, a way to open more (picklable, for child
-    processes), the run's keys and config, the process number and the learner options."""
+    processes), the run's keys and config, the process number, the learner options and the
+    spec of the run's env (a :class:`qrl.rl.envspec.EnvSpec`, read once by the launcher;
+    ``None``: each role reads its own)."""
 
     client: redis.Redis
     connect: Callable[[], redis.Redis]
@@ -40,6 +42,7 @@ class RoleContext:
     device: str = "auto"
     threads: int = 1
     checkpoint: Path | None = None
+    env: Any = None
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,8 @@ class Algorithm:
     config: type[Config]
     summary: str  # the help of `qrl train NAME`
     roles: tuple[RoleDef, ...]
-    # (config, published parameters) -> the greedy policy evaluation plays
-    policy: Callable[[Any, dict[str, np.ndarray]], Policy]
+    # (config, env spec, published parameters) -> the greedy policy evaluation plays
+    policy: Callable[[Any, Any, dict[str, np.ndarray]], Policy]
     weights_key: Callable[[RunKeys], str]  # where the learner publishes
     # what `qrl status` reports as streams, and more values it shows, from the run's keys
     # and its stored config (a dict as written: fields may be missing or wrong)
@@ -102,17 +105,20 @@ class Algorithm:
         return out
 
 
-def torch_policy(build: Callable[[Any], Any]) -> Callable[[Any, dict[str, np.ndarray]], Policy]:
-    """The evaluation policy of a torch network built by ``build(cfg)``: load the published
-    parameters and act greedily (argmax of the network's first output: Q-values or logits)."""
+def torch_policy(
+    build: Callable[[Any, Any], Any],
+) -> Callable[[Any, Any, dict[str, np.ndarray]], Policy]:
+    """The evaluation policy of a torch network built by ``build(cfg, env)``: load the
+    published parameters and act greedily (argmax of the network's first output: Q-values or
+    logits)."""
 
-    def make(cfg: Any, params: dict[str, np.ndarray]) -> Policy:
+    def make(cfg: Any, env: Any, params: dict[str, np.ndarray]) -> Policy:
         import numpy as np
         import torch
 
         from qrl.wire.weights import load_arrays
 
-        net = build(cfg)
+        net = build(cfg, env)
         load_arrays(net, params)
 
         @torch.no_grad()

@@ -3,31 +3,32 @@ replay in Redis -> learner (double DQN, dueling, n-step) -> weights -> actors.""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qrl.algos.apex.config import ApexConfig
 from qrl.algos.apex_family.builder import replay_role, status, streams, transition_filler
 from qrl.runtime.algorithm import Algorithm, RoleContext, RoleDef, torch_policy
 
+if TYPE_CHECKING:
+    from qrl.rl.envspec import EnvSpec
+
 
 def _actor(ctx: RoleContext) -> Any:
     from qrl.actors.apex import ApexActor
 
-    return ApexActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident)
+    return ApexActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
 
 
 def _learner(ctx: RoleContext) -> Any:
     from qrl.learners.apex import ApexLearner
 
-    return ApexLearner(
-        ctx.connect, ctx.keys, ctx.cfg, ctx.device, checkpoint=ctx.checkpoint, threads=ctx.threads
-    )
+    return ApexLearner.from_context(ctx)
 
 
-def _q_network(cfg: ApexConfig) -> Any:
+def _q_network(cfg: ApexConfig, env: EnvSpec) -> Any:
     from qrl.rl.models import q_network
 
-    return q_network(cfg)
+    return q_network(cfg, env)
 
 
 ALGORITHM = Algorithm(

@@ -6,39 +6,39 @@ The replay role, the streams and the status lines are Ape-X's own (one replay fo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qrl.algos.apex_dpg.config import ApexDPGConfig
 from qrl.algos.apex_family.builder import replay_role, status, streams, transition_filler
 from qrl.runtime.algorithm import Algorithm, Policy, RoleContext, RoleDef
 
+if TYPE_CHECKING:
+    from qrl.rl.envspec import EnvSpec
+
 
 def _actor(ctx: RoleContext) -> Any:
     from qrl.actors.apex_dpg import ApexDPGActor
 
-    return ApexDPGActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident)
+    return ApexDPGActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
 
 
 def _learner(ctx: RoleContext) -> Any:
     from qrl.learners.apex_dpg import ApexDPGLearner
 
-    return ApexDPGLearner(
-        ctx.connect, ctx.keys, ctx.cfg, ctx.device, checkpoint=ctx.checkpoint, threads=ctx.threads
-    )
+    return ApexDPGLearner.from_context(ctx)
 
 
-def _policy(cfg: ApexDPGConfig, params: dict[str, Any]) -> Policy:
+def _policy(cfg: ApexDPGConfig, env: EnvSpec, params: dict[str, Any]) -> Policy:
     """The deterministic actor, scaled to the Box's bounds; ``params`` are published
     weights (``actor.*``) or a checkpoint's whole model (the critics are left out)."""
     import numpy as np
     import torch
 
     from qrl.algos.apex_dpg.dpg import policy_net, scale_action
-    from qrl.rl.envs import box_spec
     from qrl.wire.weights import load_arrays
 
-    obs_shape, _, low, high = box_spec(cfg.env)
-    net = policy_net(obs_shape, len(low), cfg.hidden)
+    low, high = env.box_actions()
+    net = policy_net(env.obs_shape, len(low), cfg.hidden)
     load_arrays(net, {k: v for k, v in params.items() if k.startswith("actor.")})
 
     @torch.no_grad()

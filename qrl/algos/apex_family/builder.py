@@ -31,7 +31,7 @@ def transition_filler(ctx: RoleContext) -> Any:
     """The filler of n-step transitions (Ape-X and Ape-X DPG)."""
     from qrl.replay.role import ReplayFiller
 
-    return ReplayFiller(ctx.client, ctx.keys, ctx.cfg, ctx.ident)
+    return ReplayFiller(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
 
 
 def _shards(keys: RunKeys, config: dict[str, Any]) -> list[RunKeys]:

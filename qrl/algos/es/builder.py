@@ -3,29 +3,32 @@ results stream -> master (fitness shaping, Adam) -> parameters with their genera
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qrl.algos.es.config import ESConfig
 from qrl.algos.es.keys import es_params, es_results
 from qrl.runtime.algorithm import Algorithm, RoleContext, RoleDef
 
+if TYPE_CHECKING:
+    from qrl.rl.envspec import EnvSpec
+
 
 def _worker(ctx: RoleContext) -> Any:
     from qrl.actors.es import ESWorker
 
-    return ESWorker(ctx.client, ctx.keys, ctx.cfg, ctx.ident)
+    return ESWorker(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
 
 
 def _master(ctx: RoleContext) -> Any:
     from qrl.learners.es import ESMaster
 
-    return ESMaster(ctx.connect, ctx.keys, ctx.cfg, checkpoint=ctx.checkpoint)
+    return ESMaster(ctx.connect, ctx.keys, ctx.cfg, checkpoint=ctx.checkpoint, env=ctx.env)
 
 
-def _center_policy(cfg: ESConfig, params: dict[str, Any]) -> Any:
+def _center_policy(cfg: ESConfig, env: EnvSpec, params: dict[str, Any]) -> Any:
     from qrl.learners.es import policy_from_params
 
-    return policy_from_params(cfg, params)
+    return policy_from_params(cfg, env, params)
 
 
 ALGORITHM = Algorithm(

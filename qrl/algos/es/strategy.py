@@ -9,9 +9,12 @@ per environment slot), which is what makes ES workers cheap: no torch on the hot
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import gymnasium as gym
 import numpy as np
+
+if TYPE_CHECKING:
+    from qrl.rl.envspec import EnvSpec
 
 
 class NoiseTable:
@@ -86,24 +89,15 @@ class PolicySpec:
     high: np.ndarray | None = None
 
     @classmethod
-    def for_env(cls, env_id: str, hidden: tuple[int, ...]) -> PolicySpec:
-        from qrl.rl.envs import spaces
-
-        obs, act = spaces(env_id)
-        if len(obs.shape) != 1:
+    def for_env(cls, env: EnvSpec, hidden: tuple[int, ...]) -> PolicySpec:
+        if len(env.obs_shape) != 1:
             raise ValueError("ES supports vector observations")
-        if isinstance(act, gym.spaces.Discrete):
-            return cls(obs.shape[0], tuple(hidden), int(act.n), True)
-        if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
-            return cls(
-                obs.shape[0],
-                tuple(hidden),
-                act.shape[0],
-                False,
-                act.low.astype(np.float32),
-                act.high.astype(np.float32),
-            )
-        raise ValueError(f"unsupported action space {act}")
+        if env.action_kind == "discrete":
+            return cls(env.obs_shape[0], tuple(hidden), env.n_actions, True)
+        if env.action_bounds is not None and len(env.action_shape) == 1:
+            low, high = env.action_bounds
+            return cls(env.obs_shape[0], tuple(hidden), env.action_shape[0], False, low, high)
+        raise ValueError(f"unsupported action space {env.action_space}")
 
     @property
     def layers(self) -> list[tuple[int, int]]:

@@ -2,33 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
 from qrl.runtime.algorithm import Algorithm, RoleContext, RoleDef, torch_policy
 
+if TYPE_CHECKING:
+    from qrl.rl.envspec import EnvSpec
+
 
 def _actor(ctx: RoleContext) -> Any:
     from qrl.actors.impala import ImpalaActor
 
-    return ImpalaActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident)
+    return ImpalaActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
 
 
 def _learner(ctx: RoleContext) -> Any:
     from qrl.learners.impala import ImpalaLearner
 
-    return ImpalaLearner(
-        ctx.connect, ctx.keys, ctx.cfg, ctx.device, checkpoint=ctx.checkpoint, threads=ctx.threads
-    )
+    return ImpalaLearner.from_context(ctx)
 
 
-def _policy_value_net(cfg: ImpalaConfig) -> Any:
-    from qrl.rl.envs import env_spec
+def _policy_value_net(cfg: ImpalaConfig, env: EnvSpec) -> Any:
     from qrl.rl.models import PolicyValueNet
 
-    obs_shape, _, n_actions = env_spec(cfg.env)
-    return PolicyValueNet(obs_shape, n_actions, cfg.hidden)
+    return PolicyValueNet(env.obs_shape, env.discrete_actions(), cfg.hidden)
 
 
 ALGORITHM = Algorithm(

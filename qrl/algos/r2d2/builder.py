@@ -8,41 +8,42 @@ of an R2D2 run fills the replay with sequences)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qrl.algos.apex_family.builder import replay_role, status, streams
 from qrl.algos.r2d2.config import R2D2Config
 from qrl.runtime.algorithm import Algorithm, Policy, RoleContext, RoleDef
 
+if TYPE_CHECKING:
+    from qrl.rl.envspec import EnvSpec
+
 
 def _actor(ctx: RoleContext) -> Any:
     from qrl.actors.r2d2 import R2D2Actor
 
-    return R2D2Actor(ctx.client, ctx.keys, ctx.cfg, ctx.ident)
+    return R2D2Actor(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
 
 
 def _replay(ctx: RoleContext) -> Any:
     from qrl.replay.sequences import SequenceFiller
 
-    return SequenceFiller(ctx.client, ctx.keys, ctx.cfg, ctx.ident)
+    return SequenceFiller(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
 
 
 def _learner(ctx: RoleContext) -> Any:
     from qrl.learners.r2d2 import R2D2Learner
 
-    return R2D2Learner(
-        ctx.connect, ctx.keys, ctx.cfg, ctx.device, checkpoint=ctx.checkpoint, threads=ctx.threads
-    )
+    return R2D2Learner.from_context(ctx)
 
 
-def _policy(cfg: R2D2Config, params: dict[str, Any]) -> Policy:
+def _policy(cfg: R2D2Config, env: EnvSpec, params: dict[str, Any]) -> Policy:
     """The greedy policy of the LSTM Q-network; it keeps the LSTM state between calls
     (``.reset()`` starts new episodes; so does a new batch size)."""
     from qrl.algos.r2d2.rule import RecurrentPolicy
     from qrl.rl.models import recurrent_q_network
     from qrl.wire.weights import load_arrays
 
-    net = recurrent_q_network(cfg)
+    net = recurrent_q_network(cfg, env)
     load_arrays(net, params)
     return RecurrentPolicy(net)
 
