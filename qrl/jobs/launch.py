@@ -35,6 +35,7 @@ from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.control import StopFlag, on_stop_signals
 from qrl.runtime.files import open_appending
 from qrl.runtime.ids import claim_id, hold_id
+from qrl.runtime.live import LiveConfig
 from qrl.runtime.loop import RoleFailed
 from qrl.runtime.loop import run_role as run_loop
 from qrl.runtime.runs import RunNotFound, load_run, load_run_config
@@ -161,6 +162,10 @@ def _run(
     checkpoint = spec.checkpoint
     if checkpoint is None and spec.run_dir is not None:
         checkpoint = spec.run_dir / "checkpoint.pt"
+    follows = spec.run_dir is not None and roledef.kind == "learner"  # writes the run dir
+    record = spec.run_dir / "config_changes.jsonl" if follows else None
+    live = LiveConfig(client, keys, cfg, record)  # the changes made so far, and the next ones
+    cfg = live.cfg
     ctx = RoleContext(client, opener, keys, cfg, ident, spec.device, spec.threads, checkpoint)
     try:
         role = roledef.make(ctx)
@@ -173,7 +178,7 @@ def _run(
     )  # fmt: skip
     done = threading.Event()
     writer = None
-    if spec.run_dir is not None and roledef.kind == "learner":
+    if follows:
         from qrl.runtime.runlog import follow
 
         described = {"algo": algo.name, "run": spec.run, "config": cfg.to_dict()}
@@ -185,9 +190,10 @@ def _run(
             client,
             keys,
             ident,
-            StopFlag(client, keys, signals=False, local=stopping),
+            StopFlag(client, keys, signals=False, local=stopping, live=live),
             limit=spec.limit,
             checkpoint_every=spec.checkpoint_every if roledef.kind == "learner" else None,
+            live=live,
         )
     finally:
         if writer is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from qrl.algos.apex_family.config import QLearning, ReplayConfig
-from qrl.runtime.config import LearningRate, Layers, lr_field
+from qrl.runtime.config import Layers, LearningRate, lr_field
 
 
 class ApexConfig(LearningRate, QLearning, ReplayConfig):

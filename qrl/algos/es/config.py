@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from qrl.runtime.config import LIVE, ClaimIdle, Config, LearningRate, Layers, lr_field
+from qrl.runtime.config import LIVE, ClaimIdle, Config, Layers, LearningRate, lr_field
 
 
 class ESConfig(LearningRate, ClaimIdle, Config):

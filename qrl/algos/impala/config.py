@@ -13,8 +13,8 @@ from qrl.runtime.config import (
     ClaimIdle,
     Config,
     GradientClip,
-    LearningRate,
     Layers,
+    LearningRate,
     grad_clip_field,
     lr_field,
 )
