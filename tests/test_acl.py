@@ -113,6 +113,8 @@ def test_the_readmes_per_run_rule_leaves_out_scan_select_and_flushing_scripts(bi
         script = runner.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
         assert script(keys=["qrl:{r1}:x"], args=[1]) == b"OK"  # EVALSHA, SCRIPT LOAD
         assert runner.xadd("qrl:{r1~0.1}:experience", {"d": b"x"})  # its shards' keys too
+        live = LiveConfig(runner, RunKeys("r1"), ApexConfig())  # follows qrl run set
+        assert live.following and live.poll() is False
         refused = [
             lambda: runner.scan(),
             lambda: runner.execute_command("SELECT", "1"),

@@ -101,7 +101,8 @@ return 1
 class _ReadOnly:
     """:data:`_READ` run with EVALSHA_RO (Redis 7: a user that may only read the run's
     control and live-config keys, ``%R~``, may run it on them), or EVALSHA where the server
-    has no EVALSHA_RO (Redis 6.2, whose users read with plain ``~`` patterns)."""
+    has no EVALSHA_RO (Redis 6.2, whose users read with plain ``~`` patterns) or the user
+    may not run it (the README's per-run rule, which may write every key of its run)."""
 
     sha = hashlib.sha1(_READ.encode()).hexdigest()
 
@@ -117,7 +118,10 @@ class _ReadOnly:
                 self.client.script_load(_READ)
             except redis.RedisError as e:  # the server's refusal, or the cluster client's
                 text = str(e)
-                if not self.ro or not ("unknown command" in text or "doesn't exist" in text):
+                unknown = "unknown command" in text or "doesn't exist" in text
+                if not self.ro or not (
+                    unknown or isinstance(e, redis.exceptions.NoPermissionError)
+                ):
                     raise
                 self.ro = False
         raise redis.exceptions.NoScriptError(f"{keys[-1]}: the read script was not kept")
