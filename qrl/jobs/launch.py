@@ -190,7 +190,8 @@ def _run(
             client,
             keys,
             ident,
-            StopFlag(client, keys, signals=False, local=stopping, live=live),
+            # a live config change is taken in within this interval and a step
+            StopFlag(client, keys, interval=0.25, signals=False, local=stopping, live=live),
             limit=spec.limit,
             checkpoint_every=spec.checkpoint_every if roledef.kind == "learner" else None,
             live=live,

@@ -96,7 +96,7 @@ def run_role(
     """Run ``role`` until ``should_stop()``, until its counter advanced by ``limit``, or
     until it cannot go on; returns how far its counter advanced. A config change ``live``
     took in (polled by ``should_stop``) goes to :meth:`Role.reconfigure` before the next
-    step, and the next report, sent at once, carries its version. The first checkpoint is
+    step, and a report with its version goes at once. The first checkpoint is
     written after ``first_checkpoint`` seconds (so a run has one to evaluate early), then
     every ``checkpoint_every``, and one at the end. Raises :class:`RoleFailed` if the role
     failed."""
@@ -116,7 +116,9 @@ def run_role(
                 break
             if live is not None and (cfg := live.take()) is not None:
                 role.reconfigure(cfg)
-                next_report = 0.0  # the change shows in a report at once
+                now = time.monotonic()  # the change shows in a report at once
+                last = _report(role, client, keys, ident, last, now, live)
+                next_report = now + report_every
             if limit is not None and role.count - start >= limit:
                 reason = f"reached its limit of {limit} {role.counter}"
                 break
