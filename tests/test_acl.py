@@ -14,7 +14,9 @@ import pytest
 import redis
 
 from qrl.algos import ALGOS
+from qrl.algos.apex.config import ApexConfig
 from qrl.jobs.acl import RUN_COMMANDS, user_name
+from qrl.runtime.live import LiveConfig
 from qrl.server.embedded import EmbeddedRedis, find_redis_server, server_version
 from qrl.wire.keys import RunKeys
 from tests.cli import ROOT, qrl
@@ -72,6 +74,7 @@ def test_an_actors_user_cannot_touch_weights_replay_or_other_runs(binary, tmp_pa
         ]
         if server_version(binary) >= (7,):  # read-only key patterns (%R~)
             refused += [lambda: actor.set(keys.weights, b"x"), lambda: actor.delete(keys.config)]
+            refused += [lambda: actor.hset(keys.config_live, "version", 9)]
         for i, attempt in enumerate(refused):
             with pytest.raises(redis.exceptions.NoPermissionError):
                 attempt()
@@ -82,6 +85,10 @@ def test_an_actors_user_cannot_touch_weights_replay_or_other_runs(binary, tmp_pa
         assert actor.xadd(keys.shards(2)[1].experience, {"d": b"x"})  # a shard's stream
         assert actor.set(keys.proc("actor.0@h:1"), b"x", ex=10)
         assert actor.hget(keys.control, "stop") is None
+        admin.hset(keys.config_live, mapping={"version": 1, "values": '{"eps_base": 0.5}'})
+        admin.hset(keys.config_live, mapping={"changed": "{}", "time": 1.0})
+        live = LiveConfig(actor, keys, ApexConfig())  # reads the changes (qrl run set)
+        assert live.following and live.cfg == ApexConfig(eps_base=0.5)
         assert admin.get(other.config) == b"theirs"
         # the learner's user may write the weights and the replay, not another run
         learner = _as(server, run, "learner", tmp_path / "pw")
@@ -106,6 +113,8 @@ def test_the_readmes_per_run_rule_leaves_out_scan_select_and_flushing_scripts(bi
         script = runner.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
         assert script(keys=["qrl:{r1}:x"], args=[1]) == b"OK"  # EVALSHA, SCRIPT LOAD
         assert runner.xadd("qrl:{r1~0.1}:experience", {"d": b"x"})  # its shards' keys too
+        live = LiveConfig(runner, RunKeys("r1"), ApexConfig())  # follows qrl run set
+        assert live.following and live.poll() is False
         refused = [
             lambda: runner.scan(),
             lambda: runner.execute_command("SELECT", "1"),

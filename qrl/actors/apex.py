@@ -21,9 +21,10 @@ class ApexActor(TransitionActor):
     action_dtype = np.int32
 
     def make_net(self) -> torch.nn.Module:
-        """The local copy of the learner's network, and the exploration around it."""
-        self.eps = epsilons(self.cfg, self.actor_id)
         return q_network(self.cfg, self.env)
+
+    def explore(self) -> None:
+        self.eps = epsilons(self.cfg, self.actor_id)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:

@@ -28,9 +28,10 @@ class ApexDPGActor(TransitionActor):
         return len(self.low)
 
     def make_net(self) -> torch.nn.Module:
-        cfg = self.cfg
-        self.sigma = spread(cfg.noise_base, cfg.noise_alpha, cfg, self.actor_id)
-        return policy_net(self.obs_shape, self.n_actions, cfg.hidden)
+        return policy_net(self.obs_shape, self.n_actions, self.cfg.hidden)
+
+    def explore(self) -> None:
+        self.sigma = spread(self.cfg.noise_base, self.cfg.noise_alpha, self.cfg, self.actor_id)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:

@@ -42,9 +42,10 @@ class R2D2Actor(ReplayActor):
         self.rule = rule_of(cfg)
 
     def make_net(self) -> torch.nn.Module:
-        cfg = self.cfg
-        self.eps = spread(cfg.eps_base, cfg.eps_alpha, cfg, self.actor_id)
-        return recurrent_q_network(cfg, self.env)
+        return recurrent_q_network(self.cfg, self.env)
+
+    def explore(self) -> None:
+        self.eps = spread(self.cfg.eps_base, self.cfg.eps_alpha, self.cfg, self.actor_id)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray) -> np.ndarray:

@@ -93,6 +93,7 @@ class ReplayActor(VectorActor):
         env: EnvSpec | None = None,
     ) -> None:
         super().__init__(client, keys, cfg, actor_id, env)
+        self.explore()
         self.net = self.make_net()
         self.net.eval()
         self.pending: list[Any] = []  # replay items not pushed yet
@@ -107,8 +108,17 @@ class ReplayActor(VectorActor):
         self.throttled_s = 0.0
 
     def make_net(self) -> torch.nn.Module:
-        """The local copy of the learner's (published) network; sets up exploration."""
+        """The local copy of the learner's (published) network."""
         raise NotImplementedError
+
+    def explore(self) -> None:
+        """Set each env slot's exploration (epsilons, noise) from ``self.cfg``: at the start
+        and again when a live config change came (:meth:`reconfigure`)."""
+        raise NotImplementedError
+
+    def reconfigure(self, cfg: Any) -> None:
+        super().reconfigure(cfg)
+        self.explore()
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """A batch of actions, exploration included."""

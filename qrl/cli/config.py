@@ -34,13 +34,17 @@ def show(
     as_toml: bool,
 ) -> None:
     """Every field of ALGO's config with its value (the default, or what --env, --config and
-    --set make it) and its one-line doc; values that differ from the default are marked.
+    --set make it) and its one-line doc; values that differ from the default are marked, and
+    so are the fields `qrl run set` may change while the run runs ("(live)").
 
     \b
       qrl config show apex
       qrl config show impala --env LunarLander-v3 --toml > lunar.toml
     """
+    from qrl.runtime.config import live_fields
+
     a = ALGOS[algo]
+    live = live_fields(a.config)
     cfg = build_config(a, config_file, overrides, check=False, env=env, seed=seed)
     values = cfg.to_dict()
     defaults = a.config.model_construct().to_dict()
@@ -61,7 +65,7 @@ def show(
             name,
             f"[bold]{json.dumps(value)}[/]" if changed else json.dumps(value),
             "" if not changed else json.dumps(defaults.get(name)),
-            fields[name].description or "",
+            ("(live) " if name in live else "") + (fields[name].description or ""),
         )
     Console(width=None if click.get_text_stream("stdout").isatty() else 160).print(table)
 

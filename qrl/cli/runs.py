@@ -1,4 +1,4 @@
-"""``qrl run create|list|stop|delete``: runs in a Redis, without starting anything."""
+"""``qrl run create|list|set|stop|delete``: runs in a Redis, without starting anything."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import click
 
 from qrl.algos import ALGOS
 from qrl.cli.options import (
+    ConfigProblem,
     build_config,
     config_options,
     connect_or_fail,
@@ -133,6 +134,45 @@ def run_list(redis_url: str | None, as_json: bool) -> None:
         state = "stopped" if r["stopped"] else ""
         table.add_row(*map(Text, (r["run"], r["algo"], r["env"], created, state)))
     Console().print(table)
+
+
+@run_group.command("set")
+@click.argument("run")
+@click.argument("pairs", nargs=-1, required=True, metavar="KEY=VALUE...")
+@redis_option()
+def run_set(run: str, pairs: tuple[str, ...], redis_url: str | None) -> None:
+    """Change fields of running run RUN's config: its roles take the change in between two
+    steps (within about a second). Only live fields may change (marked "(live)" by `qrl
+    config show ALGO`: learning rates, loss weights, exploration), to values the config
+    accepts; `qrl status` shows the version and every value changed so far.
+
+    \b
+      qrl run set cartpole lr=1e-4
+      qrl run set lunar lr=3e-4 entropy_cost=0.005
+    """
+    from qrl.runtime.config import ConfigError, parse_overrides
+    from qrl.runtime.live import MAX_VERSION, set_live
+    from qrl.runtime.runs import RunNotFound, RunUnreadable, load_run
+    from qrl.runtime.status import collect
+
+    keys = run_keys(run, "RUN")
+    client = connect_or_fail(redis_url)
+    try:
+        changes = parse_overrides(pairs)
+        algo, _ = load_run(client, keys)
+        if algo not in ALGOS:
+            raise click.ClickException(f"run {run!r} is of an algorithm this qrl lacks: {algo!r}")
+        # roles take only versions above the one they run: count on from the highest any
+        # reports, should the stored one have gone (deleted, or overwritten by someone)
+        taken = [p["values"].get("config_version") for p in collect(client, keys)["processes"]]
+        floor = max((v for v in taken if type(v) is int and 0 <= v < MAX_VERSION), default=0)
+        state, _ = set_live(client, keys, ALGOS[algo].config, changes, floor)
+    except (RunNotFound, RunUnreadable) as e:
+        raise click.ClickException(str(e)) from None
+    except ConfigError as e:
+        raise ConfigProblem(str(e)) from None
+    click.echo(f"run {run}: {state.line(state.changed)}")
+    log.info("run %s: %s", run, state.line())
 
 
 @run_group.command("stop")

@@ -4,8 +4,8 @@ Each role of an algorithm (from the registry, :mod:`qrl.algos`) gets the user ``
 (:func:`user_name`), limited to its run's keys and, within them, to what its kind of role
 needs (:func:`role_access`):
 
-- every role reads ``config`` and ``control`` and writes its own heartbeats and leases
-  (``proc:ROLE.*``, ``lease:ROLE.*``), ``metrics``, ``stats`` and ``deadletter``;
+- every role reads ``config``, ``config:live`` and ``control`` and writes its own heartbeats
+  and leases (``proc:ROLE.*``, ``lease:ROLE.*``), ``metrics``, ``stats`` and ``deadletter``;
 - an actor writes the streams the algorithm's actors feed (experience, trajectories, ES
   results) and reads the weights (ES: the parameters);
 - a service (the replay filler) drains those streams into the replay (``replay:*``);
@@ -79,7 +79,7 @@ def role_access(algo: Algorithm, role: RoleDef, keys: RunKeys, config: dict[str,
         raise ValueError(f"role name {role.name!r} cannot go in a key pattern")
     streams = tuple(sorted({_name(k) for k in algo.streams(keys, config).values()}))
     weights = _name(algo.weights_key(keys))
-    reads = ("config", "control")
+    reads = ("config", "config:live", "control")  # only an admin changes them
     own = (f"proc:{role.name}.*", f"lease:{role.name}.*", "metrics", "stats", "deadletter")
     if role.kind == "actor":
         return Access((*reads, weights), (*own, *streams), ACTOR_COMMANDS)
@@ -110,6 +110,7 @@ def setuser_args(
         *patterns(access.reads, read_mark),
         *patterns(access.writes, "~"),
         *access.commands.split(),
+        *(["+eval_ro", "+evalsha_ro"] if selectors else []),  # scripts on %R~ keys
     ]
 
 

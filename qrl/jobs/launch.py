@@ -36,6 +36,7 @@ from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.control import StopFlag, on_stop_signals
 from qrl.runtime.files import open_appending
 from qrl.runtime.ids import claim_id, hold_id
+from qrl.runtime.live import LiveConfig
 from qrl.runtime.loop import RoleFailed
 from qrl.runtime.loop import run_role as run_loop
 from qrl.runtime.runs import RunNotFound, load_run, load_run_config
@@ -162,6 +163,10 @@ def _run(
     checkpoint = spec.checkpoint
     if checkpoint is None and spec.run_dir is not None:
         checkpoint = spec.run_dir / "checkpoint.pt"
+    follows = spec.run_dir is not None and roledef.kind == "learner"  # writes the run dir
+    record = spec.run_dir / "config_changes.jsonl" if follows else None
+    live = LiveConfig(client, keys, cfg, record)  # the changes made so far, and the next ones
+    cfg = live.cfg
     try:
         env = EnvSpec.of(cfg.env)  # read once: the role gets it, no role makes an env to read it
         ctx = RoleContext(
@@ -177,7 +182,7 @@ def _run(
     )  # fmt: skip
     done = threading.Event()
     writer = None
-    if spec.run_dir is not None and roledef.kind == "learner":
+    if follows:
         from qrl.runtime.runlog import follow
 
         described = {"algo": algo.name, "run": spec.run, "config": cfg.to_dict()}
@@ -189,9 +194,11 @@ def _run(
             client,
             keys,
             ident,
-            StopFlag(client, keys, signals=False, local=stopping),
+            # a live config change is taken in within this interval and a step
+            StopFlag(client, keys, interval=0.25, signals=False, local=stopping, live=live),
             limit=spec.limit,
             checkpoint_every=spec.checkpoint_every if roledef.kind == "learner" else None,
+            live=live,
         )
     finally:
         if writer is not None:

@@ -32,6 +32,7 @@ from qrl.rl.envspec import EnvSpec
 from qrl.runtime.checkpoint import replace_model
 from qrl.runtime.control import StopFlag, clear_stop, request_stop
 from qrl.runtime.files import write_json
+from qrl.runtime.live import LiveConfig
 from qrl.runtime.metrics import MetricsReader
 from qrl.runtime.runlog import Progress, RunLog
 from qrl.runtime.runs import create_run
@@ -206,7 +207,9 @@ def run_training(
         client = connect(url)
         create_run(client, keys, algo.name, cfg)
         clear_stop(client, keys)  # a rerun of a stopped run starts afresh
-        stop = StopFlag(client, keys)
+        # its stop polls also record each live config change in the run dir
+        live = LiveConfig(client, keys, cfg, run_dir / "config_changes.jsonl")
+        stop = StopFlag(client, keys, live=live)
         reader = MetricsReader(client, keys, from_start=True)
         disconnect(client)  # forked roles inherit no open connection
         # actors yield the CPU to a learner that trains a network (ES's master only folds

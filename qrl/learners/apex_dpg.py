@@ -55,6 +55,9 @@ class ApexDPGLearner(ReplayLearner):
             ]
         )
 
+    def learning_rates(self) -> list[float]:
+        return [self.cfg.actor_lr, self.cfg.critic_lr]  # the groups of optimizer()
+
     def published(self) -> nn.Module:
         return self.actor_view
 

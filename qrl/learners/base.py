@@ -47,7 +47,9 @@ def adam(params: Any, **kwargs: Any) -> torch.optim.Adam:
 class Learner(Role):
     """Base learner. Subclasses set ``algo`` and implement ``build``, ``optimizer``,
     ``next_batch`` and ``loss``; they may override ``start_threads``/``stop_threads``,
-    ``after_step`` and ``extra_metrics``."""
+    ``after_step``, ``extra_metrics`` and ``learning_rates``. The config has ``grad_clip``
+    (:class:`qrl.runtime.config.GradientClip`), read at every update, and the learning
+    rates that :meth:`learning_rates` names: both may change while the run runs."""
 
     algo = ""
     name = "learner"
@@ -96,6 +98,7 @@ class Learner(Role):
             self._opt = self.optimizer()
             if self._opt_state:
                 self._opt.load_state_dict(self._opt_state)
+                self._set_learning_rates()  # the run's, not those saved with the state
         return self._opt
 
     @classmethod
@@ -142,6 +145,11 @@ class Learner(Role):
     def extra_metrics(self) -> dict[str, float]:
         return {}
 
+    def learning_rates(self) -> list[float]:
+        """The learning rate of each of the optimizer's parameter groups, from ``self.cfg``:
+        ``cfg.lr`` (:class:`qrl.runtime.config.LearningRate`) for one group by default."""
+        return [self.cfg.lr]
+
     def published(self) -> torch.nn.Module:
         """What actors need and the weights carry: the whole network unless a subclass
         publishes less (Ape-X DPG: the actor network, its names as in ``self.net``)."""
@@ -185,6 +193,16 @@ class Learner(Role):
             log.error("parameters at update %d are not finite: not published", self.updates)
             return
         self.updates = self.weights.publish(module, version=self.updates)
+
+    def reconfigure(self, cfg: Any) -> None:
+        """A live config change: the learning rates go to the optimizer at once."""
+        super().reconfigure(cfg)
+        self._set_learning_rates()
+
+    def _set_learning_rates(self) -> None:
+        groups = self.opt.param_groups
+        for group, lr in zip(groups, self.learning_rates(), strict=True):
+            group["lr"] = lr
 
     def save(self) -> None:
         if self.checkpoint is not None:
@@ -231,6 +249,7 @@ class Learner(Role):
             else 0.0,
             "wait_s": self.wait_s,
             "skipped": self.skipped,
+            "lr": float(self.opt.param_groups[0]["lr"]),  # what the optimizer steps with
             **self.extra_metrics(),
         }
 

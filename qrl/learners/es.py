@@ -189,6 +189,10 @@ class ESMaster(Role):
     def updates(self) -> int:
         return self.generation
 
+    def reconfigure(self, cfg: ESConfig) -> None:
+        super().reconfigure(cfg)  # l2 is read at every update; Adam keeps its own lr
+        self.adam.lr = cfg.lr
+
     def start(self, should_stop: StopCheck) -> bool:
         if self.store.version() != self.generation:  # not what it resumed from: publish
             self.publish()  # (above a newer version that did not fit)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from qrl.runtime.config import live_fields
 from qrl.runtime.files import write_atomically
 from qrl.version import __version__
 
@@ -42,7 +43,8 @@ def save_checkpoint(
 
 def load_checkpoint(path: Path, algo: str | None = None, cfg: Any = None) -> dict[str, Any]:
     """Load a checkpoint; with ``algo``/``cfg`` given, check it was written by that
-    algorithm with the same configuration."""
+    algorithm with the same configuration (but for the fields that may change while a run
+    runs: :data:`qrl.runtime.config.LIVE`)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for corrupt or unsafe files
@@ -57,8 +59,8 @@ def load_checkpoint(path: Path, algo: str | None = None, cfg: Any = None) -> dic
     if algo is not None and state["algo"] != algo:
         raise CheckpointError(f"{path} is a {state['algo']} checkpoint, not {algo}")
     if cfg is not None:
-        want, have = cfg.to_dict(), state["config"]
-        diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+        want, have, live = cfg.to_dict(), state["config"], set(live_fields(type(cfg)))
+        diff = sorted(k for k in (set(want) | set(have)) - live if want.get(k) != have.get(k))
         if diff:
             raise CheckpointError(
                 f"{path} was written with a different configuration (differs in {diff}); "

@@ -51,6 +51,55 @@ Layers = Annotated[
 """Hidden layer sizes, e.g. ``(256, 256)``; ``--set hidden=128,128``."""
 
 
+LIVE: dict[str, Any] = {"live": True}
+"""``json_schema_extra`` of a field that may change while its run runs (``qrl run set``,
+:mod:`qrl.runtime.live`): every role that reads it applies a new value between two steps.
+Fields that shape tensors, streams or processes (env, hidden, actors, unroll...) are not."""
+
+
+def live_fields(cls: type[BaseModel]) -> list[str]:
+    """The names of ``cls``'s fields marked :data:`LIVE`."""
+    return [
+        name
+        for name, info in cls.model_fields.items()
+        if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("live")
+    ]
+
+
+def lr_field(default: float, *, le: float = 1, description: str = "Adam learning rate.") -> Any:
+    """A learning rate: positive, at most ``le``, live (the learner sets it on its optimizer's
+    parameter groups)."""
+    return Field(default, gt=0, le=le, description=description, json_schema_extra=LIVE)
+
+
+def grad_clip_field(default: float, description: str = "Gradient norm clip.") -> Any:
+    """A gradient norm clip: positive, live (read at every update)."""
+    return Field(default, gt=0, description=description, json_schema_extra=LIVE)
+
+
+class LearningRate(BaseModel):
+    """Mixin of a config whose learner steps an optimizer at ``lr`` (a subclass gives its own
+    default with :func:`lr_field`)."""
+
+    lr: float = lr_field(1e-3)
+
+
+class GradientClip(BaseModel):
+    """Mixin of a config whose learner clips its gradient's norm: :class:`qrl.learners.base.Learner`
+    reads ``grad_clip`` at every update."""
+
+    grad_clip: float = grad_clip_field(10.0)
+
+
+class ClaimIdle(BaseModel):
+    """Mixin of a config whose roles consume a stream in a group
+    (:class:`qrl.wire.streams.StreamConsumer`)."""
+
+    claim_idle_ms: int = Field(
+        30_000, ge=1, description="A dead consumer's entries are claimed after this idle time."
+    )
+
+
 class Config(BaseModel):
     """Fields every algorithm has. Subclasses add theirs with a default and a one-line
     ``description`` (shown by ``--help`` texts and docs)."""

@@ -6,11 +6,15 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import redis
 
 from qrl.wire.faults import repaired
 from qrl.wire.keys import RunKeys
+
+if TYPE_CHECKING:
+    from qrl.runtime.live import LiveConfig
 
 
 def on_stop_signals(handler: Callable[[], None]) -> None:
@@ -22,7 +26,9 @@ def on_stop_signals(handler: Callable[[], None]) -> None:
 
 class StopFlag:
     """True once the run's ``stop`` flag is set in Redis or ``local`` is set (by a signal,
-    with ``signals``, or by the caller). Redis is asked at most every ``interval`` seconds."""
+    with ``signals``, or by the caller). Redis is asked at most every ``interval`` seconds;
+    with ``live``, the same round trip reads the run's live config version (a role takes
+    changes in between steps without a round trip of their own)."""
 
     def __init__(
         self,
@@ -31,8 +37,9 @@ class StopFlag:
         interval: float = 0.5,
         signals: bool = True,
         local: threading.Event | None = None,
+        live: LiveConfig | None = None,
     ) -> None:
-        self.client, self.keys, self.interval = client, keys, interval
+        self.client, self.keys, self.interval, self.live = client, keys, interval, live
         self.local = local or threading.Event()
         self._next = 0.0
         if signals and threading.current_thread() is threading.main_thread():
@@ -44,10 +51,16 @@ class StopFlag:
         now = time.monotonic()
         if now >= self._next:
             self._next = now + self.interval
-            key = self.keys.control
-            if repaired(self.client, key, lambda: self.client.hget(key, "stop"), None):
+            if self._asked():
                 self.local.set()
         return self.local.is_set()
+
+    def _asked(self) -> bool:
+        stop = self.live.poll() if self.live is not None else None
+        if stop is not None:
+            return stop
+        key = self.keys.control  # (of another type: repaired here)
+        return bool(repaired(self.client, key, lambda: self.client.hget(key, "stop"), None))
 
 
 def request_stop(client: redis.Redis, keys: RunKeys) -> None:

@@ -2,10 +2,11 @@
 
 A role (an actor, a learner, a replay filler, an ES master or worker) supplies its work one
 step at a time and the values of its reports; :func:`run_role` owns everything around that:
-the stop check, the rate arithmetic, the once-a-second metrics report that also refreshes
-the process's heartbeat, the checkpoint timer, leaving ``qrl status`` on a clean stop, the
-stop summary in the log, and failure propagation (a role whose data thread failed ends the
-process with an error, not silently).
+the stop check, live config changes handed to the role between steps, the rate arithmetic,
+the once-a-second metrics report that also refreshes the process's heartbeat, the
+checkpoint timer, leaving ``qrl status`` on a clean stop, the stop summary in the log, and
+failure propagation (a role whose data thread failed ends the process with an error, not
+silently).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import redis
 
+from qrl.runtime.live import LiveConfig
 from qrl.runtime.metrics import report
 from qrl.runtime.status import leave
 from qrl.wire.keys import RunKeys
@@ -57,6 +59,13 @@ class Role:
     def save(self) -> None:
         """Write a checkpoint (roles with state of their own)."""
 
+    def reconfigure(self, cfg: Any) -> None:
+        """Run on with ``cfg``, the config with live fields changed (:mod:`qrl.runtime.live`),
+        called between two steps. Here ``self.cfg`` is swapped: enough for a field the role
+        reads from it as it goes; a role that derived state from one (an optimizer's
+        learning rate, an actor's epsilons) sets that state again."""
+        self.cfg = cfg
+
     def close(self, should_stop: StopCheck) -> None:
         """Finish: push what is left, stop threads, publish the last weights."""
 
@@ -82,9 +91,12 @@ def run_role(
     report_every: float = 1.0,
     checkpoint_every: float | None = None,
     first_checkpoint: float = 10.0,
+    live: LiveConfig | None = None,
 ) -> int:
     """Run ``role`` until ``should_stop()``, until its counter advanced by ``limit``, or
-    until it cannot go on; returns how far its counter advanced. The first checkpoint is
+    until it cannot go on; returns how far its counter advanced. A config change ``live``
+    took in (polled by ``should_stop``) goes to :meth:`Role.reconfigure` before the next
+    step, and a report with its version goes at once. The first checkpoint is
     written after ``first_checkpoint`` seconds (so a run has one to evaluate early), then
     every ``checkpoint_every``, and one at the end. Raises :class:`RoleFailed` if the role
     failed."""
@@ -102,6 +114,11 @@ def run_role(
         while True:
             if should_stop():
                 break
+            if live is not None and (cfg := live.take()) is not None:
+                role.reconfigure(cfg)
+                now = time.monotonic()  # the change shows in a report at once
+                last = _report(role, client, keys, ident, last, now, live)
+                next_report = now + report_every
             if limit is not None and role.count - start >= limit:
                 reason = f"reached its limit of {limit} {role.counter}"
                 break
@@ -109,7 +126,7 @@ def run_role(
                 break
             now = time.monotonic()
             if now >= next_report:
-                last = _report(role, client, keys, ident, last, now)
+                last = _report(role, client, keys, ident, last, now, live)
                 next_report = now + report_every
             if next_ckpt is not None and now >= next_ckpt:
                 role.save()
@@ -122,7 +139,7 @@ def run_role(
             role.close(should_stop)
     if role.failed:
         reason = role.failed
-    _report(role, client, keys, ident, last, time.monotonic())
+    _report(role, client, keys, ident, last, time.monotonic(), live)
     if not role.failed:
         with contextlib.suppress(redis.RedisError):
             leave(client, keys, role.name, ident)
@@ -134,12 +151,21 @@ def run_role(
 
 
 def _report(
-    role: Role, client: redis.Redis, keys: RunKeys, ident: int, last: tuple[float, int], now: float
+    role: Role,
+    client: redis.Redis,
+    keys: RunKeys,
+    ident: int,
+    last: tuple[float, int],
+    now: float,
+    live: LiveConfig | None,
 ) -> tuple[float, int]:
-    """Send one report with the counter's rate since ``last``; returns the new ``last``."""
+    """Send one report with the counter's rate since ``last`` and the live config version
+    the role runs with; returns the new ``last``."""
     t0, c0 = last
     values = role.metrics()
     count = role.count
     values[f"{role.counter}_per_s"] = (count - c0) / max(now - t0, 1e-9)
+    if live is not None:
+        values["config_version"] = live.applied
     report(client, keys, role.name, ident, **values)
     return now, count

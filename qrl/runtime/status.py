@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 import redis
 
+from qrl.runtime.live import describe
 from qrl.wire.codec import CodecError, Field, Schema, decode, encode
 from qrl.wire.faults import warn_once
 from qrl.wire.keys import RunKeys
@@ -228,6 +229,7 @@ def collect(
             stream_info[name] = info
     stopped = _read(unreadable, "control", lambda: client.hget(keys.control, "stop"), None)
     dead = _read(unreadable, "deadletter", lambda: client.xlen(keys.deadletter), 0)
+    live = _read(unreadable, "config:live", lambda: describe(client, keys), None)
     more = _read(unreadable, f"{algo} status", extra, {}) if extra else {}
     return printable(
         {
@@ -244,6 +246,7 @@ def collect(
             "dead_letters": dead,
             "rejected": stats.get("rejected", 0),
             "stats": stats,
+            "live_config": live,  # the changes `qrl run set` made: version, values...
             "unreadable": unreadable,
             "extra": sorted(more),
             **more,
@@ -280,6 +283,9 @@ def render(status: dict[str, Any]) -> Any:
         *(f"   {k.replace('_', ' ')} {s[k]:,}" for k in s.get("extra", [])),
         (f"   dead letters {s['dead_letters']}", "red" if s["dead_letters"] else ""),
     )
+    live = s.get("live_config")
+    if live:  # a line of its own: what the run's config now says, beyond its stored one
+        head.append(f"\n{live.get('line') or 'live config unreadable: ' + live['unreadable']}")
     if s.get("unreadable"):
         head.append(
             f"\nunreadable (a key of the wrong type): {', '.join(s['unreadable'])}", "bold red"

@@ -105,6 +105,12 @@ class RunKeys:
         return self.key("config")
 
     @property
+    def config_live(self) -> str:
+        """The changes made to the config while the run runs (hash: version, values, changed,
+        time; see :mod:`qrl.runtime.live`)."""
+        return self.key("config:live")
+
+    @property
     def weights(self) -> str:
         """Learner weights: hash {version, blob} written atomically."""
         return self.key("weights")

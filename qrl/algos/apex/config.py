@@ -6,22 +6,12 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from qrl.algos.apex_family.config import ReplayConfig
-from qrl.runtime.config import Layers
+from qrl.algos.apex_family.config import QLearning, ReplayConfig
+from qrl.runtime.config import Layers, LearningRate, lr_field
 
 
-class ApexConfig(ReplayConfig):
+class ApexConfig(LearningRate, QLearning, ReplayConfig):
     """Ape-X: actors -> experience stream -> replay fillers -> prioritized replay -> learner."""
 
     hidden: Layers = Field((256, 256), description="Hidden layer sizes of the Q-network.")
-    dueling: bool = Field(True, description="Dueling head (value + advantage).")
-    obs_scale: bool = Field(
-        True,
-        description="Scale vector observations to [-1, 1] by their space's finite bounds.",
-    )
-    lr: float = Field(5e-3, gt=0, le=1, description="Adam learning rate.")
-    adam_eps: float = Field(1e-5, gt=0, description="Adam epsilon.")
-    grad_clip: float = Field(10.0, gt=0, description="Gradient norm clip.")
-    target_update: int = Field(250, ge=1, description="Updates between target-network syncs.")
-    eps_base: float = Field(0.4, gt=0, lt=1, description="Ape-X epsilon base.")
-    eps_alpha: float = Field(7.0, ge=0, description="Ape-X epsilon exponent spread.")
+    lr: float = lr_field(5e-3)

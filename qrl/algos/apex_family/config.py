@@ -7,11 +7,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from qrl.runtime.config import Config
+from qrl.runtime.config import LIVE, ClaimIdle, Config, GradientClip
 from qrl.wire.keys import MAX_SHARDS
 
 
-class ReplayConfig(Config):
+class ReplayConfig(ClaimIdle, Config):
     """What the Ape-X family shares: n-step returns, the prioritized replay and its fillers,
     the actors and their rate limit (Ape-X DQN and Ape-X DPG extend it)."""
 
@@ -53,12 +53,31 @@ class ReplayConfig(Config):
     stream_maxlen: int = Field(
         64, ge=1, description="Experience-stream entries waiting before actors back off."
     )
-    claim_idle_ms: int = Field(
-        30_000, ge=1, description="A dead consumer's entries are claimed after this idle time."
-    )
     steps_per_update: float = Field(
         4.0,
         ge=0,
         description="Rate limit: actors together take at most learning_starts + this x "
         "(learner updates) env steps (0: no limit).",
+    )
+
+
+class QLearning(GradientClip):
+    """Mixin of the Ape-X family's Q-learners (Ape-X, R2D2): the Q-network's head and input
+    scaling, Adam's epsilon, the target network, the actors' per-slot epsilons."""
+
+    dueling: bool = Field(True, description="Dueling head (value + advantage).")
+    obs_scale: bool = Field(
+        True,
+        description="Scale vector observations to [-1, 1] by their space's finite bounds.",
+    )
+    adam_eps: float = Field(1e-5, gt=0, description="Adam epsilon.")
+    target_update: int = Field(
+        250, ge=1, description="Updates between target-network syncs.", json_schema_extra=LIVE
+    )
+    # live: an actor computes its epsilons again (qrl.actors.replay.ReplayActor.reconfigure)
+    eps_base: float = Field(
+        0.4, gt=0, lt=1, description="Ape-X epsilon base.", json_schema_extra=LIVE
+    )
+    eps_alpha: float = Field(
+        7.0, ge=0, description="Ape-X epsilon exponent spread.", json_schema_extra=LIVE
     )

@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from qrl.runtime.config import Config, Layers
+from qrl.runtime.config import LIVE, ClaimIdle, Config, Layers, LearningRate, lr_field
 
 
-class ESConfig(Config):
+class ESConfig(LearningRate, ClaimIdle, Config):
     """ES: workers evaluate antithetic perturbations -> results stream -> master."""
 
     hidden: Layers = Field((16,), description="Hidden layer sizes of the policy.")
@@ -22,8 +22,8 @@ class ESConfig(Config):
         description="Fitness shaping: centered ranks over all returns, or signed ranks of "
         "each antithetic pair's difference (its two episodes share a start).",
     )
-    lr: float = Field(0.05, gt=0, le=10, description="Adam learning rate.")
-    l2: float = Field(0.005, ge=0, description="L2 weight decay.")
+    lr: float = lr_field(0.05, le=10)  # the master's Adam
+    l2: float = Field(0.005, ge=0, description="L2 weight decay.", json_schema_extra=LIVE)
     noise_size: int = Field(
         5_000_000, ge=1000, le=2**31, description="float32 values in the shared noise table."
     )
@@ -40,9 +40,6 @@ class ESConfig(Config):
         0.01, ge=0, description="... and at least this many seconds between messages."
     )
     stream_maxlen: int = Field(256, ge=1, description="Results-stream entries waiting.")
-    claim_idle_ms: int = Field(
-        30_000, ge=1, description="A dead consumer's entries are claimed after this idle time."
-    )
 
     @model_validator(mode="after")
     def _even_population(self) -> ESConfig:

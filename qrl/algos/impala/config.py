@@ -8,22 +8,35 @@ from typing import Literal
 
 from pydantic import Field
 
-from qrl.runtime.config import Config, Layers
+from qrl.runtime.config import (
+    LIVE,
+    ClaimIdle,
+    Config,
+    GradientClip,
+    Layers,
+    LearningRate,
+    grad_clip_field,
+    lr_field,
+)
 
 
-class ImpalaConfig(Config):
+class ImpalaConfig(LearningRate, GradientClip, ClaimIdle, Config):
     """IMPALA: actors -> trajectory stream -> V-trace learner."""
 
     hidden: Layers = Field((64, 64), description="Hidden layer sizes of the policy-value net.")
     # learning
     gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
-    lr: float = Field(2e-3, gt=0, le=1, description="Learning rate.")
+    lr: float = lr_field(2e-3, description="Learning rate.")
     optimizer: Literal["adam", "rmsprop"] = Field("adam", description="Optimizer.")
-    grad_clip: float = Field(40.0, gt=0, description="Gradient norm clip.")
+    grad_clip: float = grad_clip_field(40.0)
     rho_bar: float = Field(1.0, gt=0, description="V-trace importance-weight clip (rho).")
     c_bar: float = Field(1.0, gt=0, description="V-trace trace clip (c).")
-    entropy_cost: float = Field(0.01, ge=0, description="Entropy bonus weight.")
-    baseline_cost: float = Field(0.5, ge=0, description="Value loss weight.")
+    entropy_cost: float = Field(
+        0.01, ge=0, description="Entropy bonus weight.", json_schema_extra=LIVE
+    )
+    baseline_cost: float = Field(
+        0.5, ge=0, description="Value loss weight.", json_schema_extra=LIVE
+    )
     reward_scale: float = Field(
         0.01,
         gt=0,
@@ -55,7 +68,4 @@ class ImpalaConfig(Config):
     weight_poll: int = Field(1, ge=1, description="Unrolls between weight-version checks.")
     stream_maxlen: int = Field(
         8, ge=1, description="Trajectory-stream entries waiting before actors back off."
-    )
-    claim_idle_ms: int = Field(
-        30_000, ge=1, description="A dead consumer's entries are claimed after this idle time."
     )

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from qrl.algos.apex_family.config import ReplayConfig
-from qrl.runtime.config import Layers
+from qrl.algos.apex_family.config import QLearning, ReplayConfig
+from qrl.runtime.config import Layers, LearningRate, lr_field
 
 
-class R2D2Config(ReplayConfig):
+class R2D2Config(LearningRate, QLearning, ReplayConfig):
     """R2D2: actors -> sequences -> replay fillers -> prioritized replay -> learner.
 
     Replay items are sequences: ``replay_capacity`` and ``batch_size`` count sequences,
@@ -23,11 +23,6 @@ class R2D2Config(ReplayConfig):
     # the network
     hidden: Layers = Field((64,), description="MLP layer sizes before the LSTM.")
     lstm: int = Field(64, ge=1, le=4096, description="LSTM cell size.")
-    dueling: bool = Field(True, description="Dueling head (value + advantage).")
-    obs_scale: bool = Field(
-        True,
-        description="Scale vector observations to [-1, 1] by their space's finite bounds.",
-    )
     # sequences
     sequence_length: int = Field(
         20, ge=2, le=1000, description="Steps per stored sequence (burn-in included)."
@@ -44,10 +39,7 @@ class R2D2Config(ReplayConfig):
         10, ge=0, le=999, description="Steps a sequence shares with the next one of its episode."
     )
     # learning
-    lr: float = Field(5e-3, gt=0, le=1, description="Adam learning rate.")
-    adam_eps: float = Field(1e-5, gt=0, description="Adam epsilon.")
-    grad_clip: float = Field(10.0, gt=0, description="Gradient norm clip.")
-    target_update: int = Field(250, ge=1, description="Updates between target-network syncs.")
+    lr: float = lr_field(5e-3)
     rescale_eps: float = Field(
         1e-3,
         ge=0,
@@ -57,9 +49,6 @@ class R2D2Config(ReplayConfig):
     eta: float = Field(
         0.9, ge=0, le=1, description="Sequence priority: eta max|delta| + (1 - eta) mean|delta|."
     )
-    # exploration
-    eps_base: float = Field(0.4, gt=0, lt=1, description="Ape-X epsilon base.")
-    eps_alpha: float = Field(7.0, ge=0, description="Ape-X epsilon exponent spread.")
     # overrides of the shared defaults
     n_step: int = Field(3, ge=1, le=100, description="Steps of the n-step return.")
     batch_size: int = Field(64, ge=1, le=65_536, description="Sequences per learner update.")
