@@ -145,11 +145,14 @@ def test_acl_users_come_from_the_declared_keys(r, keys, tmp_path):
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_the_declared_keys_cover_the_algorithms_streams_and_weights(algo):
-    """What an algorithm's roles declare is what their ACL users get: the streams its status
-    shows and its weights key must be written by one of its roles."""
+    """What an algorithm's roles declare is what their ACL users get: every stream its
+    status shows is written by one of its roles, and so is every key one of them reads
+    (the weights, where they are read; the run's config and control flags are written by
+    whoever creates and stops the run)."""
     spec, keys = ALGOS[algo], RunKeys("x")
-    used = [*spec.streams(keys, {"replay_shards": 2}).values(), spec.weights_key(keys)]
-    writes = [p for role in spec.roles for p in role_access(role).writes]
-    for key in used:
-        name = key.split("}:", 1)[1]
+    access = [role_access(role) for role in spec.roles]
+    writes = [p for a in access for p in a.writes]
+    streams = [key.split("}:", 1)[1] for key in spec.streams(keys, {"replay_shards": 2}).values()]
+    reads = {p for a in access for p in a.reads} - {"config", "control"}
+    for name in [*streams, *reads]:
         assert any(fnmatch.fnmatchcase(name, p) for p in writes), (name, writes)
