@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -24,8 +25,9 @@ from qrl.algos import ALGOS
 from qrl.jobs.acl import create_users, role_access, user_name
 from qrl.runtime.control import request_stop
 from qrl.runtime.roles import COLUMNS
+from qrl.runtime.runs import create_run
 from qrl.wire.keys import RunKeys
-from tests._random_algo import ALGORITHM, NAME
+from tests._random_algo import ALGORITHM, NAME, RandomConfig, RandomPlayer
 from tests.cli import ROOT
 
 
@@ -132,6 +134,25 @@ def test_a_job_of_new_roles_runs_reports_in_status_and_logs_its_metric(
     events = EventAccumulator(str(run_dir / "tb"))
     events.Reload()
     assert "charts/requests" in events.Tags()["scalars"]
+
+
+def test_a_role_must_report_under_its_declared_name(r, keys, monkeypatch):
+    """Its reports are matched to its declaration by name: a role made under another name
+    does not start (in a thread: no signal handlers for this process)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from qrl.jobs.launch import LaunchError, RoleSpec, run_role
+
+    misnamed = replace(ALGORITHM.role("oracle"), make=lambda ctx: RandomPlayer(ctx.cfg, 0))
+    monkeypatch.setitem(ALGOS, NAME, replace(ALGORITHM, roles=(misnamed,)))
+    create_run(r, keys, NAME, RandomConfig())
+    with ThreadPoolExecutor(1) as pool:
+        started = pool.submit(run_role, RoleSpec(NAME, "oracle", keys.run))
+        try:
+            with pytest.raises(LaunchError, match="made a role named 'player'"):
+                started.result(timeout=30)
+        finally:
+            request_stop(r, keys)  # a role that did start stops
 
 
 def test_acl_users_come_from_the_declared_keys(r, keys, tmp_path):

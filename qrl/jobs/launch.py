@@ -171,6 +171,8 @@ def _run(
         role = roledef.make(ctx)
     except (RuntimeError, ValueError) as e:  # CheckpointError is a ValueError
         raise LaunchError(str(e)) from e
+    if role.name != roledef.name:  # its reports would match no declaration
+        raise LaunchError(f"{algo.name}'s {roledef.name!r} made a role named {role.name!r}")
     log.info(
         "%s %d of run %r (%s on %s, config %s), pid %d (nice %d) on %s", roledef.name, ident,
         spec.run, algo.name, cfg.env, cfg.digest(), os.getpid(), os.nice(0),
