@@ -14,6 +14,7 @@ import yaml
 
 from qrl.algos import ALGOS
 from qrl.cli import main
+from qrl.runtime.roles import ENV_STEPS
 from tests.cli import ROOT
 
 COMPOSE = ROOT / "docker-compose.yml"
@@ -54,9 +55,17 @@ PROFILES: dict[str, dict[str, tuple[str, ...]]] = {
 ROLES = [(profile, name) for profile, services in PROFILES.items() for name in services]
 
 
+# what makes a role the actor (the one that plays the env: its reports count env steps) or
+# the learner (the one that checkpoints), as the roles declare it
+KINDS = {
+    "actor": lambda role: any(f.column == ENV_STEPS for f in role.reports.progress),
+    "learner": lambda role: role.checkpoints,
+}
+
+
 def command_of(profile: str, kind: str) -> tuple[str, ...]:
-    """The command of the algorithm's role of ``kind`` (actor or learner)."""
-    (command,) = (r.command for r in ALGOS[profile].roles if r.kind == kind)
+    """The command of the algorithm's role of ``kind`` (actor or learner, :data:`KINDS`)."""
+    (command,) = (r.command for r in ALGOS[profile].roles if KINDS[kind](r))
     return command
 
 

@@ -165,7 +165,7 @@ def test_each_role_works_under_its_own_user(algo, tmp_path):
         assert done.returncode == 0, done.stderr
         procs = {}
         for role in spec.roles:
-            limit = ["--max-updates", "3"] if role.kind == "learner" else []
+            limit = ["--max-updates", "3"] if role.checkpoints else []  # the learner
             env = {
                 **os.environ,
                 "QRL_REDIS_URL": f"redis://{user_name(run, role.name)}@127.0.0.1:{server.port}/0",
@@ -179,7 +179,7 @@ def test_each_role_works_under_its_own_user(algo, tmp_path):
                 env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         try:
-            learner = next(p for r, p in procs.items() if r.kind == "learner")
+            learner = next(p for r, p in procs.items() if r.checkpoints)
             assert learner.wait(150) == 0, _logs(tmp_path)
             admin = redis.Redis.from_url(server.url)
             assert int(admin.hget(spec.weights_key(keys), "version")) > 0
@@ -204,7 +204,7 @@ def test_acl_users_are_set_on_every_node_of_a_cluster(redis_cluster, tmp_path):
     from qrl.wire.connection import connect
 
     keys = RunKeys("acl-cluster")
-    users = create_users(connect(redis_cluster.url), ALGOS["es"], keys, {}, tmp_path / "pw")
+    users = create_users(connect(redis_cluster.url), ALGOS["es"], keys, tmp_path / "pw")
     assert set(users) == {"master", "worker"}
     for node in range(len(redis_cluster.nodes)):  # a cluster's ACLs are per node
         with redis_cluster.client(node) as client:

@@ -10,6 +10,7 @@ import logging
 import math
 import time
 
+from qrl.algos import ALGOS
 from qrl.runtime.metrics import MetricsReader, report
 from qrl.runtime.runlog import Progress, RunLog
 from qrl.runtime.runs import create_run
@@ -45,7 +46,7 @@ def test_hostile_metrics_do_not_crash_the_run_log(r, keys, tmp_path, caplog):
     _hostile_reports(r, keys)  # twice: each bad value is logged once
     report(r, keys, "actor", 1, steps=30, steps_per_s=10.0, episode_returns=[20.0])
     reader = MetricsReader(r, keys, from_start=True)
-    progress = Progress()
+    progress = Progress({**ALGOS["es"].reports, **ALGOS["apex"].reports})  # every role named
     with caplog.at_level(logging.WARNING), RunLog(tmp_path) as out:  # as `qrl train` does
         msgs = reader.read()
         assert len(msgs) == 3 + 2 * len(HOSTILE_METRICS)  # all decode: the schema admits them

@@ -19,6 +19,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from qrl.algos import ALGOS
 from qrl.algos.apex.config import ApexConfig
 from qrl.algos.es.config import ESConfig
 from qrl.algos.es.keys import es_params
@@ -28,6 +29,7 @@ from qrl.learners.impala import ImpalaLearner, stack_unrolls
 from qrl.replay.role import ReplayFiller
 from qrl.rl.models import QNetwork
 from qrl.runtime.metrics import MetricsReader
+from qrl.runtime.roles import UPDATES
 from qrl.runtime.runlog import Progress
 from qrl.runtime.runs import create_run
 from qrl.runtime.status import collect
@@ -241,7 +243,8 @@ def test_weights_reader_survives_hostile_weights(reader, client, msg):
 @pytest.fixture(scope="module")
 def metrics_run(client):
     keys = RunKeys(f"hostile-metrics-{uuid.uuid4().hex[:8]}")
-    return keys, MetricsReader(client, keys), Progress()
+    every_role = {**ALGOS["es"].reports, **ALGOS["apex"].reports}  # the strategy's roles
+    return keys, MetricsReader(client, keys), Progress(every_role)
 
 
 @hs.HOSTILE
@@ -253,12 +256,12 @@ def test_metrics_reader_and_progress_survive_hostile_reports(metrics_run, client
         progress.fold(m)
     row = progress.row()
     assert all(v is None or np.isfinite(v) for v in row.values())
-    before = progress.updates
+    before = progress.value(UPDATES)
     valid = {"role": "learner", "id": 0, "time": 1.0, "values": {"updates": before + 1}}
     client.xadd(keys.metrics, {FIELD: encode("metrics", valid)})
     for m in reader.read():
         progress.fold(m)
-    assert progress.updates == before + 1  # a valid report still counts
+    assert progress.value(UPDATES) == before + 1  # a valid report still counts
 
 
 @hs.HOSTILE

@@ -148,7 +148,7 @@ def test_hand_started_master_writes_csv_and_tensorboard_and_qrl_plot_draws_them(
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from qrl.runtime.runlog import COLUMNS
+    from qrl.runtime.roles import COLUMNS
 
     run_dir = tmp_path / "run"
     assert qrl("run", "create", "es", "--run", keys.run, "--set", "workers=1").returncode == 0
@@ -176,7 +176,7 @@ def test_hand_started_master_writes_csv_and_tensorboard_and_qrl_plot_draws_them(
 
     with (run_dir / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == list(COLUMNS) and len(rows) >= 3
+    assert list(rows[0]) == [c.name for c in COLUMNS] and len(rows) >= 3
     steps = [int(r["env_steps"]) for r in rows]
     assert steps == sorted(steps) and steps[-1] > 1000
     assert int(rows[-1]["updates"]) >= 20 and float(rows[-1]["episodic_return"]) > 0

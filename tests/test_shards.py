@@ -13,10 +13,12 @@ import redis
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
 from qrl.actors.apex import ApexActor
+from qrl.algos import ALGOS
 from qrl.algos.apex.config import ApexConfig
 from qrl.replay.role import ReplayFiller, make_replay
 from qrl.replay.shards import ShardedReplay, shard_of_slots
 from qrl.replay.store import BUCKETS_PER_OCTAVE, P_LO, PrioritizedReplay
+from qrl.runtime.roles import REPLAY_SIZE
 from qrl.runtime.runlog import Progress
 from qrl.runtime.runs import create_run, delete_run
 from qrl.server.embedded import EmbeddedRedis
@@ -301,13 +303,14 @@ def test_status_shows_the_shards_and_run_delete_removes_them(r, keys, redis_serv
 def test_progress_sums_the_fillers_shard_sizes():
     """``qrl train``'s progress (metrics.csv): the replay size is the sum over shards of the
     latest size a filler of each reported, two fillers of one shard counted once."""
-    progress = Progress()
+    progress = Progress(ALGOS["apex"].reports)
     for ident, shard, size in [(0, 0, 100), (1, 1, 80), (2, 2, 60), (3, 0, 110), (1, 1, 90)]:
         progress.fold({"role": "replay", "id": ident, "values": {"size": size, "shard": shard}})
-    assert progress.replay_size == 110 + 90 + 60
+    assert progress.value(REPLAY_SIZE) == 110 + 90 + 60
     progress.fold({"role": "replay", "id": 9, "values": {"size": 5, "shard": 10**6}})  # no shard
-    assert progress.replay_size == 260 and len(progress.shard_sizes) == 3
-    one = Progress()  # an unsharded run's fillers send no shard: all shard 0
+    (fold,) = progress.folds["replay"]
+    assert progress.value(REPLAY_SIZE) == 260 and len(fold.latest) == 3
+    one = Progress(ALGOS["apex"].reports)  # an unsharded run's fillers send no shard: all 0
     for ident, size in [(0, 10), (1, 12)]:
         one.fold({"role": "replay", "id": ident, "values": {"size": size}})
-    assert one.replay_size == 12
+    assert one.value(REPLAY_SIZE) == 12

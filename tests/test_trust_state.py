@@ -13,9 +13,11 @@ import pytest
 import redis
 import torch
 
+from qrl.algos import ALGOS
 from qrl.runtime.control import StopFlag, request_stop
 from qrl.runtime.ids import LEASE_TTL, Lease, claim_id, id_limit
 from qrl.runtime.metrics import MetricsReader, report
+from qrl.runtime.roles import ENV_STEPS
 from qrl.runtime.runlog import MAX_COUNT, MAX_IDS, Progress, RunLog
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.codec import encode
@@ -121,11 +123,12 @@ def test_fake_leases_neither_slow_claims_nor_give_numbers_past_the_limit(r, keys
 
 
 def test_fake_metrics_ids_are_bounded_and_sums_clamped(r, keys, tmp_path):
-    progress = Progress()
+    progress = Progress(ALGOS["apex"].reports)
     for ident in range(MAX_IDS + 500):
-        progress.fold({"role": "actor", "id": ident, "time": 1.0, "values": {"steps": 1e15}})
-    assert len(progress.actor_steps) <= MAX_IDS and len(progress.actor_rate) <= MAX_IDS
-    assert progress.env_steps == MAX_COUNT
+        values = {"steps": 1e15, "steps_per_s": 1.0}
+        progress.fold({"role": "actor", "id": ident, "time": 1.0, "values": values})
+    assert all(len(fold.latest) <= MAX_IDS for fold in progress.folds["actor"])
+    assert progress.value(ENV_STEPS) == MAX_COUNT
     with RunLog(tmp_path) as out:
         assert out.write(progress, force=True)
 
@@ -138,7 +141,7 @@ def test_a_failing_sink_does_not_end_the_run_log(tmp_path, caplog):
         def close(self):
             pass
 
-    progress = Progress()
+    progress = Progress(ALGOS["apex"].reports)
     progress.fold({"role": "actor", "id": 0, "time": 1.0, "values": {"steps": 10}})
     with caplog.at_level(logging.WARNING), RunLog(tmp_path) as out:
         out._sinks.append(Broken())

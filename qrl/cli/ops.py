@@ -245,7 +245,7 @@ def status_cmd(
     keys = run_keys(run)
     if not client.exists(keys.config):
         raise click.ClickException(f"no run {run!r} in this Redis")
-    collect = _collector(client, keys, stale_after)
+    collect, reports = _collector(client, keys, stale_after)
     if as_json:
         while True:
             click.echo(json.dumps(collect()))
@@ -259,19 +259,20 @@ def status_cmd(
 
     console = Console() if sys.stdout.isatty() else Console(width=160)  # pipes: no wrapping
     if not watch:
-        console.print(render(collect()))
+        console.print(render(collect(), reports))
         return
-    with Live(render(collect()), console=console, auto_refresh=False) as live:
+    with Live(render(collect(), reports), console=console, auto_refresh=False) as live:
         try:
             while True:
                 time.sleep(interval)
-                live.update(render(collect()), refresh=True)
+                live.update(render(collect(), reports), refresh=True)
         except KeyboardInterrupt:
             pass
 
 
-def _collector(client: Any, keys: Any, stale_after: float) -> Any:
-    """A function returning the run's status, with what its algorithm's builder adds."""
+def _collector(client: Any, keys: Any, stale_after: float) -> tuple[Any, dict[str, Any]]:
+    """A function returning the run's status, with what its algorithm's builder adds, and
+    what its roles report (by role name: what to show of each process)."""
     from redis import ResponseError
 
     from qrl.algos import ALGOS
@@ -287,6 +288,7 @@ def _collector(client: Any, keys: Any, stale_after: float) -> Any:
     except (CodecError, ResponseError):
         name, config, unreadable = None, {}, ["config"]
     algo = ALGOS.get(name) if name else None
+    reports = algo.reports if algo else {}
 
     def status() -> dict[str, Any]:
         return collect(
@@ -299,9 +301,10 @@ def _collector(client: Any, keys: Any, stale_after: float) -> Any:
             streams=algo.streams(keys, config) if algo else None,
             extra=(lambda: algo.status(client, keys, config)) if algo else None,
             unreadable=unreadable,
+            reports=reports,
         )
 
-    return status
+    return status, reports
 
 
 @click.command("plot")

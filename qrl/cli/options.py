@@ -117,7 +117,7 @@ def device_option(f: F) -> F:
         type=click.Choice(["auto", "cpu", "cuda"]),
         default="auto",
         show_default=True,
-        help="Where the learner trains: auto = CUDA if available.",
+        help="The torch device: auto = CUDA if available.",
     )(f)
 
 

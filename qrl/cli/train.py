@@ -101,7 +101,7 @@ _job_options = stack(
 
 def train_command(algo: Algorithm) -> click.Command:
     counts = [r.count for r in algo.roles if r.count]
-    torch_learner = any(r.torch for r in algo.roles)
+    torch_roles = any(r.device for r in algo.roles)
 
     def cmd(
         env: str | None,
@@ -167,7 +167,7 @@ def train_command(algo: Algorithm) -> click.Command:
                 run_dir=run_dir or Path("runs") / run,
                 device=device,
                 tracking=track_to,
-                actor_nice=actor_nice,
+                nice=actor_nice,
             )
         except (RunExists, RunUnreadable) as e:  # --run names a run that is not this one
             raise ConfigProblem(str(e)) from None
@@ -181,7 +181,7 @@ def train_command(algo: Algorithm) -> click.Command:
             default=None,
             help=algo.config.model_fields[field].description,
         )(cmd)
-    if torch_learner:
+    if torch_roles:
         cmd = device_option(cmd)
     cmd = config_options(_job_options(VERBOSE(cmd)))
     return click.command(algo.name, help=algo.summary)(cmd)

@@ -1,64 +1,45 @@
 """Per-role Redis ACL users: what each role of a run may read, write and run, in one place.
 
 Each role of an algorithm (from the registry, :mod:`qrl.algos`) gets the user ``RUN.ROLE``
-(:func:`user_name`), limited to its run's keys and, within them, to what its kind of role
-needs (:func:`role_access`):
+(:func:`user_name`), limited to its run's keys and, within them, to what the role declares
+(:class:`qrl.runtime.roles.Access`, :func:`role_access`):
 
 - every role reads ``config``, ``config:live`` and ``control`` and writes its own heartbeats
   and leases (``proc:ROLE.*``, ``lease:ROLE.*``), ``metrics``, ``stats`` and ``deadletter``;
-- an actor writes the streams the algorithm's actors feed (experience, trajectories, ES
-  results) and reads the weights (ES: the parameters);
-- a service (the replay filler) drains those streams into the replay (``replay:*``);
-- a learner writes the weights, and drains the replay where a service fills it, else the
-  streams.
+- besides, the keys its declaration names: an actor reads the weights (ES: the parameters)
+  and writes the stream it feeds; the replay filler drains those streams into the replay
+  (``replay:*``); a learner writes the weights and drains the replay or the streams.
 
 Redis 7 makes the read-only keys read-only per key (``%R~``). Redis 6.2 has no such
-selector: there an actor's user gets no write command but the few it needs (XADD, SET, DEL,
-HINCRBY), so HSET, HDEL, ZADD or FLUSH on the weights are refused, but SET, DEL or HINCRBY
-on a key it may read are not (use Redis 7 where actors are not trusted). Every user also lacks
-what a run never needs: admin and dangerous commands, SCAN (it lists other runs' key names),
-SELECT, SCRIPT FLUSH/KILL and FUNCTION (only EVAL, EVALSHA, SCRIPT LOAD/EXISTS), pub/sub.
+selector: there a role declared with :data:`ACTOR_COMMANDS` gets no write command but the few
+an actor needs (XADD, SET, DEL, HINCRBY), so HSET, HDEL, ZADD or FLUSH on the weights are
+refused, but SET, DEL or HINCRBY on a key it may read are not (use Redis 7 where actors are
+not trusted). Every user also lacks what a run never needs: admin and dangerous commands,
+SCAN (it lists other runs' key names), SELECT, SCRIPT FLUSH/KILL and FUNCTION (only EVAL,
+EVALSHA, SCRIPT LOAD/EXISTS), pub/sub.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import secrets
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from redis.cluster import RedisCluster
 
 from qrl.algos import Algorithm, RoleDef
+from qrl.runtime.roles import ACTOR_COMMANDS, RUN_COMMANDS, Access
 from qrl.wire.cluster import ClusterClient
 from qrl.wire.connection import read_password_file
 from qrl.wire.keys import RunKeys
 
 log = logging.getLogger(__name__)
 
-# what the run needs of Redis, whatever the role: the per-run rule the README documents
-RUN_COMMANDS = (
-    "+@all -@admin -@dangerous -@scripting +eval +evalsha +script|load +script|exists "
-    "-scan -select +cluster|info +cluster|slots"
-)
-# an actor: reads, plus the writes of its streams, heartbeats, leases and counters
-ACTOR_COMMANDS = RUN_COMMANDS + " -@write +xadd +set +del +hincrby"
+__all__ = ["ACTOR_COMMANDS", "RUN_COMMANDS", "create_users", "role_access", "user_name"]
 
 EXAMPLE_PASSWORD = "change-me"  # .env.example's passwords begin so: never accepted
-_ROLE = re.compile(r"[a-z][a-z0-9-]*")  # role names are used in key patterns unescaped
-
-
-@dataclass(frozen=True)
-class Access:
-    """What one role's user may do: key names (relative to the run's prefix, glob patterns
-    allowed) it reads and writes, and its command rule."""
-
-    reads: tuple[str, ...]
-    writes: tuple[str, ...]
-    commands: str
 
 
 def user_name(run: str, role: str) -> str:
@@ -66,28 +47,17 @@ def user_name(run: str, role: str) -> str:
     return f"{run}.{role}"
 
 
-def _name(key: str) -> str:
-    """A key's name within its run or shard prefix: ``qrl:{RUN~TAG}:replay:data`` ->
-    ``replay:data``."""
-    return key.split("}:", 1)[1]
-
-
-def role_access(algo: Algorithm, role: RoleDef, keys: RunKeys, config: dict[str, Any]) -> Access:
-    """The keys and commands ``role`` of ``algo`` needs, from the algorithm's own
-    declarations (its streams, its weights key, whether a service fills a replay)."""
-    if not _ROLE.fullmatch(role.name):
-        raise ValueError(f"role name {role.name!r} cannot go in a key pattern")
-    streams = tuple(sorted({_name(k) for k in algo.streams(keys, config).values()}))
-    weights = _name(algo.weights_key(keys))
-    reads = ("config", "config:live", "control")  # only an admin changes them
+def role_access(role: RoleDef) -> Access:
+    """The keys and commands ``role`` needs: what every role needs (the run's config, its
+    live changes and control flags, which only an admin changes; its own heartbeats and
+    leases, the metrics, stats and dead letters) and what it declares."""
     own = (f"proc:{role.name}.*", f"lease:{role.name}.*", "metrics", "stats", "deadletter")
-    if role.kind == "actor":
-        return Access((*reads, weights), (*own, *streams), ACTOR_COMMANDS)
-    if role.kind == "service":
-        return Access(reads, (*own, *streams, "replay:*"), RUN_COMMANDS)
-    has_replay = any(r.kind == "service" for r in algo.roles)
-    drains = ("replay:*",) if has_replay else streams
-    return Access(reads, (*own, *drains, weights), RUN_COMMANDS)
+    declared = role.access
+    return Access(
+        ("config", "config:live", "control", *declared.reads),
+        (*own, *declared.writes),
+        declared.commands,
+    )
 
 
 def setuser_args(
@@ -158,7 +128,7 @@ def has_selectors(client: Any) -> bool:
 
 
 def create_users(
-    client: Any, algo: Algorithm, keys: RunKeys, config: dict[str, Any], folder: Path
+    client: Any, algo: Algorithm, keys: RunKeys, folder: Path
 ) -> dict[str, tuple[str, Path]]:
     """Create (or reset) the ACL user of every role of ``algo`` for run ``keys``, with the
     passwords in ``folder`` (made where missing); returns role -> (user, password file)."""
@@ -172,7 +142,7 @@ def create_users(
     users = {}
     for role in algo.roles:
         user = user_name(keys.run, role.name)
-        access = role_access(algo, role, keys, config)
+        access = role_access(role)
         password = read_password_file(files[role.name])
         args = setuser_args(keys, access, user, password, selectors)
         _on_every_node(client, "ACL", "SETUSER", *args)

@@ -5,7 +5,9 @@ run those commands).
 A :class:`RoleSpec` says which role of which run; :func:`run_role` connects, reads the
 run's config from Redis (all a joining process needs is the URL and the run name), takes a
 process number, asks the algorithm's builder to make the role and runs it in the one role
-loop (:func:`qrl.runtime.loop.run_role`). :func:`start_process` runs a spec in a child process.
+loop (:func:`qrl.runtime.loop.run_role`), giving it what its declaration
+(:class:`qrl.runtime.algorithm.RoleDef`) asks for: a checkpoint, the run dir's metrics.
+:func:`start_process` runs a spec in a child process.
 
 Child processes are forked while the parent has no thread, no torch op run and no open
 Redis connection, so they inherit torch's imports and nothing live; a parent with threads
@@ -32,13 +34,13 @@ import redis
 from qrl.algos import ALGOS
 from qrl.rl.envs import allow_env_modules, allowed_env_modules, check_env_id
 from qrl.rl.envspec import EnvSpec
+from qrl.runtime import loop
 from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.control import StopFlag, on_stop_signals
 from qrl.runtime.files import open_appending
 from qrl.runtime.ids import claim_id, hold_id
 from qrl.runtime.live import LiveConfig
 from qrl.runtime.loop import RoleFailed
-from qrl.runtime.loop import run_role as run_loop
 from qrl.runtime.runs import RunNotFound, load_run, load_run_config
 from qrl.runtime.tracking import Tracking
 from qrl.server.embedded import die_with_parent
@@ -73,14 +75,15 @@ class RoleSpec:
     run: str
     redis_url: str | None = None
     ident: int | Literal["auto"] = "auto"
-    limit: int | None = None  # stop after this many steps (actors) or updates (learners)
+    limit: int | None = None  # stop after its counter advanced this much (steps, updates...)
     device: str = "auto"
     threads: int = 1
     checkpoint: Path | None = None
-    run_dir: Path | None = None  # a learner writes metrics.csv and TensorBoard files here
+    run_dir: Path | None = None  # its checkpoint's place, and where a role that logs the run
+    # writes metrics.csv and TensorBoard files
     checkpoint_every: float = 60.0
     redis_deadline: float | None = None
-    tracking: Tracking | None = None  # where a learner with run_dir sends metrics besides CSV
+    tracking: Tracking | None = None  # where the run's log goes besides CSV (with run_dir)
     nice: int = 0  # added to the process's niceness at its start (lower CPU priority)
     # the modules env ids may name: those the starting process was told to import (by its
     # user, never by the run's config), so qrl train's roles import what its --env named
@@ -160,10 +163,12 @@ def _run(
     """Make the role of ``spec`` as process ``ident`` and run it in the role loop."""
     algo = ALGOS[spec.algo]
     roledef = algo.role(spec.role)
-    checkpoint = spec.checkpoint
-    if checkpoint is None and spec.run_dir is not None:
-        checkpoint = spec.run_dir / "checkpoint.pt"
-    follows = spec.run_dir is not None and roledef.kind == "learner"  # writes the run dir
+    checkpoint = None
+    if roledef.checkpoints:
+        checkpoint = spec.checkpoint
+        if checkpoint is None and spec.run_dir is not None:
+            checkpoint = spec.run_dir / "checkpoint.pt"
+    follows = spec.run_dir is not None and roledef.logs_run  # writes the run dir
     record = spec.run_dir / "config_changes.jsonl" if follows else None
     live = LiveConfig(client, keys, cfg, record)  # the changes made so far, and the next ones
     cfg = live.cfg
@@ -175,6 +180,8 @@ def _run(
         role = roledef.make(ctx)
     except (RuntimeError, ValueError) as e:  # CheckpointError is a ValueError
         raise LaunchError(str(e)) from e
+    if role.name != roledef.name:  # its reports would match no declaration
+        raise LaunchError(f"{algo.name}'s {roledef.name!r} made a role named {role.name!r}")
     log.info(
         "%s %d of run %r (%s on %s, config %s), pid %d (nice %d) on %s", roledef.name, ident,
         spec.run, algo.name, cfg.env, cfg.digest(), os.getpid(), os.nice(0),
@@ -186,10 +193,13 @@ def _run(
         from qrl.runtime.runlog import follow
 
         described = {"algo": algo.name, "run": spec.run, "config": cfg.to_dict()}
-        writer = follow(opener, keys, spec.run_dir, done, tracking=spec.tracking, config=described)
+        writer = follow(
+            opener, keys, spec.run_dir, done, algo.reports, tracking=spec.tracking,
+            config=described,
+        )  # fmt: skip
     running.set()
     try:
-        return run_loop(
+        return loop.run_role(
             role,
             client,
             keys,
@@ -197,7 +207,7 @@ def _run(
             # a live config change is taken in within this interval and a step
             StopFlag(client, keys, interval=0.25, signals=False, local=stopping, live=live),
             limit=spec.limit,
-            checkpoint_every=spec.checkpoint_every if roledef.kind == "learner" else None,
+            checkpoint_every=spec.checkpoint_every if roledef.checkpoints else None,
             live=live,
         )
     finally:

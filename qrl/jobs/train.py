@@ -6,8 +6,8 @@ stream with a live display, evaluates the latest published weights periodically,
 the target return (confirmed on ``confirm_episodes`` fresh episodes, 100 by default:
 gymnasium's definition of solving CartPole-v1) or the time/step budget, shuts every
 process down and leaves a run directory: ``config.json``, ``metrics.csv`` and TensorBoard
-files (:mod:`qrl.runtime.runlog`), ``logs/``, ``result.json`` and the learner's checkpoint
-(holding the weights that reached the target, when they did).
+files (:mod:`qrl.runtime.runlog`), ``logs/``, ``result.json`` and the checkpoint of the role
+that keeps one (the learner's: holding the weights that reached the target, when they did).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from qrl.runtime.control import StopFlag, clear_stop, request_stop
 from qrl.runtime.files import write_json
 from qrl.runtime.live import LiveConfig
 from qrl.runtime.metrics import MetricsReader
+from qrl.runtime.roles import ENV_STEPS, EVAL_RETURN, TIME, UPDATES
 from qrl.runtime.runlog import Progress, RunLog
 from qrl.runtime.runs import create_run
 from qrl.runtime.tracking import Tracking
@@ -177,13 +178,13 @@ def run_training(
     device: str = "auto",
     console: Console | None = None,
     tracking: Tracking | None = None,
-    actor_nice: int = 0,
+    nice: int = 0,
 ) -> int:
     """Run a whole job; returns the exit code: 0 if the target return was reached, 1 if the
     budget ran out first, 2 if a role failed or the job was interrupted. A job that reached
-    its target leaves the weights that reached it in its checkpoint. Actor processes of a
-    network-training learner run ``actor_nice`` steps nicer than the rest (the learner first
-    on a shared machine)."""
+    its target leaves the weights that reached it in its checkpoint. The processes of the
+    roles that declare ``nice`` (actors) run ``nice`` steps nicer than the rest (the learner
+    first on a shared machine)."""
     console = console or Console(stderr=True)
     evaluator = Evaluator(algo, cfg, budget.eval_episodes, budget.eval_env)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -201,7 +202,7 @@ def run_training(
     reached = False
     failed = False
     confirmed: float | None = None  # the last confirmation's mean return
-    progress = Progress()
+    progress = Progress(algo.reports)
     stop = None
     try:
         client = connect(url)
@@ -212,9 +213,6 @@ def run_training(
         stop = StopFlag(client, keys, live=live)
         reader = MetricsReader(client, keys, from_start=True)
         disconnect(client)  # forked roles inherit no open connection
-        # actors yield the CPU to a learner that trains a network (ES's master only folds
-        # results: its workers have no one to yield to)
-        trains_network = any(r.torch for r in algo.roles)
         for role, i in algo.processes(cfg):
             name = f"{role.name}{i}" if role.count else role.name
             spec = RoleSpec(
@@ -224,8 +222,8 @@ def run_training(
                 url,
                 ident=i,
                 device=device,
-                checkpoint=checkpoint if role.kind == "learner" else None,
-                nice=actor_nice if role.kind == "actor" and trains_network else 0,
+                checkpoint=checkpoint if role.checkpoints else None,
+                nice=nice if role.nice else 0,
             )
             procs[name] = start_process(spec, run_dir / "logs" / f"{name}.log", name)
         console.print(
@@ -281,7 +279,7 @@ def run_training(
                     break
                 if budget.max_time is not None and elapsed >= budget.max_time:
                     break
-                if budget.max_steps is not None and progress.env_steps >= budget.max_steps:
+                if budget.max_steps is not None and progress.value(ENV_STEPS) >= budget.max_steps:
                     break
             runlog.write(progress, force=True)
     except KeyboardInterrupt:
@@ -296,9 +294,9 @@ def run_training(
     target = "no target" if budget.target_return is None else f"target {budget.target_return}"
     console.print(
         f"{verdict if budget.target_return is not None else 'ran with'} {target} in "
-        f"{row['time_s']:.1f}s: "
-        f"eval {row['eval_return']}, "
-        f"{row['env_steps']} env steps, {row['updates']} updates; run dir {run_dir}"
+        f"{row[TIME.name]:.1f}s: "
+        f"eval {row[EVAL_RETURN.name]}, "
+        f"{row[ENV_STEPS.name]} env steps, {row[UPDATES.name]} updates; run dir {run_dir}"
     )
     if stop is not None and stop.local.is_set() and not reached:
         failed = True  # Ctrl-C / SIGTERM

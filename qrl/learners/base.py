@@ -137,10 +137,11 @@ class Learner(Role):
         """Called when ``batch`` gave a non-finite loss or gradient and no step was taken."""
 
     def start_threads(self) -> None:
-        pass
+        """Start what loads batches: a thread (IMPALA's loader) or a process (the replay
+        learners' sampler)."""
 
     def stop_threads(self) -> None:
-        pass
+        """Stop what :meth:`start_threads` started."""
 
     def extra_metrics(self) -> dict[str, float]:
         return {}

@@ -44,6 +44,7 @@ class ReplayLearner(Learner):
 
     # -- the sampler process: Redis I/O away from the gradient loop's GIL
     def start_threads(self) -> None:
+        """Start the sampler process (no thread)."""
         self.target.load_state_dict(self.net.state_dict())
         cfg = self.cfg
         self._sampler = Sampler(

@@ -1,7 +1,9 @@
 """What an algorithm is to qrl (the builder idea of Acme, in qrl's plain style): its config
-class, the roles a job runs and how to make each, its evaluation policy, its weights key and
-what ``qrl status`` shows for it. Everything else (the CLI, ``qrl train``, the role loop,
-``qrl status``) is generic and asks an :class:`Algorithm`.
+class, the roles a job runs (how to make each and what each needs and reports), its
+evaluation policy, its weights key and what ``qrl status`` shows for it. Everything else
+(the CLI, ``qrl train``, the role loop, ``qrl status``, the run log, the ACL users) is
+generic and asks an :class:`Algorithm`: it reads the roles' declarations, never a role's
+name or kind.
 
 A builder module imports its actor and learner classes inside its ``make`` functions, so
 ``qrl --help`` does not load torch.
@@ -9,14 +11,23 @@ A builder module imports its actor and learner classes inside its ``make`` funct
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from qrl.runtime.config import Config
+from qrl.runtime.roles import (
+    ACTOR_COMMANDS,
+    ACTOR_PROGRESS,
+    LEARNER_PROGRESS,
+    Access,
+    Feed,
+    Reports,
+)
 from qrl.wire.keys import RunKeys
 
 if TYPE_CHECKING:
@@ -45,24 +56,100 @@ class RoleContext:
     env: Any = None
 
 
+# role names go in key patterns (leases, heartbeats, ACL rules) unescaped
+_ROLE = re.compile(r"[a-z][a-z0-9-]*")
+
+
 @dataclass(frozen=True)
 class RoleDef:
-    """One role of an algorithm.
+    """One role of an algorithm: how to make it, and what it needs and offers. The generic
+    code (the CLI, ``qrl train``, :func:`qrl.jobs.launch.run_role`, ``qrl status``, the run
+    log, the ACL users) reads these fields and nothing else; :func:`actor_role` and
+    :func:`learner_role` fill them for the usual two kinds of role.
 
-    ``kind`` decides the role's command-line options: an ``actor`` takes ``--id`` and
-    ``--max-steps``; a ``service`` takes ``--id``; a ``learner`` (one per run) takes the
-    checkpoint options and ``--max-updates``, and ``--device``/``--threads`` if ``torch``.
-    ``count`` names the config field that says how many processes ``qrl train`` starts
-    (``None``: one), ``least`` the fewest it starts whatever that field says."""
+    Command-line options follow from the needs: ``--id`` where ``count`` allows several
+    processes, ``--max-COUNTER`` with a ``limit``, ``--checkpoint``/``--checkpoint-every``
+    with ``checkpoints``, ``--run-dir`` with ``checkpoints`` or ``logs_run`` (and ``--track``
+    with ``logs_run``), ``--device``/``--threads`` with ``device``."""
 
-    name: str  # in metrics, heartbeats and logs
+    name: str  # in metrics, heartbeats, leases, logs and its ACL user's name
     command: tuple[str, ...]  # the CLI command that starts it, e.g. ("actor", NAME)
-    kind: Literal["actor", "learner", "service"]
     make: Callable[[RoleContext], Role]
     help: str
+    access: Access  # the Redis keys it reads and writes, and its commands
+    reports: Reports = Reports()  # what its processes report, and where that shows
+    order: int = 0  # qrl train starts the roles of lower order first (ties: as listed)
+    # the config field that says how many processes qrl train starts (None: one); ``least``:
+    # the fewest it starts whatever that field says
     count: str | None = None
-    torch: bool = False
     least: Callable[[Any], int] | None = None
+    limit: str | None = None  # what its counter counts ("env steps"): --max-COUNTER stops it
+    checkpoints: bool = False  # keeps its state in a checkpoint file (one process at most)
+    device: bool = False  # runs torch on a device of its choice (--device, --threads)
+    nice: bool = False  # qrl train lowers its CPU priority (--actor-nice) for the others
+    logs_run: bool = False  # with --run-dir, follows the metrics stream into the run dir
+
+    def __post_init__(self) -> None:
+        if not _ROLE.fullmatch(self.name):
+            raise ValueError(f"role name {self.name!r} cannot go in a key pattern")
+        if self.checkpoints and (self.count or self.least):
+            raise ValueError(f"role {self.name!r}: a role that checkpoints runs one process")
+
+
+def actor_role(
+    name: str,
+    command: tuple[str, ...],
+    make: Callable[[RoleContext], Role],
+    help: str,
+    *,
+    reads: tuple[str, ...],
+    writes: tuple[str, ...],
+    count: str,
+    shown: tuple[str, ...] = ("version",),
+    acts_on: str | None = "version",
+    **more: Any,
+) -> RoleDef:
+    """A role that plays the env with the published weights (keys ``reads``) and feeds the
+    learner (keys ``writes``, with :data:`ACTOR_COMMANDS` only): ``count`` processes,
+    started last, niced in ``qrl train``, stopped by ``--max-steps``; it reports env steps,
+    episode returns, ``shown`` and (``acts_on``) the weights version it acts with. ``more``
+    overrides other fields."""
+    fields: dict[str, Any] = {
+        "access": Access(reads, writes, ACTOR_COMMANDS),
+        "reports": Reports("steps", shown, ACTOR_PROGRESS, acts_on),
+        "order": 2,
+        "count": count,
+        "limit": "env steps",
+        "nice": True,
+    }
+    return RoleDef(name, command, make, help, **{**fields, **more})
+
+
+def learner_role(
+    name: str,
+    command: tuple[str, ...],
+    make: Callable[[RoleContext], Role],
+    help: str,
+    *,
+    writes: tuple[str, ...],
+    progress: tuple[Feed, ...] = (),
+    shown: tuple[str, ...] = ("skipped",),
+    **more: Any,
+) -> RoleDef:
+    """The one process that trains and publishes (keys ``writes``): started after the
+    services, a torch device, a checkpoint, the run dir's metrics, ``--max-updates``; it
+    reports its updates, their rate and loss, ``shown`` and ``progress`` besides. ``more``
+    overrides other fields."""
+    fields: dict[str, Any] = {
+        "access": Access(writes=writes),
+        "reports": Reports("updates", shown, LEARNER_PROGRESS + progress),
+        "order": 1,
+        "limit": "updates",
+        "checkpoints": True,
+        "device": True,
+        "logs_run": True,
+    }
+    return RoleDef(name, command, make, help, **{**fields, **more})
 
 
 def no_status(client: redis.Redis, keys: RunKeys, config: dict[str, Any]) -> dict[str, Any]:
@@ -84,6 +171,12 @@ class Algorithm:
     status: Callable[[redis.Redis, RunKeys, dict[str, Any]], dict[str, Any]] = no_status
     actions: frozenset[str] = frozenset({"discrete"})  # action spaces it handles
 
+    def __post_init__(self) -> None:
+        if len(set(self.role_names)) < len(self.roles):
+            raise ValueError(f"{self.name}: two roles of one name")
+        if sum(r.checkpoints for r in self.roles) > 1:
+            raise ValueError(f"{self.name}: one role may checkpoint (a run dir has one file)")
+
     def role(self, name: str) -> RoleDef:
         for r in self.roles:
             if r.name == name:
@@ -94,11 +187,15 @@ class Algorithm:
     def role_names(self) -> list[str]:
         return [r.name for r in self.roles]
 
+    @property
+    def reports(self) -> dict[str, Reports]:
+        """What each role (by name) reports: what ``qrl status`` and the run log read."""
+        return {r.name: r.reports for r in self.roles}
+
     def processes(self, cfg: Any) -> list[tuple[RoleDef, int]]:
-        """The ``(role, number)`` of every process of a whole job, services first."""
-        order = {"service": 0, "learner": 1, "actor": 2}
+        """The ``(role, number)`` of every process of a whole job, in start order."""
         out = []
-        for r in sorted(self.roles, key=lambda r: order[r.kind]):
+        for r in sorted(self.roles, key=lambda r: r.order):
             n = getattr(cfg, r.count) if r.count else 1
             n = max(n, r.least(cfg)) if r.least else n
             out += [(r, i) for i in range(n)]

@@ -2,10 +2,12 @@
 Weights & Biases.
 
 :class:`Progress` folds the run's metrics stream (every role's reports) into one row of
-stable columns; :class:`RunLog` appends that row to ``metrics.csv`` and hands its scalars
-to the sinks of :mod:`qrl.runtime.tracking` under stable tags (``charts/...``, ``losses/...``),
-with env steps as the x axis. ``qrl train`` does this in its own process;
-a learner or ES master started by hand does it with ``--run-dir`` (:func:`follow`).
+stable columns, as the roles declare (:class:`qrl.runtime.roles.Feed`): the columns every
+run has (:data:`qrl.runtime.roles.COLUMNS`) and any its roles add. :class:`RunLog` appends
+that row to ``metrics.csv`` and hands its scalars to the sinks of
+:mod:`qrl.runtime.tracking` under the columns' tags (``charts/...``, ``losses/...``), with
+env steps as the x axis. ``qrl train`` does this in its own process; a role that logs the
+run (a learner, the ES master) started by hand does it with ``--run-dir`` (:func:`follow`).
 ``qrl plot RUN_DIR`` draws ``metrics.csv`` (:mod:`qrl.runtime.plot`).
 """
 
@@ -20,8 +22,7 @@ import reprlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,35 +30,20 @@ import redis
 
 from qrl.runtime.files import open_appending
 from qrl.runtime.metrics import MetricsReader
+from qrl.runtime.roles import COLUMNS, ENV_STEPS, EVAL_RETURN, EVALS, TIME, Column, Feed, Reports
 from qrl.runtime.status import finite_values
 from qrl.runtime.tracking import Tracking, open_sinks
 from qrl.wire.faults import warn_once
-from qrl.wire.keys import MAX_SHARDS, RunKeys
+from qrl.wire.keys import RunKeys
 
 log = logging.getLogger(__name__)
 
-# CSV column -> TensorBoard tag (None: CSV only)
-COLUMNS: dict[str, str | None] = {
-    "time_s": None,
-    "env_steps": None,
-    "env_steps_per_s": "charts/env_steps_per_s",
-    "updates": None,
-    "updates_per_s": "charts/updates_per_s",
-    "replay_size": "charts/replay_size",
-    "episodes": None,
-    "episodic_return": "charts/episodic_return",
-    "eval_return": "charts/eval_return",  # the last evaluation's mean, repeated
-    "evals": None,  # evaluations so far: a row where it grew has a new eval_return
-    "loss": "losses/loss",
-    "policy_lag": "charts/policy_lag",
-}
-
-
 MAX_COUNT = 10**15  # larger counters are not believed (their sums must fit TensorBoard's int64)
-# actors followed at once: a report from another id forgets the one heard from longest ago
-# (anyone with the run's keys can report as any id; the numbers qrl hands out stay below
-# qrl.runtime.ids.id_limit, 8,200 for the most actors a config allows)
+# sources a sum follows at once: a report from another one forgets the one heard from
+# longest ago (anyone with the run's keys can report as any id; the numbers qrl hands out
+# stay below qrl.runtime.ids.id_limit, 8,200 for the most actors a config allows)
 MAX_IDS = 10_000
+RECENT = 50  # the numbers a ``recent`` feed averages
 
 
 def _put(latest: dict[int, Any], ident: int, value: Any) -> None:
@@ -69,112 +55,136 @@ def _put(latest: dict[int, Any], ident: int, value: Any) -> None:
         del latest[next(iter(latest))]
 
 
-def _r(x: float | None, digits: int = 4) -> float | None:
-    """``x`` rounded; ``None`` if there is none or it is not finite (finite reports can still
-    add up past the largest float)."""
-    return None if x is None or not math.isfinite(x) else round(x, digits)
+def _shape(column: Column, x: float | None) -> float | None:
+    """``x`` as ``column`` keeps it: a count clamped to :data:`MAX_COUNT`, else rounded;
+    ``None`` if there is none or it is not finite (finite reports can still add up past the
+    largest float)."""
+    if x is None or not math.isfinite(x):
+        return None
+    if column.count:
+        return min(int(x), MAX_COUNT)
+    return round(x, column.digits)
 
 
-@dataclass
+def _checked(name: str, x: Any, count: bool, where: str) -> float | None:
+    """A reported (finite) value ``x`` if it is a number (a ``count``: a whole number from 0
+    to :data:`MAX_COUNT`), else ``None``, logged once."""
+    if isinstance(x, list) or (count and not 0 <= x <= MAX_COUNT):
+        what = f"count from 0 to {MAX_COUNT}" if count else "number"
+        warn_once(
+            f"{where}:{name}", "ignoring %s=%s from %s: not a %s",
+            name, reprlib.repr(x), where, what, kind="bad value", logger=log,
+        )  # fmt: skip
+        return None
+    return int(x) if count else float(x)
+
+
+class _Fold:
+    """The state of one declared feed: what its column shows so far."""
+
+    def __init__(self, feed: Feed) -> None:
+        self.feed = feed
+        self.latest: dict[int, float] = {}  # sum: by source
+        self.last: float | None = None
+        self.items = 0
+        self.recent: deque[float] = deque(maxlen=RECENT)
+
+    def take(self, ident: int, values: dict[str, Any], where: str) -> bool:
+        """Fold one report's (finite) ``values`` in; False if it had nothing for this feed."""
+        f = self.feed
+        x = values.get(f.metric)
+        if x is None:
+            return False
+        if f.how in ("items", "recent"):
+            if not isinstance(x, list):
+                return False
+            if f.how == "items":
+                self.items = min(self.items + len(x), MAX_COUNT)
+            else:
+                self.recent.extend(float(i) for i in x)
+            return True
+        x = _checked(f.metric, x, f.column.count, where)
+        if x is None:
+            return False
+        if f.how == "last":
+            self.last = x
+            return True
+        key = ident if f.by is None else _checked(f.by, values.get(f.by, 0), True, where)
+        if key is None or (f.bound is not None and key >= f.bound):
+            return False
+        _put(self.latest, int(key), x)
+        return True
+
+    def value(self) -> float | None:
+        how = self.feed.how
+        if how == "sum":
+            return sum(self.latest.values())
+        if how == "items":
+            return self.items
+        if how == "recent":
+            return sum(self.recent) / len(self.recent) if self.recent else None
+        return self.last
+
+
 class Progress:
-    """The run so far, folded from its metrics stream."""
+    """The run so far, folded from its metrics stream as its roles declare (``reports``:
+    role name -> :class:`qrl.runtime.roles.Reports`). Reports of a role not declared are
+    ignored."""
 
-    start: float = field(default_factory=time.monotonic)
-    actor_steps: dict[int, int] = field(default_factory=dict)
-    actor_rate: dict[int, float] = field(default_factory=dict)
-    updates: int = 0
-    updates_per_s: float = 0.0
-    replay_size: int = 0
-    shard_sizes: dict[int, int] = field(default_factory=dict)  # the fillers' latest, by shard
-    returns: deque[float] = field(default_factory=lambda: deque(maxlen=50))
-    episodes: int = 0
-    eval_return: float | None = None
-    best_eval: float | None = None
-    evals: int = 0
-    loss: float | None = None
-    policy_lag: float | None = None
-    extra: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def env_steps(self) -> int:
-        return min(sum(self.actor_steps.values()), MAX_COUNT)
-
-    @property
-    def recent_return(self) -> float | None:
-        """Mean return of the last 50 episodes the actors finished (with exploration)."""
-        return sum(self.returns) / len(self.returns) if self.returns else None
+    def __init__(self, reports: Mapping[str, Reports]) -> None:
+        self.start = time.monotonic()
+        self.folds = {role: [_Fold(f) for f in r.progress] for role, r in reports.items()}
+        columns = {c.name: c for c in COLUMNS}
+        for folds in self.folds.values():
+            for fold in folds:
+                columns.setdefault(fold.feed.column.name, fold.feed.column)
+        self.columns = list(columns.values())
+        self.source: dict[str, _Fold] = {}  # column -> the feed that reported to it last
+        self.eval_return: float | None = None
+        self.evals = 0
 
     def record_eval(self, score: float) -> None:
         """A new evaluation's mean return."""
         self.eval_return = score
-        self.best_eval = max(score, self.best_eval if self.best_eval is not None else score)
         self.evals += 1
 
     def fold(self, msg: dict[str, Any]) -> None:
         """Take one metrics report in. Whoever can write the run's keys can send anything
-        the metrics schema admits: a value that is not a finite number (a counter: not a
+        the metrics schema admits: a value that is not a finite number (a count: not a
         whole number from 0 to :data:`MAX_COUNT`) is ignored and logged once, never fatal."""
         role, ident = msg["role"], msg["id"]
+        folds = self.folds.get(role)
+        if not folds:
+            return
         where = f"metrics of {role}.{ident}"
-        v, _ = finite_values(msg["values"], where, lists=True)
+        values, _ = finite_values(msg["values"], where, lists=True)
+        for fold in folds:
+            if fold.take(ident, values, where):
+                self.source[fold.feed.column.name] = fold
 
-        def num(key: str, default: float = 0.0) -> float:
-            x = v.get(key, default)
-            return float(x) if not isinstance(x, list) else default
-
-        def count(key: str, default: int) -> int:
-            x = v.get(key, default)
-            if isinstance(x, list) or not 0 <= x <= MAX_COUNT:
-                warn_once(
-                    f"{where}:{key}", "ignoring %s=%s from %s: not a count from 0 to %d",
-                    key, reprlib.repr(x), where, MAX_COUNT, kind="bad value", logger=log,
-                )  # fmt: skip
-                return default
-            return int(x)
-
-        def nums(key: str) -> list[float]:
-            x = v.get(key, [])
-            return [float(i) for i in x] if isinstance(x, list) else []
-
-        if role in ("actor", "worker"):
-            _put(self.actor_steps, ident, count("steps", self.actor_steps.get(ident, 0)))
-            _put(self.actor_rate, ident, num("steps_per_s"))
-            self.returns.extend(nums("episode_returns"))
-            self.episodes = min(self.episodes + len(nums("episode_returns")), MAX_COUNT)
-        elif role in ("learner", "master"):
-            self.updates = count("updates", self.updates)
-            self.updates_per_s = num("updates_per_s")
-            if "replay_size" in v:
-                self.replay_size = count("replay_size", self.replay_size)
-            if "loss" in v:
-                self.loss = num("loss")
-            if "policy_lag" in v:
-                self.policy_lag = num("policy_lag")
-            for k in ("dropped", "generation", "stale"):
-                if k in v:
-                    self.extra[k] = num(k)
-        elif role == "replay" and "size" in v:  # a filler: its shard's size, the replay's
-            shard, size = count("shard", 0), count("size", -1)  # is their sum; -1: not a count
-            if size >= 0 and shard < MAX_SHARDS:
-                self.shard_sizes[shard] = size
-                self.replay_size = min(sum(self.shard_sizes.values()), MAX_COUNT)
+    def value(self, column: Column) -> float | None:
+        """``column``'s value now, as the row shows it."""
+        if column is TIME:
+            x: float | None = time.monotonic() - self.start
+        elif column is EVAL_RETURN:
+            x = self.eval_return
+        elif column is EVALS:
+            x = self.evals
+        elif column.name in self.source:
+            x = self.source[column.name].value()
+        else:
+            x = column.start
+        return _shape(column, x)
 
     def row(self) -> dict[str, Any]:
-        """One row of :data:`COLUMNS`."""
-        return {
-            "time_s": round(time.monotonic() - self.start, 2),
-            "env_steps": self.env_steps,
-            "env_steps_per_s": _r(sum(self.actor_rate.values()), 1),
-            "updates": self.updates,
-            "updates_per_s": _r(self.updates_per_s, 1),
-            "replay_size": self.replay_size,
-            "episodes": self.episodes,
-            "episodic_return": _r(self.recent_return),
-            "eval_return": _r(self.eval_return),
-            "evals": self.evals,
-            "loss": _r(self.loss),
-            "policy_lag": _r(self.policy_lag),
-        }
+        """One row: every logged column's value."""
+        return {c.name: self.value(c) for c in self.columns if c.logged}
+
+    @property
+    def extra(self) -> dict[str, float]:
+        """The values shown in ``qrl train``'s table only, of those reported so far."""
+        shown = {c.name: self.value(c) for c in self.columns if not c.logged}
+        return {k: v for k, v in shown.items() if k in self.source and v is not None}
 
 
 class RunLog:
@@ -193,19 +203,8 @@ class RunLog:
     ) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.every, self._next = every, 0.0
-        path = run_dir / "metrics.csv"
-        # a restarted learner appends to its run's metrics (another layout starts afresh)
-        header = ",".join(COLUMNS)
-        self._file = os.fdopen(open_appending(path), "a+", newline="")  # not through a link
-        self._file.seek(0)
-        keep = self._file.readline(len(header) + 2).strip() == header
-        if not keep:
-            self._file.seek(0)
-            self._file.truncate()
-        self._file.seek(0, os.SEEK_END)
-        self._csv = csv.DictWriter(self._file, fieldnames=list(COLUMNS))
-        if not keep:
-            self._csv.writeheader()
+        self._file = os.fdopen(open_appending(run_dir / "metrics.csv"), "a+", newline="")
+        self._csv: csv.DictWriter | None = None  # made by the first row: it has the columns
         self._evals = 0
         try:
             self._sinks = open_sinks(run_dir, tracking or Tracking(), run, config)
@@ -213,21 +212,42 @@ class RunLog:
             self._file.close()
             raise
 
+    def _writer(self, columns: list[str]) -> csv.DictWriter:
+        """The CSV writer of ``columns``: a restarted role appends to its run's metrics (a
+        file of other columns starts afresh)."""
+        header = ",".join(columns)
+        self._file.seek(0)
+        keep = self._file.readline(len(header) + 2).strip() == header
+        if not keep:
+            self._file.seek(0)
+            self._file.truncate()
+        self._file.seek(0, os.SEEK_END)
+        writer = csv.DictWriter(self._file, fieldnames=columns)
+        if not keep:
+            writer.writeheader()
+        return writer
+
     def write(self, progress: Progress, force: bool = False) -> bool:
         now = time.monotonic()
         if not force and now < self._next:
             return False
         self._next = now + self.every
         row = progress.row()
+        if self._csv is None:
+            self._csv = self._writer(list(row))
         self._csv.writerow(row)
         self._file.flush()
-        scalars = {t: row[c] for c, t in COLUMNS.items() if t is not None and row[c] is not None}
-        if row["evals"] == self._evals:
-            scalars.pop(COLUMNS["eval_return"], None)  # not a new measurement
-        self._evals = row["evals"]
+        scalars = {
+            c.tag: row[c.name]
+            for c in progress.columns
+            if c.logged and c.tag is not None and row[c.name] is not None
+        }
+        if row[EVALS.name] == self._evals:
+            scalars.pop(EVAL_RETURN.tag, None)  # not a new measurement
+        self._evals = row[EVALS.name]
         for sink in self._sinks:
             try:
-                sink.log(scalars, row["env_steps"])
+                sink.log(scalars, row[ENV_STEPS.name])
             except Exception as e:  # noqa: BLE001 - a sink's failure must not end the run
                 warn_once(
                     f"sink {id(sink)}", "%s failed (%s): row not logged there", sink, e, logger=log
@@ -251,18 +271,19 @@ def follow(
     keys: RunKeys,
     run_dir: Path,
     stop: threading.Event,
+    reports: Mapping[str, Reports],
     every: float = 1.0,
     tracking: Tracking | None = None,
     config: dict[str, Any] | None = None,
 ) -> threading.Thread:
     """Follow the run's metrics stream from its start in a daemon thread (its own Redis
     connection), writing ``run_dir``'s metrics.csv and the sinks of ``tracking`` until
-    ``stop``."""
+    ``stop``; ``reports`` are the run's roles' declarations (:class:`Progress`)."""
 
     def loop() -> None:
         client = connect()
         reader = MetricsReader(client, keys, from_start=True)
-        progress = Progress()
+        progress = Progress(reports)
         with RunLog(run_dir, every, tracking, keys.run, config) as out:
             while not stop.is_set():
                 try:

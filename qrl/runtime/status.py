@@ -22,6 +22,7 @@ import numpy as np
 import redis
 
 from qrl.runtime.live import describe
+from qrl.runtime.roles import POLICY_LAG, Reports
 from qrl.wire.codec import CodecError, Field, Schema, decode, encode
 from qrl.wire.faults import warn_once
 from qrl.wire.keys import RunKeys
@@ -106,9 +107,6 @@ def leave(client: redis.Redis, keys: RunKeys, role: str, ident: int) -> None:
 
 # --------------------------------------------------------------------------- collect
 
-# per role: the counter that measures its throughput
-_RATE = {"actor": "steps_per_s", "worker": "steps_per_s", "replay": "inserted_per_s"}
-
 
 def printable(value: Any) -> Any:
     """``value`` with every control or format character of its strings (dict keys too)
@@ -170,12 +168,15 @@ def collect(
     streams: dict[str, str] | None = None,
     extra: Callable[[], dict[str, Any]] | None = None,
     unreadable: list[str] | None = None,
+    reports: Mapping[str, Reports] | None = None,
 ) -> dict[str, Any]:
     """Everything ``qrl status`` shows, as plain data (what ``--json`` prints). What depends
-    on the algorithm comes from its builder: where its weights are, its streams, and
-    ``extra()``'s top-level values (e.g. the replay size). A key of the wrong type is shown
-    as nothing and named in ``unreadable`` (with what the caller could not read); every
-    string from Redis is :func:`printable`."""
+    on the algorithm comes from its builder: where its weights are, its streams,
+    ``extra()``'s top-level values (e.g. the replay size) and what its roles report
+    (``reports``, by role name: each role's rate, summed per role, and the policy lag). A
+    key of the wrong type is shown as nothing and named in ``unreadable`` (with what the
+    caller could not read); every string from Redis is :func:`printable`."""
+    reports = reports or {}
     unreadable = list(unreadable or [])
     sec, usec = client.time()
     now = sec + usec / 1e6
@@ -201,22 +202,14 @@ def collect(
 
     throughput: dict[str, float] = {}
     for p in live:
-        rate = p["values"].get(_RATE.get(p["role"], "updates_per_s"))
+        role = reports.get(p["role"])
+        rate = p["values"].get(role.rate) if role else None
         if rate is not None:
             throughput[p["role"]] = throughput.get(p["role"], 0.0) + float(rate)
 
     read_version = (lambda: client.hget(weights_key, "version")) if weights_key else None
     version = _int(_read(unreadable, "weights", read_version, -1)) if read_version else -1
-    actor_versions = [
-        p["values"]["version"] for p in live if p["role"] == "actor" and "version" in p["values"]
-    ]
-    learner = next((p for p in live if p["role"] in ("learner", "master")), None)
-    if learner and "policy_lag" in learner["values"]:
-        policy_lag = learner["values"]["policy_lag"]  # measured on the batches it trained on
-    elif actor_versions and version >= 0:
-        policy_lag = float(version - min(actor_versions))  # oldest actor behind the learner
-    else:
-        policy_lag = None
+    policy_lag = _policy_lag(live, reports, version)
 
     stats = {
         k.decode(errors="backslashreplace"): _int(v, 0)
@@ -254,9 +247,26 @@ def collect(
     )
 
 
-# --------------------------------------------------------------------------- render
+def _policy_lag(
+    live: list[dict[str, Any]], reports: Mapping[str, Reports], version: int
+) -> float | None:
+    """The lag a process measured (on the batches it trained on), else how far the oldest
+    process acting with the weights is behind the published version; ``None`` if neither
+    is known."""
+    acting = []
+    for p in live:
+        role, values = reports.get(p["role"]), p["values"]
+        if role is None:
+            continue
+        measured = [f.metric for f in role.progress if f.column == POLICY_LAG]
+        if measured and measured[0] in values:
+            return values[measured[0]]
+        if role.acts_on is not None and role.acts_on in values:
+            acting.append(values[role.acts_on])
+    return float(version - min(acting)) if acting and version >= 0 else None
 
-_SHOWN = ("steps", "updates", "inserted", "generation", "version", "rejected", "skipped")
+
+# --------------------------------------------------------------------------- render
 
 
 def _shown(proc: dict[str, Any], name: str) -> str:
@@ -266,8 +276,9 @@ def _shown(proc: dict[str, Any], name: str) -> str:
     return "?" if name in proc.get("bad", []) else ""
 
 
-def render(status: dict[str, Any]) -> Any:
-    """A rich renderable of :func:`collect`'s result."""
+def render(status: dict[str, Any], reports: Mapping[str, Reports] | None = None) -> Any:
+    """A rich renderable of :func:`collect`'s result; ``reports`` (by role name) say which
+    values of a process to show: its rate and what its role lists."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -293,14 +304,16 @@ def render(status: dict[str, Any]) -> Any:
     procs = Table("process", "host:pid", "up", "heartbeat", "rate/s", "counters", box=None)
     for p in s["processes"]:
         v, bad = p["values"], p.get("bad", [])
+        role = (reports or {}).get(p["role"])
         beat_age = f"{p['age_s']:.0f}s ago" + (" STALE" if p["stale"] else "")
+        listed = role.listed if role else ()
         cells = (
             f"{p['role']}.{p['id']}",
             f"{p['host']}:{p['pid']}",
             f"{s['time'] - p['started']:.0f}s",
             beat_age,
-            _shown(p, _RATE.get(p["role"], "updates_per_s")),
-            " ".join(f"{k} {_shown(p, k)}" for k in _SHOWN if k in v or k in bad),
+            _shown(p, role.rate) if role else "",
+            " ".join(f"{k} {_shown(p, k)}" for k in listed if k in v or k in bad),
         )  # Text: a host or role name is shown as written, never read as markup
         procs.add_row(*map(Text, cells), style="bold red" if p["stale"] else None)
     if not s["processes"]:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from qrl.algos.apex.config import ApexConfig
+from qrl.algos.apex_family import builder as family
 from qrl.algos.apex_family.builder import replay_role, status, streams, transition_filler
-from qrl.runtime.algorithm import Algorithm, RoleContext, RoleDef, torch_policy
+from qrl.runtime.algorithm import Algorithm, RoleContext, actor_role, learner_role, torch_policy
 
 if TYPE_CHECKING:
     from qrl.rl.envspec import EnvSpec
@@ -43,20 +44,21 @@ ALGORITHM = Algorithm(
     """,
     roles=(
         replay_role(transition_filler),
-        RoleDef(
+        learner_role(
             "learner",
             ("learner", "apex"),
-            "learner",
             _learner,
             "The Ape-X learner of a run: trains on the replay and publishes the weights.",
-            torch=True,
+            writes=family.LEARNER_WRITES,
+            progress=family.LEARNER_PROGRESS,
         ),
-        RoleDef(
+        actor_role(
             "actor",
             ("actor", "apex"),
-            "actor",
             _actor,
             "An Ape-X actor: joins the run, plays epsilon-greedy, pushes n-step transitions.",
+            reads=family.ACTOR_READS,
+            writes=family.ACTOR_WRITES,
             count="actors",
         ),
     ),

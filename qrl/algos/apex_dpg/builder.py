@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from qrl.algos.apex_dpg.config import ApexDPGConfig
+from qrl.algos.apex_family import builder as family
 from qrl.algos.apex_family.builder import replay_role, status, streams, transition_filler
-from qrl.runtime.algorithm import Algorithm, Policy, RoleContext, RoleDef
+from qrl.runtime.algorithm import Algorithm, Policy, RoleContext, actor_role, learner_role
 
 if TYPE_CHECKING:
     from qrl.rl.envspec import EnvSpec
@@ -60,22 +61,23 @@ ALGORITHM = Algorithm(
     """,
     roles=(
         replay_role(transition_filler),
-        RoleDef(
+        learner_role(
             "learner",
             ("learner", "apex-dpg"),
-            "learner",
             _learner,
             "The Ape-X DPG learner of a run: twin critics and an actor trained on the replay; "
             "publishes the actor.",
-            torch=True,
+            writes=family.LEARNER_WRITES,
+            progress=family.LEARNER_PROGRESS,
         ),
-        RoleDef(
+        actor_role(
             "actor",
             ("actor", "apex-dpg"),
-            "actor",
             _actor,
             "An Ape-X DPG actor: plays the published actor plus Gaussian noise, pushes n-step "
             "transitions.",
+            reads=family.ACTOR_READS,
+            writes=family.ACTOR_WRITES,
             count="actors",
         ),
     ),

@@ -1,5 +1,6 @@
 """What the Ape-X family's builders (Ape-X, Ape-X DPG, R2D2) share: the `qrl replay` role
-(its filler per algorithm), and the streams and status lines of a sharded replay."""
+(its filler per algorithm), what its actors and learner read and write, and the streams and
+status lines of a sharded replay."""
 
 from __future__ import annotations
 
@@ -9,19 +10,35 @@ from typing import Any
 import redis
 
 from qrl.runtime.algorithm import RoleContext, RoleDef
+from qrl.runtime.roles import REPLAY_SIZE, Access, Feed, Reports
 from qrl.wire.keys import MAX_SHARDS, RunKeys
+
+# the keys (within the run's prefix and its shards') each role reads and writes: actors
+# push to the experience streams, fillers drain them into the replay, the learner samples
+# the replay and publishes the weights
+ACTOR_READS = ("weights",)
+ACTOR_WRITES = ("experience",)
+LEARNER_WRITES = ("replay:*", "weights")
+LEARNER_PROGRESS = (Feed(REPLAY_SIZE, "replay_size"),)
 
 
 def replay_role(filler: Callable[[RoleContext], Any]) -> RoleDef:
     """``qrl replay``: the processes that drain a run's experience streams into its replay
-    (``filler`` makes one: the transitions' or R2D2's sequences' filler)."""
+    (``filler`` makes one: the transitions' or R2D2's sequences' filler). Started first;
+    the replay's size is the sum of the latest size a filler of each shard reported."""
     return RoleDef(
         "replay",
         ("replay",),
-        "service",
         filler,
         "Drain a run's experience stream into its prioritized replay (several may run; "
         "filler i drains shard i mod replay_shards).",
+        access=Access(writes=(*ACTOR_WRITES, "replay:*")),
+        reports=Reports(
+            "inserted",
+            ("rejected",),
+            (Feed(REPLAY_SIZE, "size", "sum", by="shard", bound=MAX_SHARDS),),
+        ),
+        order=0,
         count="replays",
         least=lambda cfg: cfg.replay_shards,  # one filler per shard at least
     )

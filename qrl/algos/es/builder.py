@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from qrl.algos.es.config import ESConfig
 from qrl.algos.es.keys import es_params, es_results
-from qrl.runtime.algorithm import Algorithm, RoleContext, RoleDef
+from qrl.runtime.algorithm import Algorithm, RoleContext, actor_role, learner_role
+from qrl.runtime.roles import shown_only
 
 if TYPE_CHECKING:
     from qrl.rl.envspec import EnvSpec
@@ -43,20 +44,27 @@ ALGORITHM = Algorithm(
     qrl train es --env Pendulum-v1 --target-return -250 --max-time 1200 --eval-every 30
     """,
     roles=(
-        RoleDef(
+        learner_role(
             "master",
             ("es", "master"),
-            "learner",
             _master,
             "The ES master of a run: folds results into generations, publishes parameters.",
+            writes=("es:results", "es:params"),
+            progress=(shown_only("generation"), shown_only("stale")),
+            shown=("generation",),
+            device=False,  # numpy only
         ),
-        RoleDef(
+        actor_role(
             "worker",
             ("es", "worker"),
-            "actor",
             _worker,
             "An ES worker: joins the run, evaluates antithetic perturbations, pushes results.",
+            reads=("es:params",),
+            writes=("es:results",),
             count="workers",
+            shown=("generation",),
+            acts_on=None,  # its generation: qrl status shows no policy lag for ES
+            nice=False,  # the master only folds results: no one to yield the CPU to
         ),
     ),
     policy=_center_policy,

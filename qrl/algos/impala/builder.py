@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
-from qrl.runtime.algorithm import Algorithm, RoleContext, RoleDef, torch_policy
+from qrl.runtime.algorithm import Algorithm, RoleContext, actor_role, learner_role, torch_policy
+from qrl.runtime.roles import POLICY_LAG, Feed, shown_only
 
 if TYPE_CHECKING:
     from qrl.rl.envspec import EnvSpec
@@ -42,20 +43,22 @@ ALGORITHM = Algorithm(
     qrl train impala --env LunarLander-v3 --max-time 1200 --eval-every 30
     """,
     roles=(
-        RoleDef(
+        learner_role(
             "learner",
             ("learner", "impala"),
-            "learner",
             _learner,
             "The IMPALA learner of a run: V-trace on the actors' unrolls, publishes weights.",
-            torch=True,
+            writes=("trajectories", "weights"),
+            # the lag it measures on the unrolls it trains on, and the unrolls it dropped
+            progress=(Feed(POLICY_LAG, "policy_lag"), shown_only("dropped")),
         ),
-        RoleDef(
+        actor_role(
             "actor",
             ("actor", "impala"),
-            "actor",
             _actor,
             "An IMPALA actor: joins the run, samples from the policy, pushes unrolls.",
+            reads=("weights",),
+            writes=("trajectories",),
             count="actors",
         ),
     ),

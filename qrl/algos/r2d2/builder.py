@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from qrl.algos.apex_family import builder as family
 from qrl.algos.apex_family.builder import replay_role, status, streams
 from qrl.algos.r2d2.config import R2D2Config
-from qrl.runtime.algorithm import Algorithm, Policy, RoleContext, RoleDef
+from qrl.runtime.algorithm import Algorithm, Policy, RoleContext, actor_role, learner_role
 
 if TYPE_CHECKING:
     from qrl.rl.envspec import EnvSpec
@@ -60,21 +61,22 @@ ALGORITHM = Algorithm(
     """,
     roles=(
         replay_role(_replay),
-        RoleDef(
+        learner_role(
             "learner",
             ("learner", "r2d2"),
-            "learner",
             _learner,
             "The R2D2 learner of a run: trains on the replay's sequences and publishes the "
             "weights.",
-            torch=True,
+            writes=family.LEARNER_WRITES,
+            progress=family.LEARNER_PROGRESS,
         ),
-        RoleDef(
+        actor_role(
             "actor",
             ("actor", "r2d2"),
-            "actor",
             _actor,
             "An R2D2 actor: plays epsilon-greedy with an LSTM, pushes overlapping sequences.",
+            reads=family.ACTOR_READS,
+            writes=family.ACTOR_WRITES,
             count="actors",
         ),
     ),
