@@ -15,13 +15,7 @@ from qrl.server.embedded import EmbeddedRedis, find_redis_server, free_port, sup
 from qrl.wire.connection import RedisUnavailable, connect
 from qrl.wire.keys import RunKeys
 from tests.cli import ROOT, qrl
-
-# the one-line rule the README documents for a run named RUN
-ACL_RULE = (
-    "ACL SETUSER {user} on >{password} resetkeys resetchannels ~qrl:{{{run}}}:* "
-    "~qrl:{{{run}~*}}:* +@all -@admin -@dangerous -@scripting +eval +evalsha +script|load "
-    "+script|exists -scan -select +cluster|info +cluster|slots"
-)
+from tests.helpers import ACL_RULE
 
 
 def _es_job(url: str, run: str, tmp_path) -> subprocess.CompletedProcess[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
@@ -27,7 +26,8 @@ from qrl.wire.keys import RunKeys
 from qrl.wire.streams import StreamConsumer, StreamProducer
 from qrl.wire.weights import WeightStore
 from tests.cli import qrl, qrl_redis
-from tests.cluster import LocalCluster
+from tests.cluster import LocalCluster, run_on
+from tests.helpers import pid_alive
 from tests.test_access import _tls_args, _tls_binary
 
 
@@ -43,15 +43,6 @@ def test_fixture_is_a_cluster_of_three_masters_with_a_password(redis_cluster):
         pytest.raises(redis.AuthenticationError),
     ):
         bare.ping()
-
-
-def run_on(cluster, node: int, prefix: str) -> RunKeys:
-    """A fresh run whose keys live on ``node`` of ``cluster``."""
-    for i in itertools.count():
-        keys = RunKeys(f"{prefix}-{i}")
-        if cluster.node_of(keys.config) == node:
-            return keys
-    raise AssertionError("unreachable")
 
 
 def held(cluster, keys: RunKeys) -> list[int]:
@@ -301,6 +292,4 @@ def test_qrl_redis_cluster_starts_a_local_cluster_that_one_url_reaches():
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    assert not any(map(pid_alive, pids))

@@ -3,7 +3,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -27,6 +26,7 @@ from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.connection import connect
 from qrl.wire.streams import FIELD, GROUP
 from tests.cli import ROOT, eval_mean, train
+from tests.helpers import es_payload
 
 
 def test_centered_ranks():
@@ -109,35 +109,6 @@ def test_policy_spec_acts_for_discrete_and_continuous():
     assert act.shape == (3, 1) and (np.abs(act) <= 2.0).all()
 
 
-def _results(
-    gen: int,
-    idx: list[int],
-    rp: list[float],
-    rn: list[float],
-    obs_count: float = 1.0,
-    obs_sum: float = 0.0,
-    obs_sumsq: float = 0.0,
-) -> bytes:
-    n = len(idx)
-    return encode(
-        "es.results",
-        {
-            "generation": gen,
-            "job": np.arange(n, dtype=np.int64),
-            "index": np.array(idx, np.int64),
-            "return_pos": np.array(rp, np.float32),
-            "return_neg": np.array(rn, np.float32),
-            "length_pos": np.ones(n, np.int32),
-            "length_neg": np.ones(n, np.int32),
-            "obs_sum": np.full(4, obs_sum),
-            "obs_sumsq": np.full(4, obs_sumsq),
-            "obs_count": obs_count,
-            "worker": 0,
-            "batch": uuid.uuid4().hex,
-        },
-    )
-
-
 def test_master_ignores_stale_results_and_resumes(r, keys, redis_server):
     cfg = ESConfig(population=4, noise_size=10_000, obs_norm=False)
     create_run(r, keys, "es", cfg)
@@ -146,8 +117,8 @@ def test_master_ignores_stale_results_and_resumes(r, keys, redis_server):
     master.publish()
     theta0 = master.theta.copy()
     # two stale pairs (generation 2) that would pull theta elsewhere, then the real ones
-    r.xadd(es_results(keys), {FIELD: _results(2, [5, 6], [100.0, 100.0], [-100.0, -100.0])})
-    r.xadd(es_results(keys), {FIELD: _results(3, [10, 20], [1.0, 0.0], [0.0, 2.0])})
+    r.xadd(es_results(keys), {FIELD: es_payload(2, [5, 6], [100.0, 100.0], [-100.0, -100.0])})
+    r.xadd(es_results(keys), {FIELD: es_payload(3, [10, 20], [1.0, 0.0], [0.0, 2.0])})
     assert run_role(master, r, keys, 0, lambda: False, limit=1) == 1
     assert master.stale == 2 and master.generation == 4
     # the update used exactly the current generation's pairs
@@ -198,7 +169,7 @@ def test_pairs_that_draw_the_same_noise_index_keep_their_own_halves(r, keys, red
 
 def test_results_need_one_job_id_per_pair():
     schema = es_results_schema(4, 10_000, 114)
-    msg = decode(_results(0, [10, 20], [1.0, 0.0], [0.0, 2.0]), schema)
+    msg = decode(es_payload(0, [10, 20], [1.0, 0.0], [0.0, 2.0]), schema)
     assert msg["job"].tolist() == [0, 1]
     for job, reason in [([3, 3], "job ids repeat"), ([1], "job has 1"), ([-1, 2], "job")]:
         bad = {**msg, "job": np.array(job, np.int64)}
@@ -256,9 +227,12 @@ def test_a_result_with_zero_count_and_huge_sums_cannot_wedge_the_master(r, keys,
     create_run(r, keys, "es", cfg)
     master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
     master.publish()
-    hostile = _results(0, [1, 2], [1.0, 0.0], [0.0, 1.0], 0.0, 1e308, 1e308)
+    hostile = es_payload(0, [1, 2], [1.0, 0.0], [0.0, 1.0], 0.0, 1e308, 1e308)
     r.xadd(es_results(keys), {FIELD: hostile})
-    r.xadd(es_results(keys), {FIELD: _results(0, [10, 20], [1.0, 0.0], [0.0, 2.0], 8.0, 4.0, 9.0)})
+    r.xadd(
+        es_results(keys),
+        {FIELD: es_payload(0, [10, 20], [1.0, 0.0], [0.0, 2.0], 8.0, 4.0, 9.0)},
+    )
     assert run_role(master, r, keys, 0, lambda: False, limit=1) == 1
     w = WeightStore(r, keys, es_params(keys)).fetch()  # a worker's view: valid, finite
     assert w is not None and w.version == 1

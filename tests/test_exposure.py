@@ -17,8 +17,8 @@ from qrl.server.embedded import EmbeddedRedis, free_port, supports_tls
 from qrl.server.embedded_cluster import EmbeddedCluster
 from qrl.wire.connection import connect
 from tests.cli import qrl, qrl_redis
+from tests.helpers import redis_binaries
 from tests.test_access import _tls_args, _tls_binary
-from tests.test_acl import BINARIES
 
 PW = "exposure-test-pw"
 
@@ -110,7 +110,7 @@ def test_a_password_over_plain_text_to_another_host_warns(caplog):
 
 
 def test_qrl_redis_says_so_when_its_redis_server_has_no_tls(tmp_path):
-    plain = [b for b in BINARIES.values() if not supports_tls(b)]
+    plain = [b for b in redis_binaries().values() if not supports_tls(b)]
     if not plain:
         pytest.skip("every redis-server here has TLS")
     for name in ("crt", "key", "ca"):

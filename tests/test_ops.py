@@ -7,11 +7,13 @@ import json
 import signal
 import subprocess
 import time
+from functools import partial
 
 import pytest
 
 from qrl.runtime.runs import load_run
 from tests.cli import qrl, role
+from tests.helpers import kill_all, wait_until
 
 
 def _status(run: str, *extra: str) -> dict:
@@ -22,13 +24,8 @@ def _status(run: str, *extra: str) -> dict:
 
 def _wait_status(run: str, pred, *extra: str, timeout: float = 60.0) -> dict:
     """``qrl status --json`` polled until ``pred(status)`` holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        st = _status(run, *extra)
-        if pred(st):
-            return st
-        assert time.monotonic() < deadline, f"status never satisfied the condition: {st}"
-        time.sleep(0.3)
+    status, what = partial(_status, run, *extra), "a status that satisfies the condition"
+    return wait_until(status, what, timeout, until=pred, every=0.3)
 
 
 def test_run_create_from_toml_with_overrides_then_list_stop_delete(r, keys, tmp_path):
@@ -122,10 +119,7 @@ def test_heartbeats_status_auto_ids_and_stale_processes(r, keys):
         row = f"replay.{dead['id']}"
         assert "STALE" in text.stdout and row in text.stdout, text.stdout
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(procs)
 
 
 def test_status_needs_a_run_when_several_exist(keys):

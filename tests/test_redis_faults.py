@@ -15,6 +15,7 @@ import redis
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.keys import RunKeys
 from tests.cli import qrl, role
+from tests.helpers import fill_replay, wait_until
 
 ROLES = {  # the Ape-X job, as hand-started roles
     "replay": ["replay"],
@@ -34,11 +35,8 @@ def _version(url: str, keys: RunKeys) -> int:
 
 
 def _wait_version(url: str, keys: RunKeys, above: int, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    while (v := _version(url, keys)) <= above:
-        assert time.monotonic() < deadline, f"weights stuck at version {v}"
-        time.sleep(0.2)
-    return v
+    what = f"weights above version {above}"
+    return wait_until(lambda: _version(url, keys), what, timeout, until=lambda v: v > above)
 
 
 def _job(tmp_path, deadline: float):
@@ -131,10 +129,7 @@ def test_a_learner_stopped_while_redis_is_away_writes_its_final_checkpoint(tmp_p
     client = redis.Redis.from_url(server.url)
     create_run(client, keys, "apex", cfg)
     replay = make_replay(client, keys, cfg)
-    obs = np.zeros((300, 4), np.float32)
-    replay.insert(
-        replay.layout.pack(obs, np.zeros(300), np.ones(300), np.ones(300), obs), np.ones(300)
-    )
+    fill_replay(replay, np.zeros((300, 4), np.float32))
     ckpt = tmp_path / "learner.pt"
     log = (tmp_path / "learner.log").open("w")
     argv = ["learner", "apex", "--checkpoint", str(ckpt)]
