@@ -26,6 +26,7 @@ def _es_job(url: str, run: str, tmp_path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_run_works_as_an_acl_user_limited_to_its_prefix(tmp_path):
     run = "acl-run"
     with EmbeddedRedis(password="admin-pw") as server:
@@ -97,6 +98,7 @@ def _tls_binary() -> str:
     return binary
 
 
+@pytest.mark.slow
 def test_a_run_works_over_tls_with_a_self_signed_certificate(tmp_path):
     binary = _tls_binary()
     ssl = tmp_path / "tls"

@@ -118,6 +118,7 @@ def test_the_readmes_per_run_rule_leaves_out_scan_select_and_flushing_scripts(bi
                 attempt()
 
 
+@pytest.mark.slow
 def test_run_create_acl_refuses_the_example_password(tmp_path):
     example = dict(
         line.split("=", 1)
@@ -143,6 +144,7 @@ EXCHANGES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("algo", EXCHANGES)
 def test_each_role_works_under_its_own_user(algo, tmp_path):

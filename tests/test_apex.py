@@ -88,6 +88,7 @@ def cartpole_run(tmp_path_factory):
     return result, run_dir
 
 
+@pytest.mark.slow
 def test_train_apex_cli_learns_cartpole(cartpole_run):
     result, run_dir = cartpole_run
     assert result["reached"] and result["eval_return"] >= 200  # random play scores ~22
@@ -104,6 +105,7 @@ def test_train_apex_cli_learns_cartpole(cartpole_run):
         assert f"(nice {min(nice, 19)})" in (run_dir / "logs" / f"{name}.log").read_text()
 
 
+@pytest.mark.slow
 def test_eval_plays_the_saved_checkpoint(cartpole_run):
     _, run_dir = cartpole_run
     ckpt = run_dir / "checkpoint.pt"
@@ -117,6 +119,7 @@ def test_eval_plays_the_saved_checkpoint(cartpole_run):
         load_checkpoint(ckpt, "impala")
 
 
+@pytest.mark.slow
 def test_a_hand_started_actor_joins_a_running_run(r, keys, redis_server, tmp_path):
     cfg = ApexConfig(actors=1, envs_per_actor=4, learning_starts=200, replay_capacity=50_000)
     create_run(r, keys, "apex", cfg)
@@ -169,6 +172,7 @@ def test_a_hand_started_actor_joins_a_running_run(r, keys, redis_server, tmp_pat
     assert (tmp_path / "c.pt").exists()  # the learner checkpoints on exit
 
 
+@pytest.mark.slow
 def test_atari_smoke_uint8_frames_end_to_end(tmp_path):
     pytest.importorskip("ale_py")
     run_dir = tmp_path / "pong"
@@ -210,6 +214,7 @@ def test_atari_smoke_uint8_frames_end_to_end(tmp_path):
     assert state["model"]["features.1.0.weight"].shape == torch.Size([32, 4, 8, 8])  # Nature conv
 
 
+@pytest.mark.slow
 def test_restarted_learner_resumes_from_its_checkpoint(r, keys, redis_server, tmp_path):
     cfg = ApexConfig(learning_starts=100, publish_every=5)
     create_run(r, keys, "apex", cfg)

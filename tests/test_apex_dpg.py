@@ -217,6 +217,7 @@ def pendulum_run(tmp_path_factory):
     return result, run_dir, time.monotonic() - t0
 
 
+@pytest.mark.slow
 def test_train_apex_dpg_learns_pendulum(pendulum_run):
     result, run_dir, took = pendulum_run
     assert result["reached"] and result["eval_return"] >= -400, result
@@ -225,6 +226,7 @@ def test_train_apex_dpg_learns_pendulum(pendulum_run):
     assert mean > -900, out
 
 
+@pytest.mark.slow
 def test_load_policy_acts_within_the_bounds(pendulum_run):
     import qrl as qrl_api
 

@@ -84,6 +84,7 @@ def _rejected(r, keys: RunKeys, source: str) -> int:
     return int(r.hget(keys.stats, f"rejected:{source}") or 0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
     apex, impala, es = (RunKeys(f"{keys.run[:50]}-{a}") for a in ("apex", "impala", "es"))

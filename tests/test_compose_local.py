@@ -31,6 +31,8 @@ from tests.compose import (
 )
 from tests.helpers import wait_until
 
+pytestmark = pytest.mark.slow
+
 # -- the apex profile, run as local processes
 
 

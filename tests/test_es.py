@@ -60,6 +60,7 @@ def _digest(seed: int, size: int) -> str:
     return hashlib.sha256(NoiseTable(seed, size).noise.tobytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_noise_table_is_identical_across_processes():
     code = "import sys; from tests.test_es import _digest; print(_digest(5, 100_000))"
     others = {
@@ -179,6 +180,7 @@ def test_results_need_one_job_id_per_pair():
         decode(encode("es.results", {k: v for k, v in msg.items() if k != "job"}), schema)
 
 
+@pytest.mark.slow
 def test_train_es_cli_learns_cartpole(tmp_path):
     run_dir = tmp_path / "run"
     result = train(

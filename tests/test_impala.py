@@ -152,6 +152,7 @@ def test_learner_reuses_a_batch_only_while_no_fresh_one_waits(r, keys, redis_ser
     assert any(not torch.equal(a, b) for a, b in zip(before, lrn.net.parameters(), strict=True))
 
 
+@pytest.mark.slow
 def test_train_impala_cli_learns_cartpole(tmp_path):
     run_dir = tmp_path / "run"
     result = train(

@@ -17,6 +17,8 @@ from qrl.wire.streams import GROUP
 from tests.cli import qrl
 from tests.helpers import Roles, pid_alive
 
+pytestmark = pytest.mark.slow
+
 
 def _children(pid: int) -> list[int]:
     return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]

@@ -63,6 +63,7 @@ def test_learner_writes_the_priority_mix_back(r, keys, redis_server):
     np.testing.assert_allclose(got, np.maximum(want + 1e-6, 1e-6), rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_hand_started_roles_fill_the_replay_with_sequences(r, keys, redis_server, tmp_path):
     """qrl replay, qrl learner r2d2 and qrl actor r2d2 joining a run by name; qrl status
     shows the replay of sequences; the learner checkpoints on exit."""
@@ -109,6 +110,7 @@ def novel_run(tmp_path_factory):
     return result, run_dir
 
 
+@pytest.mark.slow
 def test_train_r2d2_learns_cartpole_without_velocities(novel_run):
     result, run_dir = novel_run
     assert result["reached"] and result["eval_return"] >= 150, result  # random play: ~22
@@ -122,6 +124,7 @@ def test_train_r2d2_learns_cartpole_without_velocities(novel_run):
     assert eval_stats(out.stdout)["mean"] > 100, out.stdout
 
 
+@pytest.mark.slow
 def test_load_policy_keeps_the_lstm_state_between_calls(novel_run):
     import qrl as qrl_api
 

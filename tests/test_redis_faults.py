@@ -10,6 +10,7 @@ import subprocess
 import time
 
 import numpy as np
+import pytest
 import redis
 
 from qrl.server.embedded import EmbeddedRedis
@@ -67,6 +68,7 @@ def _stop_all(procs: dict[str, subprocess.Popen]) -> dict[str, int]:
     return codes
 
 
+@pytest.mark.slow
 def test_roles_ride_out_a_redis_restart(tmp_path):
     server, keys, procs, logs = _job(tmp_path, deadline=60)
     try:
@@ -96,6 +98,7 @@ def test_roles_ride_out_a_redis_restart(tmp_path):
         assert "Traceback" not in text, f"{name}:\n{text[-3000:]}"
 
 
+@pytest.mark.slow
 def test_roles_give_up_with_a_clear_message_after_the_deadline(tmp_path):
     server, keys, procs, logs = _job(tmp_path, deadline=3)
     try:
@@ -118,6 +121,7 @@ def test_roles_give_up_with_a_clear_message_after_the_deadline(tmp_path):
         assert "has not answered for 3s" in text, f"{name}:\n{text[-3000:]}"
 
 
+@pytest.mark.slow
 def test_a_learner_stopped_while_redis_is_away_writes_its_final_checkpoint(tmp_path):
     from qrl.algos.apex.config import ApexConfig
     from qrl.replay.role import make_replay

@@ -24,6 +24,8 @@ from qrl.runtime.runs import create_run
 from tests.cli import role
 from tests.helpers import kill_all, wait_until
 
+pytestmark = pytest.mark.slow
+
 
 class Run:
     """The role processes of one run, and what the metrics stream says about them."""

@@ -19,6 +19,8 @@ from qrl.wire.weights import WeightStore
 from tests.cli import qrl, train
 from tests.helpers import Roles
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.timeout(300)
 def test_sigkill_one_shards_filler_and_restart_it_loses_no_batch(r, keys, tmp_path):

@@ -201,6 +201,7 @@ def test_dead_letters_keep_a_bounded_prefix_of_the_payload(r, keys):
     assert fields[b"size"] == str(len(big)).encode() and fields[b"reason"] == b"too big to keep"
 
 
+@pytest.mark.slow
 def test_an_entry_that_kills_its_consumer_is_dead_lettered_after_n_deliveries(r, keys):
     p = StreamProducer(r, keys.experience)
     for i in range(4):

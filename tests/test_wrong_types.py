@@ -80,6 +80,7 @@ def _no_traceback(out) -> None:
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("write", sorted(WRONG))
 @pytest.mark.parametrize("algo", sorted(ROLES))
 def test_roles_and_commands_ride_out_keys_of_the_wrong_type(r, keys, tmp_path, algo, write):
@@ -121,6 +122,7 @@ def test_roles_and_commands_ride_out_keys_of_the_wrong_type(r, keys, tmp_path, a
     _no_traceback(qrl("run", "delete", keys.run, "--yes", timeout=60))
 
 
+@pytest.mark.slow
 def test_qrl_train_over_an_unreadable_run_config_is_a_one_line_error(
     r, keys, redis_server, tmp_path
 ):
