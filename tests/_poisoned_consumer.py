@@ -9,7 +9,7 @@ import redis
 
 from qrl.wire.keys import RunKeys
 from qrl.wire.streams import StreamConsumer
-from tests.test_streams import ITEM
+from tests.helpers import ITEM
 
 url, run = sys.argv[1], sys.argv[2]
 r = redis.Redis.from_url(url)

@@ -15,6 +15,15 @@ from tests.cluster import ClusterUnsupported, LocalCluster
 _runs = itertools.count()
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the session's cluster is a ``cluster`` test: marked here, where the
+    fixture is; tests that start nodes of their own carry the marker themselves."""
+    for item in items:
+        if "redis_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
 @pytest.fixture(scope="session")
 def redis_server():
     with EmbeddedRedis() as server:

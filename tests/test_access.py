@@ -15,13 +15,7 @@ from qrl.server.embedded import EmbeddedRedis, find_redis_server, free_port, sup
 from qrl.wire.connection import RedisUnavailable, connect
 from qrl.wire.keys import RunKeys
 from tests.cli import ROOT, qrl
-
-# the one-line rule the README documents for a run named RUN
-ACL_RULE = (
-    "ACL SETUSER {user} on >{password} resetkeys resetchannels ~qrl:{{{run}}}:* "
-    "~qrl:{{{run}~*}}:* +@all -@admin -@dangerous -@scripting +eval +evalsha +script|load "
-    "+script|exists -scan -select +cluster|info +cluster|slots"
-)
+from tests.helpers import ACL_RULE
 
 
 def _es_job(url: str, run: str, tmp_path) -> subprocess.CompletedProcess[str]:
@@ -32,6 +26,7 @@ def _es_job(url: str, run: str, tmp_path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_run_works_as_an_acl_user_limited_to_its_prefix(tmp_path):
     run = "acl-run"
     with EmbeddedRedis(password="admin-pw") as server:
@@ -103,6 +98,7 @@ def _tls_binary() -> str:
     return binary
 
 
+@pytest.mark.slow
 def test_a_run_works_over_tls_with_a_self_signed_certificate(tmp_path):
     binary = _tls_binary()
     ssl = tmp_path / "tls"

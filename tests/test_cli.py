@@ -51,6 +51,7 @@ def test_bad_envs_fail_fast_with_one_line(args, words, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "eval_env, words",
     [("Acrobot-v1", ["does not fit", "(6,)", "(4,)"]), ("Nope-v0", ["Nope", "doesn't exist"])],
@@ -83,6 +84,7 @@ def test_a_bad_config_file_names_the_file_and_field(tmp_path):
     assert out.returncode == 2 and "population" in out.stderr
 
 
+@pytest.mark.slow
 def test_train_takes_the_redis_url_from_the_environment(r, redis_server, tmp_path):
     run = "env-url-train"
     out = qrl(
@@ -105,6 +107,7 @@ def test_train_takes_the_redis_url_from_the_environment(r, redis_server, tmp_pat
         assert " started at 0 " in text and " stopped after " in text, text
 
 
+@pytest.mark.slow
 def test_a_run_config_json_reproduces_the_run(tmp_path):
     first = tmp_path / "a"
     out = qrl(
@@ -123,6 +126,7 @@ def test_a_run_config_json_reproduces_the_run(tmp_path):
     assert a == b and b["population"] == 24
 
 
+@pytest.mark.slow
 def test_config_show_lists_every_field_and_its_toml_round_trips(tmp_path):
     from qrl.algos import ALGOS
 
@@ -151,6 +155,7 @@ def test_the_example_configs_are_valid_for_each_algorithm_they_name(example):
         assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.slow
 def test_an_env_without_a_threshold_says_so_and_runs_its_budget(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
     env_id = "tests._envs:QrlTestPendulum-v0"  # registered without a threshold

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
@@ -27,8 +26,11 @@ from qrl.wire.keys import RunKeys
 from qrl.wire.streams import StreamConsumer, StreamProducer
 from qrl.wire.weights import WeightStore
 from tests.cli import qrl, qrl_redis
-from tests.cluster import LocalCluster
+from tests.cluster import LocalCluster, run_on
+from tests.helpers import pid_alive
 from tests.test_access import _tls_args, _tls_binary
+
+pytestmark = pytest.mark.cluster
 
 
 def test_fixture_is_a_cluster_of_three_masters_with_a_password(redis_cluster):
@@ -43,15 +45,6 @@ def test_fixture_is_a_cluster_of_three_masters_with_a_password(redis_cluster):
         pytest.raises(redis.AuthenticationError),
     ):
         bare.ping()
-
-
-def run_on(cluster, node: int, prefix: str) -> RunKeys:
-    """A fresh run whose keys live on ``node`` of ``cluster``."""
-    for i in itertools.count():
-        keys = RunKeys(f"{prefix}-{i}")
-        if cluster.node_of(keys.config) == node:
-            return keys
-    raise AssertionError("unreachable")
 
 
 def held(cluster, keys: RunKeys) -> list[int]:
@@ -77,6 +70,7 @@ def test_any_node_url_gives_a_cluster_client_that_reaches_every_node(redis_clust
     client.close()
 
 
+@pytest.mark.slow
 def test_run_commands_through_one_node_see_every_node(redis_cluster, tmp_path):
     runs = [run_on(redis_cluster, node, "cli") for node in range(3)]
     for keys, url in zip(runs, redis_cluster.urls[::-1], strict=True):
@@ -183,6 +177,7 @@ def test_password_from_the_environment_and_database_zero_only(redis_cluster, mon
     assert out.stderr.startswith("Error: ") and "only database 0: end the URL with /0" in out.stderr
 
 
+@pytest.mark.slow
 def test_train_apex_solves_cartpole_on_a_cluster(redis_cluster, tmp_path):
     keys = run_on(redis_cluster, 2, "train")
     env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
@@ -212,6 +207,7 @@ def test_train_apex_solves_cartpole_on_a_cluster(redis_cluster, tmp_path):
         delete_run(client, keys)
 
 
+@pytest.mark.slow
 def test_a_stalled_node_is_waited_for_until_the_deadline():
     """A node that stops answering (SIGSTOP) is retried with backoff, commands and whole
     transactions alike, as on a single Redis; past the deadline: RedisUnavailable."""
@@ -263,6 +259,7 @@ def test_an_acl_user_limited_to_its_run_gets_the_cluster(redis_cluster):
     client.close()
 
 
+@pytest.mark.slow
 def test_a_cluster_over_tls_checks_every_node_certificate(tmp_path):
     binary = _tls_binary()
     certs = _tls_args(tmp_path / "tls", "IP:127.0.0.1,DNS:localhost")[2:]  # not the port
@@ -285,6 +282,7 @@ def test_a_cluster_over_tls_checks_every_node_certificate(tmp_path):
             connect(f"rediss://:{pw}@127.0.0.1:{cluster.tls_ports[0]}/0")
 
 
+@pytest.mark.slow
 def test_qrl_redis_cluster_starts_a_local_cluster_that_one_url_reaches():
     """`qrl redis --cluster 3`: three node URLs; a run created through one node is listed
     through another; Ctrl-C stops every node."""
@@ -301,6 +299,4 @@ def test_qrl_redis_cluster_starts_a_local_cluster_that_one_url_reaches():
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
+    assert not any(map(pid_alive, pids))

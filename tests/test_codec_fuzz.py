@@ -3,6 +3,7 @@
 import lz4.frame
 import msgpack
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -87,6 +88,7 @@ payloads = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(
     max_examples=10_000,
     deadline=None,

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,9 @@ from tests.compose import (
     load,
     volume_mounts,
 )
+from tests.helpers import wait_until
+
+pytestmark = pytest.mark.slow
 
 # -- the apex profile, run as local processes
 
@@ -96,18 +98,18 @@ def catches_sigterm(pid: int) -> bool:
     return False
 
 
+def tails(roles: list[Role]) -> str:
+    return "\n".join(r.tail() for r in roles)
+
+
 def wait_for(what: str, check: Callable[[], Any], timeout: float, roles: list[Role]) -> Any:
     """Poll ``check`` until it returns something truthy; fails if a role exits first."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if result := check():
-            return result
+
+    def running() -> None:
         dead = [r for r in roles if r.proc.poll() is not None]
-        assert not dead, f"{what}: a role exited\n" + "\n".join(r.tail() for r in dead)
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s\n" + "\n".join(
-            r.tail() for r in roles
-        )
-        time.sleep(0.2)
+        assert not dead, f"{what}: a role exited\n{tails(dead)}"
+
+    return wait_until(check, what, timeout, between=running, context=lambda: tails(roles))
 
 
 @pytest.mark.timeout(90)  # about 15 s on an idle 2-core machine

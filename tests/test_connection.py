@@ -1,9 +1,9 @@
-import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from operator import not_
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,7 @@ import redis
 from qrl.server.embedded import EmbeddedRedis, find_redis_server, free_port
 from qrl.wire.connection import RedisUnavailable, connect, redact
 from tests.cli import qrl_redis
+from tests.helpers import pid_alive, wait_until
 
 
 def test_connect_from_env_url(redis_server, monkeypatch):
@@ -63,16 +64,6 @@ def test_connect_waits_for_a_late_server(tmp_path):
         late.wait()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is not alive for our purpose
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[1].split()[0] == "Z")
-
-
 def _redis_cli_ping(url: str) -> str:
     cli = shutil.which("redis-cli") or str(Path(find_redis_server()).with_name("redis-cli"))
     return subprocess.run([cli, "-u", url, "ping"], capture_output=True, text=True).stdout.strip()
@@ -86,7 +77,7 @@ def test_qrl_redis_prints_url_and_stops_clean(sig):
     proc.send_signal(sig)  # Ctrl-C
     assert proc.wait(10) == 0
     time.sleep(0.2)
-    assert not _alive(pid), "redis-server left behind"
+    assert not pid_alive(pid), "redis-server left behind"
 
 
 def test_killed_qrl_redis_takes_its_server_along():
@@ -94,10 +85,8 @@ def test_killed_qrl_redis_takes_its_server_along():
     assert _redis_cli_ping(url) == "PONG"
     proc.kill()
     proc.wait(10)
-    deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(pid), "redis-server outlived a SIGKILLed parent"
+    what = "redis-server to exit with its SIGKILLed parent"
+    wait_until(lambda: pid_alive(pid), what, 5, until=not_, every=0.05)
 
 
 def test_cli_help_and_version():

@@ -39,8 +39,9 @@ import redis
 
 from qrl.wire.keys import RunKeys
 from tests.cli import ROOT, eval_mean, eval_stats, qrl
+from tests.helpers import wait_until
 
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 RUN = "smoke"
 SOLVE_WITHIN = 900  # seconds from `up` to a checkpoint that reaches the target
@@ -68,16 +69,8 @@ def _ok(*args: str, timeout: float = 60) -> bool:
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 2) -> T:
-    """Call ``probe`` until it returns something other than None/False; fail after
-    ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
+    """:func:`~tests.helpers.wait_until` ``probe`` is truthy, asking Docker every 2 s."""
+    return wait_until(probe, what, timeout, every=every)
 
 
 def _docker_env(tmp: Path) -> dict[str, str]:

@@ -77,6 +77,7 @@ def _in(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["evil", "run"])
 def test_load_policy_and_eval_import_nothing_a_checkpoint_names(module, tmp_path):
     run_dir, marker = _plant(tmp_path, f"{module}:CartPole-v1")
@@ -96,6 +97,7 @@ def test_load_policy_and_eval_import_nothing_a_checkpoint_names(module, tmp_path
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_load_policy_and_eval_import_the_modules_they_are_told_to(tmp_path):
     run_dir, marker = _plant(tmp_path, "tests._envs:CartPole-v1")
     out = _in(tmp_path, "-m", "qrl.cli", "eval", str(run_dir), "--episodes", "1",

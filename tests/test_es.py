@@ -3,7 +3,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.connection import connect
 from qrl.wire.streams import FIELD, GROUP
 from tests.cli import ROOT, eval_mean, train
+from tests.helpers import es_payload
 
 
 def test_centered_ranks():
@@ -61,6 +61,7 @@ def _digest(seed: int, size: int) -> str:
     return hashlib.sha256(NoiseTable(seed, size).noise.tobytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_noise_table_is_identical_across_processes():
     code = "import sys; from tests.test_es import _digest; print(_digest(5, 100_000))"
     others = {
@@ -110,35 +111,6 @@ def test_policy_spec_acts_for_discrete_and_continuous():
     assert act.shape == (3, 1) and (np.abs(act) <= 2.0).all()
 
 
-def _results(
-    gen: int,
-    idx: list[int],
-    rp: list[float],
-    rn: list[float],
-    obs_count: float = 1.0,
-    obs_sum: float = 0.0,
-    obs_sumsq: float = 0.0,
-) -> bytes:
-    n = len(idx)
-    return encode(
-        "es.results",
-        {
-            "generation": gen,
-            "job": np.arange(n, dtype=np.int64),
-            "index": np.array(idx, np.int64),
-            "return_pos": np.array(rp, np.float32),
-            "return_neg": np.array(rn, np.float32),
-            "length_pos": np.ones(n, np.int32),
-            "length_neg": np.ones(n, np.int32),
-            "obs_sum": np.full(4, obs_sum),
-            "obs_sumsq": np.full(4, obs_sumsq),
-            "obs_count": obs_count,
-            "worker": 0,
-            "batch": uuid.uuid4().hex,
-        },
-    )
-
-
 def test_master_ignores_stale_results_and_resumes(r, keys, redis_server):
     cfg = ESConfig(population=4, noise_size=10_000, obs_norm=False)
     create_run(r, keys, "es", cfg)
@@ -147,8 +119,8 @@ def test_master_ignores_stale_results_and_resumes(r, keys, redis_server):
     master.publish()
     theta0 = master.theta.copy()
     # two stale pairs (generation 2) that would pull theta elsewhere, then the real ones
-    r.xadd(es_results(keys), {FIELD: _results(2, [5, 6], [100.0, 100.0], [-100.0, -100.0])})
-    r.xadd(es_results(keys), {FIELD: _results(3, [10, 20], [1.0, 0.0], [0.0, 2.0])})
+    r.xadd(es_results(keys), {FIELD: es_payload(2, [5, 6], [100.0, 100.0], [-100.0, -100.0])})
+    r.xadd(es_results(keys), {FIELD: es_payload(3, [10, 20], [1.0, 0.0], [0.0, 2.0])})
     assert run_role(master, r, keys, 0, lambda: False, limit=1) == 1
     assert master.stale == 2 and master.generation == 4
     # the update used exactly the current generation's pairs
@@ -199,7 +171,7 @@ def test_pairs_that_draw_the_same_noise_index_keep_their_own_halves(r, keys, red
 
 def test_results_need_one_job_id_per_pair():
     schema = es_results_schema(4, 10_000, 114)
-    msg = decode(_results(0, [10, 20], [1.0, 0.0], [0.0, 2.0]), schema)
+    msg = decode(es_payload(0, [10, 20], [1.0, 0.0], [0.0, 2.0]), schema)
     assert msg["job"].tolist() == [0, 1]
     for job, reason in [([3, 3], "job ids repeat"), ([1], "job has 1"), ([-1, 2], "job")]:
         bad = {**msg, "job": np.array(job, np.int64)}
@@ -209,6 +181,7 @@ def test_results_need_one_job_id_per_pair():
         decode(encode("es.results", {k: v for k, v in msg.items() if k != "job"}), schema)
 
 
+@pytest.mark.slow
 def test_train_es_cli_learns_cartpole(tmp_path):
     run_dir = tmp_path / "run"
     result = train(
@@ -257,9 +230,12 @@ def test_a_result_with_zero_count_and_huge_sums_cannot_wedge_the_master(r, keys,
     create_run(r, keys, "es", cfg)
     master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
     master.publish()
-    hostile = _results(0, [1, 2], [1.0, 0.0], [0.0, 1.0], 0.0, 1e308, 1e308)
+    hostile = es_payload(0, [1, 2], [1.0, 0.0], [0.0, 1.0], 0.0, 1e308, 1e308)
     r.xadd(es_results(keys), {FIELD: hostile})
-    r.xadd(es_results(keys), {FIELD: _results(0, [10, 20], [1.0, 0.0], [0.0, 2.0], 8.0, 4.0, 9.0)})
+    r.xadd(
+        es_results(keys),
+        {FIELD: es_payload(0, [10, 20], [1.0, 0.0], [0.0, 2.0], 8.0, 4.0, 9.0)},
+    )
     assert run_role(master, r, keys, 0, lambda: False, limit=1) == 1
     w = WeightStore(r, keys, es_params(keys)).fetch()  # a worker's view: valid, finite
     assert w is not None and w.version == 1

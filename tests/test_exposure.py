@@ -17,10 +17,11 @@ from qrl.server.embedded import EmbeddedRedis, free_port, supports_tls
 from qrl.server.embedded_cluster import EmbeddedCluster
 from qrl.wire.connection import connect
 from tests.cli import qrl, qrl_redis
+from tests.helpers import redis_binaries
 from tests.test_access import _tls_args, _tls_binary
-from tests.test_acl import BINARIES
 
 PW = "exposure-test-pw"
+CLUSTER, SLOW = pytest.mark.cluster, pytest.mark.slow
 
 
 def test_qrl_redis_refuses_a_cluster_off_loopback_without_tls():
@@ -44,7 +45,8 @@ def _tls_options(files: dict[str, str]) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("nodes", [1, 3])
+@SLOW
+@pytest.mark.parametrize("nodes", [1, pytest.param(3, marks=CLUSTER)])
 def test_qrl_redis_with_tls_serves_tls_only(certs, nodes):
     binary, files = certs
     env = {**os.environ, "QRL_REDIS_PASSWORD": PW, "QRL_REDIS_SERVER": binary}
@@ -64,6 +66,8 @@ def test_qrl_redis_with_tls_serves_tls_only(certs, nodes):
         server.proc.wait(30)
 
 
+@SLOW
+@CLUSTER
 @pytest.mark.parametrize("tls", [False, True], ids=["plain-bus", "tls-bus"])
 def test_a_rogue_node_joins_a_plain_bus_not_a_tls_one(certs, tls):
     binary, files = certs
@@ -110,7 +114,7 @@ def test_a_password_over_plain_text_to_another_host_warns(caplog):
 
 
 def test_qrl_redis_says_so_when_its_redis_server_has_no_tls(tmp_path):
-    plain = [b for b in BINARIES.values() if not supports_tls(b)]
+    plain = [b for b in redis_binaries().values() if not supports_tls(b)]
     if not plain:
         pytest.skip("every redis-server here has TLS")
     for name in ("crt", "key", "ca"):
@@ -128,7 +132,9 @@ def test_qrl_redis_says_so_when_its_redis_server_has_no_tls(tmp_path):
     [
         ((), 1, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2),
         (("--maxmemory", "64mb"), 1, 64 << 20),
-        (("--maxmemory", "300000000", "--cluster", "3"), 3, 100_000_000),
+        pytest.param(
+            ("--maxmemory", "300000000", "--cluster", "3"), 3, 100_000_000, marks=[CLUSTER, SLOW]
+        ),
     ],
 )
 def test_qrl_redis_sets_a_memory_limit_without_eviction(args, nodes, each):

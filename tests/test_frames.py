@@ -165,6 +165,7 @@ def synthetic(n_slots: int, steps: int, rng) -> list:
     return out
 
 
+@pytest.mark.slow
 @settings(hs.HOSTILE, max_examples=max(1, hs.HOSTILE.max_examples // 4))  # Redis per example
 @given(msg=hs.frames())
 def test_any_admitted_chunks_round_trip(r, msg):
@@ -297,6 +298,7 @@ def test_corrupt_or_missing_chunks_are_dropped_removed_and_counted(r, keys, pong
     assert r.xlen(keys.deadletter) == len(removed)
 
 
+@pytest.mark.slow
 def test_a_pong_transition_costs_at_most_1_5_frames(r, keys):
     """8 envs, batches of 256 as the actor sends them by default; the replay full."""
     transitions = rollout([None] * 8, 260, seed=3)[:2048]

@@ -40,6 +40,8 @@ from qrl.wire.streams import FIELD, Entry
 from qrl.wire.weights import WeightStore, module_arrays
 from tests import strategies as hs
 
+pytestmark = pytest.mark.slow
+
 APEX = ApexConfig(replay_capacity=2000, actor_batch=48, envs_per_actor=4, n_step=4)  # 64 rows
 IMPALA = ImpalaConfig(unroll=5, envs_per_actor=4, batch_unrolls=4, hidden=(16,), max_policy_lag=3)
 ES = ESConfig(population=2, noise_size=10_000, hidden=(8,))

@@ -92,6 +92,7 @@ def test_qrl_status_prints_no_control_characters_from_redis(r, keys):
     assert status["env"].startswith("CartPole-v1") and "\\u001b" not in out.stdout
 
 
+@pytest.mark.slow
 def test_qrl_status_shows_what_it_can_and_names_the_keys_of_the_wrong_type(r, keys):
     create_run(r, keys, "apex", parse_config(ApexConfig, {}))
     _heartbeat(r, keys, "actor", "somehost", {"steps": 7})
@@ -167,6 +168,7 @@ def test_qrl_run_list_prints_no_control_characters_or_markup_from_redis():
         assert c not in out.stdout, (c, out.stdout)
 
 
+@pytest.mark.slow
 def test_qrl_train_does_not_follow_symlinks_planted_in_its_run_dir(tmp_path):
     """Links planted in a run dir where ``qrl train`` writes (its config, result, metrics and
     role logs) are replaced by the files, their targets left alone (a one-second ES job)."""
@@ -188,6 +190,7 @@ def test_qrl_train_does_not_follow_symlinks_planted_in_its_run_dir(tmp_path):
     assert "master" in (run_dir / "logs" / "master.log").read_text()
 
 
+@pytest.mark.slow
 def test_qrl_train_starts_over_a_control_key_of_the_wrong_type(r, keys, redis_server, tmp_path):
     """Finding 5 for ``qrl train`` itself: a control key someone made a string (in a shared
     Redis, before the run starts) is repaired, not a WRONGTYPE that ends the job."""

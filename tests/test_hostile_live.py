@@ -18,7 +18,7 @@ import redis
 from tests.cli import ROOT, qrl
 
 
-@pytest.mark.live
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("algo", ["apex", "impala", "es"])
 def test_train_reaches_its_target_under_hostile_writes(algo, redis_server, tmp_path):

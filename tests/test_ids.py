@@ -9,6 +9,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from qrl.runtime import ids
 from qrl.runtime.ids import LEASE_TTL, claim_id, hold_id, holder
 
@@ -73,6 +75,7 @@ def test_a_holder_whose_pid_is_now_a_thread_is_dead(r, keys):
         t.join()
 
 
+@pytest.mark.slow
 def test_a_lease_lives_while_its_process_does(r, keys, monkeypatch):
     monkeypatch.setattr(ids, "LEASE_TTL", 1)
     lease = claim_id(r, keys, "actor", 4)

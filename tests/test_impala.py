@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 import torch
 
-from qrl.actors.impala import ImpalaActor
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
 from qrl.algos.impala.messages import unroll_schema
@@ -15,6 +14,7 @@ from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.connection import connect
 from qrl.wire.streams import GROUP, Entry
 from tests.cli import eval_mean, train
+from tests.helpers import impala_unrolls
 
 
 def random_inputs(t=12, b=5, seed=0, gamma=0.9):
@@ -86,17 +86,9 @@ def test_on_policy_untruncated_vtrace_is_the_n_step_return():
             assert vs[s, j].item() == pytest.approx(ret.item(), rel=1e-9, abs=1e-9)
 
 
-def _actor_message(cfg, r, keys, version=0):
-    actor = ImpalaActor(r, keys, cfg, actor_id=0)
-    actor.version = version
-    obs, _ = actor.envs.reset()
-    msg, _ = actor.unroll(obs)
-    return msg
-
-
 def test_unroll_messages_validate_and_stack(r, keys):
     cfg = ImpalaConfig(unroll=30, envs_per_actor=3)
-    msg = _actor_message(cfg, r, keys)
+    msg = impala_unrolls(cfg, r, keys)
     schema = unroll_schema((4,), "float32", 2, 30)
     out = decode(encode("impala.unrolls", msg), schema)
     assert out["obs"].shape == (31, 3, 4) and out["logits"].shape == (30, 3, 2)
@@ -131,7 +123,7 @@ def test_learner_drops_unrolls_beyond_max_policy_lag(r, keys, redis_server):
     for version in (10, 98):  # one entry far too old, one fresh
         r.xadd(
             trajectories(keys),
-            {"d": encode("impala.unrolls", _actor_message(cfg, r, keys, version))},
+            {"d": encode("impala.unrolls", impala_unrolls(cfg, r, keys, version))},
         )
     assert run_role(lrn, r, keys, 0, lambda: False, limit=1) == 1
     assert lrn.dropped == 4  # the old entry's 4 unrolls
@@ -143,7 +135,7 @@ def test_learner_reuses_a_batch_only_while_no_fresh_one_waits(r, keys, redis_ser
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10, passes=3)
     create_run(r, keys, "impala", cfg)
     lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
-    first, second = (Entry(f"{i}-0", _actor_message(cfg, r, keys)) for i in (1, 2))
+    first, second = (Entry(f"{i}-0", impala_unrolls(cfg, r, keys)) for i in (1, 2))
     for entry in (first, second):  # as the loader thread would
         lrn.batches.put(stack_unrolls([entry], lrn.device))
     before = [p.detach().clone() for p in lrn.net.parameters()]
@@ -160,6 +152,7 @@ def test_learner_reuses_a_batch_only_while_no_fresh_one_waits(r, keys, redis_ser
     assert any(not torch.equal(a, b) for a, b in zip(before, lrn.net.parameters(), strict=True))
 
 
+@pytest.mark.slow
 def test_train_impala_cli_learns_cartpole(tmp_path):
     run_dir = tmp_path / "run"
     result = train(
@@ -187,7 +180,7 @@ def test_non_finite_loss_publishes_nothing_and_does_not_loop(r, keys, redis_serv
     with torch.no_grad():
         next(lrn.net.parameters()).fill_(float("nan"))  # a diverged learner
     for _ in range(3):
-        r.xadd(trajectories(keys), {"d": encode("impala.unrolls", _actor_message(cfg, r, keys))})
+        r.xadd(trajectories(keys), {"d": encode("impala.unrolls", impala_unrolls(cfg, r, keys))})
     stop_at = [0]
 
     def stop() -> bool:  # run until the three batches were all skipped, or give up
@@ -233,7 +226,7 @@ def test_a_terminal_step_at_the_time_limit_does_not_bootstrap(r, keys, redis_ser
     terminated there: termination wins, the target is the reward alone."""
     cfg = ImpalaConfig(env=env_id, unroll=7, envs_per_actor=2, batch_unrolls=2)
     create_run(r, keys, "impala", cfg)
-    msg = _actor_message(cfg, r, keys)
+    msg = impala_unrolls(cfg, r, keys)
     lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
     entry = Entry("1-0", decode(encode("impala.unrolls", msg), lrn.consumer.schema))
     b = stack_unrolls([entry], lrn.device)

@@ -34,7 +34,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from qrl.replay.frames import FrameBatch, FrameLayout, FrameReplay, pack_frames
-from qrl.replay.store import PrioritizedReplay, RecordLayout
+from qrl.replay.store import PrioritizedReplay
 from qrl.runtime import ids as ids_module
 from qrl.runtime.metrics import METRICS
 from qrl.server.embedded import EmbeddedRedis
@@ -42,11 +42,11 @@ from qrl.wire import stream_scripts, streams
 from qrl.wire.keys import RunKeys
 from qrl.wire.streams import StreamConsumer, StreamProducer
 from qrl.wire.weights import WeightStore
+from tests.helpers import LAYOUT, make_records
 
 LIMIT = 1.0  # seconds a call may take (the unbounded loops take seconds to forever)
 PING_LIMIT = LIMIT  # seconds another client's PING may wait meanwhile (a noisy machine)
 CAP = 100
-LAYOUT = RecordLayout((4,), "float32")
 FRAMES = FrameLayout((4, 6, 6), "uint8", 6)
 
 # what a hostile writer stores in a number's place
@@ -160,12 +160,6 @@ def bounded(private: Private, call: Callable[[redis.Redis], Any]) -> Any:
     return out
 
 
-def records(ids) -> list[bytes]:
-    ids = np.asarray(ids, np.int64)
-    obs = ids[:, None] * np.ones(4, np.float32)
-    return LAYOUT.pack(obs, ids, ids * 0.5, np.ones(len(ids)), -obs)
-
-
 def frame_batch(n: int, seed: int = 0) -> FrameBatch:
     """``n`` transitions of two env slots over small distinct frames."""
     rng = np.random.default_rng(seed)
@@ -193,7 +187,7 @@ def framed(client: redis.Redis, keys: RunKeys, mode: str = "rank") -> FrameRepla
 def insert(replay: PrioritizedReplay, n: int, batch: str = "") -> int:
     if isinstance(replay, FrameReplay):
         return replay.insert(frame_batch(n), np.ones(n), batch_id=batch)
-    return replay.insert(records(range(n)), np.ones(n), batch_id=batch)
+    return replay.insert(make_records(range(n)), np.ones(n), batch_id=batch)
 
 
 def still_works(r: redis.Redis, keys: RunKeys, make: Callable) -> None:

@@ -7,11 +7,13 @@ import json
 import signal
 import subprocess
 import time
+from functools import partial
 
 import pytest
 
 from qrl.runtime.runs import load_run
 from tests.cli import qrl, role
+from tests.helpers import kill_all, wait_until
 
 
 def _status(run: str, *extra: str) -> dict:
@@ -22,15 +24,11 @@ def _status(run: str, *extra: str) -> dict:
 
 def _wait_status(run: str, pred, *extra: str, timeout: float = 60.0) -> dict:
     """``qrl status --json`` polled until ``pred(status)`` holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        st = _status(run, *extra)
-        if pred(st):
-            return st
-        assert time.monotonic() < deadline, f"status never satisfied the condition: {st}"
-        time.sleep(0.3)
+    status, what = partial(_status, run, *extra), "a status that satisfies the condition"
+    return wait_until(status, what, timeout, until=pred, every=0.3)
 
 
+@pytest.mark.slow
 def test_run_create_from_toml_with_overrides_then_list_stop_delete(r, keys, tmp_path):
     cfg = tmp_path / "run.toml"
     cfg.write_text('env = "Acrobot-v1"\n[apex]\nlr = 5e-4\nhidden = [32, 32]\nactors = 3\n')
@@ -83,6 +81,7 @@ def test_bad_config_file_is_a_clear_error(keys, tmp_path):
     assert out.returncode == 2 and "lr" in out.stderr
 
 
+@pytest.mark.slow
 def test_heartbeats_status_auto_ids_and_stale_processes(r, keys):
     assert qrl("run", "create", "apex", "--run", keys.run).returncode == 0
     # two replay roles with the default --id auto: they get 0 and 1
@@ -122,12 +121,10 @@ def test_heartbeats_status_auto_ids_and_stale_processes(r, keys):
         row = f"replay.{dead['id']}"
         assert "STALE" in text.stdout and row in text.stdout, text.stdout
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(procs)
 
 
+@pytest.mark.slow
 def test_status_needs_a_run_when_several_exist(keys):
     assert qrl("run", "create", "es", "--run", keys.run).returncode == 0
     assert qrl("run", "create", "es", "--run", keys.run + "-b").returncode == 0
@@ -143,6 +140,7 @@ def test_bad_id_is_rejected(keys, bad):
     assert out.returncode == 2 and "--id" in out.stderr
 
 
+@pytest.mark.slow
 def test_hand_started_master_writes_csv_and_tensorboard_and_qrl_plot_draws_them(keys, tmp_path):
     import csv
 

@@ -11,6 +11,7 @@ from qrl.runtime.checkpoint import CheckpointError
 from tests.cli import train
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["es", "apex"])
 def test_load_policy_predicts_one_observation_and_a_batch(algo, tmp_path):
     run_dir = tmp_path / algo

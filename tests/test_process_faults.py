@@ -5,10 +5,7 @@ learner resumes from its checkpoint at the step it saved. Real processes, real R
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
+from operator import not_
 from pathlib import Path
 
 import pytest
@@ -17,50 +14,10 @@ import torch
 from qrl.algos.es.keys import es_params
 from qrl.wire.keys import RunKeys
 from qrl.wire.streams import GROUP
-from tests.cli import qrl, role
+from tests.cli import qrl
+from tests.helpers import Roles, pid_alive
 
-
-class Roles:
-    """Role processes of one run, each logging to its own file."""
-
-    def __init__(self, run: str, log_dir: Path) -> None:
-        self.run, self.log_dir, self.procs = run, log_dir, {}
-
-    def start(self, name: str, *argv: str) -> subprocess.Popen:
-        log = (self.log_dir / f"{name}.log").open("w")
-        env = {**os.environ, "QRL_RUN": self.run}
-        self.procs[name] = role("-v", *argv, env=env, stdout=log, stderr=log)
-        return self.procs[name]
-
-    def kill(self, name: str) -> None:
-        p = self.procs.pop(name)
-        p.send_signal(signal.SIGKILL)
-        p.wait(30)
-
-    def stop(self, *names: str) -> dict[str, int]:
-        for n in names:
-            self.procs[n].send_signal(signal.SIGTERM)
-        return {n: self.procs.pop(n).wait(60) for n in names}
-
-    def alive(self) -> bool:
-        return all(p.poll() is None for p in self.procs.values())
-
-    def log(self, name: str) -> str:
-        return (self.log_dir / f"{name}.log").read_text()
-
-    def cleanup(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-
-
-def _until(cond, what: str, roles: Roles, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert roles.alive(), f"a role died while waiting for {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+pytestmark = pytest.mark.slow
 
 
 def _children(pid: int) -> list[int]:
@@ -69,14 +26,6 @@ def _children(pid: int) -> list[int]:
 
 def _cmdline(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _int(v) -> int:
@@ -106,54 +55,46 @@ def test_sigkill_actor_replay_and_learner_loses_and_duplicates_nothing(r, keys, 
         roles.start("learner-1", *learner)
         roles.start("actor-a", "actor", "apex")
         roles.start("actor-b", "actor", "apex")
-        _until(lambda: version() >= 30, "the learner to train", roles)
+        roles.until(version, "the learner to train", until=lambda x: x >= 30)
 
         roles.kill("actor-a")  # mid-run: whatever it had not pushed is gone, nothing else
         roles.start("actor-c", "actor", "apex")
         v = version()
-        _until(lambda: version() >= v + 20, "training after the actor was killed", roles)
+        roles.until(version, "training after the actor was killed", until=lambda x: x >= v + 20)
 
-        # the replay role, killed while it holds entries: another claims them (idle 1.5 s).
-        # Freeze it until it is caught holding some, then kill it.
-        replay = roles.procs["replay-1"]
-        deadline = time.monotonic() + 60
-        while True:
-            replay.send_signal(signal.SIGSTOP)
-            time.sleep(0.2)  # an acknowledgement it sent just before it stopped lands first
-            if r.xpending(keys.experience, GROUP)["pending"] > 0:
-                break
-            replay.send_signal(signal.SIGCONT)
-            assert time.monotonic() < deadline, "the replay role never held an entry"
-            time.sleep(0.05)
-        roles.kill("replay-1")
+        # the replay role, killed while it holds entries: another claims them (idle 1.5 s)
+        roles.kill_holding("replay-1", r, keys.experience)
         roles.start("replay-2", "replay")
         n = inserted()
-        _until(lambda: inserted() > n + 500, "the new replay role to insert", roles)
+        roles.until(inserted, "the new replay role to insert", until=lambda x: x > n + 500)
 
         # the learner: killed, restarted from its checkpoint at the step it saved
-        _until(ckpt.exists, "a checkpoint", roles)
+        roles.until(ckpt.exists, "a checkpoint")
         children = _children(roles.procs["learner-1"].pid)
         sampler = [c for c in children if "spawn_main" in _cmdline(c)]
         assert len(sampler) == 1  # the learner's sampler process (beside multiprocessing's
         # resource tracker, which spawn starts and which ends with its last user)
         roles.kill("learner-1")
-        _until(lambda: not _alive(sampler[0]), "the orphaned sampler to exit", roles, 10)
-        _until(lambda: not any(map(_alive, children)), "every child of the learner to exit", roles)
+        roles.until(lambda: pid_alive(sampler[0]), "the orphaned sampler to exit", 10, until=not_)
+        roles.until(
+            lambda: list(filter(pid_alive, children)),
+            "every child of the learner to exit",
+            until=not_,
+        )
         saved = int(torch.load(ckpt, weights_only=True)["step"])
         assert saved > 0
         roles.start("learner-2", *learner)
         v = version()
-        _until(lambda: version() >= v + 20, "training after the learner restart", roles)
+        roles.until(version, "training after the learner restart", until=lambda x: x >= v + 20)
         assert f"at update {saved}" in roles.log("learner-2")
 
         # stop the actors, let the replay drain the stream, then count
         assert roles.stop("actor-b", "actor-c") == {"actor-b": 0, "actor-c": 0}
-        _until(
+        roles.until(
             lambda: (
                 r.xlen(keys.experience) == 0 and r.xpending(keys.experience, GROUP)["pending"] == 0
             ),
             "the stream to drain",
-            roles,
         )
         added = int(r.hget(keys.stats, "produced:experience"))  # every XADD, counted in Lua
         batches = r.zcard(keys.replay_batches)  # every batch id the replay took in
@@ -181,13 +122,13 @@ def test_sigkill_an_es_worker_and_the_generations_go_on(r, keys, tmp_path):
         roles.start("master", "es", "master", "--checkpoint", str(tmp_path / "es.pt"))
         roles.start("worker-a", "es", "worker")
         roles.start("worker-b", "es", "worker")
-        _until(lambda: generation() >= 10, "generations", roles)
+        roles.until(generation, "generations", until=lambda x: x >= 10)
         roles.kill("worker-a")
         g = generation()
-        _until(lambda: generation() >= g + 10, "generations with one worker", roles)
+        roles.until(generation, "generations with one worker", until=lambda x: x >= g + 10)
         roles.start("worker-c", "es", "worker")
         g = generation()
-        _until(lambda: generation() >= g + 10, "generations after the restart", roles)
+        roles.until(generation, "generations after the restart", until=lambda x: x >= g + 10)
         assert r.xlen(es.deadletter) == 0
         assert roles.stop("worker-b", "worker-c", "master") == {
             "worker-b": 0, "worker-c": 0, "master": 0,

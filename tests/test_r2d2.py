@@ -35,6 +35,7 @@ from qrl.runtime.config import ConfigError, parse_config
 from qrl.runtime.runs import create_run
 from qrl.wire.codec import CodecError, decode, encode
 from tests.cli import ROOT
+from tests.helpers import random_sequences, sequence_message
 
 LSTM = 8
 
@@ -162,28 +163,11 @@ def _unroll_by_steps(net, s):
     return torch.stack(qs, dim=1)
 
 
-def _random_sequences(rng, b, t, obs_dim=3, n_actions=2):
-    steps = rng.integers(1, t + 1, b).astype(np.int32)
-    pad = np.arange(t)[None] >= steps[:, None]
-    obs = rng.standard_normal((b, t + 1, obs_dim)).astype(np.float32)
-    obs[np.concatenate([np.zeros((b, 1), bool), pad], axis=1)] = 0
-    return {
-        "obs": obs,
-        "action": np.where(pad, 0, rng.integers(0, n_actions, (b, t))).astype(np.int32),
-        "reward": np.where(pad, 0, rng.standard_normal((b, t))).astype(np.float32),
-        "steps": steps,
-        "terminal": rng.random(b) < 0.5,
-        "first": rng.random(b) < 0.3,
-        "h0": np.tanh(rng.standard_normal((b, LSTM))).astype(np.float32),
-        "c0": rng.standard_normal((b, LSTM)).astype(np.float32),
-    }
-
-
 def test_double_q_targets_unroll_from_the_stored_state_and_rescale():
     torch.manual_seed(0)
     rng = np.random.default_rng(1)
     net, target = RecurrentQNetwork((3,), 2, (8,), LSTM), RecurrentQNetwork((3,), 2, (8,), LSTM)
-    s = Sequences.of(_random_sequences(rng, 16, 7))
+    s = Sequences.of(random_sequences(rng, 16, 7))
     rule = Rule(n=3, gamma=0.95, burn_in=2, rescale_eps=1e-3, eta=0.9)
     q_taken, y, mask = sequence_td(net, target, s, rule)
     with torch.no_grad():
@@ -209,7 +193,7 @@ def test_burn_in_passes_no_gradient_unless_the_sequence_starts_an_episode():
     torch.manual_seed(0)
     rng = np.random.default_rng(2)
     net, target = RecurrentQNetwork((3,), 2, (8,), LSTM), RecurrentQNetwork((3,), 2, (8,), LSTM)
-    s = Sequences.of({**_random_sequences(rng, 6, 7), "steps": np.full(6, 7, np.int32)})
+    s = Sequences.of({**random_sequences(rng, 6, 7), "steps": np.full(6, 7, np.int32)})
     s.first[:] = torch.tensor([False, True, False, False, True, False])
     s.obs.requires_grad_(True)
     burn = 3
@@ -243,21 +227,15 @@ def test_sequence_priority_mixes_max_and_mean_over_the_masked_steps():
     np.testing.assert_allclose(sequence_priority(delta, mask, 0.0).numpy()[:2], [2.0, 0.5])
 
 
-def _message(batch, priority=None, **over):
-    n = len(batch["steps"])
-    p = np.ones(n, np.float32) if priority is None else priority
-    return {**batch, "priority": p, "version": 3, "actor": 1, "batch": "b1", **over}
-
-
 def test_stored_state_round_trips_through_the_codec_and_the_replay(r, keys):
     """Sequences -> message -> decode (validated) -> filler records -> replay -> sample:
     every field, the LSTM state bit for bit."""
     cfg = R2D2Config(sequence_length=7, overlap=2, burn_in=2, lstm=LSTM, env="qrl/CartPoleNoVel-v1")
     create_run(r, keys, "r2d2", cfg)
     rng = np.random.default_rng(2)
-    batch = _random_sequences(rng, 12, 7, obs_dim=2)
+    batch = random_sequences(rng, 12, 7, obs_dim=2)
     layout, schema = sequence_spec(cfg, EnvSpec.of(cfg.env), max_rows(cfg))
-    msg = decode(encode("r2d2.sequences", _message(batch)), schema)
+    msg = decode(encode("r2d2.sequences", sequence_message(batch)), schema)
     filler = SequenceFiller(r, keys, cfg)
     records = filler.records(msg)
     assert len(records) == 12 and {len(x) for x in records} == {layout.size}
@@ -279,7 +257,7 @@ def test_sequences_in_a_sharded_replay(r, keys):
     layout, _ = sequence_spec(cfg, EnvSpec.of(cfg.env))
     rng = np.random.default_rng(3)
     for shard in range(3):
-        b = _random_sequences(rng, 4, 5, obs_dim=2)
+        b = random_sequences(rng, 4, 5, obs_dim=2)
         b["steps"][:] = shard + 1
         records = layout.pack_columns(**b)
         make_replay(r, keys, cfg, shard=shard, layout=layout).insert(records, np.ones(4))
@@ -294,8 +272,9 @@ def test_sequences_in_a_sharded_replay(r, keys):
 def test_hostile_sequences_are_rejected():
     cfg = R2D2Config(sequence_length=5, overlap=2, burn_in=2, lstm=LSTM)
     _, schema = sequence_spec(cfg, EnvSpec.of(cfg.env), max_rows=8)
-    good = _random_sequences(np.random.default_rng(4), 3, 5, obs_dim=2)
-    assert decode(encode("r2d2.sequences", _message(good)), schema)["obs"].shape == (3, 6, 2)
+    good = random_sequences(np.random.default_rng(4), 3, 5, obs_dim=2)
+    msg = decode(encode("r2d2.sequences", sequence_message(good)), schema)
+    assert msg["obs"].shape == (3, 6, 2)
 
     def bad(**change):
         return {**good, **change}
@@ -305,7 +284,7 @@ def test_hostile_sequences_are_rejected():
     short = {k: v.copy() for k, v in good.items()}  # row 0: 2 real steps, zeros after
     short["steps"][0] = 2
     short["action"][0, 2:], short["reward"][0, 2:], short["obs"][0, 3:] = 0, 0, 0
-    assert decode(encode("r2d2.sequences", _message(short)), schema)["steps"][0] == 2
+    assert decode(encode("r2d2.sequences", sequence_message(short)), schema)["steps"][0] == 2
     pad_reward, pad_action, pad_obs = (short[k].copy() for k in ("reward", "action", "obs"))
     pad_reward[0, 4], pad_action[0, 2], pad_obs[0, 5] = 1.0, 1, 1.0
     cases = {
@@ -329,15 +308,16 @@ def test_hostile_sequences_are_rejected():
     }
     for what, batch in cases.items():
         with pytest.raises(CodecError):
-            decode(encode("r2d2.sequences", _message(batch)), schema)
+            decode(encode("r2d2.sequences", sequence_message(batch)), schema)
             pytest.fail(f"{what} was accepted")
     with pytest.raises(CodecError):
         decode(
-            encode("r2d2.sequences", _message(good, priority=np.full(3, -1, np.float32))), schema
+            encode("r2d2.sequences", sequence_message(good, priority=np.full(3, -1, np.float32))),
+            schema,
         )
     nine = {k: np.concatenate([v] * 3) for k, v in good.items()}
     with pytest.raises(CodecError, match="9 sequences"):
-        decode(encode("r2d2.sequences", _message(nine)), schema)
+        decode(encode("r2d2.sequences", sequence_message(nine)), schema)
 
 
 def test_config_refuses_a_burn_in_or_overlap_that_fills_the_sequence():

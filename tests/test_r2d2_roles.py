@@ -27,7 +27,7 @@ from qrl.runtime.runs import create_run
 from qrl.wire.codec import encode
 from qrl.wire.weights import WeightStore
 from tests.cli import ROOT, eval_stats, qrl, train
-from tests.test_r2d2 import _message, _random_sequences  # the sequence builders
+from tests.helpers import experience, not_none, random_sequences, sequence_message, wait_until
 
 LSTM = 8
 
@@ -47,14 +47,12 @@ def test_learner_writes_the_priority_mix_back(r, keys, redis_server):
     )
     create_run(r, keys, "r2d2", cfg)
     layout, _ = sequence_spec(cfg, EnvSpec.of(cfg.env))
-    batch = _random_sequences(np.random.default_rng(5), 40, 6, obs_dim=2)
+    batch = random_sequences(np.random.default_rng(5), 40, 6, obs_dim=2)
     make_replay(r, keys, cfg, layout=layout).insert(layout.pack_columns(**batch), np.ones(40))
     lrn = R2D2Learner(partial(connect, redis_server.url), keys, cfg, "cpu")
     lrn.start_threads()
     try:
-        b = None
-        while b is None:
-            b = lrn.next_batch(1.0)
+        b = wait_until(lambda: lrn.next_batch(1.0), "a batch", until=not_none, every=0)
         with torch.no_grad():
             q, y, mask = sequence_td(lrn.net, lrn.target, b.seq, lrn.rule)
             want = sequence_priority(y - q, mask, 0.9).numpy()
@@ -66,6 +64,7 @@ def test_learner_writes_the_priority_mix_back(r, keys, redis_server):
     np.testing.assert_allclose(got, np.maximum(want + 1e-6, 1e-6), rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_hand_started_roles_fill_the_replay_with_sequences(r, keys, redis_server, tmp_path):
     """qrl replay, qrl learner r2d2 and qrl actor r2d2 joining a run by name; qrl status
     shows the replay of sequences; the learner checkpoints on exit."""
@@ -112,6 +111,7 @@ def novel_run(tmp_path_factory):
     return result, run_dir
 
 
+@pytest.mark.slow
 def test_train_r2d2_learns_cartpole_without_velocities(novel_run):
     result, run_dir = novel_run
     assert result["reached"] and result["eval_return"] >= 150, result  # random play: ~22
@@ -125,6 +125,7 @@ def test_train_r2d2_learns_cartpole_without_velocities(novel_run):
     assert eval_stats(out.stdout)["mean"] > 100, out.stdout
 
 
+@pytest.mark.slow
 def test_load_policy_keeps_the_lstm_state_between_calls(novel_run):
     import qrl as qrl_api
 
@@ -153,20 +154,15 @@ def test_the_filler_dead_letters_a_corpus_of_malformed_sequences(r, keys):
     cfg = R2D2Config(sequence_length=5, overlap=2, burn_in=2, lstm=LSTM)
     create_run(r, keys, "r2d2", cfg)
     filler = SequenceFiller(r, keys, cfg)
-    good = _random_sequences(np.random.default_rng(6), 4, 5, obs_dim=2)
+    good = random_sequences(np.random.default_rng(6), 4, 5, obs_dim=2)
     obs = np.zeros((2, 2), np.float32)
-    other = encode(
-        "apex.experience",
-        {"obs": obs, "action": np.zeros(2, np.int32), "ret": np.zeros(2, np.float32),
-         "disc": np.ones(2, np.float32), "next_obs": obs, "priority": np.ones(2, np.float32),
-         "version": 0, "actor": 0, "batch": "x"},
-    )  # fmt: skip
+    other = encode("apex.experience", experience(obs, np.zeros(2, np.int32), batch="x"))
     _, schema = sequence_spec(cfg, EnvSpec.of(cfg.env), max_rows(cfg))
     n = 0
-    for _, payload in corpus("r2d2.sequences", _message(good), schema, other, 300):
+    for _, payload in corpus("r2d2.sequences", sequence_message(good), schema, other, 300):
         r.xadd(keys.experience, {"d": payload})
         n += 1
-    r.xadd(keys.experience, {"d": encode("r2d2.sequences", _message(good))})
+    r.xadd(keys.experience, {"d": encode("r2d2.sequences", sequence_message(good))})
     deadline = time.monotonic() + 120
     while filler.consumer.rejected + filler.inserted // 4 < n + 1:
         assert time.monotonic() < deadline, (filler.consumer.rejected, filler.inserted)

@@ -10,11 +10,13 @@ import subprocess
 import time
 
 import numpy as np
+import pytest
 import redis
 
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.keys import RunKeys
 from tests.cli import qrl, role
+from tests.helpers import fill_replay, wait_until
 
 ROLES = {  # the Ape-X job, as hand-started roles
     "replay": ["replay"],
@@ -34,11 +36,8 @@ def _version(url: str, keys: RunKeys) -> int:
 
 
 def _wait_version(url: str, keys: RunKeys, above: int, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    while (v := _version(url, keys)) <= above:
-        assert time.monotonic() < deadline, f"weights stuck at version {v}"
-        time.sleep(0.2)
-    return v
+    what = f"weights above version {above}"
+    return wait_until(lambda: _version(url, keys), what, timeout, until=lambda v: v > above)
 
 
 def _job(tmp_path, deadline: float):
@@ -69,6 +68,7 @@ def _stop_all(procs: dict[str, subprocess.Popen]) -> dict[str, int]:
     return codes
 
 
+@pytest.mark.slow
 def test_roles_ride_out_a_redis_restart(tmp_path):
     server, keys, procs, logs = _job(tmp_path, deadline=60)
     try:
@@ -98,6 +98,7 @@ def test_roles_ride_out_a_redis_restart(tmp_path):
         assert "Traceback" not in text, f"{name}:\n{text[-3000:]}"
 
 
+@pytest.mark.slow
 def test_roles_give_up_with_a_clear_message_after_the_deadline(tmp_path):
     server, keys, procs, logs = _job(tmp_path, deadline=3)
     try:
@@ -120,6 +121,7 @@ def test_roles_give_up_with_a_clear_message_after_the_deadline(tmp_path):
         assert "has not answered for 3s" in text, f"{name}:\n{text[-3000:]}"
 
 
+@pytest.mark.slow
 def test_a_learner_stopped_while_redis_is_away_writes_its_final_checkpoint(tmp_path):
     from qrl.algos.apex.config import ApexConfig
     from qrl.replay.role import make_replay
@@ -131,10 +133,7 @@ def test_a_learner_stopped_while_redis_is_away_writes_its_final_checkpoint(tmp_p
     client = redis.Redis.from_url(server.url)
     create_run(client, keys, "apex", cfg)
     replay = make_replay(client, keys, cfg)
-    obs = np.zeros((300, 4), np.float32)
-    replay.insert(
-        replay.layout.pack(obs, np.zeros(300), np.ones(300), np.ones(300), obs), np.ones(300)
-    )
+    fill_replay(replay, np.zeros((300, 4), np.float32))
     ckpt = tmp_path / "learner.pt"
     log = (tmp_path / "learner.log").open("w")
     argv = ["learner", "apex", "--checkpoint", str(ckpt)]

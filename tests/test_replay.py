@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-import statistics
 
 import numpy as np
 import pytest
@@ -27,20 +26,14 @@ from qrl.replay.store import (
     PrioritizedReplay,
     RecordLayout,
 )
-
-LAYOUT = RecordLayout((4,), "float32")
-SIGNIFICANCE = 1e-3
-
-
-def chi2_critical(df: int, significance: float = SIGNIFICANCE) -> float:
-    """Upper ``significance`` quantile of chi-square(df), Wilson-Hilferty approximation."""
-    z = statistics.NormalDist().inv_cdf(1 - significance)
-    c = 2 / (9 * df)
-    return df * (1 - c + z * math.sqrt(c)) ** 3
-
-
-def chi2_stat(counts: np.ndarray, expected: np.ndarray) -> float:
-    return float(((counts - expected) ** 2 / expected).sum())
+from tests.helpers import (
+    LAYOUT,
+    bucket_of,
+    check_records,
+    chi2_critical,
+    chi2_stat,
+    make_records,
+)
 
 
 def test_chi2_critical_matches_tables():
@@ -48,23 +41,6 @@ def test_chi2_critical_matches_tables():
     assert chi2_critical(10) == pytest.approx(29.588, rel=1e-2)
     assert chi2_critical(39) == pytest.approx(72.055, rel=1e-2)
     assert chi2_critical(5, 0.01) == pytest.approx(15.086, rel=1e-2)
-
-
-def make_records(ids) -> list[bytes]:
-    """Records whose every field says which transition they are."""
-    ids = np.asarray(ids, dtype=np.int64)
-    obs = ids[:, None] * np.array([1.0, 2.0, 3.0, 4.0], np.float32)
-    return LAYOUT.pack(obs, ids, ids * 0.5, 1.0 / (ids + 1.0), -obs)
-
-
-def check_records(batch: np.ndarray, ids) -> None:
-    ids = np.asarray(ids, dtype=np.int64)
-    obs = ids[:, None] * np.array([1.0, 2.0, 3.0, 4.0], np.float32)
-    np.testing.assert_array_equal(batch["obs"], obs)
-    np.testing.assert_array_equal(batch["action"], ids)
-    np.testing.assert_array_equal(batch["ret"], (ids * 0.5).astype(np.float32))
-    np.testing.assert_array_equal(batch["disc"], (1.0 / (ids + 1.0)).astype(np.float32))
-    np.testing.assert_array_equal(batch["next_obs"], -obs)
 
 
 def int_ids(ids: list[bytes]) -> np.ndarray:
@@ -145,10 +121,6 @@ PROP_ALPHA, PROP_BATCH, PROP_BATCHES = 0.6, 64, 1000
 # bucket k spans [P_LO 2^(k/4), P_LO 2^((k+1)/4)); these run from ~1e-3 to ~1 with empty
 # buckets between them, and hold 1 to 6 transitions each
 PROP_BUCKETS = {40: 5, 41: 3, 45: 4, 52: 6, 53: 1, 60: 4, 66: 3, 75: 5, 80: 2}
-
-
-def bucket_of(p: float) -> int:
-    return math.floor(math.log2(p / P_LO) * BUCKETS_PER_OCTAVE)
 
 
 def test_proportional_sampling_follows_bucketed_priorities(r, keys):

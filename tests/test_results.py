@@ -55,6 +55,7 @@ def _new_eval_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
     ]
 
 
+@pytest.mark.slow
 def test_eval_of_a_run_dir_and_of_its_checkpoint_prints_mean_std_min_max(run_dir):
     by_dir = qrl("eval", str(run_dir), "--episodes", "4", timeout=120)
     by_file = qrl("eval", str(run_dir / "checkpoint.pt"), "--episodes", "4", timeout=120)
@@ -69,6 +70,7 @@ def test_eval_of_a_run_dir_and_of_its_checkpoint_prints_mean_std_min_max(run_dir
     assert not_a_run.returncode == 1 and "no checkpoint at" in not_a_run.stderr
 
 
+@pytest.mark.slow
 def test_a_solve_is_confirmed_on_100_fresh_episodes_of_the_checkpointed_weights(run_dir):
     result = json.loads((run_dir / "result.json").read_text())
     assert result["confirm_episodes"] == 100 and result["confirm_return"] >= 150
@@ -80,6 +82,7 @@ def test_a_solve_is_confirmed_on_100_fresh_episodes_of_the_checkpointed_weights(
     assert result["eval_return"] >= 150  # the 10-episode evaluation that asked for it
 
 
+@pytest.mark.slow
 def test_eval_on_another_env_checks_its_spaces(run_dir):
     other = qrl("eval", str(run_dir), "--env", "CartPole-v0", "--episodes", "3", timeout=120)
     assert other.returncode == 0, other.stderr
@@ -90,6 +93,7 @@ def test_eval_on_another_env_checks_its_spaces(run_dir):
     assert "Acrobot-v1 does not fit a policy trained on CartPole-v1" in line and "(6,)" in line
 
 
+@pytest.mark.slow
 def test_eval_video_writes_an_mp4_per_episode(run_dir, tmp_path):
     videos = tmp_path / "videos"
     out = qrl(
@@ -132,6 +136,7 @@ def test_plot_draws_new_evaluations_as_points_the_target_and_the_loss(tmp_path):
     assert list(middle.lines[0].get_ydata()) == [0.9, 0.7, 0.6, 0.5, 0.4]
 
 
+@pytest.mark.slow
 def test_plot_of_a_run_writes_a_png_with_one_point_per_evaluation(run_dir):
     from qrl.runtime.plot import draw
 
@@ -145,6 +150,7 @@ def test_plot_of_a_run_writes_a_png_with_one_point_per_evaluation(run_dir):
     assert 1 <= len(new) < len(rows)  # the last row repeats an evaluation, at least
 
 
+@pytest.mark.slow
 def test_tracking_writes_tensorboard_and_an_offline_wandb_run(run_dir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -221,6 +227,7 @@ def test_track_without_wandb_is_one_line_before_anything_starts(tmp_path):
     assert no_dir.returncode == 2 and "--track needs --run-dir" in no_dir.stderr
 
 
+@pytest.mark.slow
 def test_hand_started_master_with_track_logs_to_wandb(redis_server, keys, tmp_path, monkeypatch):
     for var, value in _wandb_offline(tmp_path / "home").items():
         monkeypatch.setenv(var, value)

@@ -22,6 +22,9 @@ from qrl.runtime.control import request_stop
 from qrl.runtime.metrics import MetricsReader
 from qrl.runtime.runs import create_run
 from tests.cli import role
+from tests.helpers import kill_all, wait_until
+
+pytestmark = pytest.mark.slow
 
 
 class Run:
@@ -67,10 +70,9 @@ class Run:
                 return
 
     def wait_for(self, what: str, cond, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}\n{self.logs()}"
-            self.follow(0.1)
+        wait_until(
+            cond, what, timeout, every=0, between=lambda: self.follow(0.1), context=self.logs
+        )
 
     def rates(self, seconds: float) -> tuple[dict[int, float], float]:
         """Each actor's env steps/s over the next ``seconds`` (from its reports' counters
@@ -93,9 +95,7 @@ class Run:
         for p in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(max(deadline - time.monotonic(), 0.1))
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_all(self.procs.values())
 
 
 @pytest.mark.timeout(240)

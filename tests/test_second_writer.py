@@ -30,8 +30,7 @@ from qrl.wire.codec import encode
 from qrl.wire.connection import connect
 from qrl.wire.streams import FIELD
 from qrl.wire.weights import WeightStore, module_arrays
-from tests.test_es import _results
-from tests.test_impala import _actor_message
+from tests.helpers import es_payload, fill_replay, impala_unrolls, wait_until
 
 GARBAGE = [  # what the weights hash may hold after someone else wrote it
     {"version": "garbage", "blob": b"junk"},
@@ -82,7 +81,7 @@ def test_impala_learner_publishes_above_a_second_writer(r, keys, redis_server):
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
     create_run(r, keys, "impala", cfg)
     lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
-    msg = {FIELD: encode("impala.unrolls", _actor_message(cfg, r, keys))}
+    msg = {FIELD: encode("impala.unrolls", impala_unrolls(cfg, r, keys))}
 
     def train_once() -> None:  # the learner's loop, one update at a time
         done, deadline = lrn.updates, time.monotonic() + 30
@@ -112,7 +111,7 @@ def test_es_master_publishes_above_a_second_writer_and_survives_garbage(r, keys,
     master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
 
     def generation_done(gen: int) -> None:  # the master's loop, one generation
-        r.xadd(es_results(keys), {FIELD: _results(gen, [10, 20], [1.0, 0.0], [0.0, 2.0])})
+        r.xadd(es_results(keys), {FIELD: es_payload(gen, [10, 20], [1.0, 0.0], [0.0, 2.0])})
         deadline = time.monotonic() + 30
         while master.generation == gen and time.monotonic() < deadline:
             assert master.step(lambda: False)
@@ -146,10 +145,7 @@ def test_apex_learner_publishes_above_a_second_writer(r, keys, redis_server):
     cfg = ApexConfig(learning_starts=100, publish_every=5)
     create_run(r, keys, "apex", cfg)
     replay = make_replay(r, keys, cfg)
-    obs = np.zeros((200, 4), np.float32)
-    replay.insert(
-        replay.layout.pack(obs, np.zeros(200), np.ones(200), np.ones(200), obs), np.ones(200)
-    )
+    fill_replay(replay, np.zeros((200, 4), np.float32))
     lrn = ApexLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -160,19 +156,22 @@ def test_apex_learner_publishes_above_a_second_writer(r, keys, redis_server):
         except BaseException as e:  # noqa: BLE001 - the test reports whatever it was
             errors.append(e)
 
-    def wait_for(pred) -> None:
-        deadline = time.monotonic() + 60
-        while not pred() and not errors and time.monotonic() < deadline:
-            time.sleep(0.05)
+    def running() -> None:
+        assert not errors, errors
+
+    def above(probe, what: str, bound: int) -> None:
+        wait_until(
+            probe, f"{what} above {bound}", until=lambda v: v > bound, every=0.05, between=running
+        )
 
     t = threading.Thread(target=run)
     t.start()
     try:
-        wait_for(lambda: lrn.updates >= 10)
+        above(lambda: lrn.updates, "updates", 9)
         WeightStore(r, keys).publish(module_arrays(lrn.net), version=1000)
-        wait_for(lambda: lrn.weights.version() > 1000)
+        above(lrn.weights.version, "the weights' version", 1000)
         r.hset(keys.weights, "version", "garbage")
-        wait_for(lambda: lrn.weights.version() > 1001)
+        above(lrn.weights.version, "the weights' version", 1001)
     finally:
         stop.set()
         t.join(60)

@@ -117,6 +117,7 @@ def _cmdline(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["env", "file"])
 def test_qrl_redis_takes_its_password_from_the_environment_or_a_file(how, tmp_path):
     args = ["--bind", "0.0.0.0"]
@@ -141,6 +142,7 @@ def test_qrl_redis_takes_its_password_from_the_environment_or_a_file(how, tmp_pa
         assert proc.wait(10) == 0
 
 
+@pytest.mark.slow
 def test_qrl_train_shows_no_password(tmp_path):
     with EmbeddedRedis(password=SECRET) as server:
         url = f"redis://127.0.0.1:{server.port}/0?password={quote(SECRET, safe='')}"

@@ -26,8 +26,15 @@ from qrl.wire.keys import RunKeys
 from qrl.wire.streams import ensure_group
 from qrl.wire.weights import WeightStore
 from tests.cli import qrl
-from tests.test_access import ACL_RULE
-from tests.test_replay import LAYOUT, bucket_of, check_records, chi2_critical, chi2_stat
+from tests.helpers import (
+    ACL_RULE,
+    LAYOUT,
+    bucket_of,
+    check_records,
+    chi2_critical,
+    chi2_stat,
+    make_records,
+)
 
 ALPHA, BATCH, BATCHES, BETA = 0.6, 64, 500, 0.5
 SIZES = (40, 25, 10)  # three shards of unequal size
@@ -66,7 +73,7 @@ def test_run_pattern_and_delete_cover_the_shards_and_nothing_else(r, keys):
     cfg = ApexConfig(replay_shards=3)
     create_run(r, keys, "apex", cfg)
     for s in range(3):
-        make_replay(r, keys, cfg, shard=s).insert(LAYOUT.pack(*_fields([s])), np.ones(1))
+        make_replay(r, keys, cfg, shard=s).insert(make_records([s]), np.ones(1))
     others = [RunKeys(keys.run + "x"), RunKeys(keys.run + "-2"), RunKeys("a" + keys.run)]
     for o in others:
         r.set(o.config, b"keep")
@@ -91,7 +98,7 @@ def test_the_documented_acl_rule_covers_the_shards():
         runner = redis.Redis.from_url(f"redis://runner:pw@127.0.0.1:{server.port}/0")
         for k in keys.shards(3):
             replay = PrioritizedReplay(runner, k, LAYOUT, 10)
-            assert replay.insert(LAYOUT.pack(*_fields([0])), np.ones(1), batch_id="b") == 0
+            assert replay.insert(make_records([0]), np.ones(1), batch_id="b") == 0
         # prio, data, meta, batches of each shard; finding them takes SCAN, which the rule
         # leaves out (it would list other runs' key names): `qrl run delete` is the admin's
         assert delete_run(admin, keys) == 3 * 4
@@ -103,23 +110,16 @@ def test_the_documented_acl_rule_covers_the_shards():
 # -- sampling across shards
 
 
-def _fields(ids):
-    """Record fields whose action says which transition it is (as tests/test_replay.py)."""
-    ids = np.asarray(ids, dtype=np.int64)
-    obs = ids[:, None] * np.array([1.0, 2.0, 3.0, 4.0], np.float32)
-    return obs, ids, ids * 0.5, 1.0 / (ids + 1.0), -obs
-
-
 def _fill(r, keys, mode, prio, seed=5) -> tuple[PrioritizedReplay, ShardedReplay, np.ndarray]:
     """The same transitions and priorities in one replay (run ``keys.run``-one) and in three
     shards of unequal size (run ``keys.run``); returns both and each transition's shard."""
     one = PrioritizedReplay(r, RunKeys(keys.run + "-one"), LAYOUT, 1000, mode=mode, alpha=ALPHA)
-    one.insert(LAYOUT.pack(*_fields(range(len(prio)))), prio)
+    one.insert(make_records(range(len(prio))), prio)
     shard = np.random.default_rng(seed).permutation(np.repeat([0, 1, 2], SIZES))
     sharded = ShardedReplay(r, keys, LAYOUT, 3000, shards=3, mode=mode, alpha=ALPHA, seed=seed)
     for s, part in enumerate(sharded.parts):
         ids = np.flatnonzero(shard == s)
-        part.insert(LAYOUT.pack(*_fields(ids)), prio[ids], batch_id=f"b{s}")
+        part.insert(make_records(ids), prio[ids], batch_id=f"b{s}")
     return one, sharded, shard
 
 
@@ -283,7 +283,7 @@ def test_status_shows_the_shards_and_run_delete_removes_them(r, keys, redis_serv
     cfg = ApexConfig(replay_shards=3)
     create_run(r, keys, "apex", cfg)
     for s, n in enumerate((5, 7, 0)):
-        make_replay(r, keys, cfg, shard=s).insert(LAYOUT.pack(*_fields(range(n))), np.ones(n))
+        make_replay(r, keys, cfg, shard=s).insert(make_records(range(n)), np.ones(n))
     r.xadd(keys.shards(3)[2].deadletter, {"reason": "test"})
     for k in keys.shards(3):
         ensure_group(r, k.experience)  # as each shard's filler does

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import time
 
 import pytest
 
@@ -20,7 +18,9 @@ from qrl.wire.keys import RunKeys
 from qrl.wire.streams import GROUP
 from qrl.wire.weights import WeightStore
 from tests.cli import qrl, train
-from tests.test_process_faults import Roles, _until
+from tests.helpers import Roles
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(300)
@@ -48,33 +48,26 @@ def test_sigkill_one_shards_filler_and_restart_it_loses_no_batch(r, keys, tmp_pa
             roles.start(f"replay-{s}", "replay", "--id", str(s))
         roles.start("actor-a", "actor", "apex")
         roles.start("actor-b", "actor", "apex")
-        _until(lambda: min(map(inserted, range(3))) > 500, "every shard to fill", roles)
-        filler = roles.procs["replay-1"]
-        deadline = time.monotonic() + 60
-        while True:  # freeze it until it is caught holding entries, then kill it
-            filler.send_signal(signal.SIGSTOP)
-            time.sleep(0.2)  # an acknowledgement it sent just before it stopped lands first
-            if r.xpending(shards[1].experience, GROUP)["pending"] > 0:
-                break
-            filler.send_signal(signal.SIGCONT)
-            assert time.monotonic() < deadline, "shard 1's filler never held an entry"
-            time.sleep(0.05)
-        roles.kill("replay-1")
+        roles.until(
+            lambda: [inserted(s) for s in range(3)],
+            "every shard to fill",
+            until=lambda x: min(x) > 500,
+        )
+        roles.kill_holding("replay-1", r, shards[1].experience)
         n = inserted(1)
         roles.start("replay-1b", "replay")  # --id auto: the dead one's number, so shard 1
-        _until(lambda: inserted(1) > n + 500, "the new filler to insert", roles)
+        roles.until(lambda: inserted(1), "the new filler to insert", until=lambda x: x > n + 500)
         assert "filler 1 drains shard 1 of 3" in roles.log("replay-1b")
         # the entries the dead filler held go to the new one once idle for claim_idle_ms
-        _until(lambda: "claimed" in roles.log("replay-1b"), "the held entries", roles, 30)
+        roles.until(lambda: "claimed" in roles.log("replay-1b"), "the held entries", 30)
 
         assert roles.stop("actor-a", "actor-b") == {"actor-a": 0, "actor-b": 0}
-        _until(
+        roles.until(
             lambda: all(
                 r.xlen(k.experience) == 0 and r.xpending(k.experience, GROUP)["pending"] == 0
                 for k in shards
             ),
             "every shard's stream to drain",
-            roles,
         )
         for s, k in enumerate(shards):
             produced = int(r.hget(k.stats, "produced:experience"))  # acknowledged XADDs

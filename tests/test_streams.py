@@ -3,20 +3,14 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from qrl.wire.codec import Field, Schema, encode
+from qrl.wire.codec import encode
 from qrl.wire.streams import GROUP, StreamConsumer, StreamProducer
-
-ITEM = Schema("item", {"seq": Field(int), "x": Field(np.ndarray, dtypes=("float32",))})
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def item(i: int) -> bytes:
-    return encode("item", {"seq": i, "x": np.full(3, i, np.float32)})
+from tests.cli import ROOT
+from tests.helpers import ITEM, item, url_of, wait_until
 
 
 def test_produce_consume_ack_deletes(r, keys):
@@ -70,10 +64,18 @@ def test_producer_backs_off_when_full_and_drops_only_after_max_wait(r, keys):
     t.start()
     c = StreamConsumer(r, keys, keys.experience, ITEM, count=2, block_ms=50)
     got = []
-    while not (done.is_set() and r.xlen(keys.experience) == 0):
+
+    def consume() -> None:
         lengths.append(r.xlen(keys.experience))
         c.process(lambda es: got.extend(e.data["seq"] for e in es))
-        time.sleep(0.005)
+
+    wait_until(
+        lambda: done.is_set() and r.xlen(keys.experience) == 0,
+        "the producer to end and the stream to drain",
+        60,
+        every=0.005,
+        between=consume,
+    )
     t.join()
     assert got == list(range(30))  # nothing dropped, order kept
     assert max(lengths) <= 5
@@ -131,9 +133,13 @@ def test_consumer_killed_mid_batch_loses_nothing(r, keys, redis_server):
 
     survivor = StreamConsumer(r, keys, keys.experience, ITEM, claim_idle_ms=100, block_ms=10)
     processed: list[int] = []
-    deadline = time.monotonic() + 10
-    while len(processed) < n - len(acked) and time.monotonic() < deadline:
+
+    def process() -> list[int]:
         survivor.process(lambda es: processed.extend(e.data["seq"] for e in es))
+        return processed
+
+    left = n - len(acked)
+    wait_until(process, f"{left} entries processed", 10, until=lambda p: len(p) >= left, every=0)
     assert sorted(processed) == list(range(10, n))  # the in-flight batch was claimed
     assert not set(processed) & set(acked)  # nothing acknowledged is processed twice
     assert len(processed) == len(set(processed))
@@ -146,9 +152,12 @@ def test_a_consumer_holding_more_than_maxlen_for_one_batch_does_not_deadlock(r, 
     held = []
     t = threading.Thread(target=lambda: [p.add(item(i)) for i in range(6)])
     t.start()
-    deadline = time.monotonic() + 10
-    while len(held) < 6 and time.monotonic() < deadline:  # assemble a batch of 6, no acks
-        held += c.read()
+
+    def read() -> list:
+        held.extend(c.read())
+        return held
+
+    wait_until(read, "a batch of 6, unacknowledged", 10, until=lambda h: len(h) >= 6, every=0)
     t.join()
     assert [e.data["seq"] for e in held] == list(range(6))
     c.ack(held)
@@ -192,6 +201,7 @@ def test_dead_letters_keep_a_bounded_prefix_of_the_payload(r, keys):
     assert fields[b"size"] == str(len(big)).encode() and fields[b"reason"] == b"too big to keep"
 
 
+@pytest.mark.slow
 def test_an_entry_that_kills_its_consumer_is_dead_lettered_after_n_deliveries(r, keys):
     p = StreamProducer(r, keys.experience)
     for i in range(4):
@@ -199,7 +209,7 @@ def test_an_entry_that_kills_its_consumer_is_dead_lettered_after_n_deliveries(r,
     codes = []
     for _ in range(8):
         proc = subprocess.run(
-            [sys.executable, str(ROOT / "tests" / "_poisoned_consumer.py"), _url(r), keys.run],
+            [sys.executable, str(ROOT / "tests" / "_poisoned_consumer.py"), url_of(r), keys.run],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             capture_output=True,
@@ -214,11 +224,6 @@ def test_an_entry_that_kills_its_consumer_is_dead_lettered_after_n_deliveries(r,
     assert [int(x) for x in r.lrange(keys.prefix + "test:done", 0, -1)] == [1, 2, 3]
     assert r.xlen(keys.experience) == 0 and r.xpending(keys.experience, GROUP)["pending"] == 0
     assert r.xinfo_consumers(keys.experience, GROUP) == []  # it left the group at the end
-
-
-def _url(r) -> str:
-    kw = r.connection_pool.connection_kwargs
-    return f"redis://{kw['host']}:{kw['port']}/0"
 
 
 def test_a_handler_that_keeps_failing_stops_getting_the_entry(r, keys):

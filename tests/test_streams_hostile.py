@@ -15,8 +15,8 @@ from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.streams import GROUP, StreamConsumer, StreamProducer
-from tests.test_cluster import run_on
-from tests.test_streams import ITEM, _url, item
+from tests.cluster import run_on
+from tests.helpers import ITEM, item, url_of
 
 
 def drain(c: StreamConsumer, rounds: int = 20) -> list[int]:
@@ -225,7 +225,7 @@ def test_an_actors_acl_user_repairs_what_it_adds_to(r, keys, attack):
     access = Access(("config",), writes, ACTOR_COMMANDS)
     r.execute_command("ACL", "SETUSER", *setuser_args(keys, access, user, "pw", has_selectors(r)))
     StreamConsumer(r, keys, keys.experience, ITEM)  # the group, made by a consumer's user
-    actor = redis.Redis.from_url(_url(r), username=user, password="pw")
+    actor = redis.Redis.from_url(url_of(r), username=user, password="pw")
     try:
         if attack == "stats wrong type":
             r.rpush(keys.stats, "x")

@@ -16,6 +16,7 @@ from qrl.algos.impala.keys import trajectories
 from qrl.runtime.config import parse_config
 from qrl.runtime.runs import create_run
 from tests.cli import qrl, role
+from tests.helpers import kill_all, wait_until
 
 WRONG = {  # a write of each Redis type over whatever the key held (on a MULTI pipeline)
     "string": lambda p, key: p.set(key, "x"),
@@ -79,6 +80,7 @@ def _no_traceback(out) -> None:
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("write", sorted(WRONG))
 @pytest.mark.parametrize("algo", sorted(ROLES))
 def test_roles_and_commands_ride_out_keys_of_the_wrong_type(r, keys, tmp_path, algo, write):
@@ -93,16 +95,17 @@ def test_roles_and_commands_ride_out_keys_of_the_wrong_type(r, keys, tmp_path, a
         role(*command, "--run", keys.run, stderr=log.open("w"))
         for command, log in zip(ROLES[algo], logs, strict=True)
     ]
+
+    def running() -> int:
+        """How many of them run (by their heartbeats); fails if one exited."""
+        dead = [
+            g.read_text()[-3000:] for p, g in zip(procs, logs, strict=True) if p.poll() is not None
+        ]
+        assert not dead, dead
+        return len(list(r.scan_iter(keys.procs_pattern())))
+
     try:
-        deadline = time.monotonic() + 60
-        while len(list(r.scan_iter(keys.procs_pattern()))) < len(procs):  # all of them run
-            dead = [
-                g.read_text()[-3000:]
-                for p, g in zip(procs, logs, strict=True)
-                if p.poll() is not None
-            ]
-            assert time.monotonic() < deadline and not dead, dead
-            time.sleep(0.2)
+        wait_until(running, "all of them to run", until=lambda n: n >= len(procs))
         time.sleep(1.0)
         _spoil(r, write, *targets)  # while they run
         _no_traceback(qrl("status", "--run", keys.run, timeout=60))
@@ -112,15 +115,14 @@ def test_roles_and_commands_ride_out_keys_of_the_wrong_type(r, keys, tmp_path, a
         _no_traceback(qrl("run", "stop", "--run", keys.run, timeout=60))
         codes = [p.wait(timeout=60) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        kill_all(procs)
     for command, log, code in zip(ROLES[algo], logs, codes, strict=True):
         text = log.read_text()
         assert code == 0 and "Traceback" not in text, (command, code, text[-3000:])
     _no_traceback(qrl("run", "delete", keys.run, "--yes", timeout=60))
 
 
+@pytest.mark.slow
 def test_qrl_train_over_an_unreadable_run_config_is_a_one_line_error(
     r, keys, redis_server, tmp_path
 ):
