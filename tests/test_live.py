@@ -195,6 +195,7 @@ def _learner_reports(reader: MetricsReader, until, timeout: float, what: str) ->
     raise AssertionError(f"no learner report {what} within {timeout:.0f}s")
 
 
+@pytest.mark.slow
 def test_qrl_run_set_changes_a_live_impala_learners_lr_within_a_second(
     r, redis_server, keys, tmp_path
 ):

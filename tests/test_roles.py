@@ -95,6 +95,7 @@ def test_the_device_option_reaches_the_service(r, keys):
         oracle.communicate(timeout=60)
 
 
+@pytest.mark.slow
 def test_a_job_of_new_roles_runs_reports_in_status_and_logs_its_metric(
     redis_server, keys, tmp_path
 ):
