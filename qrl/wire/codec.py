@@ -142,10 +142,17 @@ def _decompress(payload: bytes, max_bytes: int) -> bytes:
     if size > max_bytes:
         raise CodecError(f"decompressed payload would be {size} bytes, over the {max_bytes} cap")
     try:
-        # LZ4F enforces the recorded size: a frame that inflates past it fails, it does not grow
-        out, used = lz4.frame.decompress(payload, False, True)  # (bytes, bytes read)
+        # LZ4F checks the recorded size only at the frame's end, and lz4.frame.decompress
+        # grows its buffer until then: a frame lying about its size would inflate in full.
+        # Output stops one byte past the recorded size, so such a frame is caught there.
+        ctx = lz4.frame.create_decompression_context()
+        out, used, end = lz4.frame.decompress_chunk(ctx, payload, max_length=size + 1)
     except RuntimeError as e:
         raise CodecError(f"corrupt or truncated LZ4 frame: {e}") from e
+    if len(out) > size:
+        raise CodecError(f"LZ4 frame inflates past the {size} bytes its header records")
+    if not end:
+        raise CodecError("corrupt or truncated LZ4 frame: it ends before its end mark")
     if used != len(payload):
         raise CodecError(f"{len(payload) - used} bytes of trailing data after the LZ4 frame")
     if len(out) != size:
