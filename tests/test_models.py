@@ -70,10 +70,19 @@ def test_the_learner_publishes_its_weights_before_it_makes_its_optimizer(
     cfg = ApexConfig(learning_starts=10**9)  # the sampler waits: nothing to train on
     create_run(r, keys, "apex", cfg)
     ckpt = tmp_path / "learner.pt"
-    lrn = ApexLearner(partial(connect, redis_server.url), keys, cfg, "cpu", checkpoint=ckpt)
+
+    published_then: list[int] = []  # the version in Redis when each optimizer was made
+
+    class Observed(ApexLearner):
+        def optimizer(self) -> torch.optim.Optimizer:
+            published_then.append(WeightStore(r, keys).version())
+            return super().optimizer()
+
+    lrn = Observed(partial(connect, redis_server.url), keys, cfg, "cpu", checkpoint=ckpt)
     assert lrn._opt is None and WeightStore(r, keys).version() == -1
     assert lrn.start(lambda: False)
     try:
+        assert published_then == [0]  # made once, after version 0 was in Redis
         assert WeightStore(r, keys).version() == 0 and lrn._opt is not None
         for p in lrn.net.parameters():
             p.grad = torch.ones_like(p)
