@@ -108,8 +108,9 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
         dim = ESWorker(r, es, ecfg, 0).spec.dim
 
         actor = ImpalaActor(r, impala, icfg, actor_id=0)
+        assert actor.refresh_weights() and actor.version == 0  # its unrolls say version 0
         obs, _ = actor.envs.reset()
-        unrolls, _ = actor.unroll(obs)
+        unrolls, obs = actor.unroll(obs)
         targets = [
             (apex, apex.experience, "apex.experience", _experience(8, "x"),
              experience_schema((4,), "float32", 2)),
@@ -131,6 +132,8 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
         # no learner published anything from the garbage
         assert r.hget(impala.weights, "blob") == impala_blob
         assert r.hget(es_params(es), "blob") == es_blob
+        # and both still learn: valid entries after the attack move their versions
+        _learns_after_the_attack(r, impala, es, actor, obs, ecfg, dim)
 
         # the metrics stream: whoever follows it (qrl train, qrl status, --run-dir) rejects too
         metrics_msg = {"role": "actor", "id": 0, "time": 1.0, "values": {"steps": 1}}
@@ -159,6 +162,22 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
         assert [p.wait(60) for p in roles] == [0, 0, 0]
     finally:
         kill_all(roles)
+
+
+def _learns_after_the_attack(r, impala, es, actor, obs, ecfg: ESConfig, dim: int) -> None:
+    """A batch's worth of valid unrolls makes the IMPALA learner publish a newer version,
+    a generation's worth of valid results makes the ES master publish the next one."""
+    impala_version = WeightStore(r, impala).version()
+    for _ in range(-(-actor.cfg.batch_unrolls // actor.cfg.envs_per_actor)):
+        unrolls, obs = actor.unroll(obs)
+        r.xadd(trajectories(impala), {"d": encode("impala.unrolls", unrolls)})
+    generation = int(r.hget(es_params(es), "version"))
+    for i in range(ecfg.population // 2 // 4):  # _es_results holds 4 pairs
+        results = {**_es_results(ecfg, dim), "generation": generation, "batch": f"good-{i}"}
+        results["job"] = results["job"] + 4 * i
+        r.xadd(es_results(es), {"d": encode("es.results", results)})
+    _until(lambda: WeightStore(r, impala).version() > impala_version, "IMPALA to learn")
+    _until(lambda: int(r.hget(es_params(es), "version")) > generation, "a new ES generation")
 
 
 def _attack_weights(r, keys: RunKeys, reader, field: str, n: int) -> int:
