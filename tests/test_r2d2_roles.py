@@ -89,8 +89,19 @@ def test_hand_started_roles_fill_the_replay_with_sequences(r, keys, redis_server
         assert WeightStore(r, keys).version() > 0
         layout, _ = sequence_spec(cfg, EnvSpec.of(cfg.env))
         replay = make_replay(r, keys, cfg, layout=layout)
+        deadline = time.monotonic() + 30  # the filler takes in what the actor pushed
+        while r.xlen(keys.experience) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert r.xlen(keys.experience) == 0
         size = replay.size()
-        assert 3000 / cfg.sequence_length <= size <= 3000  # sequences, not transitions
+        # each env step is new in exactly one sequence: all of an episode's first sequence,
+        # the steps past the overlap of every later one; the actor's 3000 steps are there
+        # but those still in its sequencer (fewer than sequence_length per env slot)
+        seqs = layout.unpack(r.hvals(keys.replay_data))
+        assert len(seqs) == size and (seqs["steps"] <= cfg.sequence_length).all()
+        new = seqs["steps"] - np.where(seqs["first"], 0, cfg.overlap)
+        assert (new >= 1).all()
+        assert 3000 - cfg.envs_per_actor * (cfg.sequence_length - 1) < new.sum() <= 3000
         status = qrl("status", "--run", keys.run, "--json", env=env, timeout=60)
         assert status.returncode == 0, status.stderr
         assert json.loads(status.stdout)["replay_size"] == size
@@ -132,16 +143,27 @@ def test_load_policy_keeps_the_lstm_state_between_calls(novel_run):
     _, run_dir = novel_run
     policy = qrl_api.load_policy(run_dir)
     assert policy.algo == "r2d2" and policy.observation_shape == (2,)
+    recurrent = policy.act  # the checkpoint's LSTM Q-network and the state it carries
     env = gym.make("qrl/CartPoleNoVel-v1")
     total = 0.0
     for episode in range(3):
         policy.reset()
+        assert recurrent.state is None  # zeros at the next call
         obs, _ = env.reset(seed=100 + episode)
-        done = False
+        seen, actions, done = [], [], False
         while not done:
-            obs, reward, term, trunc, _ = env.step(int(policy.predict(obs)))
+            seen.append(obs)
+            actions.append(int(policy.predict(obs)))
+            obs, reward, term, trunc, _ = env.step(actions[-1])
             total += reward
             done = term or trunc
+        # step by step, predict acted as the network does on the whole episode at once from
+        # zeros, and holds the state the network ends it in
+        with torch.no_grad():
+            q, (h, c) = recurrent.net(torch.as_tensor(np.stack(seen))[None])
+        assert actions == q[0].argmax(dim=1).tolist()
+        assert h.abs().max() > 0.01 and c.abs().max() > 0.01  # not the zeros of a reset
+        torch.testing.assert_close(recurrent.state, (h, c), rtol=1e-4, atol=1e-5)
     assert total / 3 > 100
 
 
