@@ -78,3 +78,21 @@ def eval_mean(checkpoint: Path, episodes: int = 5) -> tuple[float, str]:
     out = qrl("eval", str(checkpoint), "--episodes", str(episodes), timeout=120)
     assert out.returncode == 0, out.stderr
     return eval_stats(out.stdout)["mean"], out.stdout
+
+
+def eval_confirmation(run_dir: Path) -> str:
+    """``qrl eval`` of a solved run's checkpoint on the episodes its confirmation played
+    (seeds 1,000,000 + 10,000 x seed + i); asserts it scores the confirmed mean, which
+    reached the target (a checkpoint other than the confirmed weights would not score the
+    same; a few lucky episodes cannot). Returns the output."""
+    result = json.loads((run_dir / "result.json").read_text())
+    seed = json.loads((run_dir / "config.json").read_text())["config"]["seed"]
+    assert result["reached"] and result["confirm_return"] >= result["target"], result
+    out = qrl(
+        "eval", str(run_dir), "--episodes", str(result["confirm_episodes"]),
+        "--seed", str(1_000_000 + 10_000 * seed), timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    mean = eval_stats(out.stdout)["mean"]
+    assert abs(mean - result["confirm_return"]) <= 0.06, (mean, result)  # printed rounded
+    return out.stdout
