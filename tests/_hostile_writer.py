@@ -1,6 +1,7 @@
 """Until killed: adds hostile-but-decodable entries to a run's stream and garbage to its
 weights key (random bytes, and blobs that decode but do not fit), one of each every EVERY
-seconds. ``python tests/_hostile_writer.py URL RUN ALGO EVERY``; prints a line per write.
+seconds. ``python tests/_hostile_writer.py URL RUN ALGO EVERY``; prints the stream's key,
+then a line per write: its count and the id of the entry it added.
 
 The entries are hostile where a consumer could crash or stall: versions, generations and
 ids at 2**53, batch ids of emoji, the largest batches the run admits now and then, every
@@ -108,14 +109,15 @@ STREAM, MESSAGE, WEIGHTS = {
     "es": (es_results_key(keys), es_results, es_params(keys)),
 }[algo]
 
+print(STREAM, flush=True)
 sent = 0
 while True:
     kind, msg = MESSAGE()
-    r.xadd(STREAM, {"d": encode(kind, msg)})
+    entry = r.xadd(STREAM, {"d": encode(kind, msg)}).decode()
     # garbage in the weights key, under the version it holds (readers that fetch now see it)
     version = int(r.hget(WEIGHTS, "version") or 0)
     bad = encode("weights", {"version": version, "params": {"x": np.ones(3)}, "meta": None})
     r.hset(WEIGHTS, "blob", pick(rng.bytes(64), bad))
     sent += 1
-    print(sent, flush=True)
+    print(sent, entry, flush=True)
     time.sleep(every)
