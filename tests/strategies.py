@@ -134,6 +134,33 @@ def unrolls(draw, unroll: int, envs: int, obs_shape=(4,), n_actions=2) -> dict:
 
 
 @st.composite
+def sequences(draw, length: int, lstm: int, obs_shape=(2,), n_actions=2, max_rows=16) -> dict:
+    """An ``r2d2.sequences`` message: the steps past each sequence's ``steps`` (and the
+    observations after its final one) zero, as the schema requires."""
+    n = draw(rows(max_rows))
+    steps = draw(array("int32", (n,), ints(1, length)))
+    pad = np.arange(length)[None] >= steps[:, None]
+    obs = draw(array("float32", (n, length + 1, *obs_shape), floats(VALUE_BOUND)))
+    obs[np.concatenate([np.zeros((n, 1), bool), pad], axis=1)] = 0
+    action = draw(array("int32", (n, length), ints(0, n_actions - 1)))
+    reward = draw(array("float32", (n, length), floats(VALUE_BOUND)))
+    return {
+        "obs": obs,
+        "action": np.where(pad, 0, action).astype(np.int32),
+        "reward": np.where(pad, 0, reward).astype(np.float32),
+        "steps": steps,
+        "terminal": draw(array("bool", (n,), st.booleans())),
+        "first": draw(array("bool", (n,), st.booleans())),
+        "h0": draw(array("float32", (n, lstm), floats(1.0))),
+        "c0": draw(array("float32", (n, lstm), floats(VALUE_BOUND))),
+        "priority": draw(array("float32", (n,), floats(VALUE_BOUND).map(abs))),
+        "version": draw(NATURAL),
+        "actor": draw(NATURAL),
+        "batch": draw(BATCH_ID),
+    }
+
+
+@st.composite
 def obs_stats(draw, obs_dim: int) -> tuple[float, np.ndarray, np.ndarray]:
     """An observation count and sums that some observations could have (at the bounds often)."""
     count = float(draw(ints(1, int(MAX_COUNT))))

@@ -286,10 +286,6 @@ def _valid_messages() -> list[tuple[Schema, st.SearchStrategy[dict]]]:
     from qrl.algos.impala.messages import unroll_schema
     from qrl.algos.r2d2.messages import sequence_schema
     from qrl.wire.weights import WEIGHTS
-    from tests.test_r2d2 import LSTM, _message, _random_sequences
-
-    def sequences(seed: int) -> dict:
-        return _message(_random_sequences(np.random.default_rng(seed), 3, 20, obs_dim=2))
 
     fitting = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}
     return [
@@ -297,7 +293,7 @@ def _valid_messages() -> list[tuple[Schema, st.SearchStrategy[dict]]]:
         (frames_schema((4, 6, 6), 6, 64), hs.frames()),
         (unroll_schema((4,), "float32", 2, 5, 8), hs.unrolls(5, 8)),
         (es_results_schema(4, 10_000, 100), hs.es_results(4, 10_000, 100)),
-        (sequence_schema((2,), "float32", 2, 20, LSTM), st.integers(0, 2**32).map(sequences)),
+        (sequence_schema((2,), "float32", 2, 20, 8), hs.sequences(20, 8)),
         (WEIGHTS, hs.weights(fitting).map(lambda m: {**m, "version": 1})),
     ]
 
