@@ -11,6 +11,7 @@ import torch
 
 import qrl
 from qrl.jobs.policy import LoadedPolicy
+from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import q_network
 from qrl.runtime.checkpoint import CheckpointError, load_checkpoint
 from tests.cli import train
@@ -22,7 +23,7 @@ def _checkpoint_actions(checkpoint: Path, policy: LoadedPolicy, obs: np.ndarray)
     model = load_checkpoint(checkpoint)["model"]
     x = torch.as_tensor(obs, dtype=torch.float32)
     if policy.algo == "apex":
-        net = q_network(policy.config)
+        net = q_network(policy.config, EnvSpec.of(policy.env_id))
         net.load_state_dict(model)
         with torch.no_grad():
             return net(x).argmax(dim=1).tolist()

@@ -89,10 +89,7 @@ def test_hand_started_roles_fill_the_replay_with_sequences(r, keys, redis_server
         assert WeightStore(r, keys).version() > 0
         layout, _ = sequence_spec(cfg, EnvSpec.of(cfg.env))
         replay = make_replay(r, keys, cfg, layout=layout)
-        deadline = time.monotonic() + 30  # the filler takes in what the actor pushed
-        while r.xlen(keys.experience) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert r.xlen(keys.experience) == 0
+        wait_until(lambda: r.xlen(keys.experience) == 0, "the filler to take all in", 30)
         size = replay.size()
         # each env step is new in exactly one sequence: all of an episode's first sequence,
         # the steps past the overlap of every later one; the actor's 3000 steps are there
