@@ -33,10 +33,13 @@ from hypothesis import strategies as st
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from qrl.algos.impala.config import ImpalaConfig
 from qrl.replay.frames import FrameBatch, FrameLayout, FrameReplay, pack_frames
 from qrl.replay.store import PrioritizedReplay
 from qrl.runtime import ids as ids_module
+from qrl.runtime import live
 from qrl.runtime.metrics import METRICS
+from qrl.runtime.runs import create_run
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire import stream_scripts, streams
 from qrl.wire.keys import RunKeys
@@ -475,6 +478,36 @@ def test_weights_publish(private, r, version):
     bounded(private, lambda c: WeightStore(c, keys).publish(params, 1))
 
 
+def _live(mapping: dict[str, Any]) -> Callable[[redis.Redis, RunKeys], Any]:
+    return lambda c, k: c.hset(k.config_live, mapping=mapping)
+
+
+def _wrong(kind: str) -> Callable[[redis.Redis, RunKeys], Any]:
+    return lambda c, k: WRONG_TYPES[kind](c, k.config_live)
+
+
+LIVE_STATES: dict[str, Callable[[redis.Redis, RunKeys], Any]] = {
+    "huge version": _live({"version": "9" * 100_000}),
+    "huge values": _live({"version": "1", "values": "x" * 4_000_000}),
+    "100k fields": _live({f"f{i}": "x" for i in range(100_000)}),
+    **{f"version {v}": _live({"version": v, "values": "{}"}) for v in HOSTILE},
+    **{f"a {kind}": _wrong(kind) for kind in WRONG_TYPES},
+}
+
+
+@pytest.mark.parametrize("state", LIVE_STATES)
+def test_live_config_read_and_set(private, r, state):
+    """live.py's scripts over whatever the live-config hash holds: a role's poll (``_READ``,
+    run by every role's stop-flag check) and ``qrl run set``'s compare-and-set (``_SET``),
+    which replaces what it cannot read."""
+    keys = fresh_keys()
+    create_run(r, keys, "impala", ImpalaConfig())
+    LIVE_STATES[state](r, keys)
+    bounded(private, lambda c: live._read(live._ReadOnly(c), keys, b""))
+    _, cfg = bounded(private, lambda c: live.set_live(c, keys, ImpalaConfig, {"lr": 1e-4}))
+    assert cfg.lr == 1e-4
+
+
 # -- every script has its cases
 
 
@@ -493,6 +526,7 @@ COVERED = {
     ("runtime/ids.py", "_KEEP"),
     ("runtime/ids.py", "_LOOK"),
     ("runtime/ids.py", "_TAKE"),
+    ("runtime/live.py", "_SET"),
     ("wire/weights.py", "_PUBLISH"),
 }
 _SCRIPT_CALL = re.compile(r"(?:register_script|\.eval)\(([^)]*(?:\)[^)]*)?)\)")
