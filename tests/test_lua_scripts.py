@@ -1,0 +1,209 @@
+"""Every Lua script of qrl outside the replay does bounded work whatever a writer with the
+run's keys stored: the streams' scripts, the process-number leases, the weight store and the
+live config (tests/test_lua_bounded.py has why, the replay's scripts and the check that
+every script has cases)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from qrl.algos.impala.config import ImpalaConfig
+from qrl.runtime import ids as ids_module
+from qrl.runtime import live
+from qrl.runtime.metrics import METRICS
+from qrl.runtime.runs import create_run
+from qrl.wire import stream_scripts, streams
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import StreamConsumer, StreamProducer
+from qrl.wire.weights import WeightStore
+from tests.lua_bounds import (  # the fixtures private and r: a redis-server of this module's own
+    HOSTILE,
+    WRONG_TYPES,
+    bounded,
+    fresh_keys,
+    private_client,  # noqa: F401
+    private_server,  # noqa: F401
+)
+
+# -- scripts of other modules (streams, ids, weights)
+
+
+@pytest.mark.parametrize("wrong", [None, "ids used up", *WRONG_TYPES])
+@pytest.mark.parametrize("target", ["stream", "stats"])
+def test_stream_add_if_room(private, r, target, wrong):
+    keys = fresh_keys()
+    name = keys.experience if target == "stream" else keys.stats
+    if wrong is None:  # a full stream (plain XADDs) and a counter that is no number
+        for _ in range(50):
+            r.xadd(keys.experience, {"d": b"x"})
+        r.hset(keys.stats, "produced:experience", "abc")
+    elif wrong == "ids used up":
+        r.xadd(keys.experience, {"d": b"x"}, id="18446744073709551615-18446744073709551615")
+        r.hset(keys.stats, "produced:experience", "9223372036854775807")
+    else:
+        WRONG_TYPES[wrong](r, name)
+
+    def add(c: redis.Redis) -> Any:  # a full stream: dropped after max_wait, not raised
+        return StreamProducer(c, keys.experience, 10, keys=keys, max_wait=0.2).add(b"p")
+
+    bounded(private, add)
+
+
+def _many_pending(c: redis.Redis, k: RunKeys) -> None:
+    pipe = c.pipeline(transaction=False)
+    for _ in range(20_000):
+        pipe.xadd(k.experience, {"d": b"x"})
+    pipe.execute()
+    for i in range(200):  # 200 fake consumers hold 100 entries each
+        c.xreadgroup("qrl", f"fake{i}", {k.experience: ">"}, count=100)
+
+
+STREAM_STATES: dict[str, Callable[[redis.Redis, RunKeys], Any]] = {
+    "no group": lambda c, k: c.xgroup_destroy(k.experience, "qrl"),
+    "stream wrong type": lambda c, k: (c.delete(k.experience), c.set(k.experience, "x")),
+    "oversized entries, new and pending": lambda c, k: (
+        [c.xadd(k.experience, {"d": b"y" * (8 << 20)}) for _ in range(4)]
+        + [c.xreadgroup("qrl", "fake", {k.experience: ">"}, count=2)]
+    ),
+    "20k entries pending for 200 consumers": _many_pending,
+    "group id moved past 5k entries": lambda c, k: (
+        [c.xadd(k.experience, {"d": b"x"}) for _ in range(5_000)]
+        + [c.xgroup_setid(k.experience, "qrl", "$")]
+    ),
+    "20k idle consumers": lambda c, k: [
+        c.xgroup_createconsumer(k.experience, "qrl", f"fake{i}") for i in range(20_000)
+    ],  # one at a time: ~2 s
+    "dead letters and stats of the wrong type, counters no number": lambda c, k: (
+        c.xadd(k.experience, {"d": b"garbage"}),
+        c.set(k.deadletter, "x"),
+        c.hset(k.stats, mapping={"rejected": "abc", "rejected:experience": "9e99"}),
+    ),
+}
+
+
+@pytest.mark.parametrize("state", STREAM_STATES)
+def test_stream_read_claim_adopt_prune_ack_and_dead_letter(private, r, state):
+    """One read of a consumer runs every script of the consumer side: the group made
+    (``ENSURE_GROUP``), its own pending entries, claims, orphans and new entries read and
+    screened (``READ``, ``ADOPT``), idle consumers removed (``LEAVE``), bad entries
+    dead-lettered (``DEAD_LETTER``) and acknowledged (``ACK``)."""
+    keys = fresh_keys()
+    r.xgroup_create(keys.experience, "qrl", id="0", mkstream=True)
+    STREAM_STATES[state](r, keys)
+
+    def read(c: redis.Redis) -> Any:
+        consumer = StreamConsumer(c, keys, keys.experience, METRICS, claim_idle_ms=0)
+        consumer.max_bytes = 1 << 16
+        return consumer.read(block_ms=0)
+
+    bounded(private, read)
+    bounded(private, read)  # and again, with what the first call left
+
+
+@pytest.mark.parametrize("state", ["no group", "stream wrong type", "many consumers"])
+def test_stream_leave(private, r, state):
+    keys = fresh_keys()
+    stream = keys.experience
+    if state == "stream wrong type":
+        r.set(stream, "x")
+    else:
+        r.xgroup_create(stream, "qrl", id="0", mkstream=True)
+        if state == "no group":
+            r.xgroup_destroy(stream, "qrl")
+        else:
+            r.xadd(stream, {"d": b"x"})
+            for i in range(500):
+                r.xreadgroup("qrl", f"fake{i}", {stream: "0"}, count=1)
+
+    def leave(c: redis.Redis) -> Any:
+        script = c.register_script(stream_scripts.LEAVE)
+        names = [f"fake{i}" for i in range(streams.PRUNE_MAX)]  # as many as a prune gives
+        return [script(keys=[stream], args=["qrl", *names]), script(keys=[stream], args=["qrl"])]
+
+    bounded(private, leave)
+
+
+LEASE_STATES: dict[str, Callable[[redis.Redis, RunKeys], Any]] = {
+    "hash": lambda c, k: c.hset(k.lease("actor", 0), "x", "1"),
+    "list": lambda c, k: c.rpush(k.lease("actor", 0), "x"),
+    "huge value": lambda c, k: c.set(k.lease("actor", 0), "x" * 100_000),
+    "other host, no ttl": lambda c, k: c.set(k.lease("actor", 0), "elsewhere:1:tok"),
+    "400k fake leases without a ttl": lambda c, k: [
+        c.mset({k.lease("actor", i): "elsewhere:1:tok" for i in range(s, s + 10_000)})
+        for s in range(0, 400_000, 10_000)
+    ],
+}
+
+
+@pytest.mark.parametrize("state", LEASE_STATES)
+def test_lease_look_take_and_keep(private, r, state):
+    """ids.py's scripts (the API of H4's fix of findings 5 and 11: ``claim_id`` takes the
+    configured count, ``_LOOK`` reads a chunk of leases, ``_KEEP`` keeps or releases)."""
+    keys = fresh_keys()
+    LEASE_STATES[state](r, keys)
+
+    def claim(c: redis.Redis) -> Any:
+        lease = ids_module.claim_id(c, keys, "actor", 4)
+        lease.release()
+        return lease.ident
+
+    def look(c: redis.Redis) -> Any:
+        names = [keys.lease("actor", i) for i in range(64)]
+        return c.register_script(ids_module._LOOK)(keys=names, args=[10])
+
+    def keep(c: redis.Redis) -> Any:
+        key = keys.lease("actor", 0)
+        return [
+            c.eval(ids_module._KEEP, 1, key, "me", 10, "keep"),
+            c.eval(ids_module._KEEP, 1, key, "me", 10, "release"),
+        ]
+
+    bounded(private, look)
+    assert bounded(private, claim) == 0  # a lease qrl did not write (no TTL) is garbage
+    bounded(private, keep)
+
+
+@pytest.mark.parametrize("version", [*HOSTILE, "wrong type"])
+def test_weights_publish(private, r, version):
+    keys = fresh_keys()
+    if version == "wrong type":
+        r.rpush(keys.weights, "x")
+    else:
+        r.hset(keys.weights, mapping={"version": version, "blob": b"junk"})
+    params = {"w": np.zeros(3, np.float32)}
+    bounded(private, lambda c: WeightStore(c, keys).publish(params, 1))
+
+
+def _live(mapping: dict[str, Any]) -> Callable[[redis.Redis, RunKeys], Any]:
+    return lambda c, k: c.hset(k.config_live, mapping=mapping)
+
+
+def _wrong(kind: str) -> Callable[[redis.Redis, RunKeys], Any]:
+    return lambda c, k: WRONG_TYPES[kind](c, k.config_live)
+
+
+LIVE_STATES: dict[str, Callable[[redis.Redis, RunKeys], Any]] = {
+    "huge version": _live({"version": "9" * 100_000}),
+    "huge values": _live({"version": "1", "values": "x" * 4_000_000}),
+    "100k fields": _live({f"f{i}": "x" for i in range(100_000)}),
+    **{f"version {v}": _live({"version": v, "values": "{}"}) for v in HOSTILE},
+    **{f"a {kind}": _wrong(kind) for kind in WRONG_TYPES},
+}
+
+
+@pytest.mark.parametrize("state", LIVE_STATES)
+def test_live_config_read_and_set(private, r, state):
+    """live.py's scripts over whatever the live-config hash holds: a role's poll (``_READ``,
+    run by every role's stop-flag check) and ``qrl run set``'s compare-and-set (``_SET``),
+    which replaces what it cannot read."""
+    keys = fresh_keys()
+    create_run(r, keys, "impala", ImpalaConfig())
+    LIVE_STATES[state](r, keys)
+    bounded(private, lambda c: live._read(live._ReadOnly(c), keys, b""))
+    _, cfg = bounded(private, lambda c: live.set_live(c, keys, ImpalaConfig, {"lr": 1e-4}))
+    assert cfg.lr == 1e-4
