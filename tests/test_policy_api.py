@@ -47,8 +47,14 @@ def test_load_policy_predicts_one_observation_and_a_batch(algo, tmp_path):
     assert result["reached"] and result["confirm_return"] >= 150, result  # random: ~22
     env = gym.make("CartPole-v1")
     obs, _ = env.reset(seed=1)
-    # observations a policy meets, and any the space holds
-    visited = [obs] + [env.step(int(env.action_space.sample()))[0] for _ in range(40)]
+    # observations a policy meets (random play, a new episode where one ends), and any the
+    # space holds
+    visited = [obs]
+    for _ in range(40):
+        obs, _, terminated, truncated, _ = env.step(int(env.action_space.sample()))
+        visited.append(obs)
+        if terminated or truncated:
+            obs, _ = env.reset()
     samples = np.stack([*visited, *(env.observation_space.sample() for _ in range(40))])
     for source in (run_dir, run_dir / "checkpoint.pt"):
         policy = qrl.load_policy(source)
