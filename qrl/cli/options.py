@@ -260,7 +260,8 @@ def id_option(role: str) -> Callable[[F], F]:
         type=IdParam(),
         default="auto",
         show_default=True,
-        help=f"{role.capitalize()} number (sets its seeds; for Ape-X actors the epsilon); "
+        help=f"{role.capitalize()} number (sets its seeds, and its share of the exploration "
+        "where processes explore differently, e.g. Ape-X's epsilons); "
         f"auto = the run's next free {role} number.",
     )
 
