@@ -1,0 +1,396 @@
+"""The learner group of a run: N learners averaging their gradients every update (DD-PPO
+style) in a torch.distributed process group formed through Redis alone (the run's keys and N;
+no env vars, no ports). ``learners:gen`` names the forming generation, ``learners:joined:GEN``
+counts its members (rank = count - 1); a full generation (a pool restarted after a crash never
+joins its dead predecessor), one of another size or garbage is not joined: a new one starts.
+Rank 0 serves a ``TCPStore`` on its address and writes ``host:port`` to ``learners:addr:GEN``;
+the others wait for the generation to be full and the address, check it and connect; then
+``init_process_group`` (NCCL on CUDA, else gloo on the store's address). The keys expire
+``timeout_s`` after the last join; a learner that gives up before its generation is full
+deletes it. Nothing from Redis is unpickled, no collective here pickles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import ipaddress
+import logging
+import math
+import re
+import secrets
+import socket
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+import redis
+import torch
+import torch.distributed as dist
+
+from qrl.wire.keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+_POLL = 0.05  # seconds between looks at Redis while the group forms
+_MAX_ADDR = 300  # bytes an address may have ("host:port"; a host name has at most 253)
+_PORT = re.compile(r"[0-9]{1,5}")
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+
+# current(): KEYS[1], the forming generation, if it is a valid one of ARGV[3] learners, else ''
+# (none, another type or size, garbage); count(i): KEYS[i]'s count, nil if gone or garbage
+_CURRENT = """
+local function valid(i, len, pattern)
+  local ok = redis.call('TYPE', KEYS[i])['ok'] == 'string' and redis.call('STRLEN', KEYS[i]) <= len
+  local value = ok and redis.call('GET', KEYS[i])
+  return value and string.match(value, pattern) and value
+end
+local function current()
+  local gen = valid(1, 32, '^%x+%.%d+$')
+  return (gen and string.match(gen, '%.(%d+)$') == ARGV[3]) and gen or ''
+end
+local function count(i) return tonumber(valid(i, 6, '^[1-9]%d*$')) end
+"""
+# KEYS gen, joined:SEEN, joined:NEW; ARGV seen ('' none), new, world, ttl: {gen, count}, or
+# {'', 0} if the generation moved on since the client looked
+_JOIN = """
+if current() ~= ARGV[1] then return {'', 0} end
+local n = ARGV[1] ~= '' and count(2)
+if n and n < tonumber(ARGV[3]) then
+  n = redis.call('INCR', KEYS[2])
+  redis.call('EXPIRE', KEYS[2], ARGV[4])
+  redis.call('EXPIRE', KEYS[1], ARGV[4])
+  return {ARGV[1], n}
+end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[4])
+redis.call('SET', KEYS[3], 1, 'EX', ARGV[4])
+return {ARGV[2], 1}
+"""
+# KEYS gen, joined:GEN, addr:GEN; ARGV -, -, world: a member gives up before its generation is
+# full: delete it, so that the others stop waiting and nobody joins it (the next join finds
+# no count under learners:gen and starts a new generation)
+_ABANDON = """
+local n = count(2)
+if n and n >= tonumber(ARGV[3]) then return 0 end
+return redis.call('DEL', KEYS[2], KEYS[3])
+"""
+
+
+class GroupLost(RuntimeError):
+    """A member of the learner group is gone (its collective failed or timed out): restart the
+    learners, they resume from the checkpoint."""
+
+
+def _key(keys: RunKeys, what: str, gen: str = "") -> str:
+    return keys.key(f"learners:{what}:{gen}" if gen else f"learners:{what}")
+
+
+def check_address(text: str, what: str = "address") -> tuple[str, int]:
+    """``(host, port)`` of ``host:port`` (an IP address, ``[v6]`` too, or a host name)."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host[:1] == "[" and host[-1:] == "]" else host
+    try:
+        host = str(ipaddress.ip_address(host))
+    except ValueError:
+        host = host if len(host) <= 253 and _HOSTNAME.fullmatch(host) else ""
+    if not host or not sep or not _PORT.fullmatch(port) or not 0 < int(port) < 65536:
+        raise ValueError(f"{what} {text[:80]!r} is not host:port with a port in 1-65535")
+    return host, int(port)
+
+
+def local_host(client, keys: RunKeys) -> str:
+    """This machine's address on the interface that reaches Redis (so likely the other learners
+    too): a UDP socket's after connecting it (which sends nothing); 127.0.0.1 for a unix socket."""
+    if hasattr(client, "get_node_from_key"):  # a cluster client: the node of the run's keys
+        node = client.get_node_from_key(_key(keys, "gen"))
+        rhost, rport = node.host, node.port
+    else:
+        kwargs = client.connection_pool.connection_kwargs
+        rhost, rport = kwargs.get("host"), kwargs.get("port", 6379)
+    if not rhost:
+        return "127.0.0.1"
+    family, _, _, _, sockaddr = socket.getaddrinfo(rhost, rport, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(sockaddr)
+        return s.getsockname()[0]
+
+
+def _enter(client, keys: RunKeys, world: int, ttl: int) -> tuple[str, int]:
+    """Join the forming generation (or start one): ``(gen, rank)``."""
+    join = client.register_script(_CURRENT + _JOIN)
+    look = client.register_script(_CURRENT + "return current()")
+    for _ in range(100):  # another learner joined between look and join: look again
+        seen = look(keys=[_key(keys, "gen")], args=["", "", world])
+        seen = seen.decode() if isinstance(seen, bytes) else ""
+        new = f"{secrets.token_hex(8)}.{world}"
+        names = [_key(keys, "gen"), _key(keys, "joined", seen or new), _key(keys, "joined", new)]
+        gen, n = join(keys=names, args=[seen, new, world, ttl])
+        if n:
+            return gen.decode(), int(n) - 1
+    raise RuntimeError(f"could not join the learner group of run {keys.run}: it keeps changing")
+
+
+def _read_addr(client, key: str) -> tuple[str, int] | None:
+    """Rank 0's store address, None while there is none; a clear error if ``key`` holds
+    anything else (another type, garbage, a huge value: GETRANGE never reads it whole)."""
+    try:
+        raw = client.getrange(key, 0, _MAX_ADDR)
+        if not raw and not client.exists(key):
+            return None
+        if not raw or len(raw) > _MAX_ADDR:
+            raise ValueError(f"{len(raw)} bytes")
+        return check_address(raw.decode("ascii"), "the address")
+    except (redis.ResponseError, ValueError) as e:  # WRONGTYPE; UnicodeDecodeError included
+        raise RuntimeError(f"{key} holds no learner store address ({str(e)[:200]}): something "
+                           "else wrote it; restart the learners") from e  # fmt: skip
+
+
+def _wait(client, keys, gen, rank, world, deadline, should_stop, timeout_s):
+    """Wait until ``gen`` is full and (rank > 0) rank 0's address is there: the address
+    (rank 0: True), or None if ``should_stop()``."""
+    n, count = 0, _key(keys, "joined", gen)
+    while not should_stop():
+        if n < world:
+            try:
+                raw = client.getrange(count, 0, 8)
+            except redis.ResponseError:  # WRONGTYPE: overwritten, so gone
+                raw = b""
+            n = int(raw) if raw.isdigit() and len(raw) <= 6 else 0
+            if not 0 < n <= world:
+                raise RuntimeError(f"the learner group of run {keys.run} was abandoned while it "
+                                   "formed (a learner gave up?): restart the learners")  # fmt: skip
+        if n == world and (rank == 0 or (addr := _read_addr(client, _key(keys, "addr", gen)))):
+            return True if rank == 0 else addr
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"the learner group of run {keys.run} did not form within {timeout_s:g} s: "
+                + (f"{n} of {world} learners joined; start the other {world - n} (the same "
+                   f"command, the same number of learners) within {timeout_s:g} s of it"
+                   if n < world else "all joined, but rank 0 published no address")
+            )  # fmt: skip
+        time.sleep(_POLL)
+    return None
+
+
+def _store(addr: str | tuple[str, int], world: int, timeout_s: float):
+    """Rank 0 (``addr``: its host): a TCPStore on that host only (not every interface), on a
+    port the OS picks. The others (``addr``: rank 0's host and port): a client of it."""
+    timeout = datetime.timedelta(seconds=max(timeout_s, 5.0))
+    try:
+        if isinstance(addr, tuple):
+            return dist.TCPStore(*addr, world, False, timeout=timeout)
+        family, _, _, _, sockaddr = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)  # closed by its finalizer on failure
+        sock.bind(sockaddr)
+        sock.listen(128)
+        return dist.TCPStore(addr, sock.getsockname()[1], world, True, wait_for_workers=False,
+                             timeout=timeout, master_listen_fd=sock.detach())  # fmt: skip
+    except (OSError, RuntimeError) as e:
+        raise RuntimeError(f"the learner group's store on {addr} failed ({str(e)[:200]}): "
+                           "rank 0 picks its address with host=") from e  # fmt: skip
+
+
+# the address the next gloo group binds (join sets it, then inits): plain gloo binds what the
+# host name resolves to, often 127.0.1.1 or an interface the other learners do not reach
+_gloo_host = "127.0.0.1"
+
+
+def _make_gloo(store, rank: int, size: int, timeout: datetime.timedelta):
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=_gloo_host)]
+    options._timeout = timeout
+    return dist.ProcessGroupGloo(store, rank, size, options)
+
+
+class LearnerGroup:
+    """This learner's place in the group: ``rank`` of ``world``. Made by :meth:`join`."""
+
+    def __init__(self, rank: int, world: int, device: torch.device, store=None) -> None:
+        self.rank, self.world, self.device = rank, world, device
+        self._store = store  # rank 0 serves it: it must live as long as the group
+        self._closed = world == 1
+
+    @property
+    def leader(self) -> bool:
+        """Rank 0: the one that publishes weights and writes checkpoints."""
+        return self.rank == 0
+
+    @classmethod
+    def join(
+        cls, client, keys: RunKeys, world: int, device: torch.device, *, timeout_s: float = 60.0,
+        should_stop: Callable[[], bool] = lambda: False, host: str | None = None,
+        collective_timeout_s: float = 300.0,
+    ) -> LearnerGroup | None:  # fmt: skip
+        """Join the run's group of ``world`` learners (world 1: alone, no torch.distributed).
+        None if ``should_stop()`` turned true while waiting; TimeoutError if the group did not
+        form within ``timeout_s``. ``host``: this learner's address for the others (default
+        :func:`local_host`). A collective that waits ``collective_timeout_s`` raises
+        :class:`GroupLost`."""
+        if isinstance(world, bool) or not isinstance(world, int) or not 1 <= world <= 65536:
+            raise ValueError(f"world must be a whole number of learners >= 1, not {world!r}")
+        device = torch.device(device)
+        if world == 1:
+            return cls(0, 1, device)
+        if dist.is_initialized():
+            raise RuntimeError("this process is in a torch.distributed group already")
+        host = check_address(f"{host}:1", "host=")[0] if host else local_host(client, keys)
+        deadline, ttl = time.monotonic() + timeout_s, max(1, math.ceil(timeout_s))
+        gen, rank = _enter(client, keys, world, ttl)
+        log.info("learner group of run %s: rank %d of %d (gen %s)", keys.run, rank, world, gen)
+        formed, store = False, None
+        global _gloo_host
+        try:
+            if rank == 0:
+                store = _store(host, world, timeout_s)
+                client.set(_key(keys, "addr", gen), f"{host}:{store.port}", ex=ttl)
+            addr = _wait(client, keys, gen, rank, world, deadline, should_stop, timeout_s)
+            if addr is None:
+                return None
+            formed = True
+            if rank > 0:
+                store = _store(addr, world, deadline - time.monotonic())
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            elif not hasattr(dist.Backend, "QRL_GLOO"):
+                dist.Backend.register_backend("qrl_gloo", _make_gloo, devices=["cpu"])
+            _gloo_host = host
+            dist.init_process_group(
+                "nccl" if device.type == "cuda" else "qrl_gloo", store=store, rank=rank,
+                world_size=world, timeout=datetime.timedelta(seconds=collective_timeout_s),
+            )  # fmt: skip
+            return cls(rank, world, device, store)
+        finally:
+            if not formed:  # stopped, timed out or failed: nobody may wait for this one
+                names = [_key(keys, "gen"), _key(keys, "joined", gen), _key(keys, "addr", gen)]
+                with contextlib.suppress(redis.RedisError):
+                    client.register_script(_CURRENT + _ABANDON)(keys=names, args=["", "", world])
+
+    def _do(self, what: str, fn: Callable, *args) -> None:
+        """``fn(*args)``, a collective: its failure (a peer gone, a timeout) is GroupLost."""
+        if self._closed:
+            raise RuntimeError("the learner group is closed")
+        try:
+            fn(*args)
+        except RuntimeError as e:  # DistBackendError included
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise GroupLost(f"learner rank {self.rank} of {self.world}: the group's {what} failed "
+                            f"({first[:300]}): a learner of the group is gone; restart the "
+                            "learners, they resume from the checkpoint") from e  # fmt: skip
+
+    @staticmethod
+    def grads(params: Iterable[torch.nn.Parameter]) -> list[torch.Tensor]:
+        """The parameters' gradients, zeros (set) where one has none: the same layout on all."""
+        params = list(params)
+        for p in params:
+            p.grad = torch.zeros_like(p) if p.grad is None else p.grad
+        return [p.grad for p in params]
+
+    def all_reduce_mean_(self, tensors: Sequence[torch.Tensor]) -> float:
+        """Average ``tensors`` in place across the ranks (one collective on one flat buffer);
+        the seconds it took. Gradients: pass :meth:`grads` ``(params)``."""
+        if any(t is None for t in tensors):
+            raise TypeError("a tensor is None: pass group.grads(params) (zeros for no grad)")
+        if self.world == 1 or not tensors:
+            return 0.0
+        start = time.perf_counter()
+        flat = torch.cat([t.detach().reshape(-1).to(self.device) for t in tensors])
+        self._do("all_reduce", dist.all_reduce, flat)
+        _unflatten(flat.div_(self.world), tensors)
+        if self.device.type == "cuda":  # the copies are queued: wait for a true time
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - start
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        """The sum of ``values`` over the ranks (a new tensor; a small one: statistics)."""
+        if self.world == 1:
+            return values
+        buf = values.detach().to(self.device, copy=True)
+        self._do("sum", dist.all_reduce, buf)
+        return buf.to(values.device)
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if ``flag`` is true on any (a vote to stop)."""
+        return bool(self.sum(torch.tensor([float(bool(flag))]))[0] > 0)
+
+    def _from_each(self, *values: int) -> torch.Tensor:
+        """Every rank's ``values`` (int64): a row per rank, in rank order."""
+        mine = torch.zeros(self.world, len(values), dtype=torch.int64)
+        mine[self.rank] = torch.tensor(values, dtype=torch.int64)
+        return self.sum(mine)
+
+    def _agree(self, what: str, signs: torch.Tensor, src: int) -> None:
+        if not bool((signs == signs[src]).all()):  # a broadcast of other sizes would hang
+            raise RuntimeError(f"learner rank {self.rank}: the learners' {what} differ "
+                               f"({signs.tolist()}): start all with the same config")  # fmt: skip
+
+    def _broadcast(self, tensors: list[torch.Tensor], src: int) -> None:
+        """Copy rank ``src``'s ``tensors`` into every rank's: one broadcast per dtype."""
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        for group in by_dtype.values():
+            flat = torch.cat([t.detach().reshape(-1).to(self.device) for t in group])
+            self._do("broadcast", dist.broadcast, flat, src)
+            if self.rank != src:
+                _unflatten(flat, group)
+
+    def sync(self, net: torch.nn.Module, opt: torch.optim.Optimizer, updates: int) -> int:
+        """Give every rank the state of the rank with the most ``updates`` (the lowest such
+        rank): the net's parameters and buffers, the optimizer's state. Returns its count."""
+        if self.world == 1:
+            return updates
+        params = [p for g in opt.param_groups for p in g["params"]]
+        counts = self._from_each(int(updates), _digest([*net.state_dict().values(), *params]))
+        src = int(torch.argmax(counts[:, 0]))  # the first of equal maxima: the lowest rank
+        self._agree("networks", counts[:, 1], src)
+        has = torch.tensor([bool(opt.state.get(p)) for p in params], dtype=torch.uint8)
+        self._broadcast([has], src)
+        if self.rank != src:
+            _match_state(opt, params, has.tolist())
+        tensors = list(net.state_dict().values())
+        for p in params:  # the optimizer's state tensors (Adam: step, exp_avg, exp_avg_sq)
+            state = opt.state.get(p, {})
+            tensors += [state[k] for k in sorted(state) if isinstance(state[k], torch.Tensor)]
+        self._agree("optimizers", self._from_each(_digest(tensors))[:, 0], src)
+        self._broadcast(tensors, src)
+        log.info("learner group synced from rank %d (%d updates)", src, int(counts[src, 0]))
+        return int(counts[src, 0])
+
+    def close(self) -> None:
+        """Leave the group (destroy the process group); idempotent."""
+        if not self._closed:
+            self._closed = True
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self._store = None
+
+
+def _digest(tensors: list[torch.Tensor]) -> int:
+    """A signature of the tensors' dtypes and shapes (7 bytes: an int64 that sums safely)."""
+    text = repr([(t.dtype, tuple(t.shape)) for t in tensors]).encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:7], "big")
+
+
+def _unflatten(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for t, part in zip(tensors, flat.split([t.numel() for t in tensors]), strict=True):
+            t.copy_(part.view(t.shape))
+
+
+def _match_state(opt: torch.optim.Optimizer, params: list, has: list[int]) -> None:
+    """Give ``opt`` state (made by a step on zero gradients, the parameters put back after)
+    where the source has state, none elsewhere: the source's tensors to broadcast into."""
+    for p, h in zip(params, has, strict=True):
+        if not h:
+            opt.state.pop(p, None)
+    missing = {id(p) for p, h in zip(params, has, strict=True) if h and not opt.state.get(p)}
+    if missing:
+        saved = {p: (p.grad, p.detach().clone()) for p in params}
+        for p in params:
+            p.grad = torch.zeros_like(p) if id(p) in missing else None
+        opt.step()
+        with torch.no_grad():
+            for p, (grad, value) in saved.items():
+                p.copy_(value)
+                p.grad = grad

@@ -1,0 +1,265 @@
+"""The learner group (qrl/learners/group.py): formed through a real Redis, real gloo groups in
+spawned child processes (results come back through a multiprocessing queue, not Redis)."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import time
+
+import pytest
+import redis
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from qrl.learners.group import GroupLost, LearnerGroup, _enter, _key
+from qrl.wire.keys import RunKeys
+
+CPU = torch.device("cpu")
+_ctx = multiprocessing.get_context("spawn")
+
+
+def _net(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    return net, torch.optim.Adam(net.parameters(), lr=1e-2)
+
+
+def _step(net, opt, x: torch.Tensor, group: LearnerGroup | None = None) -> None:
+    opt.zero_grad()
+    net(x).pow(2).mean().backward()
+    if group is not None:
+        group.all_reduce_mean_(group.grads(net.parameters()))
+    opt.step()
+
+
+def _plain(x):
+    """``x`` with numpy arrays for tensors: torch sends a tensor through a multiprocessing
+    queue as shared memory, which its sender must outlive; arrays go by value."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().numpy().copy()
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_plain(v) for v in x)
+    return x
+
+
+def _tensors(x):
+    if hasattr(x, "dtype") and hasattr(x, "shape"):
+        return torch.from_numpy(x)
+    if isinstance(x, dict):
+        return {k: _tensors(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_tensors(v) for v in x)
+    return x
+
+
+def _join(url: str, run: str, world: int = 2) -> LearnerGroup:
+    return LearnerGroup.join(redis.Redis.from_url(url), RunKeys(run), world, CPU, timeout_s=30)
+
+
+def _train(url: str, run: str, out) -> None:
+    """Average two tensors, then train a net (each rank its own seed and data) for a few steps
+    on averaged gradients."""
+    with contextlib.closing(_join(url, run)) as g:
+        t = [torch.full((3,), float(g.rank)), torch.arange(4.0).reshape(2, 2) * (g.rank + 1)]
+        secs = g.all_reduce_mean_(t)
+        net, opt = _net(seed=10 + g.rank)
+        g.sync(net, opt, 0)  # equal counts: rank 0's net
+        data = torch.Generator().manual_seed(100 + g.rank)
+        for _ in range(5):
+            _step(net, opt, torch.randn(16, 4, generator=data), g)
+        total, vote = g.sum(torch.tensor([g.rank + 1.0])), g.any(g.rank == 1)
+        out.send(_plain((g.rank, t, secs, net.state_dict(), float(total), vote, g.leader)))
+
+
+def _sync(url: str, run: str, out) -> None:
+    """Rank 1 has trained 3 updates on its own, rank 0 is fresh: sync, then one common step."""
+    with contextlib.closing(_join(url, run)) as g:
+        net, opt = _net(seed=g.rank)
+        updates = 0
+        if g.rank == 1:
+            for _ in range(3):
+                _step(net, opt, torch.randn(8, 4))
+            updates = 3
+        n = g.sync(net, opt, updates)
+        synced = {k: v.clone() for k, v in net.state_dict().items()}
+        _step(net, opt, torch.ones(8, 4), g)
+        out.send(_plain((g.rank, n, synced, net.state_dict(), opt.state_dict())))
+
+
+def _die(url: str, run: str, out, go) -> None:
+    """Both join; rank 1 waits to be killed, rank 0 then tries an all-reduce."""
+    g = _join(url, run)
+    out.send((g.rank, os.getpid()))
+    if g.rank == 1:
+        time.sleep(120)
+        return
+    go.wait(60)
+    start = time.monotonic()
+    try:
+        g.all_reduce_mean_([torch.ones(10)])
+        out.send(("no error", time.monotonic() - start))
+    except GroupLost as e:
+        out.send((str(e), time.monotonic() - start))
+    g.close()
+
+
+def _pair(target, redis_server, keys, *args):
+    """Two children running ``target``, each with its own pipe back (a killed child must not
+    take a lock that the other needs with it, as a shared queue's is)."""
+    pipes = [_ctx.Pipe(duplex=False) for _ in "ab"]
+    procs = [
+        _ctx.Process(target=target, args=(redis_server.url, keys.run, w, *args), daemon=True)
+        for _, w in pipes
+    ]
+    for p in procs:
+        p.start()
+    return [r for r, _ in pipes], procs
+
+
+def _recv(conns, timeout: float = 90) -> list:
+    """One message from each of ``conns``."""
+    deadline = time.monotonic() + timeout
+    out = []
+    for c in conns:
+        assert c.poll(max(deadline - time.monotonic(), 0)), "a learner sent nothing"
+        out.append(c.recv())
+    return out
+
+
+def _finish(procs) -> None:
+    for p in procs:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]
+
+
+def _results(conns) -> dict:
+    return {res[0]: _tensors(res) for res in _recv(conns)}
+
+
+@pytest.mark.timeout(120)
+def test_two_learners_average_and_stay_identical(redis_server, r, keys):
+    dead, _ = _enter(r, keys, 2, 30)  # a previous pool's generation: both joined, then died
+    _enter(r, keys, 2, 30)
+    r.set(_key(keys, "addr", dead), "127.0.0.1:1")  # a restarted pool must not join it
+    conns, procs = _pair(_train, redis_server, keys)
+    out = _results(conns)
+    _finish(procs)
+    assert set(out) == {0, 1}
+    for rank in (0, 1):
+        _, t, secs, _, total, vote, leader = out[rank]
+        assert torch.equal(t[0], torch.full((3,), 0.5))
+        assert torch.equal(t[1], torch.arange(4.0).reshape(2, 2) * 1.5)
+        assert secs > 0 and total == 3.0 and vote is True and leader == (rank == 0)
+    a, b = out[0][3], out[1][3]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    first, _ = _net(seed=10)  # they trained: not rank 0's initial net any more
+    assert not torch.equal(first.state_dict()["0.weight"], a["0.weight"])
+
+
+@pytest.mark.timeout(120)
+def test_sync_takes_the_state_of_the_rank_with_most_updates(redis_server, keys):
+    conns, procs = _pair(_sync, redis_server, keys)
+    out = _results(conns)
+    _finish(procs)
+    (_, n0, synced0, net0, opt0), (_, n1, synced1, net1, opt1) = out[0], out[1]
+    assert n0 == n1 == 3
+    assert all(torch.equal(synced0[k], synced1[k]) for k in synced0)
+    assert all(torch.equal(net0[k], net1[k]) for k in net0)
+    assert opt0["param_groups"] == opt1["param_groups"]
+    s0, s1 = opt0["state"], opt1["state"]
+    assert s0.keys() == s1.keys() == set(range(4))
+    for i in s0:
+        assert s0[i].keys() == s1[i].keys() == {"step", "exp_avg", "exp_avg_sq"}
+        assert all(torch.equal(s0[i][k], s1[i][k]) for k in s0[i])
+        assert float(s0[i]["step"]) == 4  # rank 1's 3 updates and the common one
+
+
+def test_world_of_one_needs_no_torch_distributed(r, keys):
+    g = LearnerGroup.join(r, keys, 1, CPU)
+    assert (g.rank, g.world, g.leader) == (0, 1, True)
+    t = torch.arange(3.0)
+    assert g.all_reduce_mean_([t]) == 0.0 and torch.equal(t, torch.arange(3.0))
+    assert torch.equal(g.sum(t), t) and g.any(True) and not g.any(False)
+    net, opt = _net(0)
+    assert g.sync(net, opt, 7) == 7
+    g.close()
+    g.close()
+    assert not dist.is_initialized() and r.keys(keys.pattern()) == []
+    with pytest.raises(TypeError, match="grads"):
+        g.all_reduce_mean_([None])
+    net[0].weight.grad = torch.ones(8, 4)
+    grads = g.grads(net.parameters())  # the others had none: zeros
+    assert [float(t.abs().sum()) for t in grads] == [32.0, 0.0, 0.0, 0.0]
+
+
+def test_join_starts_a_new_generation_when_full_or_garbage(r, keys):
+    gen, rank = _enter(r, keys, 2, 30)
+    assert rank == 0 and _enter(r, keys, 2, 30) == (gen, 1)
+    new, rank = _enter(r, keys, 2, 30)  # the generation is full: a restarted pool
+    assert new != gen and rank == 0
+    other, rank = _enter(r, keys, 3, 30)  # another size: not joined
+    assert other not in (gen, new) and rank == 0
+    for junk in ("garbage", "0123456789abcdef.3" * 3):
+        r.set(keys.key("learners:gen"), junk)
+        assert _enter(r, keys, 3, 30)[1] == 0
+    r.delete(keys.key("learners:gen"))
+    r.rpush(keys.key("learners:gen"), "x")  # another type
+    gen, _ = _enter(r, keys, 3, 30)
+    r.set(_key(keys, "joined", gen), "1e9")  # a count that is no count
+    assert _enter(r, keys, 3, 30)[1] == 0
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["list", "", "garbage", "x" * 1_000_000, "127.0.0.1:0", "127.0.0.1:70000", ":80",
+     "127.0.0.1:８０", b"\xff\xfe:80", "bad_host!:80", "1.2.3.4:80:"],
+)  # fmt: skip
+def test_a_hostile_address_is_rejected_at_once(r, keys, value):
+    gen, _ = _enter(r, keys, 2, 30)  # a "rank 0" that wrote garbage as its address
+    if value == "list":
+        r.rpush(_key(keys, "addr", gen), "127.0.0.1:80")
+    else:
+        r.set(_key(keys, "addr", gen), value)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="learners:addr:"):
+        LearnerGroup.join(r, keys, 2, CPU, timeout_s=20)
+    assert time.monotonic() - start < 2 and not dist.is_initialized()
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_peer_makes_the_next_collective_raise_group_lost(redis_server, keys):
+    go = _ctx.Event()
+    conns, procs = _pair(_die, redis_server, keys, go)
+    try:
+        ranks = _recv(conns)
+        os.kill(dict(ranks)[1], signal.SIGKILL)
+        time.sleep(0.2)
+        go.set()
+        survivor = conns[[rank for rank, _ in ranks].index(0)]
+        message, secs = _recv([survivor], 60)[0]
+    finally:
+        for p in procs:
+            p.join(30)
+            p.kill()
+    assert "learner rank 0 of 2" in message and "restart the learners" in message, message
+    assert secs < 10
+
+
+def test_join_times_out_with_a_clear_message_and_leaves_nothing_to_join(r, keys):
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not form within 0.5 s: 1 of 2 learners joined"):
+        LearnerGroup.join(r, keys, 2, CPU, timeout_s=0.5)
+    assert time.monotonic() - start < 3 and not dist.is_initialized()
+    left = [k.decode() for k in r.keys(keys.pattern())]
+    assert left == [_key(keys, "gen")]  # the half-formed generation is gone: not joined
+    assert _enter(r, keys, 2, 30)[1] == 0
+    stops = iter([False, False, True])
+    assert LearnerGroup.join(r, keys, 2, CPU, should_stop=lambda: next(stops)) is None
