@@ -20,7 +20,8 @@ import time
 from qrl.actors.impala import ImpalaActor
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
-from qrl.learners.impala import ImpalaLearner, stack_unrolls
+from qrl.learners.impala import ImpalaLearner
+from qrl.learners.unrolls import stack_unrolls
 from qrl.runtime.loop import run_role
 from qrl.runtime.runs import create_run
 from qrl.server.embedded import EmbeddedRedis

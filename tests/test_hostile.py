@@ -25,7 +25,8 @@ from qrl.algos.es.config import ESConfig
 from qrl.algos.es.keys import es_params
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.learners.es import ESMaster
-from qrl.learners.impala import ImpalaLearner, stack_unrolls
+from qrl.learners.impala import ImpalaLearner
+from qrl.learners.unrolls import stack_unrolls
 from qrl.replay.role import ReplayFiller
 from qrl.rl.models import QNetwork
 from qrl.runtime.metrics import MetricsReader
@@ -130,8 +131,8 @@ def impala(client, redis_server):
 
 
 def _feed(lrn: ImpalaLearner, msg: dict) -> None:
-    data = decode(encode("impala.unrolls", msg), lrn.consumer.schema)
-    lrn.batches.put(stack_unrolls([Entry("0-1", data)], lrn.device))
+    data = decode(encode("impala.unrolls", msg), lrn.loader.consumer.schema)
+    lrn.loader.batches.put(stack_unrolls([Entry("0-1", data)], lrn.device))
     assert lrn.step(NEVER)
     lrn._ack_done()
 

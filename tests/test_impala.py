@@ -7,7 +7,8 @@ from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
 from qrl.algos.impala.messages import unroll_schema
 from qrl.algos.impala.vtrace import vtrace
-from qrl.learners.impala import ImpalaLearner, stack_unrolls
+from qrl.learners.impala import ImpalaLearner
+from qrl.learners.unrolls import stack_unrolls
 from qrl.runtime.loop import run_role
 from qrl.runtime.runs import create_run
 from qrl.wire.codec import CodecError, decode, encode
@@ -137,14 +138,14 @@ def test_learner_reuses_a_batch_only_while_no_fresh_one_waits(r, keys, redis_ser
     lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
     first, second = (Entry(f"{i}-0", impala_unrolls(cfg, r, keys)) for i in (1, 2))
     for entry in (first, second):  # as the loader thread would
-        lrn.batches.put(stack_unrolls([entry], lrn.device))
+        lrn.loader.batches.put(stack_unrolls([entry], lrn.device))
     before = [p.detach().clone() for p in lrn.net.parameters()]
     acked = []
     for expected in ([first], [second], [], []):  # a fresh batch waits: no reuse of the first
         batch = lrn.next_batch(timeout=0.1)
         assert batch is not None and batch.entries == expected
         assert np.isfinite(lrn.update(batch))
-        acked.append(lrn.done.get_nowait())  # acknowledged once, after the first pass
+        acked.append(lrn.loader._done.get_nowait())  # acknowledged once, after the first pass
     assert acked == [[first], [second], [], []]
     assert lrn.next_batch(timeout=0.1) is None  # the second batch had its three passes
     assert lrn.reused == 2 and lrn.updates == 4
@@ -227,7 +228,7 @@ def test_a_terminal_step_at_the_time_limit_does_not_bootstrap(r, keys, redis_ser
     create_run(r, keys, "impala", cfg)
     msg = impala_unrolls(cfg, r, keys)
     lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
-    entry = Entry("1-0", decode(encode("impala.unrolls", msg), lrn.consumer.schema))
+    entry = Entry("1-0", decode(encode("impala.unrolls", msg), lrn.loader.consumer.schema))
     b = stack_unrolls([entry], lrn.device)
     ends = np.zeros((7, 2), bool)
     ends[[2, 5]] = True  # steps 3 and 6 of the unroll end an episode

@@ -168,7 +168,8 @@ def _run(
         checkpoint = spec.checkpoint
         if checkpoint is None and spec.run_dir is not None:
             checkpoint = spec.run_dir / "checkpoint.pt"
-    follows = spec.run_dir is not None and roledef.logs_run  # writes the run dir
+    # writes the run dir (one process of a pool)
+    follows = spec.run_dir is not None and roledef.logs_run and not (roledef.group and ident)
     record = spec.run_dir / "config_changes.jsonl" if follows else None
     live = LiveConfig(client, keys, cfg, record)  # the changes made so far, and the next ones
     cfg = live.cfg

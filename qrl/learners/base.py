@@ -1,8 +1,19 @@
 """What every torch learner shares: device choice, checkpoint resume, the guarded optimizer
-step, weight publication, and its part of the role loop (:mod:`qrl.runtime.loop`).
+step, weight publication, the learner pool, and its part of the role loop
+(:mod:`qrl.runtime.loop`).
 
 A subclass builds its network and optimizer, starts its data-loading threads, and turns a
 batch into a loss; the rest is here and in the loop.
+
+The pool (a config with ``learners`` > 1, :class:`qrl.runtime.config.LearnerPool`): the
+learners meet through Redis (:class:`qrl.learners.group.LearnerGroup`), start from the state
+of the one furthest on, and take every update together: before each, one collective says
+that every learner has its batch, whether one stops, and the leader's live
+hyperparameters (so a live change applies to all at the same update); after each backward
+pass the gradients are averaged by one all-reduce, so all take the same step and hold the
+same parameters. The leader (rank 0) publishes the weights and writes the checkpoint. A
+learner whose peer is gone stops with a message saying to restart the pool (it resumes from
+the checkpoint); a peer that left because the run stops is a clean stop.
 """
 
 from __future__ import annotations
@@ -10,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,9 +30,11 @@ import numpy as np
 import redis
 import torch
 
+from qrl.learners.group import GroupLost, LearnerGroup
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.checkpoint import load_checkpoint, save_checkpoint
+from qrl.runtime.config import live_fields
 from qrl.runtime.loop import Role, StopCheck
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore, ahead
@@ -78,6 +92,9 @@ class Learner(Role):
         self.updates = 0
         self.skipped = 0  # updates skipped for a non-finite loss
         self.wait_s = 0.0  # time the gradient loop waited for data
+        self.group = LearnerGroup(0, 1, self.device)  # alone until start() joins the pool
+        self.held: Any = None  # this learner's batch, waiting for the pool's
+        self.allreduce_s = 0.0  # time spent averaging gradients over the pool
         self.losses: list[float] = []  # since the last report
         self.checkpoint = checkpoint
         if checkpoint is not None and checkpoint.exists():
@@ -161,20 +178,32 @@ class Learner(Role):
         """One guarded gradient step; returns the loss (NaN if skipped because the loss or
         the gradient is not finite: then no step is taken and nothing is published)."""
         loss = self.loss(batch)
-        if not torch.isfinite(loss):
-            return self._skip(batch, "loss")
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), self.cfg.grad_clip)
-        if not torch.isfinite(norm):
-            self.opt.zero_grad(set_to_none=True)
+        if self.group.world == 1 and not torch.isfinite(loss):
+            return self._skip(batch, "loss")  # (in a pool its gradient is not finite either)
+        if not self.step_on(loss):
             return self._skip(batch, "gradient")
-        self.opt.step()
         self.updates += 1
         self.after_step(batch)
         if self.updates % self.cfg.publish_every == 0:
             self.publish()
         return loss.item()
+
+    def step_on(self, loss: torch.Tensor) -> bool:
+        """Backward, the gradient averaged over the pool, clipped, one optimizer step; False
+        (no step) if the gradient is not finite. A non-finite loss on one learner makes the
+        average non-finite on all of them: they all skip together."""
+        alone = self.group.world == 1
+        self.opt.zero_grad(set_to_none=alone)
+        loss.backward()
+        params = list(self.net.parameters())
+        if not alone:
+            self.allreduce_s += self.group.all_reduce_mean_(self.group.grads(params))
+        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+        if not torch.isfinite(norm):
+            self.opt.zero_grad(set_to_none=True)
+            return False
+        self.opt.step()
+        return True
 
     def _skip(self, batch: Any, what: str) -> float:
         self.skipped += 1
@@ -185,10 +214,12 @@ class Learner(Role):
         return float("nan")
 
     def publish(self) -> None:
-        """Publish the weights as version ``updates``; if another writer stored a newer
-        version, they go above it and the learner counts on from there (see
+        """Publish the weights as version ``updates`` (in a pool: the leader); if another
+        writer stored a newer version, they go above it and the learner counts on from there (see
         :meth:`qrl.wire.weights.WeightStore.publish`). Parameters that are not finite are never
         published."""
+        if not self.group.leader:
+            return
         module = self.published()
         if not all(torch.isfinite(p).all() for p in module.parameters()):
             log.error("parameters at update %d are not finite: not published", self.updates)
@@ -206,11 +237,24 @@ class Learner(Role):
             group["lr"] = lr
 
     def save(self) -> None:
-        if self.checkpoint is not None:
+        if self.checkpoint is not None and self.group.leader:
             save_checkpoint(self.checkpoint, self.algo, self.cfg, self.net, self.opt, self.updates)
 
     # -- the role (run by :func:`qrl.runtime.loop.run_role`)
     def start(self, should_stop: StopCheck) -> bool:
+        group = LearnerGroup.join(
+            self.client,
+            self.keys,
+            getattr(self.cfg, "learners", 1),
+            self.device,
+            timeout_s=getattr(self.cfg, "rendezvous_timeout", 60.0),
+            should_stop=should_stop,
+        )
+        if group is None:
+            return False
+        self.group = group
+        if group.world > 1:
+            log.info("learner rank %d of %d", group.rank, group.world)
         stored = self.weights.version()
         # e.g. restarted after SIGKILL: Redis is newer than the file (not far ahead of it:
         # that is garbage, overwritten with this learner's own count, see qrl.wire.weights)
@@ -228,18 +272,60 @@ class Learner(Role):
         self.stopping.clear()
         self.start_threads()
         _ = self.opt  # made now, while the actors start on the published weights
+        if group.world > 1:  # every learner from the state of the one furthest on
+            synced = group.sync(self.net, self.opt, self.updates)
+            if synced != self.updates:
+                log.info("took the pool's state at update %d (had %d)", synced, self.updates)
+            self.updates = synced
+            if self.weights.version() != self.updates:
+                self.publish()
         return True
 
     def step(self, should_stop: StopCheck) -> bool:
-        """Wait up to 0.2 s for a batch and train on it."""
+        """Wait up to 0.2 s for a batch and train on it (in a pool: once every learner has
+        one)."""
         if self.stopping.is_set():
             return False
-        t0 = time.monotonic()
-        batch = self.next_batch(0.2)
-        self.wait_s += time.monotonic() - t0
-        if batch is not None:
-            self.losses.append(self.update(batch))
+        if self.held is None:
+            t0 = time.monotonic()
+            self.held = self.next_batch(0.2)
+            self.wait_s += time.monotonic() - t0
+        if self.group.world == 1:
+            batch, self.held = self.held, None
+            if batch is not None:
+                self.losses.append(self.train(batch))
+            return True
+        try:
+            ready, stop = self._agree(should_stop)
+            if stop:
+                return False
+            if ready:
+                batch, self.held = self.held, None
+                self.losses.append(self.train(batch))
+        except GroupLost as e:
+            time.sleep(0.5)  # a peer that left because the run stops: the stop flag says so
+            if should_stop():
+                log.info("a learner of the pool left as the run stops: %s", e)
+                return False
+            self.fail(str(e))
+            return False
         return True
+
+    def train(self, batch: Any) -> float:
+        """Train on one batch: one :meth:`update` (PPO: epochs of minibatches); the loss."""
+        return self.update(batch)
+
+    def _agree(self, should_stop: StopCheck) -> tuple[bool, bool]:
+        """One collective: (every learner holds a batch, one of them stops); the leader's
+        live hyperparameters become everyone's."""
+        names = [n for n in live_fields(type(self.cfg)) if isinstance(getattr(self.cfg, n), float)]
+        mine = [float(getattr(self.cfg, n)) if self.group.leader else 0.0 for n in names]
+        flags = [float(self.held is not None), float(should_stop()), *mine]
+        out = self.group.sum(torch.tensor(flags, dtype=torch.float64)).tolist()
+        leader = dict(zip(names, out[2:], strict=True))
+        if any(getattr(self.cfg, n) != v for n, v in leader.items()):
+            self.reconfigure(self.cfg.replace(**leader))
+        return out[0] == self.group.world, out[1] > 0
 
     def metrics(self) -> dict[str, Any]:
         losses, self.losses = self.losses, []
@@ -251,14 +337,25 @@ class Learner(Role):
             "wait_s": self.wait_s,
             "skipped": self.skipped,
             "lr": float(self.opt.param_groups[0]["lr"]),  # what the optimizer steps with
+            **(self.group_metrics() if self.group.world > 1 else {}),
             **self.extra_metrics(),
         }
+
+    def group_metrics(self) -> dict[str, float]:
+        """A pool member's rank, all-reduce time and a checksum of its parameters: the
+        pool's learners report the same checksum when they hold the same parameters (they
+        do after every update)."""
+        crc = 0
+        for p in self.net.parameters():
+            crc = zlib.crc32(p.detach().cpu().numpy().tobytes(), crc)
+        return {"rank": self.group.rank, "allreduce_s": self.allreduce_s, "params_crc": crc}
 
     def close(self, should_stop: StopCheck) -> None:
         self.stopping.set()
         self.stop_threads()
         if self.weights.version() < self.updates:
             self.publish()
+        self.group.close()
 
     def fail(self, what: str) -> None:
         """Called by a data thread that cannot go on: the learner stops and exits non-zero."""

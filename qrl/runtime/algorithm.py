@@ -88,12 +88,17 @@ class RoleDef:
     device: bool = False  # runs torch on a device of its choice (--device, --threads)
     nice: bool = False  # qrl train lowers its CPU priority (--actor-nice) for the others
     logs_run: bool = False  # with --run-dir, follows the metrics stream into the run dir
+    # its processes form one pool (a torch.distributed group): the pool's leader writes the
+    # checkpoint, and process 0 alone follows the metrics into the run dir
+    group: bool = False
 
     def __post_init__(self) -> None:
         if not _ROLE.fullmatch(self.name):
             raise ValueError(f"role name {self.name!r} cannot go in a key pattern")
-        if self.checkpoints and (self.count or self.least):
-            raise ValueError(f"role {self.name!r}: a role that checkpoints runs one process")
+        if self.checkpoints and (self.count or self.least) and not self.group:
+            raise ValueError(
+                f"role {self.name!r}: a role that checkpoints runs one process, or a pool"
+            )
 
 
 def actor_role(

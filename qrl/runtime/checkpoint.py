@@ -44,7 +44,7 @@ def save_checkpoint(
 def load_checkpoint(path: Path, algo: str | None = None, cfg: Any = None) -> dict[str, Any]:
     """Load a checkpoint; with ``algo``/``cfg`` given, check it was written by that
     algorithm with the same configuration (but for the fields that may change while a run
-    runs: :data:`qrl.runtime.config.LIVE`)."""
+    runs: :data:`qrl.runtime.config.LIVE`; a field the file lacks had its default)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for corrupt or unsafe files
@@ -59,7 +59,9 @@ def load_checkpoint(path: Path, algo: str | None = None, cfg: Any = None) -> dic
     if algo is not None and state["algo"] != algo:
         raise CheckpointError(f"{path} is a {state['algo']} checkpoint, not {algo}")
     if cfg is not None:
-        want, have, live = cfg.to_dict(), state["config"], set(live_fields(type(cfg)))
+        want, live = cfg.to_dict(), set(live_fields(type(cfg)))
+        # a field the file does not name came later: the file was written with its default
+        have = {**type(cfg)().to_dict(), **state["config"]}
         diff = sorted(k for k in (set(want) | set(have)) - live if want.get(k) != have.get(k))
         if diff:
             raise CheckpointError(

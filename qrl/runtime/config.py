@@ -100,6 +100,19 @@ class ClaimIdle(BaseModel):
     )
 
 
+class LearnerPool(BaseModel):
+    """Mixin of a config whose learner may run as a pool of synchronous processes
+    (:mod:`qrl.learners.base`: gradients averaged by torch.distributed, the pool formed
+    through Redis)."""
+
+    learners: int = Field(
+        1, ge=1, le=256, description="Synchronous learner processes (gradients all-reduced)."
+    )
+    rendezvous_timeout: float = Field(
+        120.0, gt=0, description="Seconds the learners wait for each other to form the pool."
+    )
+
+
 class Config(BaseModel):
     """Fields every algorithm has. Subclasses add theirs with a default and a one-line
     ``description`` (shown by ``--help`` texts and docs)."""

@@ -47,10 +47,14 @@ ALGORITHM = Algorithm(
             "learner",
             ("learner", "impala"),
             _learner,
-            "The IMPALA learner of a run: V-trace on the actors' unrolls, publishes weights.",
-            writes=("trajectories", "weights"),
+            "An IMPALA learner of a run: V-trace on the actors' unrolls, publishes weights; "
+            "with the config's `learners` > 1, one of a pool that meets through Redis and "
+            "averages its gradients.",
+            writes=("trajectories", "weights", "learners:*"),
             # the lag it measures on the unrolls it trains on, and the unrolls it dropped
             progress=(Feed(POLICY_LAG, "policy_lag"), shown_only("dropped")),
+            count="learners",
+            group=True,
         ),
         actor_role(
             "actor",

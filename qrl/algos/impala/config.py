@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from qrl.runtime.config import (
     LIVE,
@@ -14,13 +14,14 @@ from qrl.runtime.config import (
     Config,
     GradientClip,
     Layers,
+    LearnerPool,
     LearningRate,
     grad_clip_field,
     lr_field,
 )
 
 
-class ImpalaConfig(LearningRate, GradientClip, ClaimIdle, Config):
+class ImpalaConfig(LearningRate, GradientClip, ClaimIdle, LearnerPool, Config):
     """IMPALA: actors -> trajectory stream -> V-trace learner."""
 
     hidden: Layers = Field((64, 64), description="Hidden layer sizes of the policy-value net.")
@@ -44,7 +45,12 @@ class ImpalaConfig(LearningRate, GradientClip, ClaimIdle, Config):
         "keeps values and advantages near 1 on classic control and Box2D tasks; at 1 the "
         "policy collapsed on Acrobot-v1 (docs/benchmarks.md, 'Do the defaults generalize?').",
     )
-    batch_unrolls: int = Field(32, ge=1, le=65_536, description="Unrolls per learner update.")
+    batch_unrolls: int = Field(
+        32,
+        ge=1,
+        le=65_536,
+        description="Unrolls per update, over all learners (each takes batch_unrolls/learners).",
+    )
     passes: int = Field(
         3,
         ge=1,
@@ -69,3 +75,12 @@ class ImpalaConfig(LearningRate, GradientClip, ClaimIdle, Config):
     stream_maxlen: int = Field(
         8, ge=1, description="Trajectory-stream entries waiting before actors back off."
     )
+
+    @model_validator(mode="after")
+    def _shares(self) -> ImpalaConfig:
+        if self.batch_unrolls % self.learners:
+            raise ValueError(
+                f"batch_unrolls={self.batch_unrolls} must be a multiple of "
+                f"learners={self.learners} (each learner takes an equal share)"
+            )
+        return self

@@ -1,66 +1,15 @@
-"""IMPALA's message: an actor's batch of unrolls."""
+"""IMPALA's message: an actor's batch of unrolls (:mod:`qrl.rl.unrolls`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from qrl.rl.unrolls import unroll_schema as _unrolls
+from qrl.wire.schema import Schema
 
-import numpy as np
-
-from qrl.rl.fields import BATCH_ID, NATURAL, floats, obs_bytes, obs_field
-from qrl.wire.schema import CodecError, Field, Schema, size_cap
+KIND = "impala.unrolls"
 
 
 def unroll_schema(
     obs_shape: tuple[int, ...], obs_dtype: str, n_actions: int, unroll: int, envs: int = 1024
 ) -> Schema:
-    """An IMPALA actor's batch of B <= ``envs`` unrolls of length T, time-major:
-    observations ``[T+1, B]`` (the last one bootstraps), actions, rewards, terminations and
-    truncations ``[T, B]``, behaviour logits ``[T, B, A]``, and for truncated steps the
-    episode's final observation (``trunc_obs[k]`` belongs to step ``trunc_idx[k] = (t, b)``)
-    so the learner can bootstrap."""
-    obs_shape = tuple(obs_shape)
-
-    def check(msg: dict[str, Any]) -> None:
-        obs = msg["obs"]
-        want = (unroll + 1, obs_shape)
-        if (obs.shape[0], obs.shape[2:]) != want or not 0 < obs.shape[1] <= envs:
-            raise CodecError(
-                f"obs has shape {obs.shape}, expected ({want[0]}, 1-{envs}, *{want[1]})"
-            )
-        tb = (unroll, obs.shape[1])
-        for name in ("action", "reward", "terminated", "truncated"):
-            if msg[name].shape != tb:
-                raise CodecError(f"{name} has shape {msg[name].shape}, expected {tb}")
-        if msg["logits"].shape != (*tb, n_actions):
-            raise CodecError(
-                f"logits have shape {msg['logits'].shape}, expected {(*tb, n_actions)}"
-            )
-        idx, tobs = msg["trunc_idx"], msg["trunc_obs"]
-        if idx.shape != (len(tobs), 2) or tobs.shape[1:] != obs_shape:
-            raise CodecError("trunc_idx and trunc_obs disagree")
-        if len(idx) and (idx[:, 0].max() >= tb[0] or idx[:, 1].max() >= tb[1]):
-            raise CodecError("trunc_idx out of range")
-        if int(msg["truncated"].sum()) != len(idx) or (
-            len(idx) and not msg["truncated"][idx[:, 0], idx[:, 1]].all()
-        ):
-            raise CodecError("every truncated step needs exactly one final observation")
-
-    step = 2 * obs_bytes(obs_shape, obs_dtype) + 4 * n_actions + 18
-    return Schema(
-        "impala.unrolls",
-        {
-            "obs": obs_field(obs_shape, obs_dtype, 2),
-            "action": Field(np.ndarray, dtypes=("int32",), ndim=2, bounds=(0, n_actions - 1)),
-            "reward": floats(2),
-            "terminated": Field(np.ndarray, dtypes=("bool",), ndim=2),
-            "truncated": Field(np.ndarray, dtypes=("bool",), ndim=2),
-            "logits": floats(3),
-            "trunc_obs": obs_field(obs_shape, obs_dtype, 1),
-            "trunc_idx": Field(np.ndarray, dtypes=("int32",), ndim=2, bounds=(0, 2**31 - 1)),
-            "version": NATURAL,
-            "actor": NATURAL,
-            "batch": BATCH_ID,
-        },
-        check=check,
-        max_bytes=size_cap((unroll + 1) * envs * step),
-    )
+    """An IMPALA actor's batch of B <= ``envs`` unrolls of length T (no value estimates)."""
+    return _unrolls(KIND, obs_shape, obs_dtype, n_actions, unroll, envs)

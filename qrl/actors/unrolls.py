@@ -1,0 +1,105 @@
+"""The actor of the unroll algorithms (IMPALA, PPO): vector envs sampled from the policy,
+unrolls of length T pushed to a stream with the behaviour logits (and, for PPO, values) and
+the policy version they were acted with.
+
+Follow one unroll: ``UnrollActor.unroll`` steps the envs T times; ``UnrollActor.advance``
+encodes the B unrolls as one message (:mod:`qrl.rl.unrolls`) and adds it to the stream
+through its producer; the learner's :class:`qrl.learners.unrolls.UnrollLoader` consumes it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import redis
+import torch
+
+from qrl.actors.base import VectorActor
+from qrl.rl.envspec import EnvSpec
+from qrl.rl.models import PolicyValueNet
+from qrl.wire.codec import encode
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import StreamProducer
+
+
+class UnrollActor(VectorActor):
+    """Subclasses set ``kind`` (the message), ``values`` (whether it carries the value
+    estimates) and ``stream`` (the stream's key from the run's keys)."""
+
+    kind = ""
+    values = False
+    stream: Callable[[RunKeys], str]
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        cfg: Any,
+        actor_id: int = 0,
+        env: EnvSpec | None = None,
+    ) -> None:
+        super().__init__(client, keys, cfg, actor_id, env)
+        stream = type(self).stream(keys)
+        self.producer = StreamProducer(client, stream, maxlen=cfg.stream_maxlen, keys=keys)
+        self.net = PolicyValueNet(self.obs_shape, self.n_actions, cfg.hidden)
+        self.net.eval()
+        self.gen = torch.Generator().manual_seed(cfg.seed * 10_000 + actor_id)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Sampled actions, the logits and the value estimates."""
+        logits, values = self.net(torch.from_numpy(np.asarray(obs)))
+        actions = torch.multinomial(torch.softmax(logits, dim=1), 1, generator=self.gen)[:, 0]
+        return actions.numpy(), logits.numpy(), values.numpy()
+
+    def unroll(self, obs: np.ndarray) -> tuple[dict[str, object], np.ndarray]:
+        """T steps from ``obs``; returns the message fields and the observation to go on from."""
+        t_len, b = self.cfg.unroll, self.cfg.envs_per_actor
+        obs_buf = np.empty((t_len + 1, b, *self.obs_shape), self.obs_dtype)
+        act_buf = np.empty((t_len, b), np.int32)
+        rew_buf = np.empty((t_len, b), np.float32)
+        val_buf = np.empty((t_len, b), np.float32)
+        term_buf = np.empty((t_len, b), bool)
+        trunc_buf = np.empty((t_len, b), bool)
+        logit_buf = np.empty((t_len, b, self.n_actions), np.float32)
+        trunc_idx, trunc_obs = [], []
+        version = self.version  # the policy these T steps act with
+        for t in range(t_len):
+            obs_buf[t] = obs
+            actions, logits, values = self.act(obs)
+            obs, true_next, rewards, term, trunc = self.step_envs(actions)
+            act_buf[t], rew_buf[t], logit_buf[t], val_buf[t] = actions, rewards, logits, values
+            term_buf[t], trunc_buf[t] = term, trunc
+            for j in np.flatnonzero(trunc):
+                trunc_idx.append((t, j))
+                trunc_obs.append(true_next[j])
+        obs_buf[t_len] = obs
+        msg = {
+            "obs": obs_buf,
+            "action": act_buf,
+            "reward": rew_buf,
+            "terminated": term_buf,
+            "truncated": trunc_buf,
+            "logits": logit_buf,
+            "trunc_obs": np.array(trunc_obs, self.obs_dtype).reshape(-1, *self.obs_shape),
+            "trunc_idx": np.array(trunc_idx, np.int32).reshape(-1, 2),
+            "version": version,
+            "actor": self.actor_id,
+            "batch": uuid.uuid4().hex,
+        }
+        if self.values:
+            msg["value"] = val_buf
+        return msg, obs
+
+    def advance(self, obs: np.ndarray, should_stop: Callable[[], bool]) -> np.ndarray | None:
+        """One unroll of T steps, pushed as one stream entry."""
+        msg, obs = self.unroll(obs)
+        if self.producer.add(encode(self.kind, msg), should_stop=should_stop) is None:
+            return None
+        return obs
+
+    def waited_s(self) -> float:
+        return self.producer.waited_s
