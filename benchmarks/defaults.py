@@ -6,6 +6,7 @@ the table below, for each seed; prints each run's exit code, wall time, env step
     python benchmarks/defaults.py                          # every algorithm, seeds 0 1 2
     python benchmarks/defaults.py --algos es --seeds 0     # one algorithm, one seed
     python benchmarks/defaults.py --algos apex --envs Acrobot-v1
+    python benchmarks/defaults.py --algos ppo --args="--learners 2"   # more qrl train options
 
 A run solves when `qrl train` exits 0: an evaluation mean at the target over 10 episodes,
 confirmed on 100 fresh ones, within the task's budget (`--max-time`). Runs go one after the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -32,14 +34,18 @@ TASKS = {
 TABLE = {
     "apex": ["CartPole-v1", "Acrobot-v1", "LunarLander-v3"],
     "impala": ["CartPole-v1", "Acrobot-v1", "LunarLander-v3"],
+    "ppo": ["CartPole-v1", "Acrobot-v1", "LunarLander-v3"],
     "es": ["CartPole-v1", "Acrobot-v1", "Pendulum-v1"],
 }
 
 
-def train(algo: str, env: str, seed: int, run_dir: Path) -> dict[str, object]:
+def train(
+    algo: str, env: str, seed: int, run_dir: Path, more: tuple[str, ...] = ()
+) -> dict[str, object]:
     """One `qrl train` run with the defaults: its exit code, wall time and result.json."""
     target, budget = TASKS[env]
     cmd = [sys.executable, "-m", "qrl.cli", "train", algo, "--env", env, "--seed", str(seed)]
+    cmd += list(more)
     cmd += ["--target-return", str(target), "--max-time", str(budget), "--run-dir", str(run_dir)]
     start = time.perf_counter()
     try:
@@ -62,6 +68,7 @@ def main() -> None:
     ap.add_argument("--algos", nargs="+", default=sorted(TABLE), choices=sorted(TABLE))
     ap.add_argument("--envs", nargs="+", default=None, help="only these envs of the table")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--args", default="", help="more `qrl train` options, e.g. '--learners 2'")
     args = ap.parse_args()
     verdicts = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,7 +79,8 @@ def main() -> None:
                 target, budget = TASKS[env]
                 ok = True
                 for seed in args.seeds:
-                    r = train(algo, env, seed, Path(tmp) / f"{algo}-{env}-{seed}")
+                    run_dir = Path(tmp) / f"{algo}-{env}-{seed}"
+                    r = train(algo, env, seed, run_dir, tuple(shlex.split(args.args)))
                     ok &= r["code"] == 0
                     print(
                         f"{algo} {env} (target {target:g}, {budget:g} s) seed {seed}: "

@@ -3,6 +3,7 @@
     pip install -e ".[bench]"
     python benchmarks/solve_time.py --algo apex --seeds 0 1 2      # CartPole-v1, SB3 DQN
     python benchmarks/solve_time.py --algo impala --seeds 0 1 2    # CartPole-v1, SB3 PPO
+    python benchmarks/solve_time.py --algo ppo --seeds 0 1 2 3 4 # CartPole-v1, SB3 PPO
     python benchmarks/solve_time.py --algo es --seeds 0 1 2        # CartPole-v1, evotorch PGPE
     python benchmarks/solve_time.py --algo apex-dpg --seeds 0 1 2  # Pendulum-v1, SB3 TD3
     python benchmarks/solve_time.py --algo r2d2 --seeds 0 1 2      # qrl/CartPoleNoVel-v1,
@@ -123,6 +124,7 @@ CONFIRM = 100  # an evaluation that reached the target is confirmed on this many
 TASKS = {
     "apex": Task("CartPole-v1", 475.0, 90.0, "SB3 DQN", "DQN", SB3_DQN, 1, 50_000),
     "impala": Task("CartPole-v1", 475.0, 90.0, "SB3 PPO", "PPO", SB3_PPO, 8, 100_000),
+    "ppo": Task("CartPole-v1", 475.0, 90.0, "SB3 PPO", "PPO", SB3_PPO, 8, 100_000),
     "es": Task("CartPole-v1", 475.0, 90.0, "evotorch PGPE", "PGPE", PGPE, 2, 0),
     "apex-dpg": Task(
         "Pendulum-v1", -200.0, 300.0, "SB3 TD3", "TD3", SB3_TD3, 1, 20_000, noise_std=0.1

@@ -1,0 +1,75 @@
+"""PPO: actors -> rollout stream -> a pool of synchronous learners (all-reduced gradients)
+-> weights."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from qrl.algos.ppo.config import PPOConfig
+from qrl.algos.ppo.keys import rollouts
+from qrl.runtime.algorithm import Algorithm, RoleContext, actor_role, learner_role, torch_policy
+from qrl.runtime.roles import POLICY_LAG, Feed, shown_only
+
+if TYPE_CHECKING:
+    from qrl.rl.envspec import EnvSpec
+
+
+def _actor(ctx: RoleContext) -> Any:
+    from qrl.actors.ppo import PPOActor
+
+    return PPOActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
+
+
+def _learner(ctx: RoleContext) -> Any:
+    from qrl.learners.ppo import PPOLearner
+
+    return PPOLearner.from_context(ctx)
+
+
+def _policy_value_net(cfg: PPOConfig, env: EnvSpec) -> Any:
+    from qrl.rl.models import PolicyValueNet
+
+    return PolicyValueNet(env.obs_shape, env.discrete_actions(), cfg.hidden)
+
+
+ALGORITHM = Algorithm(
+    name="ppo",
+    config=PPOConfig,
+    summary="""PPO: actor processes and a pool of synchronous learners (--learners N: their
+    gradients are averaged by torch.distributed, the pool forms through Redis) around one
+    Redis; exits 0 iff the greedy evaluation reached the target return (1: budget ran out,
+    2: a role failed).
+
+    \b
+    qrl train ppo --env CartPole-v1 --seed 0
+    qrl train ppo --env LunarLander-v3 --max-time 1200 --eval-every 30 --learners 2
+    """,
+    roles=(
+        learner_role(
+            "learner",
+            ("learner", "ppo"),
+            _learner,
+            "A PPO learner of a run: joins the run's learner pool (the config's `learners` "
+            "processes, on any machines: they meet through Redis), trains on its share of "
+            "the rollouts; the pool's leader publishes weights.",
+            writes=("rollouts", "weights", "learners:*"),
+            # the lag it measures on the rollouts it trains on, and those it dropped
+            progress=(Feed(POLICY_LAG, "policy_lag"), shown_only("stale")),
+            shown=("skipped", "stale", "allreduce_s"),
+            count="learners",
+            group=True,
+        ),
+        actor_role(
+            "actor",
+            ("actor", "ppo"),
+            _actor,
+            "A PPO actor: joins the run, samples from the policy, pushes rollouts.",
+            reads=("weights",),
+            writes=("rollouts",),
+            count="actors",
+        ),
+    ),
+    policy=torch_policy(_policy_value_net),
+    weights_key=lambda keys: keys.weights,
+    streams=lambda keys, config: {"rollouts": rollouts(keys)},
+)

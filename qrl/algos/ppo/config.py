@@ -1,0 +1,84 @@
+"""PPO's configuration (Schulman et al. 2017): actors send rollouts acted with the latest
+weights, a pool of ``learners`` synchronous learners runs PPO's clipped objective on each
+batch and all-reduces the gradients. The defaults solve CartPole-v1, Acrobot-v1 and
+LunarLander-v3 on a 2-core machine (docs/benchmarks.md, "PPO")."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from qrl.runtime.config import (
+    LIVE,
+    ClaimIdle,
+    Config,
+    GradientClip,
+    Layers,
+    LearnerPool,
+    LearningRate,
+    grad_clip_field,
+    lr_field,
+)
+
+
+class PPOConfig(LearningRate, GradientClip, ClaimIdle, LearnerPool, Config):
+    """PPO: actors -> rollout stream -> a pool of synchronous learners."""
+
+    hidden: Layers = Field((64, 64), description="Hidden layer sizes of the policy-value net.")
+    # learning
+    gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE's lambda.")
+    lr: float = lr_field(1e-3, description="Adam learning rate.")
+    grad_clip: float = grad_clip_field(0.5)
+    clip: float = Field(
+        0.2, gt=0, le=1, description="PPO's ratio clip (epsilon).", json_schema_extra=LIVE
+    )
+    value_clip: float = Field(
+        0.0,
+        ge=0,
+        description="Clip the value function's change per update to this, in scaled reward "
+        "units, as PPO's reference code does (0: off; docs/benchmarks.md, 'PPO').",
+        json_schema_extra=LIVE,
+    )
+    entropy_cost: float = Field(
+        0.0, ge=0, description="Entropy bonus weight.", json_schema_extra=LIVE
+    )
+    value_cost: float = Field(0.5, ge=0, description="Value loss weight.", json_schema_extra=LIVE)
+    reward_scale: float = Field(
+        1.0, gt=0, description="Rewards are multiplied by this for learning (not for reports)."
+    )
+    epochs: int = Field(10, ge=1, le=1000, description="Passes over each batch.")
+    minibatches: int = Field(
+        4, ge=1, le=4096, description="Minibatches per pass (per learner: each takes its share)."
+    )
+    batch_unrolls: int = Field(
+        32,
+        ge=1,
+        le=65_536,
+        description="Unrolls per update, over all learners (each takes batch_unrolls/learners).",
+    )
+    max_policy_lag: int = Field(
+        2,
+        ge=0,
+        description="Drop rollouts acted with weights more than this many updates old; "
+        "counted as stale (the clipped ratio is taken against the acting policy, so a "
+        "small lag is corrected; a long one leaves the trust region).",
+    )
+    # actors
+    actors: int = Field(2, ge=1, le=4096, description="Actor processes.")
+    envs_per_actor: int = Field(
+        8, ge=1, le=4096, description="Environments per actor (rollouts per stream entry)."
+    )
+    unroll: int = Field(32, ge=1, le=10_000, description="Steps per rollout.")
+    weight_poll: int = Field(1, ge=1, description="Rollouts between weight-version checks.")
+    stream_maxlen: int = Field(
+        8, ge=1, description="Rollout-stream entries waiting before actors back off."
+    )
+
+    @model_validator(mode="after")
+    def _shares(self) -> PPOConfig:
+        if self.batch_unrolls % self.learners:
+            raise ValueError(
+                f"batch_unrolls={self.batch_unrolls} must be a multiple of "
+                f"learners={self.learners} (each learner takes an equal share)"
+            )
+        return self

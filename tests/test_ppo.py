@@ -1,0 +1,131 @@
+"""PPO: GAE against its definition, the rollout message, the learner's update and its
+stale-rollout rule, with one learner (the pool of several: tests/test_ppo_pool.py)."""
+
+import numpy as np
+import pytest
+import torch
+
+from qrl.actors.ppo import PPOActor
+from qrl.algos.ppo.config import PPOConfig
+from qrl.algos.ppo.gae import gae
+from qrl.algos.ppo.keys import rollouts
+from qrl.algos.ppo.messages import KIND, rollout_schema
+from qrl.learners.ppo import PPOLearner
+from qrl.runtime.config import ConfigError, parse_config
+from qrl.runtime.runs import create_run
+from qrl.wire.codec import CodecError, decode, encode
+from qrl.wire.connection import connect
+from qrl.wire.streams import GROUP
+from tests.cli import eval_confirmation, train
+from tests.helpers import wait_until
+
+
+def gae_by_definition(rewards, discounts, values, bootstrap, lam):
+    """A_s = sum_{t>=s} (prod_{i=s}^{t-1} lam d_i) delta_t, a direct double loop."""
+    t_len, b = rewards.shape
+    v_next = lambda t, j: values[t + 1, j] if t + 1 < t_len else bootstrap[j]  # noqa: E731
+    adv = torch.zeros(t_len, b, dtype=torch.float64)
+    for j in range(b):
+        for s in range(t_len):
+            total, coef = 0.0, 1.0
+            for t in range(s, t_len):
+                delta = rewards[t, j] + discounts[t, j] * v_next(t, j) - values[t, j]
+                total += coef * delta
+                coef *= lam * discounts[t, j]
+            adv[s, j] = total
+    return adv
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.8, 1.0])
+def test_gae_matches_its_definition(lam):
+    g = torch.Generator().manual_seed(0)
+    t, b = 9, 4
+    done = torch.rand(t, b, generator=g) < 0.25
+    args = dict(
+        rewards=torch.randn(t, b, generator=g, dtype=torch.float64),
+        discounts=0.9 * (~done).double(),
+        values=torch.randn(t, b, generator=g, dtype=torch.float64),
+        bootstrap=torch.randn(b, generator=g, dtype=torch.float64),
+    )
+    adv, ret = gae(**args, lam=lam)
+    want = gae_by_definition(**args, lam=lam)
+    torch.testing.assert_close(adv, want)
+    torch.testing.assert_close(ret, want + args["values"])
+
+
+def _learner(r, keys, redis_server, **over) -> PPOLearner:
+    cfg = PPOConfig(envs_per_actor=4, batch_unrolls=4, unroll=8, **over)
+    create_run(r, keys, "ppo", cfg)
+    return PPOLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+
+
+def _rollouts(lrn: PPOLearner, r, keys, version: int = 0) -> dict:
+    """A real actor's message, acted with ``version``."""
+    actor = PPOActor(r, keys, lrn.cfg, actor_id=0)
+    actor.version = version
+    obs, _ = actor.envs.reset()
+    msg, _ = actor.unroll(obs)
+    return msg
+
+
+def test_rollouts_carry_values_and_are_validated(r, keys, redis_server):
+    lrn = _learner(r, keys, redis_server)
+    msg = _rollouts(lrn, r, keys)
+    schema = rollout_schema((4,), "float32", 2, 8)
+    out = decode(encode(KIND, msg), schema)
+    assert out["value"].shape == (8, 4) and out["logits"].shape == (8, 4, 2)
+    for name, bad in (
+        ("value", np.zeros((7, 4), np.float32)),  # not one per step
+        ("value", np.full((8, 4), np.nan, np.float32)),
+        ("action", np.full((8, 4), 2, np.int32)),  # no such action
+    ):
+        with pytest.raises(CodecError):
+            decode(encode(KIND, {**msg, name: bad}), schema)
+    no_value = {k: v for k, v in msg.items() if k != "value"}
+    with pytest.raises(CodecError):
+        decode(encode(KIND, no_value), schema)
+
+
+def test_batch_unrolls_is_shared_equally_by_the_learners():
+    with pytest.raises(ConfigError, match="multiple of learners"):
+        parse_config(PPOConfig, {"learners": 3, "batch_unrolls": 32})
+    assert parse_config(PPOConfig, {"learners": 4, "batch_unrolls": 32}).learners == 4
+
+
+def _run_until(lrn: PPOLearner, done) -> None:
+    stop = lambda: False  # noqa: E731
+    assert lrn.start(stop)
+    try:
+        wait_until(lambda: lrn.step(stop) and done(), "the learner", timeout=60, every=0)
+    finally:
+        lrn.close(stop)
+
+
+def test_an_update_trains_on_fresh_rollouts_publishes_and_acknowledges(r, keys, redis_server):
+    lrn = _learner(r, keys, redis_server, epochs=3, minibatches=2)
+    r.xadd(rollouts(keys), {"d": encode(KIND, _rollouts(lrn, r, keys, version=0))})
+    before = [p.detach().clone() for p in lrn.net.parameters()]
+    _run_until(lrn, lambda: lrn.updates >= 1)
+    assert lrn.updates == 1 and lrn.grad_steps == 6  # epochs x minibatches
+    assert lrn.weights.version() == 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, lrn.net.parameters(), strict=True))
+    wait_until(lambda: r.xpending(rollouts(keys), GROUP)["pending"] == 0, "the acknowledgement")
+
+
+def test_stale_rollouts_are_dropped_and_counted(r, keys, redis_server):
+    lrn = _learner(r, keys, redis_server, max_policy_lag=2)
+    lrn.updates = 10
+    for version in (7, 9):  # 3 updates old: dropped; 1 old: trained on
+        r.xadd(rollouts(keys), {"d": encode(KIND, _rollouts(lrn, r, keys, version))})
+    _run_until(lrn, lambda: lrn.updates >= 11)
+    assert lrn.stale == 4 and lrn.updates == 11  # the old entry's 4 rollouts
+    assert lrn.extra_metrics()["stale"] == 4
+    wait_until(lambda: r.xpending(rollouts(keys), GROUP)["pending"] == 0, "the acknowledgements")
+
+
+@pytest.mark.slow
+def test_train_ppo_cli_solves_cartpole(tmp_path):
+    run_dir = tmp_path / "run"
+    result = train("ppo", run_dir, "--env", "CartPole-v1", "--seed", "0", "--max-time", "120")
+    assert result["reached"] and result["eval_return"] >= 475
+    assert "ppo step" in eval_confirmation(run_dir)
