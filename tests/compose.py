@@ -34,6 +34,11 @@ PROFILES: dict[str, dict[str, tuple[str, ...]]] = {
         "impala-learner": ("learner", "impala"),
         "impala-actor": ("actor", "impala"),
     },
+    "ppo": {
+        "ppo-init": ("run", "create"),
+        "ppo-learner": ("learner", "ppo"),
+        "ppo-actor": ("actor", "ppo"),
+    },
     "es": {
         "es-init": ("run", "create"),
         "es-master": ("es", "master"),

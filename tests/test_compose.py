@@ -205,7 +205,13 @@ def test_gpu_override_reserves_a_gpu_for_every_torch_learner(services, service_e
         params = parse_cli(service["command"])[1]
         if "device" in params:
             devices[name] = params["device"]
-    assert set(devices) == {"learner", "impala-learner", "apex-dpg-learner", "r2d2-learner"}
+    assert set(devices) == {
+        "learner",
+        "impala-learner",
+        "ppo-learner",
+        "apex-dpg-learner",
+        "r2d2-learner",
+    }
     assert set(devices.values()) <= {"auto", "cuda"}  # uses the GPU once it sees one
     gpu = load(GPU_OVERRIDE)["services"]
     assert set(gpu) == set(devices)

@@ -53,6 +53,7 @@ IMAGES = {  # compose variable -> (the public default, the local stand-in)
 PROFILES = {  # profile -> (actor service, learner service, the target of its default env)
     "apex": ("actor", "learner", 475.0),  # CartPole-v1's reward threshold
     "impala": ("impala-actor", "impala-learner", 475.0),
+    "ppo": ("ppo-actor", "ppo-learner", 475.0),  # two learners (QRL_LEARNERS)
     "es": ("es-worker", "es-master", 475.0),
     "apex-dpg": ("apex-dpg-actor", "apex-dpg-learner", -200.0),  # Pendulum-v1
     "r2d2": ("r2d2-actor", "r2d2-learner", 475.0),  # qrl/CartPoleNoVel-v1
@@ -340,7 +341,7 @@ def test_apex_cluster_solves_survives_a_killed_actor_and_stops_cleanly(build, tm
     build.say(f"apex: {took:.0f}s to the target; {produced} batches, none lost")
 
 
-@pytest.mark.parametrize("profile", ["impala", "es", "apex-dpg", "r2d2"])
+@pytest.mark.parametrize("profile", ["impala", "ppo", "es", "apex-dpg", "r2d2"])
 def test_cluster_solves_into_a_host_folder(profile, build, tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
