@@ -14,6 +14,13 @@ per run the env steps and seconds to solve and the all-reduce time per update an
 gradient step; per pool size the median env steps to solve (learning per env step: the same
 batch per update is split over the learners, so the steps to solve should match within seed
 noise). `--plot` draws the training return against env steps of every run.
+
+In a job the all-reduce's time includes waiting for the slower learner to reach it (on 2
+cores the learners share them with the actors). `--collective` measures the transport
+alone: two idle processes form a pool through Redis and time `all_reduce_mean_` of
+gradient buffers of several sizes (PPO's default 64-64 net on CartPole: 4,675 floats).
+
+    python benchmarks/ppo.py --collective
 """
 
 from __future__ import annotations
@@ -71,10 +78,51 @@ def one_run(url: str, args: argparse.Namespace, learners: int, seed: int, run_di
         "updates": result.get("updates"),
         "allreduce_ms_per_update": 1000 * statistics.mean(per_update) if per_update else 0.0,
         "allreduce_ms_per_grad_step": 1000 * statistics.mean(per_grad) if per_grad else 0.0,
-        "update_rate": statistics.mean(r.get("updates_per_s", 0.0) for r in reports.values())
-        if reports
-        else 0.0,
+        "update_rate": (result.get("updates") or 0) / max(result.get("time_s") or secs, 1e-9),
     }
+
+
+SIZES = (4_675, 70_000, 1_700_000)  # floats: PPO's CartPole net, a 256-256 MLP, Nature CNN
+
+
+def _collective_worker(url: str, run: str, out: Any, calls: int) -> None:
+    import torch
+
+    from qrl.learners.group import LearnerGroup
+
+    group = LearnerGroup.join(connect(url), RunKeys(run), 2, torch.device("cpu"))
+    assert group is not None
+    times = {}
+    for n in SIZES:
+        grads = [torch.randn(n)]
+        group.all_reduce_mean_(grads)  # warm up
+        t = time.perf_counter()
+        for _ in range(calls):
+            group.all_reduce_mean_(grads)
+        times[n] = (time.perf_counter() - t) / calls
+    group.close()
+    out.send((group.rank, times))
+
+
+def collective(calls: int = 200) -> None:
+    """Time the pool's all-reduce between two idle processes on this machine."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with EmbeddedRedis() as server:
+        pipes = [ctx.Pipe() for _ in range(2)]
+        procs = [
+            ctx.Process(target=_collective_worker, args=(server.url, "collective", w, calls))
+            for _, w in pipes
+        ]
+        for p in procs:
+            p.start()
+        results = dict(r.recv() for r, _ in pipes)
+        for p in procs:
+            p.join()
+    for n in SIZES:
+        ms = [1000 * results[rank][n] for rank in sorted(results)]
+        print(f"all-reduce of {n:,} float32 between 2 processes: {max(ms):.3f} ms per call")
 
 
 def curve(run_dir: Path) -> tuple[list[float], list[float]]:
@@ -95,7 +143,11 @@ def main() -> None:
     ap.add_argument("--max-time", type=float, default=90.0)
     ap.add_argument("--eval-every", type=float, default=1.0)
     ap.add_argument("--plot", type=Path, default=None, help="PNG of the learning curves")
+    ap.add_argument("--collective", action="store_true", help="time the all-reduce alone")
     args = ap.parse_args()
+    if args.collective:
+        collective()
+        return
     curves: dict[str, tuple[list[float], list[float]]] = {}
     solved_steps: dict[int, list[float]] = {n: [] for n in args.learners}
     with EmbeddedRedis() as server, tempfile.TemporaryDirectory() as tmp:

@@ -20,6 +20,7 @@ import redis
 from qrl.algos.es.keys import es_params
 from qrl.algos.es.keys import es_results as es_results_key
 from qrl.algos.impala.keys import trajectories
+from qrl.algos.ppo.keys import rollouts
 from qrl.rl.fields import RETURN_BOUND
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
@@ -63,11 +64,11 @@ def experience() -> tuple[str, dict]:
     }
 
 
-def unrolls() -> tuple[str, dict]:
-    t, b = 20, rows(16)
+def unrolls(kind: str = "impala.unrolls", t: int = 20, envs: int = 16) -> tuple[str, dict]:
+    b = rows(envs)
     truncated = rng.random((t, b)) < pick(0.0, 1.0)
     k = int(truncated.sum())
-    return "impala.unrolls", {
+    msg = {
         "obs": plausible((t + 1, b, 4), 0.2),
         "action": rng.integers(0, 2, (t, b)).astype(np.int32),
         "reward": np.ones((t, b), np.float32),
@@ -80,6 +81,9 @@ def unrolls() -> tuple[str, dict]:
         "actor": 2**53,
         "batch": uuid.uuid4().hex,
     }
+    if kind == "ppo.rollouts":
+        msg["value"] = plausible((t, b))
+    return kind, msg
 
 
 def es_results() -> tuple[str, dict]:
@@ -106,6 +110,7 @@ def es_results() -> tuple[str, dict]:
 STREAM, MESSAGE, WEIGHTS = {
     "apex": (keys.experience, experience, keys.weights),
     "impala": (trajectories(keys), unrolls, keys.weights),
+    "ppo": (rollouts(keys), lambda: unrolls("ppo.rollouts", 32, 8), keys.weights),
     "es": (es_results_key(keys), es_results, es_params(keys)),
 }[algo]
 

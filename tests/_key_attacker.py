@@ -18,6 +18,7 @@ import redis
 
 from qrl.algos.es.keys import es_params, es_results
 from qrl.algos.impala.keys import trajectories
+from qrl.algos.ppo.keys import rollouts
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
 
@@ -28,6 +29,7 @@ rng = np.random.default_rng(28)
 STREAM, WEIGHTS = {
     "apex": (keys.experience, keys.weights),
     "impala": (trajectories(keys), keys.weights),
+    "ppo": (rollouts(keys), keys.weights),
     "es": (es_results(keys), es_params(keys)),
 }[algo]
 LIMIT = 2**53 - 1

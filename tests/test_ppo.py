@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+import qrl
 from qrl.actors.ppo import PPOActor
 from qrl.algos.ppo.config import PPOConfig
 from qrl.algos.ppo.gae import gae
@@ -115,11 +116,12 @@ def test_an_update_trains_on_fresh_rollouts_publishes_and_acknowledges(r, keys, 
 def test_stale_rollouts_are_dropped_and_counted(r, keys, redis_server):
     lrn = _learner(r, keys, redis_server, max_policy_lag=2)
     lrn.updates = 10
-    for version in (7, 9):  # 3 updates old: dropped; 1 old: trained on
+    # 3 updates old, and from weights not yet published: dropped; 1 old: trained on
+    for version in (7, 2**53, 9):
         r.xadd(rollouts(keys), {"d": encode(KIND, _rollouts(lrn, r, keys, version))})
     _run_until(lrn, lambda: lrn.updates >= 11)
-    assert lrn.stale == 4 and lrn.updates == 11  # the old entry's 4 rollouts
-    assert lrn.extra_metrics()["stale"] == 4
+    assert lrn.stale == 8 and lrn.updates == 11  # the two dropped entries' 4 rollouts each
+    assert lrn.extra_metrics()["stale"] == 8
     wait_until(lambda: r.xpending(rollouts(keys), GROUP)["pending"] == 0, "the acknowledgements")
 
 
@@ -129,3 +131,6 @@ def test_train_ppo_cli_solves_cartpole(tmp_path):
     result = train("ppo", run_dir, "--env", "CartPole-v1", "--seed", "0", "--max-time", "120")
     assert result["reached"] and result["eval_return"] >= 475
     assert "ppo step" in eval_confirmation(run_dir)
+    policy = qrl.load_policy(run_dir)  # from Python, as SB3 users load a model
+    assert (policy.algo, policy.env_id) == ("ppo", "CartPole-v1")
+    assert policy.predict(np.zeros((3, 4), np.float32)).shape == (3,)

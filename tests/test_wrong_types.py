@@ -13,6 +13,7 @@ from qrl.algos import ALGOS
 from qrl.algos.apex.config import ApexConfig
 from qrl.algos.es.keys import es_params, es_results
 from qrl.algos.impala.keys import trajectories
+from qrl.algos.ppo.keys import rollouts
 from qrl.runtime.config import parse_config
 from qrl.runtime.runs import create_run
 from tests.cli import qrl, role
@@ -60,6 +61,7 @@ def test_run_create_repairs_a_control_key_of_the_wrong_type(r, keys):
 ROLES = {  # one process of each role of a run
     "apex": [("replay",), ("learner", "apex"), ("actor", "apex")],
     "impala": [("learner", "impala"), ("actor", "impala")],
+    "ppo": [("learner", "ppo"), ("actor", "ppo")],
     "es": [("es", "master"), ("es", "worker")],
 }
 
@@ -71,6 +73,7 @@ def _role_keys(keys, algo: str) -> list[str]:
         "apex": [keys.experience, keys.replay_priorities, keys.replay_data, keys.replay_meta,
                  keys.replay_batches],
         "impala": [trajectories(keys)],
+        "ppo": [rollouts(keys)],
         "es": [es_params(keys), es_results(keys)],
     }  # fmt: skip
     return [keys.control, keys.stats, keys.metrics, keys.deadletter, keys.weights, *own[algo]]

@@ -3,11 +3,11 @@ processes (OpenAI Five, DD-PPO: the pool is :class:`qrl.learners.base.Learner`'s
 
 Each update, every learner takes its share of the rollouts (``batch_unrolls / learners``)
 from the rollout stream's consumer group, drops those acted with weights more than
-``max_policy_lag`` updates old (counted as ``stale``), computes GAE with advantages
-normalized over the whole pool's batch, and runs ``epochs`` passes of ``minibatches``
-minibatches of PPO's clipped objective (optionally clipped value loss, entropy bonus), each
-gradient averaged over the pool before the step. Then the leader publishes the weights and
-the entries are acknowledged.
+``max_policy_lag`` updates old or claiming weights not yet published (counted as
+``stale``), computes GAE with advantages normalized over the whole pool's batch, and runs
+``epochs`` passes of ``minibatches`` minibatches of PPO's clipped objective (optionally
+clipped value loss, entropy bonus), each gradient averaged over the pool before the step.
+Then the leader publishes the weights and the entries are acknowledged.
 """
 
 from __future__ import annotations
@@ -69,9 +69,10 @@ class PPOLearner(Learner):
         if b is None:
             return None
         lag = self.updates - b.versions
-        self.lag.extend(lag.tolist())
-        if (lag > self.cfg.max_policy_lag).any():
-            keep = torch.from_numpy(lag <= self.cfg.max_policy_lag).to(self.device)
+        fresh = (lag >= 0) & (lag <= self.cfg.max_policy_lag)  # none acted by future weights
+        self.lag.extend(lag[lag >= 0].tolist())
+        if not fresh.all():
+            keep = torch.from_numpy(fresh).to(self.device)
             self.stale += int((~keep).sum())
             if not keep.any():
                 self.loader.used(b.entries)
