@@ -19,7 +19,7 @@ import torch
 
 from qrl.actors.base import VectorActor
 from qrl.rl.envspec import EnvSpec
-from qrl.rl.models import PolicyValueNet
+from qrl.rl.models import policy_value_net
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
 from qrl.wire.streams import StreamProducer
@@ -44,7 +44,7 @@ class UnrollActor(VectorActor):
         super().__init__(client, keys, cfg, actor_id, env)
         stream = type(self).stream(keys)
         self.producer = StreamProducer(client, stream, maxlen=cfg.stream_maxlen, keys=keys)
-        self.net = PolicyValueNet(self.obs_shape, self.n_actions, cfg.hidden)
+        self.net = policy_value_net(cfg, self.env)
         self.net.eval()
         self.gen = torch.Generator().manual_seed(cfg.seed * 10_000 + actor_id)
 

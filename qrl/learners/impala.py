@@ -20,7 +20,7 @@ from qrl.algos.impala.messages import unroll_schema
 from qrl.algos.impala.vtrace import vtrace
 from qrl.learners.base import Learner, adam
 from qrl.learners.unrolls import UnrollBatch, UnrollLoader
-from qrl.rl.models import PolicyValueNet
+from qrl.rl.models import policy_value_net
 from qrl.wire.streams import StreamConsumer
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class ImpalaLearner(Learner):
         cfg = self.cfg
         self.obs_shape, obs_dtype = self.env.obs_shape, self.env.obs_dtype
         n_actions = self.env.discrete_actions()
-        net = PolicyValueNet(self.obs_shape, n_actions, cfg.hidden).to(self.device)
+        net = policy_value_net(cfg, self.env).to(self.device)
         per_entry = cfg.envs_per_actor
         share = cfg.batch_unrolls // cfg.learners  # this learner's part of each update
         consumer = StreamConsumer(

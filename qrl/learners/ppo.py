@@ -23,7 +23,7 @@ from qrl.algos.ppo.keys import rollouts
 from qrl.algos.ppo.messages import rollout_schema
 from qrl.learners.base import Learner, adam
 from qrl.learners.unrolls import UnrollBatch, UnrollLoader
-from qrl.rl.models import PolicyValueNet
+from qrl.rl.models import policy_value_net
 from qrl.wire.streams import StreamConsumer
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class PPOLearner(Learner):
         cfg = self.cfg
         self.obs_shape, obs_dtype = self.env.obs_shape, self.env.obs_dtype
         n_actions = self.env.discrete_actions()
-        net = PolicyValueNet(self.obs_shape, n_actions, cfg.hidden).to(self.device)
+        net = policy_value_net(cfg, self.env).to(self.device)
         share = cfg.batch_unrolls // cfg.learners
         consumer = StreamConsumer(
             self.client_factory(),

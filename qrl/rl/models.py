@@ -170,3 +170,9 @@ def recurrent_q_network(cfg: Any, env: EnvSpec) -> RecurrentQNetwork:
     build it here)."""
     n_actions, bounds = env.discrete_actions(), _bounds(cfg, env)
     return RecurrentQNetwork(env.obs_shape, n_actions, cfg.hidden, cfg.lstm, cfg.dueling, bounds)
+
+
+def policy_value_net(cfg: Any, env: EnvSpec) -> PolicyValueNet:
+    """IMPALA's and PPO's policy-value network for ``cfg`` on ``env`` (their learners, actors
+    and greedy policies build it here)."""
+    return PolicyValueNet(env.obs_shape, env.discrete_actions(), cfg.hidden)

@@ -17,7 +17,14 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -111,6 +118,37 @@ class LearnerPool(BaseModel):
     rendezvous_timeout: float = Field(
         120.0, gt=0, description="Seconds the learners wait for each other to form the pool."
     )
+
+
+class Unrolls(LearnerPool):
+    """Mixin of a config whose actors send unrolls to a pool of learners (IMPALA, PPO): the
+    actors, their unrolls, and the batch the learners share (a subclass may give other
+    defaults by declaring a field again)."""
+
+    actors: int = Field(2, ge=1, le=4096, description="Actor processes.")
+    envs_per_actor: int = Field(
+        16, ge=1, le=4096, description="Environments per actor (unrolls per stream entry)."
+    )
+    unroll: int = Field(20, ge=1, le=10_000, description="Steps per unroll.")
+    weight_poll: int = Field(1, ge=1, description="Unrolls between weight-version checks.")
+    stream_maxlen: int = Field(
+        8, ge=1, description="Stream entries waiting before actors back off."
+    )
+    batch_unrolls: int = Field(
+        32,
+        ge=1,
+        le=65_536,
+        description="Unrolls per update, over all learners (each takes batch_unrolls/learners).",
+    )
+
+    @model_validator(mode="after")
+    def _shares(self) -> Unrolls:
+        if self.batch_unrolls % self.learners:
+            raise ValueError(
+                f"batch_unrolls={self.batch_unrolls} must be a multiple of "
+                f"learners={self.learners} (each learner takes an equal share)"
+            )
+        return self
 
 
 class Config(BaseModel):

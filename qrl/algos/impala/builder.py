@@ -26,9 +26,9 @@ def _learner(ctx: RoleContext) -> Any:
 
 
 def _policy_value_net(cfg: ImpalaConfig, env: EnvSpec) -> Any:
-    from qrl.rl.models import PolicyValueNet
+    from qrl.rl.models import policy_value_net
 
-    return PolicyValueNet(env.obs_shape, env.discrete_actions(), cfg.hidden)
+    return policy_value_net(cfg, env)
 
 
 ALGORITHM = Algorithm(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from qrl.runtime.config import (
     LIVE,
@@ -14,14 +14,14 @@ from qrl.runtime.config import (
     Config,
     GradientClip,
     Layers,
-    LearnerPool,
     LearningRate,
+    Unrolls,
     grad_clip_field,
     lr_field,
 )
 
 
-class ImpalaConfig(LearningRate, GradientClip, ClaimIdle, LearnerPool, Config):
+class ImpalaConfig(LearningRate, GradientClip, ClaimIdle, Unrolls, Config):
     """IMPALA: actors -> trajectory stream -> V-trace learner."""
 
     hidden: Layers = Field((64, 64), description="Hidden layer sizes of the policy-value net.")
@@ -45,12 +45,6 @@ class ImpalaConfig(LearningRate, GradientClip, ClaimIdle, LearnerPool, Config):
         "keeps values and advantages near 1 on classic control and Box2D tasks; at 1 the "
         "policy collapsed on Acrobot-v1 (docs/benchmarks.md, 'Do the defaults generalize?').",
     )
-    batch_unrolls: int = Field(
-        32,
-        ge=1,
-        le=65_536,
-        description="Unrolls per update, over all learners (each takes batch_unrolls/learners).",
-    )
     passes: int = Field(
         3,
         ge=1,
@@ -65,22 +59,3 @@ class ImpalaConfig(LearningRate, GradientClip, ClaimIdle, LearnerPool, Config):
     max_policy_lag: int = Field(
         0, ge=0, description="Drop unrolls older than this many updates (0: keep all)."
     )
-    # actors
-    actors: int = Field(2, ge=1, le=4096, description="Actor processes.")
-    envs_per_actor: int = Field(
-        16, ge=1, le=4096, description="Environments per actor (unrolls per stream entry)."
-    )
-    unroll: int = Field(20, ge=1, le=10_000, description="Steps per unroll.")
-    weight_poll: int = Field(1, ge=1, description="Unrolls between weight-version checks.")
-    stream_maxlen: int = Field(
-        8, ge=1, description="Trajectory-stream entries waiting before actors back off."
-    )
-
-    @model_validator(mode="after")
-    def _shares(self) -> ImpalaConfig:
-        if self.batch_unrolls % self.learners:
-            raise ValueError(
-                f"batch_unrolls={self.batch_unrolls} must be a multiple of "
-                f"learners={self.learners} (each learner takes an equal share)"
-            )
-        return self

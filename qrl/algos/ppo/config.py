@@ -5,7 +5,7 @@ LunarLander-v3 on a 2-core machine (docs/benchmarks.md, "PPO")."""
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from qrl.runtime.config import (
     LIVE,
@@ -13,14 +13,14 @@ from qrl.runtime.config import (
     Config,
     GradientClip,
     Layers,
-    LearnerPool,
     LearningRate,
+    Unrolls,
     grad_clip_field,
     lr_field,
 )
 
 
-class PPOConfig(LearningRate, GradientClip, ClaimIdle, LearnerPool, Config):
+class PPOConfig(LearningRate, GradientClip, ClaimIdle, Unrolls, Config):
     """PPO: actors -> rollout stream -> a pool of synchronous learners."""
 
     hidden: Layers = Field((64, 64), description="Hidden layer sizes of the policy-value net.")
@@ -54,12 +54,6 @@ class PPOConfig(LearningRate, GradientClip, ClaimIdle, LearnerPool, Config):
     minibatches: int = Field(
         4, ge=1, le=4096, description="Minibatches per pass (per learner: each takes its share)."
     )
-    batch_unrolls: int = Field(
-        32,
-        ge=1,
-        le=65_536,
-        description="Unrolls per update, over all learners (each takes batch_unrolls/learners).",
-    )
     max_policy_lag: int = Field(
         2,
         ge=0,
@@ -67,22 +61,8 @@ class PPOConfig(LearningRate, GradientClip, ClaimIdle, LearnerPool, Config):
         "counted as stale (the clipped ratio is taken against the acting policy, so a "
         "small lag is corrected; a long one leaves the trust region).",
     )
-    # actors
-    actors: int = Field(2, ge=1, le=4096, description="Actor processes.")
+    # actors (Unrolls' fields, PPO's defaults)
     envs_per_actor: int = Field(
         8, ge=1, le=4096, description="Environments per actor (rollouts per stream entry)."
     )
     unroll: int = Field(32, ge=1, le=10_000, description="Steps per rollout.")
-    weight_poll: int = Field(1, ge=1, description="Rollouts between weight-version checks.")
-    stream_maxlen: int = Field(
-        8, ge=1, description="Rollout-stream entries waiting before actors back off."
-    )
-
-    @model_validator(mode="after")
-    def _shares(self) -> PPOConfig:
-        if self.batch_unrolls % self.learners:
-            raise ValueError(
-                f"batch_unrolls={self.batch_unrolls} must be a multiple of "
-                f"learners={self.learners} (each learner takes an equal share)"
-            )
-        return self
