@@ -21,6 +21,7 @@ alone: two idle processes form a pool through Redis and time `all_reduce_mean_` 
 gradient buffers of several sizes (PPO's default 64-64 net on CartPole: 4,675 floats).
 
     python benchmarks/ppo.py --collective
+    python benchmarks/ppo.py --env LunarLander-v3 --set max_policy_lag=0   # on-policy only
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def one_run(url: str, args: argparse.Namespace, learners: int, seed: int, run_di
     cmd = [sys.executable, "-m", "qrl.cli", "train", "ppo", "--env", args.env, "--seed", str(seed)]
     cmd += ["--learners", str(learners), "--redis", url, "--run", run, "--run-dir", str(run_dir)]
     cmd += ["--max-time", str(args.max_time), "--eval-every", str(args.eval_every)]
+    cmd += [a for kv in args.set for a in ("--set", kv)]
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.max_time + 300)
     secs = time.perf_counter() - t
@@ -144,6 +146,7 @@ def main() -> None:
     ap.add_argument("--eval-every", type=float, default=1.0)
     ap.add_argument("--plot", type=Path, default=None, help="PNG of the learning curves")
     ap.add_argument("--collective", action="store_true", help="time the all-reduce alone")
+    ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every run")
     args = ap.parse_args()
     if args.collective:
         collective()
