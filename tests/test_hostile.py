@@ -134,7 +134,7 @@ def _feed(lrn: ImpalaLearner, msg: dict) -> None:
     data = decode(encode("impala.unrolls", msg), lrn.loader.consumer.schema)
     lrn.loader.batches.put(stack_unrolls([Entry("0-1", data)], lrn.device))
     assert lrn.step(NEVER)
-    lrn._ack_done()
+    lrn.loader._ack_done()
 
 
 def _valid_unrolls(version: int) -> dict:
