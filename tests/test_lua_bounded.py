@@ -224,6 +224,9 @@ COVERED = {
     ("runtime/ids.py", "_LOOK"),
     ("runtime/ids.py", "_TAKE"),
     ("runtime/live.py", "_SET"),
+    ("learners/group.py", "_CURRENT"),
+    ("learners/group.py", "_JOIN"),
+    ("learners/group.py", "_ABANDON"),
     ("wire/weights.py", "_PUBLISH"),
 }
 _SCRIPT_CALL = re.compile(r"(?:register_script|\.eval)\(([^)]*(?:\)[^)]*)?)\)")

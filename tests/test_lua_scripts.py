@@ -1,6 +1,6 @@
 """Every Lua script of qrl outside the replay does bounded work whatever a writer with the
-run's keys stored: the streams' scripts, the process-number leases, the weight store and the
-live config (tests/test_lua_bounded.py has why, the replay's scripts and the check that
+run's keys stored: the streams' scripts, the process-number leases, the weight store, the
+live config and the learner pool's rendezvous (tests/test_lua_bounded.py has why, the replay's scripts and the check that
 every script has cases)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from qrl.algos.impala.config import ImpalaConfig
+from qrl.learners import group
 from qrl.runtime import ids as ids_module
 from qrl.runtime import live
 from qrl.runtime.metrics import METRICS
@@ -207,3 +208,51 @@ def test_live_config_read_and_set(private, r, state):
     bounded(private, lambda c: live._read(live._ReadOnly(c), keys, b""))
     _, cfg = bounded(private, lambda c: live.set_live(c, keys, ImpalaConfig, {"lr": 1e-4}))
     assert cfg.lr == 1e-4
+
+
+# -- the learner pool's rendezvous (qrl/learners/group.py)
+
+
+def _gen(k: RunKeys, what: str = "gen", gen: str = "") -> str:
+    return group._key(k, what, gen)
+
+
+def _huge_list(c: redis.Redis, key: str) -> None:
+    for _ in range(20):
+        c.rpush(key, *(["x"] * 10_000))
+
+
+GROUP_STATES: dict[str, Callable[[redis.Redis, RunKeys], Any]] = {
+    "gen a 200k list": lambda c, k: _huge_list(c, _gen(k)),
+    "gen a huge string": lambda c, k: c.set(_gen(k), "ab." + "1" * 4_000_000),
+    "joined a 100k-field hash": lambda c, k: (
+        c.set(_gen(k), "ab.2"),
+        c.hset(_gen(k, "joined", "ab.2"), mapping={f"f{i}": "x" for i in range(100_000)}),
+    ),
+    "joined a 200k list, addr huge": lambda c, k: (
+        c.set(_gen(k), "ab.2"),
+        _huge_list(c, _gen(k, "joined", "ab.2")),
+        c.set(_gen(k, "addr", "ab.2"), "x" * 4_000_000),
+    ),
+    **{
+        f"joined {v[:20]}": lambda c, k, v=v: (
+            c.set(_gen(k), "ab.2"),
+            c.set(_gen(k, "joined", "ab.2"), v),
+        )
+        for v in HOSTILE
+    },
+}
+
+
+@pytest.mark.parametrize("state", GROUP_STATES)
+def test_learner_group_join_and_abandon(private, r, state):
+    """The pool's scripts over whatever the rendezvous keys hold: joining (``_CURRENT`` +
+    ``_JOIN``: a new generation where the current one is not a valid one of this size) and
+    giving up (``_ABANDON``, which unlinks, so a planted huge value costs Redis nothing)."""
+    keys = fresh_keys()
+    GROUP_STATES[state](r, keys)
+    gen, rank = bounded(private, lambda c: group._enter(c, keys, 2, 10))
+    assert rank in (0, 1)
+    names = [_gen(keys), _gen(keys, "joined", "ab.2"), _gen(keys, "addr", "ab.2")]
+    abandon = group._CURRENT + group._ABANDON
+    bounded(private, lambda c: c.register_script(abandon)(keys=names, args=["", "", 2]))

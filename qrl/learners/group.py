@@ -63,6 +63,7 @@ if n and n < tonumber(ARGV[3]) then
   redis.call('EXPIRE', KEYS[1], ARGV[4])
   return {ARGV[1], n}
 end
+redis.call('UNLINK', KEYS[1])  -- what was there (a huge planted value) freed off the main thread
 redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[4])
 redis.call('SET', KEYS[3], 1, 'EX', ARGV[4])
 return {ARGV[2], 1}
@@ -73,7 +74,7 @@ return {ARGV[2], 1}
 _ABANDON = """
 local n = count(2)
 if n and n >= tonumber(ARGV[3]) then return 0 end
-return redis.call('DEL', KEYS[2], KEYS[3])
+return redis.call('UNLINK', KEYS[2], KEYS[3])  -- O(1) whatever a writer planted
 """
 
 
