@@ -1,7 +1,7 @@
 """Every Lua script of qrl outside the replay does bounded work whatever a writer with the
 run's keys stored: the streams' scripts, the process-number leases, the weight store, the
-live config and the learner pool's rendezvous (tests/test_lua_bounded.py has why, the replay's scripts and the check that
-every script has cases)."""
+live config and the learner pool's rendezvous (tests/test_lua_bounded.py has why, the
+replay's scripts and the check that every script has cases)."""
 
 from __future__ import annotations
 
