@@ -234,7 +234,7 @@ def test_a_terminal_step_at_the_time_limit_does_not_bootstrap(r, keys, redis_ser
     ends[[2, 5]] = True  # steps 3 and 6 of the unroll end an episode
     assert (msg["truncated"] | msg["terminated"]).tolist() == ends.tolist()
     assert b.done.numpy().tolist() == ends.tolist()
-    reward = lrn.rewards(b)
+    reward = b.rewards(lrn.net, cfg.reward_scale, cfg.gamma)
     plain = torch.full((7, 2), cfg.reward_scale)
     if env_id == ENDS_AT_LIMIT:
         assert msg["terminated"].tolist() == ends.tolist()

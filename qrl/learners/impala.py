@@ -86,23 +86,13 @@ class ImpalaLearner(Learner):
         self._again, self._passes_left = b, self.cfg.passes - 1
         return b
 
-    def rewards(self, b: UnrollBatch) -> torch.Tensor:
-        """The rewards V-trace gets: scaled, plus ``gamma V(final observation)`` where a
-        time limit cut the episode (it would have gone on)."""
-        reward = b.reward * self.cfg.reward_scale
-        if len(b.trunc_idx):
-            with torch.no_grad():
-                _, v_final = self.net(b.trunc_obs)
-            reward[b.trunc_idx[:, 0], b.trunc_idx[:, 1]] += self.cfg.gamma * v_final
-        return reward
-
     def loss(self, b: UnrollBatch) -> torch.Tensor:
         cfg = self.cfg
         t1, bsz = b.obs.shape[:2]
         logits, values = self.net(b.obs.reshape(t1 * bsz, *self.obs_shape))
         logits = logits.reshape(t1, bsz, -1)[:-1]
         values = values.reshape(t1, bsz)
-        reward = self.rewards(b)
+        reward = b.rewards(self.net, cfg.reward_scale, cfg.gamma)
         discounts = cfg.gamma * (~b.done).float()
         logp = F.log_softmax(logits, dim=-1)
         target_logp = logp.gather(2, b.action[..., None])[..., 0]

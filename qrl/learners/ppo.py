@@ -84,12 +84,9 @@ class PPOLearner(Learner):
         """GAE advantages and returns ``[T, B]``; where a time limit cut an episode its reward
         gets ``gamma V(final observation)``."""
         cfg = self.cfg
-        reward = b.reward * cfg.reward_scale
+        reward = b.rewards(self.net, cfg.reward_scale, cfg.gamma)
         with torch.no_grad():
             _, bootstrap = self.net(b.obs[-1])
-            if len(b.trunc_idx):
-                _, v_final = self.net(b.trunc_obs)
-                reward[b.trunc_idx[:, 0], b.trunc_idx[:, 1]] += cfg.gamma * v_final
         discounts = cfg.gamma * (~b.done).float()
         assert b.value is not None
         return gae(reward, discounts, b.value, bootstrap, cfg.gae_lambda)

@@ -35,6 +35,16 @@ class UnrollBatch:
         """Unrolls (batch columns)."""
         return int(self.obs.shape[1])
 
+    def rewards(self, net: torch.nn.Module, scale: float, gamma: float) -> torch.Tensor:
+        """The rewards to learn from: scaled, plus ``gamma V(final observation)`` where a time
+        limit cut the episode (it would have gone on); ``net`` gives (logits, values)."""
+        reward = self.reward * scale
+        if len(self.trunc_idx):
+            with torch.no_grad():
+                _, v_final = net(self.trunc_obs)
+            reward[self.trunc_idx[:, 0], self.trunc_idx[:, 1]] += gamma * v_final
+        return reward
+
     def select(self, keep: torch.Tensor) -> UnrollBatch:
         """Only the unrolls (batch columns) in ``keep`` (a boolean mask)."""
         cols = torch.nonzero(keep)[:, 0]
