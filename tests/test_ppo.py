@@ -1,6 +1,8 @@
 """PPO: GAE against its definition, the rollout message, the learner's update and its
 stale-rollout rule, with one learner (the pool of several: tests/test_ppo_pool.py)."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -55,7 +57,7 @@ def test_gae_matches_its_definition(lam):
 
 
 def _learner(r, keys, redis_server, **over) -> PPOLearner:
-    cfg = PPOConfig(envs_per_actor=4, batch_unrolls=4, unroll=8, **over)
+    cfg = PPOConfig(**{"envs_per_actor": 4, "batch_unrolls": 4, "unroll": 8, **over})
     create_run(r, keys, "ppo", cfg)
     return PPOLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
 
@@ -123,6 +125,53 @@ def test_stale_rollouts_are_dropped_and_counted(r, keys, redis_server):
     assert lrn.stale == 8 and lrn.updates == 11  # the two dropped entries' 4 rollouts each
     assert lrn.extra_metrics()["stale"] == 8
     wait_until(lambda: r.xpending(rollouts(keys), GROUP)["pending"] == 0, "the acknowledgements")
+
+
+def _act_for(actor: PPOActor, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    stop = lambda: time.monotonic() > deadline  # noqa: E731
+    while actor.step(stop):
+        pass
+
+
+@pytest.mark.parametrize("paced", [True, False])
+def test_actors_send_one_batch_per_published_version(r, keys, redis_server, paced):
+    # two actors of 4 envs, batches of 8 rollouts: each actor's share is one entry per version
+    lrn = _learner(r, keys, redis_server, actors=2, batch_unrolls=8, pace_actors=paced)
+    lrn.publish()
+    actor = PPOActor(r, keys, lrn.cfg, actor_id=0)
+    assert actor.start(lambda: False)
+    _act_for(actor, 1.0)
+    lrn.updates += 1
+    lrn.publish()
+    _act_for(actor, 1.0)
+    schema = rollout_schema((4,), "float32", 2, 8)
+    versions = [decode(f[b"d"], schema)["version"] for _, f in r.xrange(rollouts(keys))]
+    if paced:
+        assert versions == [0, 1] and actor.metrics()["paced_s"] > 1.0
+    else:  # the stream's room alone bounds them
+        assert len(versions) == lrn.cfg.stream_maxlen
+
+
+@pytest.mark.parametrize("paced", [True, False])
+def test_a_paced_learner_reads_no_further_than_its_batch(r, keys, redis_server, paced):
+    # one entry is one learner's share: paced, it holds one and leaves the rest to the pool
+    lrn = _learner(r, keys, redis_server, learners=2, batch_unrolls=8, pace_actors=paced)
+    for _ in range(4):
+        r.xadd(rollouts(keys), {"d": encode(KIND, _rollouts(lrn, r, keys))})
+    held = lambda: r.xpending(rollouts(keys), GROUP)["pending"]  # noqa: E731
+    lrn.loader.start()
+    try:
+        batch = lrn.loader.get(timeout=10)
+        assert batch is not None and batch.action.shape[1] == 4
+        time.sleep(0.5)
+        assert held() == (1 if paced else 4)  # paced: the batch in hand, nothing read ahead
+        lrn.loader.used(batch.entries)
+        assert lrn.loader.get(timeout=10) is not None
+        if paced:
+            wait_until(lambda: held() == 1, "the next entry only")
+    finally:
+        lrn.loader.stop()
 
 
 @pytest.mark.slow

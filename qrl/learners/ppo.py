@@ -47,7 +47,8 @@ class PPOLearner(Learner):
             block_ms=100,
             claim_idle_ms=cfg.claim_idle_ms,
         )
-        self.loader = UnrollLoader(consumer, share, self.device, self.fail)
+        held = 1 if cfg.pace_actors else None  # one batch per version: no reading ahead
+        self.loader = UnrollLoader(consumer, share, self.device, self.fail, held=held)
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.stale = 0  # rollouts dropped for exceeding max_policy_lag
         self.grad_steps = 0

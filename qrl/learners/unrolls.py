@@ -105,7 +105,13 @@ class UnrollLoader:
     """A thread that reads ``consumer``, stacks entries into batches of at least ``unrolls``
     unrolls on ``device`` and queues up to two of them; :meth:`used` hands back the entries
     of a batch the learner is done with, acknowledged by the thread (off the gradient path).
-    ``fail`` is called (from the thread) if it cannot go on."""
+    ``fail`` is called (from the thread) if it cannot go on.
+
+    With ``held`` the thread starts reading a batch only while fewer than ``held`` of its
+    batches wait unused (queued or in the learner's hands), and reads no more entries than
+    the batch needs: in a pool whose actors make exactly one batch per version (PPO's
+    ``pace_actors``) a learner that read ahead would take another learner's share, and
+    neither could update again."""
 
     def __init__(
         self,
@@ -113,8 +119,10 @@ class UnrollLoader:
         unrolls: int,
         device: torch.device,
         fail: Callable[[str], None],
+        held: int | None = None,
     ) -> None:
         self.consumer, self.unrolls, self.device, self._fail = consumer, unrolls, device, fail
+        self._room = threading.Semaphore(held) if held else None
         self.batches: queue.Queue[UnrollBatch] = queue.Queue(maxsize=2)  # stacked, ready
         self._done: queue.SimpleQueue[list[Entry]] = queue.SimpleQueue()  # used: to acknowledge
         self.stopping = threading.Event()
@@ -122,6 +130,8 @@ class UnrollLoader:
 
     def used(self, entries: list[Entry]) -> None:
         self._done.put(entries)
+        if self._room is not None:
+            self._room.release()
 
     def get(self, timeout: float) -> UnrollBatch | None:
         try:
@@ -141,10 +151,15 @@ class UnrollLoader:
 
     def _load(self) -> None:
         pending: list[Entry] = []
+        reserved = False  # a place among the ``held`` batches, taken before reading one
         try:
             while not self.stopping.is_set():
                 self._ack_done()
-                pending += self.consumer.read()
+                if self._room is not None and not reserved:
+                    if not self._room.acquire(timeout=0.1):
+                        continue
+                    reserved = True
+                pending += self.consumer.read(count=self._needed(pending))
                 if sum(e.data["obs"].shape[1] for e in pending) < self.unrolls:
                     continue
                 batch = stack_unrolls(pending, self.device)
@@ -152,9 +167,17 @@ class UnrollLoader:
                     with contextlib.suppress(queue.Full):
                         self.batches.put(batch, timeout=0.1)
                         break
-                pending = []
+                pending, reserved = [], False
         except Exception:
             self._fail("loader thread")
+
+    def _needed(self, pending: list[Entry]) -> int | None:
+        """Entries still needed for a batch (``None``: the consumer's count, before any
+        entry says how many unrolls it holds)."""
+        if self._room is None or not pending:
+            return None
+        have = sum(e.data["obs"].shape[1] for e in pending)
+        return max(1, -(-(self.unrolls - have) // pending[-1].data["obs"].shape[1]))
 
     def start(self) -> None:
         self.stopping.clear()

@@ -255,12 +255,14 @@ class StreamConsumer:
     def _cap(self) -> int:
         return stored_cap(self.schema.max_bytes if self.max_bytes is None else self.max_bytes)
 
-    def _fetch(self, mode: str, cursor: str = "") -> tuple[str | None, list[Entry], bool]:
+    def _fetch(
+        self, mode: str, cursor: str = "", count: int | None = None
+    ) -> tuple[str | None, list[Entry], bool]:
         """One call of the read script (see ``qrl/wire/stream_scripts.py``): the next cursor,
         the good entries newly delivered to us (skipping any we already hold), and whether
         any entry came at all."""
         cap = self._cap
-        args = [self.consumer, mode, cursor, self.count, cap, self.claim_idle_ms]
+        args = [self.consumer, mode, cursor, count or self.count, cap, self.claim_idle_ms]
         nxt, rows = self._read(keys=[self.stream], args=args)
         raw = []
         for eid, body, *delivered in ((text(row[0]), *row[1:]) for row in rows):
@@ -274,12 +276,13 @@ class StreamConsumer:
         self._held.update(e.id for e in good)
         return (None if nxt is None else text(nxt)), good, bool(rows)
 
-    def read(self, block_ms: int | None = None) -> list[Entry]:
-        """Up to ``count`` decoded entries: first this consumer's own pending entries (after
-        a restart), then entries claimed from dead consumers, then new ones (waiting up to
-        ``block_ms``). Returns an empty list when there is nothing to do."""
+    def read(self, block_ms: int | None = None, count: int | None = None) -> list[Entry]:
+        """Up to ``count`` (default the consumer's) decoded entries: first this consumer's
+        own pending entries (after a restart), then entries claimed from dead consumers, then
+        new ones (waiting up to ``block_ms``). Returns an empty list when there is nothing
+        to do."""
         try:
-            return self._read_once(self.block_ms if block_ms is None else block_ms)
+            return self._read_once(self.block_ms if block_ms is None else block_ms, count)
         except redis.ResponseError as e:  # the stream or group replaced or destroyed
             if "WRONGTYPE" not in str(e) and "NOGROUP" not in str(e):
                 raise
@@ -287,9 +290,9 @@ class StreamConsumer:
             ensure_group(self.client, self.stream)
             return []
 
-    def _read_once(self, block_ms: int) -> list[Entry]:
+    def _read_once(self, block_ms: int, count: int | None) -> list[Entry]:
         while self._own_pending is not None:
-            self._own_pending, good, _ = self._fetch("own", self._own_pending)
+            self._own_pending, good, _ = self._fetch("own", self._own_pending, count)
             if good:
                 return good
         now = time.monotonic()
@@ -298,7 +301,7 @@ class StreamConsumer:
                 self.client.xclaim(
                     self.stream, GROUP, self.consumer, 0, sorted(self._held), justid=True
                 )
-            cursor, good, _ = self._fetch("claim", self._claim_cursor)
+            cursor, good, _ = self._fetch("claim", self._claim_cursor, count)
             self._claim_cursor = cursor or "0-0"
             if self._claim_cursor == "0-0":  # scanned the whole pending list
                 self._next_claim = now + max(self.claim_idle_ms / 4000, 0.05)
@@ -310,7 +313,7 @@ class StreamConsumer:
         # scripts cannot block: poll, backing off up to 20 ms, until block_ms has passed
         deadline, delay = now + block_ms / 1000, 0.002
         while True:
-            _, good, came = self._fetch(">")
+            _, good, came = self._fetch(">", count=count)
             left = deadline - time.monotonic()
             if came or left <= 0:
                 return good

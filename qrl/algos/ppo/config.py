@@ -61,6 +61,12 @@ class PPOConfig(LearningRate, GradientClip, ClaimIdle, Unrolls, Config):
         "counted as stale (the clipped ratio is taken against the acting policy, so a "
         "small lag is corrected; a long one leaves the trust region).",
     )
+    pace_actors: bool = Field(
+        True,
+        description="Actors send at most one batch per published version (together), so "
+        "rollouts are at most one update old and none is made only to be dropped "
+        "(docs/benchmarks.md, 'PPO').",
+    )
     # actors (Unrolls' fields, PPO's defaults)
     envs_per_actor: int = Field(
         8, ge=1, le=4096, description="Environments per actor (rollouts per stream entry)."
