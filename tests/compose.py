@@ -14,6 +14,8 @@ import yaml
 
 from qrl.algos import ALGOS
 from qrl.cli import main
+from qrl.runtime.algorithm import Algorithm, RoleDef
+from qrl.runtime.config import parse_config
 from qrl.runtime.roles import ENV_STEPS
 from tests.cli import ROOT
 
@@ -39,6 +41,12 @@ PROFILES: dict[str, dict[str, tuple[str, ...]]] = {
         "ppo-learner": ("learner", "ppo"),
         "ppo-actor": ("actor", "ppo"),
     },
+    "seed": {
+        "seed-init": ("run", "create"),
+        "seed-learner": ("learner", "impala"),
+        "seed-inference": ("inference", "impala"),
+        "seed-stepper": ("stepper", "impala"),
+    },
     "es": {
         "es-init": ("run", "create"),
         "es-master": ("es", "master"),
@@ -58,6 +66,20 @@ PROFILES: dict[str, dict[str, tuple[str, ...]]] = {
     },
 }
 ROLES = [(profile, name) for profile, services in PROFILES.items() for name in services]
+# a profile is its algorithm's, unless named here, with the config its init sets
+ALGO_OF = {"seed": "impala"}
+SETS: dict[str, dict[str, Any]] = {"seed": {"inference": "central"}}
+
+
+def algo_of(profile: str) -> Algorithm:
+    return ALGOS[ALGO_OF.get(profile, profile)]
+
+
+def roles_of(profile: str) -> list[RoleDef]:
+    """The roles a run of the profile's config runs."""
+    algo = algo_of(profile)
+    cfg = parse_config(algo.config, SETS.get(profile, {}))
+    return [r for r in algo.roles if r.when is None or r.when(cfg)]
 
 
 # what makes a role the actor (the one that plays the env: its reports count env steps) or
@@ -70,7 +92,7 @@ KINDS = {
 
 def command_of(profile: str, kind: str) -> tuple[str, ...]:
     """The command of the algorithm's role of ``kind`` (actor or learner, :data:`KINDS`)."""
-    (command,) = (r.command for r in ALGOS[profile].roles if KINDS[kind](r))
+    (command,) = (r.command for r in roles_of(profile) if KINDS[kind](r))
     return command
 
 

@@ -25,10 +25,13 @@ from tests.compose import (
     INIT,
     PROFILES,
     ROLES,
+    SETS,
+    algo_of,
     command_of,
     environment,
     load,
     parse_cli,
+    roles_of,
     seconds,
     service_of,
     volume_mounts,
@@ -91,8 +94,7 @@ def test_every_profile_holds_its_algorithms_roles(services):
     assert "profiles" not in services["redis"]  # Redis starts with every profile
     for profile, expected in PROFILES.items():
         assert {n for n, s in services.items() if profile in s.get("profiles", [])} == set(expected)
-        algo = ALGOS[profile]
-        roles = {("run", "create")} | {r.command for r in algo.roles}
+        roles = {("run", "create")} | {r.command for r in roles_of(profile)}
         assert set(expected.values()) == roles, f"{profile}: not the roles qrl train starts"
     assert set(qrl_services(services)) == {s for _, s in ROLES}
 
@@ -132,14 +134,14 @@ def test_service_runs_a_valid_qrl_command(profile, name, services, service_env):
     path, params = parse_cli(cmd)
     assert path == PROFILES[profile][name]
     assert params["run"] == EXAMPLE["QRL_RUN"] and params["redis_url"] == env["QRL_REDIS_URL"]
-    roles = [r.name for r in ALGOS[profile].roles]
+    roles = [r.name for r in roles_of(profile)]
     if name == INIT[profile]:  # the admin, who creates a user per role from the secrets
         assert url.password == EXAMPLE["REDIS_PASSWORD"] and url.username == ""
         assert params["acl_dir"] == Path("/run/secrets")
         assert sorted(service["secrets"]) == sorted(roles)
         return
     # a role: its own user, no password in the URL, its role's secret as its password file
-    (role,) = (r.name for r in ALGOS[profile].roles if r.command == path)
+    (role,) = (r.name for r in roles_of(profile) if r.command == path)
     assert (url.username, url.password) == (f"{EXAMPLE['QRL_RUN']}.{role}", None)
     assert service["secrets"] == [{"source": role, "target": "redis-password"}]
     assert env["QRL_REDIS_PASSWORD_FILE"] == "/run/secrets/redis-password"
@@ -151,10 +153,11 @@ def test_init_creates_the_run_and_the_roles_wait_for_it(profile, services, servi
     init = services[INIT[profile]]
     service_env(init)
     _, params = parse_cli(init["command"])
-    assert params["algo"] == profile
+    assert ALGOS[params["algo"]] is algo_of(profile)
     # the config `qrl run create` would write: --set keys and values checked as it does
     values = {"env": params["env"], "seed": params["seed"], **parse_overrides(params["overrides"])}
-    cfg = parse_config(ALGOS[profile].config, values)
+    cfg = parse_config(algo_of(profile).config, values)
+    assert all(cfg.to_dict()[k] == v for k, v in SETS.get(profile, {}).items())
     # Box actions; a partially observed task
     special = {"apex-dpg": "Pendulum-v1", "r2d2": "qrl/CartPoleNoVel-v1"}
     env = special.get(profile, EXAMPLE["QRL_ENV"])
@@ -199,7 +202,7 @@ def test_roles_stop_cleanly_on_sigterm(services):
 
 
 def test_gpu_override_reserves_a_gpu_for_every_torch_learner(services, service_env):
-    devices = {}  # torch learner -> its --device
+    devices = {}  # torch role (learner, inference server) -> its --device
     for name, service in qrl_services(services).items():
         service_env(service)
         params = parse_cli(service["command"])[1]
@@ -211,6 +214,8 @@ def test_gpu_override_reserves_a_gpu_for_every_torch_learner(services, service_e
         "ppo-learner",
         "apex-dpg-learner",
         "r2d2-learner",
+        "seed-learner",
+        "seed-inference",
     }
     assert set(devices.values()) <= {"auto", "cuda"}  # uses the GPU once it sees one
     gpu = load(GPU_OVERRIDE)["services"]

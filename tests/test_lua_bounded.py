@@ -228,6 +228,7 @@ COVERED = {
     ("learners/group.py", "_JOIN"),
     ("learners/group.py", "_ABANDON"),
     ("wire/weights.py", "_PUBLISH"),
+    ("inference/protocol.py", "POP"),
 }
 _SCRIPT_CALL = re.compile(r"(?:register_script|\.eval)\(([^)]*(?:\)[^)]*)?)\)")
 

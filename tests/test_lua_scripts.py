@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from qrl.algos.impala.config import ImpalaConfig
+from qrl.inference import protocol
 from qrl.learners import group
 from qrl.runtime import ids as ids_module
 from qrl.runtime import live
@@ -256,3 +257,31 @@ def test_learner_group_join_and_abandon(private, r, state):
     names = [_gen(keys), _gen(keys, "joined", "ab.2"), _gen(keys, "addr", "ab.2")]
     abandon = group._CURRENT + group._ABANDON
     bounded(private, lambda c: c.register_script(abandon)(keys=names, args=["", "", 2]))
+
+
+# -- central inference's request queue (qrl/inference/protocol.py)
+
+
+def _many_requests(c: redis.Redis, key: str) -> None:
+    pipe = c.pipeline(transaction=False)
+    for _ in range(100_000):
+        pipe.rpush(key, b"x" * 100)
+    pipe.execute()
+
+
+REQUEST_STATES: dict[str, Callable[[redis.Redis, str], Any]] = {
+    "100k requests": _many_requests,
+    "oversized requests": lambda c, k: [c.rpush(k, b"y" * (8 << 20)) for _ in range(4)],
+    **WRONG_TYPES,
+}
+
+
+@pytest.mark.parametrize("state", REQUEST_STATES)
+def test_inference_request_pop(private, r, state):
+    """A server pops at most its count, and a planted huge request costs it only its size."""
+    key = fresh_keys().key("inference:requests:0")
+    if state in WRONG_TYPES:
+        r.delete(key)
+    REQUEST_STATES[state](r, key)
+    got = bounded(private, lambda c: protocol.pop(c, key, 64, 1 << 16))
+    assert len(got) <= 64

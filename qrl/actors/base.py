@@ -1,42 +1,29 @@
-"""What every vector-env actor shares: vector envs, a local copy of the learner's network
-kept fresh from the weight store, episode statistics. Each subclass pushes through its own
-bounded producers (one stream, or one per replay shard)."""
+"""What every vector-env actor that acts with its own network shares: the envs and episode
+statistics (:class:`qrl.actors.envs.EnvActor`) and a local copy of the learner's network
+kept fresh from the weight store. Each subclass pushes through its own bounded producers (one
+stream, or one per replay shard)."""
 
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import redis
 import torch
 
-from qrl.rl.envs import make_vector_env
+from qrl.actors.envs import EnvActor
 from qrl.rl.envspec import EnvSpec
-from qrl.runtime.loop import Role, StopCheck
+from qrl.runtime.loop import StopCheck
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore
 
 
-class Step(NamedTuple):
-    """What one step of the vector env gave; ``true_next`` holds the final observation of
-    the episodes that ended (``next_obs``, the first of the next ones)."""
-
-    next_obs: np.ndarray
-    true_next: np.ndarray
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-
-
-class VectorActor(Role):
+class VectorActor(EnvActor):
     """Base of the vector-env actors. Subclasses build ``self.net`` and implement
     :meth:`advance` and :meth:`waited_s`; :func:`qrl.runtime.loop.run_role` runs them.
     ``self.env`` describes the env (read once, :class:`qrl.rl.envspec.EnvSpec`: given, or
     read from ``cfg.env``); ``self.envs`` are the copies it plays."""
-
-    name = "actor"
-    counter = "steps"
 
     def __init__(
         self,
@@ -47,21 +34,13 @@ class VectorActor(Role):
         env: EnvSpec | None = None,
     ) -> None:
         torch.set_num_threads(1)
-        self.client, self.keys, self.cfg, self.actor_id = client, keys, cfg, actor_id
-        self.env = env or EnvSpec.of(cfg.env)
-        self.obs_shape, self.obs_dtype = self.env.obs_shape, self.env.obs_dtype
+        super().__init__(cfg, actor_id, env)
+        self.client, self.keys = client, keys
         self.n_actions = self.action_size(self.env)
-        self.envs = make_vector_env(
-            cfg.env, cfg.envs_per_actor, seed=cfg.seed * 10_000 + actor_id * 100
-        )
         self.rng = np.random.default_rng(cfg.seed * 10_000 + actor_id)
         self.weights = WeightStore(client, keys)
         self.net: torch.nn.Module
         self.version = -1
-        self.steps = 0
-        self.ep_return = np.zeros(cfg.envs_per_actor)
-        self.ep_length = np.zeros(cfg.envs_per_actor, dtype=np.int64)
-        self.finished: list[tuple[float, int]] = []
         self.units = 0  # units of work done (vector steps, unrolls)
 
     def wait_for_weights(self, should_stop: StopCheck, timeout: float = 600) -> bool:
@@ -83,23 +62,6 @@ class VectorActor(Role):
             return False
         self.version = v
         return True
-
-    def step_envs(self, actions: np.ndarray) -> Step:
-        """Step every env."""
-        next_obs, rewards, term, trunc, info = self.envs.step(actions)
-        ended = term | trunc
-        true_next = next_obs
-        if ended.any():
-            true_next = next_obs.copy()
-            for j in np.flatnonzero(ended):
-                true_next[j] = info["final_obs"][j]
-        self.ep_return += rewards
-        self.ep_length += 1
-        for j in np.flatnonzero(ended):
-            self.finished.append((float(self.ep_return[j]), int(self.ep_length[j])))
-            self.ep_return[j], self.ep_length[j] = 0.0, 0
-        self.steps += len(actions)
-        return Step(next_obs, true_next, rewards, term, trunc)
 
     # -- for subclasses
     def action_size(self, env: EnvSpec) -> int:
@@ -145,13 +107,8 @@ class VectorActor(Role):
 
     def metrics(self) -> dict[str, Any]:
         """Env steps, the episodes finished since the last report, the policy version."""
-        returns = [r for r, _ in self.finished]
-        lengths = [n for _, n in self.finished]
-        self.finished = []
         return {
-            "steps": self.steps,
-            "episode_returns": returns,
-            "episode_lengths": lengths,
+            **self.episodes(),
             "version": self.version,
             "backpressure_s": self.waited_s(),
             **self.extra_metrics(),

@@ -13,7 +13,7 @@ import numpy as np
 import redis
 import torch
 
-from qrl.actors.base import Step
+from qrl.actors.envs import Step
 from qrl.actors.replay import ReplayActor, spread
 from qrl.algos.r2d2.config import R2D2Config
 from qrl.algos.r2d2.rule import Sequences, priorities, rule_of

@@ -24,7 +24,8 @@ import numpy as np
 import redis
 import torch
 
-from qrl.actors.base import Step, VectorActor
+from qrl.actors.base import VectorActor
+from qrl.actors.envs import Step
 from qrl.algos.apex_family.config import ReplayConfig
 from qrl.replay.frames import is_frame_stack, pack_frames
 from qrl.replay.shards import shard_of_slots

@@ -78,7 +78,7 @@ def run_create(
     )
     log.info("config: %s", cfg.to_dict())
     if acl_dir is not None:
-        _create_users(client, algo, keys, acl_dir)
+        _create_users(client, algo, keys, acl_dir, cfg)
 
 
 def _check_admin_password(redis_url: str | None) -> None:
@@ -95,13 +95,13 @@ def _check_admin_password(redis_url: str | None) -> None:
         raise click.ClickException(str(e)) from None
 
 
-def _create_users(client: Any, algo: str, keys: Any, folder: Path) -> None:
+def _create_users(client: Any, algo: str, keys: Any, folder: Path, cfg: Any) -> None:
     """``run create --acl``: one ACL user per role, with its password file."""
     from qrl.jobs.acl import create_users
     from qrl.wire.connection import RedisUnavailable
 
     try:
-        users = create_users(client, ALGOS[algo], keys, folder)
+        users = create_users(client, ALGOS[algo], keys, folder, cfg)
     except (ValueError, OSError, RedisUnavailable) as e:
         raise click.ClickException(str(e)) from None
     for role, (user, path) in users.items():

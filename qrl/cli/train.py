@@ -100,7 +100,7 @@ _job_options = stack(
 
 
 def train_command(algo: Algorithm) -> click.Command:
-    counts = [r.count for r in algo.roles if r.count]
+    counts = list(dict.fromkeys(r.count for r in algo.roles if r.count))
     torch_roles = any(r.device for r in algo.roles)
 
     def cmd(

@@ -128,11 +128,13 @@ def has_selectors(client: Any) -> bool:
 
 
 def create_users(
-    client: Any, algo: Algorithm, keys: RunKeys, folder: Path
+    client: Any, algo: Algorithm, keys: RunKeys, folder: Path, cfg: Any = None
 ) -> dict[str, tuple[str, Path]]:
-    """Create (or reset) the ACL user of every role of ``algo`` for run ``keys``, with the
-    passwords in ``folder`` (made where missing); returns role -> (user, password file)."""
-    files = role_passwords(folder, algo.role_names)
+    """Create (or reset) the ACL user of every role of ``algo`` that a run of config ``cfg``
+    runs (every role without one) for run ``keys``, with the passwords in ``folder`` (made
+    where missing); returns role -> (user, password file)."""
+    roles = [r for r in algo.roles if cfg is None or r.when is None or r.when(cfg)]
+    files = role_passwords(folder, [r.name for r in roles])
     selectors = has_selectors(client)
     if not selectors:
         log.warning(
@@ -140,7 +142,7 @@ def create_users(
             "config and weights (not HSET, ZADD, ...); use Redis 7 where actors are not trusted"
         )
     users = {}
-    for role in algo.roles:
+    for role in roles:
         user = user_name(keys.run, role.name)
         access = role_access(role)
         password = read_password_file(files[role.name])

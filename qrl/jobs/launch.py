@@ -139,6 +139,10 @@ def run_role(spec: RoleSpec) -> int:
         check_env_id(cfg.env)  # the config is data: it may name no module to import
     except (RedisUnavailable, RunNotFound, CodecError, ValueError) as e:
         raise LaunchError(str(e)) from e
+    if roledef.when is not None and not roledef.when(cfg):
+        raise LaunchError(
+            f"run {spec.run!r} has no {roledef.name} processes with its config: {roledef.help}"
+        )
     if spec.ident == "auto":
         count = sum(1 for r, _ in algo.processes(cfg) if r is roledef)
         lease = claim_id(client, keys, roledef.name, count)

@@ -83,6 +83,8 @@ class RoleDef:
     # the fewest it starts whatever that field says
     count: str | None = None
     least: Callable[[Any], int] | None = None
+    # whether a config runs this role at all (None: always), e.g. only with central inference
+    when: Callable[[Any], bool] | None = None
     limit: str | None = None  # what its counter counts ("env steps"): --max-COUNTER stops it
     checkpoints: bool = False  # keeps its state in a checkpoint file (one process at most)
     device: bool = False  # runs torch on a device of its choice (--device, --threads)
@@ -201,6 +203,8 @@ class Algorithm:
         """The ``(role, number)`` of every process of a whole job, in start order."""
         out = []
         for r in sorted(self.roles, key=lambda r: r.order):
+            if r.when is not None and not r.when(cfg):
+                continue
             n = getattr(cfg, r.count) if r.count else 1
             n = max(n, r.least(cfg)) if r.least else n
             out += [(r, i) for i in range(n)]

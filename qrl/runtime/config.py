@@ -15,7 +15,7 @@ import hashlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -149,6 +149,37 @@ class Unrolls(LearnerPool):
                 f"learners={self.learners} (each learner takes an equal share)"
             )
         return self
+
+
+class CentralInference(BaseModel):
+    """Mixin of a config whose actors may leave the forward pass to inference servers (SEED
+    RL, :mod:`qrl.inference`): with ``inference="central"`` the run's actors only step
+    environments and the servers act for them and assemble what the learner consumes."""
+
+    inference: Literal["local", "central"] = Field(
+        "local",
+        description="Where the policy acts: 'local' (each actor holds the network) or "
+        "'central' (inference servers batch the actors' observations; actors need no torch).",
+    )
+    inference_servers: int = Field(
+        1, ge=1, le=256, description="Inference servers with inference=central."
+    )
+    inference_wait_ms: float = Field(
+        2.0,
+        ge=0,
+        le=1000,
+        description="How long a server waits for more of its actors' requests before it acts "
+        "on a partial batch.",
+        json_schema_extra=LIVE,
+    )
+    reply_timeout: float = Field(
+        2.0, gt=0, le=600, description="Seconds an actor waits for an action before it resends."
+    )
+
+
+def central(cfg: Any) -> bool:
+    """Whether ``cfg`` runs central inference (its roles' ``when``)."""
+    return getattr(cfg, "inference", "local") == "central"
 
 
 class Config(BaseModel):

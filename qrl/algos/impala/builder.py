@@ -6,7 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
+from qrl.algos.impala.messages import KIND
+from qrl.inference.roles import inference_role, stepper_role
 from qrl.runtime.algorithm import Algorithm, RoleContext, actor_role, learner_role, torch_policy
+from qrl.runtime.config import central
 from qrl.runtime.roles import POLICY_LAG, Feed, shown_only
 
 if TYPE_CHECKING:
@@ -29,6 +32,12 @@ def _policy_value_net(cfg: ImpalaConfig, env: EnvSpec) -> Any:
     from qrl.rl.models import policy_value_net
 
     return policy_value_net(cfg, env)
+
+
+def _server(ctx: RoleContext) -> Any:
+    from qrl.inference.server import server_maker
+
+    return server_maker(_policy_value_net, trajectories, KIND)(ctx)
 
 
 ALGORITHM = Algorithm(
@@ -64,7 +73,10 @@ ALGORITHM = Algorithm(
             reads=("weights",),
             writes=("trajectories",),
             count="actors",
+            when=lambda cfg: not central(cfg),
         ),
+        inference_role("impala", _server, writes=("trajectories",)),
+        stepper_role("impala"),
     ),
     policy=torch_policy(_policy_value_net),
     weights_key=lambda keys: keys.weights,

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from qrl.runtime.config import (
     LIVE,
+    CentralInference,
     ClaimIdle,
     Config,
     GradientClip,
@@ -21,7 +22,7 @@ from qrl.runtime.config import (
 )
 
 
-class ImpalaConfig(LearningRate, GradientClip, ClaimIdle, Unrolls, Config):
+class ImpalaConfig(LearningRate, GradientClip, ClaimIdle, CentralInference, Unrolls, Config):
     """IMPALA: actors -> trajectory stream -> V-trace learner."""
 
     hidden: Layers = Field((64, 64), description="Hidden layer sizes of the policy-value net.")

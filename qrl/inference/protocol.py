@@ -1,0 +1,132 @@
+"""The wire of central inference, on Redis lists (no torch here: the actors import it).
+
+* Actor ``a`` sends each request to server ``a % inference_servers``'s list
+  (:func:`requests`, RPUSH) and waits on its own reply list (:func:`reply`, BLPOP).
+* A request carries the actor's id, a random ``life`` drawn when the actor process starts,
+  a sequence number, the observations to act on, and what the previous action gave
+  (rewards, terminations, truncations and the final observations of truncated episodes).
+* A reply carries ``life``, ``seq``, the actions and the weights version that chose them.
+  An actor takes only the reply to its own ``life`` and ``seq``; one that waited
+  ``reply_timeout`` sends the same request again (the server answers a repeated ``seq``
+  from its last reply, so nothing is stepped twice). A server that does not know an
+  actor's ``life``, or sees a gap in its ``seq``, starts that actor's unroll afresh: a
+  half-built unroll is dropped, never joined to another's steps.
+* The server pops requests with :data:`POP`, which hands back at most ``count`` of them and
+  drops (returning only the size of) any bigger than the cap, so a planted huge value
+  costs the server nothing but its size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import redis
+
+from qrl.rl.fields import NATURAL, floats, obs_bytes, obs_field
+from qrl.wire.keys import RunKeys
+from qrl.wire.schema import CodecError, Field, Schema, size_cap
+from qrl.wire.stream_scripts import FIX, warn_once
+
+REQUEST = "inference.request"
+REPLY = "inference.reply"
+REPLY_KEEP = 4  # replies kept on an actor's list (older ones are stale anyway)
+REPLY_TTL_S = 60  # a dead actor's reply list goes away
+
+
+def requests(keys: RunKeys, server: int) -> str:
+    """Server ``server``'s request list."""
+    return keys.key(f"inference:requests:{server}")
+
+
+def reply(keys: RunKeys, actor: int) -> str:
+    """Actor ``actor``'s reply list."""
+    return keys.key(f"inference:reply:{actor}")
+
+
+def request_schema(obs_shape: tuple[int, ...], obs_dtype: str, envs: int) -> Schema:
+    """One vector step of an actor of ``envs`` envs."""
+    obs_shape = tuple(obs_shape)
+
+    def check(msg: dict[str, Any]) -> None:
+        b = (envs, *obs_shape)
+        if msg["obs"].shape != b:
+            raise CodecError(f"obs has shape {msg['obs'].shape}, expected {b}")
+        for name in ("reward", "terminated", "truncated"):
+            if msg[name].shape != (envs,):
+                raise CodecError(f"{name} has shape {msg[name].shape}, expected ({envs},)")
+        idx, tobs = msg["trunc_idx"], msg["trunc_obs"]
+        if tobs.shape != (len(idx), *obs_shape):
+            raise CodecError("trunc_idx and trunc_obs disagree")
+        if len(idx) and idx.max() >= envs:
+            raise CodecError("trunc_idx out of range")
+        if sorted(idx.tolist()) != np.flatnonzero(msg["truncated"]).tolist():
+            raise CodecError("every truncated env needs exactly one final observation")
+
+    step = 2 * obs_bytes(obs_shape, obs_dtype) + 10
+    return Schema(
+        REQUEST,
+        {
+            "actor": NATURAL,
+            "life": NATURAL,
+            "seq": NATURAL,
+            "obs": obs_field(obs_shape, obs_dtype, 1),
+            "reward": floats(1),
+            "terminated": Field(np.ndarray, dtypes=("bool",), ndim=1),
+            "truncated": Field(np.ndarray, dtypes=("bool",), ndim=1),
+            "trunc_obs": obs_field(obs_shape, obs_dtype, 1),
+            "trunc_idx": Field(np.ndarray, dtypes=("int32",), ndim=1, bounds=(0, 2**31 - 1)),
+            "sent": Field(float, bounds=(0, 1e11)),
+        },
+        check=check,
+        max_bytes=size_cap(envs * step),
+    )
+
+
+def reply_schema(n_actions: int, envs: int) -> Schema:
+    """The actions for one request."""
+
+    def check(msg: dict[str, Any]) -> None:
+        if msg["action"].shape != (envs,):
+            raise CodecError(f"action has shape {msg['action'].shape}, expected ({envs},)")
+
+    return Schema(
+        REPLY,
+        {
+            "life": NATURAL,
+            "seq": NATURAL,
+            "action": Field(np.ndarray, dtypes=("int32",), ndim=1, bounds=(0, n_actions - 1)),
+            "version": NATURAL,
+        },
+        check=check,
+        max_bytes=size_cap(4 * envs),
+    )
+
+
+POP = (
+    FIX
+    + """
+-- pop up to ARGV[1] requests from list KEYS[1]; one bigger than ARGV[2] bytes is dropped
+-- and only its size returned. Stops once ARGV[1] x ARGV[2] bytes were examined.
+-- Returns {{request or size}...}, then what was repaired.
+fix(KEYS[1], 'list')
+local count, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out, seen = {}, 0
+for i = 1, count do
+  local v = redis.call('LPOP', KEYS[1])
+  if not v then break end
+  seen = seen + #v
+  if #v > cap then out[#out + 1] = #v else out[#out + 1] = v end
+  if seen >= count * cap then break end
+end
+return {out, unpack(fixed)}
+"""
+)
+
+
+def pop(client: redis.Redis, key: str, count: int, cap: int) -> list[bytes | int]:
+    """Up to ``count`` requests from list ``key``: each the request, or the size of one over
+    ``cap`` bytes (popped and dropped). A key of another type is deleted (one warning)."""
+    out, *notes = client.register_script(POP)([key], [count, cap])
+    warn_once(*notes)
+    return list(out)

@@ -1,0 +1,63 @@
+"""The two roles central inference adds to an algorithm (no torch here: builders import it):
+the inference servers, and the actors that only step environments."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from qrl.runtime.algorithm import RoleContext, RoleDef, actor_role
+from qrl.runtime.config import central
+from qrl.runtime.roles import ACTOR_COMMANDS, Access, Reports, shown_only
+
+# an env stepper sends requests and pops its replies; nothing else of the run it writes
+STEPPER_COMMANDS = ACTOR_COMMANDS + " +rpush +blpop"
+
+
+def _stepper(ctx: RoleContext) -> Any:
+    from qrl.inference.stepper import EnvStepper
+
+    return EnvStepper(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
+
+
+def stepper_role(algo: str) -> RoleDef:
+    """The actors of ``algo`` with ``inference=central``: ``actors`` processes."""
+    return actor_role(
+        "stepper",
+        ("stepper", algo),
+        _stepper,
+        f"A {algo} actor with central inference (inference=central): steps its envs and "
+        "asks an inference server for every action; imports no torch.",
+        reads=(),
+        writes=("inference:*",),
+        count="actors",
+        when=central,
+        shown=("version", "rtt_p50_ms", "rtt_p99_ms", "resent"),
+        access=Access((), ("inference:*",), STEPPER_COMMANDS),
+    )
+
+
+def inference_role(
+    algo: str, make: Callable[[RoleContext], Any], *, writes: tuple[str, ...]
+) -> RoleDef:
+    """The inference servers of ``algo`` with ``inference=central``: ``inference_servers``
+    processes, each acting for its share of the actors and pushing their unrolls to the
+    keys ``writes``."""
+    return RoleDef(
+        "inference",
+        ("inference", algo),
+        make,
+        f"A {algo} inference server (inference=central): batches its actors' requests, acts "
+        "with the published weights, answers them and assembles their unrolls.",
+        Access(("weights",), ("inference:*", *writes)),
+        Reports(
+            "requests",
+            ("batch", "queue_ms", "forward_ms", "dropped", "rejected", "version"),
+            (shown_only("batch"),),
+            "version",
+        ),
+        order=2,
+        count="inference_servers",
+        when=central,
+        device=True,
+    )

@@ -1,0 +1,146 @@
+"""The actor of central inference: it steps its vector envs and asks its inference server
+for every action (:mod:`qrl.inference.protocol`). It imports no torch and holds no network,
+so an actor machine needs neither (a test checks the import).
+
+Follow one step: :meth:`EnvStepper.step` sends the request (the observations, and what the
+last actions gave), waits on its reply list for the answer to that request (resending it
+every ``reply_timeout`` seconds while no server answers), steps the envs with the actions,
+and keeps what they gave for the next request.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import numpy as np
+import redis
+
+from qrl.actors.envs import EnvActor
+from qrl.inference import protocol
+from qrl.rl.envspec import EnvSpec
+from qrl.runtime.loop import StopCheck
+from qrl.wire.codec import CodecError, decode, encode
+from qrl.wire.faults import warn_once
+from qrl.wire.keys import RunKeys
+
+WAIT_S = 0.25  # one blocking pop: the stop flag is checked between two
+
+
+class EnvStepper(EnvActor):
+    name = "stepper"
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        cfg: Any,
+        actor_id: int,
+        env: EnvSpec | None = None,
+    ) -> None:
+        super().__init__(cfg, actor_id, env)
+        self.client, self.keys = client, keys
+        b = cfg.envs_per_actor
+        self.requests = protocol.requests(keys, actor_id % cfg.inference_servers)
+        self.replies = protocol.reply(keys, actor_id)
+        self.schema = protocol.reply_schema(self.env.discrete_actions(), b)
+        self.life = secrets.randbelow(2**53)  # this process's requests, told from a dead one's
+        self.seq = 0
+        self.version = -1  # of the weights that chose the last actions
+        self.result: dict[str, np.ndarray] = {
+            "reward": np.zeros(b, np.float32),
+            "terminated": np.zeros(b, bool),
+            "truncated": np.zeros(b, bool),
+            "trunc_obs": np.zeros((0, *self.obs_shape), self.obs_dtype),
+            "trunc_idx": np.zeros(0, np.int32),
+        }
+        self.rtt: list[float] = []
+        self.resent = self.rejected = 0
+
+    def start(self, should_stop: StopCheck) -> bool:
+        self.obs, _ = self.envs.reset()
+        return True
+
+    def step(self, should_stop: StopCheck) -> bool:
+        """One vector step: ask for the actions, step the envs with them."""
+        sent = time.monotonic()
+        actions = self.ask(should_stop)
+        if actions is None:
+            return False
+        self.rtt.append(time.monotonic() - sent)
+        s = self.step_envs(actions)
+        trunc = np.flatnonzero(s.truncated)
+        self.result = {
+            "reward": s.rewards.astype(np.float32),
+            "terminated": s.terminated,
+            "truncated": s.truncated,
+            "trunc_obs": s.true_next[trunc].astype(self.obs_dtype),
+            "trunc_idx": trunc.astype(np.int32),
+        }
+        self.obs = s.next_obs
+        self.seq += 1
+        return True
+
+    def ask(self, should_stop: StopCheck) -> np.ndarray | None:
+        """The actions for ``self.obs``: send the request, wait for its reply (resending it
+        every ``reply_timeout``); ``None`` if stopped first."""
+        msg = {
+            "actor": self.actor_id,
+            "life": self.life,
+            "seq": self.seq,
+            "obs": np.asarray(self.obs, self.obs_dtype),
+            **self.result,
+            "sent": time.time(),
+        }
+        payload = encode(protocol.REQUEST, msg)
+        while not should_stop():
+            self._send(payload)
+            deadline = time.monotonic() + self.cfg.reply_timeout
+            while (left := deadline - time.monotonic()) > 0:
+                if should_stop():
+                    return None
+                got = self._pop(min(left, WAIT_S))
+                if got is not None:
+                    return got
+            self.resent += 1
+        return None
+
+    def _send(self, payload: bytes) -> None:
+        try:
+            self.client.rpush(self.requests, payload)
+        except redis.ResponseError as e:  # someone put another type there: the server repairs it
+            warn_once(f"{self.requests}: {e}", "%s: %s; resending", self.requests, e)
+
+    def _pop(self, timeout: float) -> np.ndarray | None:
+        """The actions of the reply to the current request, if it comes within ``timeout``;
+        other replies (stale, malformed, someone else's) are thrown away."""
+        try:
+            got = self.client.blpop([self.replies], timeout=timeout)
+        except redis.ResponseError as e:  # not a list: ours to repair
+            warn_once(f"{self.replies}: {e}", "%s: %s; deleted", self.replies, e)
+            self.client.delete(self.replies)
+            return None
+        if got is None:
+            return None
+        try:
+            reply = decode(got[1], self.schema)
+        except CodecError as e:
+            self.rejected += 1
+            warn_once(f"bad reply {self.replies}", "%s: rejected a reply: %s", self.replies, e)
+            return None
+        if reply["life"] != self.life or reply["seq"] != self.seq:
+            return None
+        self.version = reply["version"]
+        return reply["action"]
+
+    def metrics(self) -> dict[str, Any]:
+        rtt, self.rtt = np.asarray(self.rtt), []
+        return {
+            **self.episodes(),
+            "version": self.version,
+            "rtt_p50_ms": float(np.percentile(rtt, 50) * 1e3) if len(rtt) else 0.0,
+            "rtt_p99_ms": float(np.percentile(rtt, 99) * 1e3) if len(rtt) else 0.0,
+            "resent": self.resent,
+            "rejected": self.rejected,
+        }

@@ -1,0 +1,255 @@
+"""Central inference (SEED RL) on a real Redis: the unrolls a server assembles are exactly
+the steps its actors took, in order; the actor process imports no torch; SIGKILLed actors
+and servers (real processes) lose only half-built unrolls, never join two actors' or two
+lives' steps, and nothing deadlocks; hostile requests are dead-lettered and the server
+serves on.
+
+An unroll's steps are checked against CartPole's physics: between two steps of one episode
+the cart's position moves by tau x its velocity and the pole's angle by tau x its angular
+velocity, so steps of two different episodes joined together show."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from qrl.algos.impala.builder import _policy_value_net
+from qrl.algos.impala.config import ImpalaConfig
+from qrl.algos.impala.keys import trajectories
+from qrl.algos.impala.messages import KIND, unroll_schema
+from qrl.inference import protocol
+from qrl.inference.server import InferenceServer
+from qrl.inference.stepper import EnvStepper
+from qrl.rl.envspec import EnvSpec
+from qrl.runtime.metrics import MetricsReader
+from qrl.runtime.runs import create_run
+from qrl.wire.codec import decode, encode
+from qrl.wire.weights import WeightStore
+from tests.cli import ROOT
+from tests.helpers import Roles, wait_until
+
+TAU = 0.02  # CartPole's time step
+T, B = 8, 4
+SMALL = {"inference": "central", "actors": 2, "envs_per_actor": B, "unroll": T}
+
+
+def _setup(r, keys, **over) -> ImpalaConfig:
+    cfg = ImpalaConfig(**{**SMALL, **over})
+    create_run(r, keys, "impala", cfg)
+    WeightStore(r, keys).publish(_policy_value_net(cfg, EnvSpec.of(cfg.env)), version=0)
+    return cfg
+
+
+def _server(r, keys, cfg) -> InferenceServer:
+    net = _policy_value_net(cfg, EnvSpec.of(cfg.env))
+    return InferenceServer(r, keys, cfg, 0, net, trajectories(keys), KIND, device="cpu")
+
+
+def _drain(r, keys) -> list[dict]:
+    """Take every unroll out of the stream (the server waits while it holds 8)."""
+    schema = unroll_schema((4,), "float32", 2, T)
+    rows = r.xrange(trajectories(keys))
+    if rows:
+        r.xdel(trajectories(keys), *[eid for eid, _ in rows])
+    return [decode(f[b"d"], schema) for _, f in rows]
+
+
+def _physical(u: dict) -> None:
+    """Every step of ``u`` follows from the one before (within an episode), and every
+    final observation of a cut episode from its last step."""
+    obs, done = u["obs"].astype(np.float64), u["terminated"] | u["truncated"]
+    moved = obs[1:, :, [0, 2]] - obs[:-1, :, [0, 2]]
+    want = TAU * obs[:-1, :, [1, 3]]
+    ok = np.isclose(moved, want, atol=1e-4).all(-1) | done
+    assert ok.all(), f"steps of actor {u['actor']} do not follow: {np.argwhere(~ok)}"
+    for (t, b), final in zip(u["trunc_idx"], u["trunc_obs"], strict=True):
+        assert np.allclose(final[[0, 2]] - obs[t, b, [0, 2]], TAU * obs[t, b, [1, 3]], atol=1e-4)
+
+
+class _Recording(EnvStepper):
+    """An actor that keeps what it saw and did."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.seen: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def step_envs(self, actions):
+        self.seen.append((np.array(self.obs), np.array(actions)))
+        return super().step_envs(actions)
+
+
+def _threads(*loops) -> tuple[threading.Event, list[threading.Thread]]:
+    stop = threading.Event()
+    threads = [threading.Thread(target=lambda f=f: f(stop), daemon=True) for f in loops]
+    for t in threads:
+        t.start()
+    return stop, threads
+
+
+def _loop(role):
+    def run(stop: threading.Event) -> None:
+        assert role.start(stop.is_set)
+        while not stop.is_set() and role.step(stop.is_set):
+            pass
+
+    return run
+
+
+def test_the_unrolls_are_the_steps_each_actor_took(r, keys, redis_server):
+    cfg = _setup(r, keys)
+    server = _server(r, keys, cfg)
+    actors = [_Recording(r, keys, cfg, i) for i in range(2)]
+    stop, threads = _threads(_loop(server), *map(_loop, actors))
+    got: list[dict] = []
+    try:
+        wait_until(lambda: got.extend(_drain(r, keys)) or len(got) >= 12, "12 unrolls", 60)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    got += _drain(r, keys)
+    for a, actor in enumerate(actors):
+        mine = [u for u in got if u["actor"] == a]
+        assert len(mine) >= 3
+        for k, u in enumerate(mine):  # unroll k holds steps kT .. kT+T-1, and then some
+            _physical(u)
+            assert u["version"] == 0
+            for t in range(T):
+                obs, action = actor.seen[k * T + t]
+                np.testing.assert_array_equal(u["obs"][t], obs)
+                np.testing.assert_array_equal(u["action"][t], action)
+            np.testing.assert_array_equal(u["obs"][T], actor.seen[(k + 1) * T][0])
+    m = server.metrics()
+    assert m["unrolls"] == len(got) and m["dropped"] == 0 and m["rejected"] == 0
+    assert 1 <= m["batch"] <= 2
+
+
+_NO_TORCH = """
+import runpy, sys
+sys.argv = ["qrl", "stepper", "impala", "--max-steps", "64"]
+try:
+    runpy.run_module("qrl.cli", run_name="__main__")
+except SystemExit as e:
+    print("exit", e.code)
+print("torch loaded" if "torch" in sys.modules else "no torch")
+"""
+
+
+def test_the_actor_process_imports_no_torch(r, keys, redis_server):
+    cfg = _setup(r, keys)
+    stop, threads = _threads(_loop(_server(r, keys, cfg)))
+    try:
+        env = {**os.environ, "QRL_RUN": keys.run, "QRL_REDIS_URL": redis_server.url}
+        out = subprocess.run(
+            [sys.executable, "-c", _NO_TORCH], cwd=ROOT, env=env, capture_output=True,
+            text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        stop.set()
+        threads[0].join(10)
+    assert "exit 0" in out.stdout and "no torch" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def _reports(r, keys, role: str) -> list[dict]:
+    reader, out = MetricsReader(r, keys, from_start=True), []
+    while batch := reader.read():
+        out += [m["values"] for m in batch if m["role"] == role]
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_killed_actors_and_servers_lose_only_half_built_unrolls(r, keys, tmp_path):
+    _setup(r, keys, reply_timeout=0.5)
+    roles = Roles(keys.run, tmp_path)
+    got: list[dict] = []
+
+    def unrolls_of(actor: int, n: int, what: str) -> None:
+        def more() -> bool:
+            got.extend(_drain(r, keys))
+            return sum(u["actor"] == actor for u in got) >= n
+
+        roles.until(more, what, 90, every=0.05)
+
+    try:
+        roles.start("server", "inference", "impala", "--device", "cpu")
+        for a in (0, 1):
+            roles.start(f"actor{a}", "stepper", "impala", "--id", str(a))
+        unrolls_of(0, 3, "unrolls of both actors")
+        roles.kill("actor0")  # mid-request or mid-step: its unroll is half-built
+        roles.start("actor0", "stepper", "impala", "--id", "0")
+        before = sum(u["actor"] == 0 for u in got)
+        unrolls_of(0, before + 3, "unrolls of the restarted actor")
+        dropped = lambda: max(v["dropped"] for v in _reports(r, keys, "inference"))  # noqa: E731
+        roles.until(dropped, "the server to drop the killed actor's half-built unroll")
+
+        roles.kill("server")
+        time.sleep(2)  # the actors wait and resend; nothing comes
+        roles.check()
+        got.extend(_drain(r, keys))
+        roles.start("server", "inference", "impala", "--device", "cpu")
+        counts = [sum(u["actor"] == a for u in got) for a in (0, 1)]
+        unrolls_of(0, counts[0] + 3, "actor 0 to go on with the new server")
+        unrolls_of(1, counts[1] + 3, "actor 1 to go on with the new server")
+    finally:
+        roles.cleanup()
+    for u in got:
+        _physical(u)
+    assert max(v["resent"] for v in _reports(r, keys, "stepper")) >= 1
+
+
+def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, redis_server):
+    cfg = _setup(r, keys, stream_maxlen=100_000)  # no learner: room for every unroll
+    server = _server(r, keys, cfg)
+    actor = EnvStepper(r, keys, cfg, 0)
+    stop, threads = _threads(_loop(server), _loop(actor))
+    lst = protocol.requests(keys, 0)
+    good = {
+        "actor": 1, "life": 5, "seq": 0, "obs": np.zeros((B, 4), np.float32),
+        "reward": np.zeros(B, np.float32), "terminated": np.zeros(B, bool),
+        "truncated": np.zeros(B, bool), "trunc_obs": np.zeros((0, 4), np.float32),
+        "trunc_idx": np.zeros(0, np.int32), "sent": 1.0,
+    }  # fmt: skip
+    hostile = [
+        b"garbage",
+        b"x" * (8 << 20),  # over the cap: popped and dropped unread
+        encode(protocol.REQUEST, {**good, "obs": np.zeros((B + 1, 4), np.float32)}),
+        encode(protocol.REQUEST, {**good, "obs": np.full((B, 4), np.nan, np.float32)}),
+        encode(protocol.REQUEST, {**good, "truncated": np.ones(B, bool)}),  # no final obs
+        encode(
+            protocol.REQUEST,
+            {
+                **good,
+                "trunc_idx": np.array([9], np.int32),
+                "trunc_obs": np.zeros((1, 4), np.float32),
+            },
+        ),  # fmt: skip
+        encode(
+            protocol.REPLY, {"life": 1, "seq": 0, "action": np.zeros(B, np.int32), "version": 0}
+        ),  # fmt: skip
+    ]
+    try:
+        wait_until(lambda: actor.steps >= 100, "the actor to step", 60)
+        r.delete(lst)
+        r.set(lst, "not a list")  # repaired by the server's next pop
+        r.delete(protocol.reply(keys, 0))
+        r.hset(protocol.reply(keys, 0), "x", "1")  # repaired by the actor
+        r.rpush(protocol.reply(keys, 1), b"x" * 100)  # a reply list nobody reads
+        wait_until(lambda: r.type(lst) != b"string", "the server to repair its list")
+        for h in hostile:
+            r.rpush(lst, h)
+        steps = actor.steps
+        wait_until(lambda: actor.steps >= steps + 200, "the actor to go on", 60)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert server.rejected == len(hostile)
+    assert int(r.hget(keys.stats, "rejected:inference")) == len(hostile)
+    assert r.xlen(keys.deadletter) >= len(hostile)
