@@ -244,8 +244,11 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
         wait_until(lambda: r.type(lst) != b"string", "the server to repair its list")
         for h in hostile:
             r.rpush(lst, h)
+        for i in range(3 * server.keep):  # well-formed, from actors nobody runs
+            r.rpush(lst, encode(protocol.REQUEST, {**good, "actor": 1000 + i}))
         steps = actor.steps
         wait_until(lambda: actor.steps >= steps + 200, "the actor to go on", 60)
+        assert len(server.tracks) <= server.keep and 0 in server.tracks
     finally:
         stop.set()
         for t in threads:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,7 +147,10 @@ class InferenceServer(Role):
         b = cfg.envs_per_actor
         self.schema = protocol.request_schema(self.env.obs_shape, self.env.obs_dtype, b)
         self.cap = stored_cap(self.schema.max_bytes)
-        self.tracks: dict[int, Track] = {}
+        # the actors it talks to, least recently heard from first; a writer inventing actor
+        # ids cannot make it keep more than ``keep`` (each holds an unroll's buffers)
+        self.tracks: OrderedDict[int, Track] = OrderedDict()
+        self.keep = 2 * self.expect + 16
         self.finished: list[bytes] = []  # unrolls the last batch completed, encoded
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 10_000 + server_id)
         self.requests = self.unrolls = self.dropped = self.rejected = self.repeats = 0
@@ -218,6 +222,8 @@ class InferenceServer(Role):
             self.requests += 1
             self.queue_s.append(max(0.0, now - req["sent"]))
             a, tr = req["actor"], self.tracks.get(req["actor"])
+            if tr is not None:
+                self.tracks.move_to_end(a)
             if tr is not None and tr.life == req["life"] and tr.seq == req["seq"]:
                 self.repeats += 1
                 if tr.reply and tr not in again:
@@ -233,6 +239,9 @@ class InferenceServer(Role):
                 if tr is not None and tr.t:
                     self.dropped += 1
                 tr = self.tracks[a] = Track.new(req, self.cfg.unroll, self.n_actions)
+                if len(self.tracks) > self.keep:
+                    self.tracks.popitem(last=False)
+                    self.dropped += 1
             tr.reply = b""
             todo.append((tr, req))
         return todo, again
