@@ -134,10 +134,12 @@ def _act_for(actor: PPOActor, seconds: float) -> None:
         pass
 
 
-@pytest.mark.parametrize("paced", [True, False])
-def test_actors_send_one_batch_per_published_version(r, keys, redis_server, paced):
-    # two actors of 4 envs, batches of 8 rollouts: each actor's share is one entry per version
-    lrn = _learner(r, keys, redis_server, actors=2, batch_unrolls=8, pace_actors=paced)
+@pytest.mark.parametrize("ahead", [0, 1, None])
+def test_actors_send_one_batch_per_published_version(r, keys, redis_server, ahead):
+    # two actors of 4 envs, batches of 8 rollouts: each actor's share is one entry per
+    # version, and it may hold ``ahead`` more (None: not paced)
+    over = {"pace_actors": False} if ahead is None else {"batches_ahead": ahead}
+    lrn = _learner(r, keys, redis_server, actors=2, batch_unrolls=8, **over)
     lrn.publish()
     actor = PPOActor(r, keys, lrn.cfg, actor_id=0)
     assert actor.start(lambda: False)
@@ -147,10 +149,10 @@ def test_actors_send_one_batch_per_published_version(r, keys, redis_server, pace
     _act_for(actor, 1.0)
     schema = rollout_schema((4,), "float32", 2, 8)
     versions = [decode(f[b"d"], schema)["version"] for _, f in r.xrange(rollouts(keys))]
-    if paced:
-        assert versions == [0, 1] and actor.metrics()["paced_s"] > 1.0
-    else:  # the stream's room alone bounds them
+    if ahead is None:  # the stream's room alone bounds them
         assert len(versions) == lrn.cfg.stream_maxlen
+    else:
+        assert versions == [0] * (1 + ahead) + [1] and actor.metrics()["paced_s"] > 1.0
 
 
 @pytest.mark.parametrize("paced", [True, False])

@@ -1,11 +1,13 @@
 """The PPO actor: rollouts with the behaviour logits and values to the rollout stream
 (:class:`qrl.actors.unrolls.UnrollActor`); ``qrl/learners/ppo.py`` consumes them.
 
-Paced by the published version (``pace_actors``): an actor sends at most its share of one
-batch (``batch_unrolls / (actors * envs_per_actor)`` entries) with each version, then waits
-for the next. The actors together then make one batch per update, so the learners train on
-rollouts of the weights they last published, none is made only to be dropped as stale, and
-while the learners train the actors leave them the CPU (on a small machine they share it)."""
+Paced by the published version (``pace_actors``): each new version gives an actor its share
+of one batch (``batch_unrolls / (actors * envs_per_actor)`` entries) to send, and it holds at
+most ``1 + batches_ahead`` shares (it starts full). The actors together then make one batch
+per update: with ``batches_ahead`` 1 they act on the next batch while the learners train on
+this one, so rollouts are one update old when trained on and the two sides overlap; with 0
+they take turns. Either way no rollout is made only to be dropped as stale, and the actors
+cannot race ahead of learners that share their CPU."""
 
 from __future__ import annotations
 
@@ -37,29 +39,32 @@ class PPOActor(UnrollActor):
         env: EnvSpec | None = None,
     ) -> None:
         super().__init__(client, keys, cfg, actor_id, env)
-        per_version = -(-cfg.batch_unrolls // (cfg.actors * cfg.envs_per_actor))
-        self.quota = per_version if cfg.pace_actors else 0
-        self.sent_version, self.sent = -1, 0  # entries sent with that version
+        self.share = -(-cfg.batch_unrolls // (cfg.actors * cfg.envs_per_actor))
+        self.most = self.share * (1 + cfg.batches_ahead)
+        self.credit = self.most  # entries it may send before a new version comes
         self.paced_s = 0.0
         self.version_at, self.interval = time.monotonic(), 1.0  # seconds between versions
-        self.unpaced = 0  # entries sent past the quota because no new version came
+        self.unpaced = 0  # entries sent without credit because no new version came
 
     def refresh_weights(self) -> bool:
+        before = self.version
         if not super().refresh_weights():
             return False
+        if before >= 0:  # a share per version published since (the first weights: none)
+            self.credit = min(self.most, self.credit + self.share * (self.version - before))
         now = time.monotonic()
         self.interval = 0.8 * self.interval + 0.2 * (now - self.version_at)
         self.version_at = now
         return True
 
-    def _wait_for_version(self, should_stop: StopCheck) -> bool:
-        """Wait until this actor may send with the current weights; False if stopped. If no
-        new version comes in three times the usual interval (fewer actors than ``actors``
-        run, or rollouts were dropped), it sends one more entry so the learners can go on."""
+    def _wait_for_credit(self, should_stop: StopCheck) -> bool:
+        """Wait until this actor may send another entry; False if stopped. If no new version
+        comes in three times the usual interval (fewer actors than ``actors`` run, or
+        rollouts were lost), it sends one more so the learners can go on."""
         start = time.monotonic()
         deadline = start + max(1.0, 3 * self.interval)
         try:
-            while self.sent_version == self.version and self.sent >= self.quota:
+            while self.credit < 1:
                 if should_stop():
                     return False
                 if time.monotonic() > deadline:
@@ -72,13 +77,10 @@ class PPOActor(UnrollActor):
             self.paced_s += time.monotonic() - start
 
     def advance(self, obs: np.ndarray, should_stop: StopCheck) -> np.ndarray | None:
-        if self.quota and not self._wait_for_version(should_stop):
+        if self.cfg.pace_actors and not self._wait_for_credit(should_stop):
             return None
-        version = self.version
         out = super().advance(obs, should_stop)
-        if version != self.sent_version:
-            self.sent_version, self.sent = version, 0
-        self.sent += 1
+        self.credit = max(0, self.credit - 1)
         return out
 
     def extra_metrics(self) -> dict[str, float]:

@@ -63,9 +63,15 @@ class PPOConfig(LearningRate, GradientClip, ClaimIdle, Unrolls, Config):
     )
     pace_actors: bool = Field(
         True,
-        description="Actors send at most one batch per published version (together), so "
-        "rollouts are at most one update old and none is made only to be dropped "
-        "(docs/benchmarks.md, 'PPO').",
+        description="Actors make one batch per published version (together), so none is "
+        "made only to be dropped as stale (docs/benchmarks.md, 'PPO').",
+    )
+    batches_ahead: int = Field(
+        1,
+        ge=0,
+        le=16,
+        description="With pace_actors, batches the actors may make beyond the current "
+        "version's: 1 overlaps acting with training (rollouts one update old), 0 takes turns.",
     )
     # actors (Unrolls' fields, PPO's defaults)
     envs_per_actor: int = Field(
