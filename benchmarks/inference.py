@@ -101,6 +101,12 @@ def one(url: str, mode: str, actors: int, hidden: str, warmup: float, seconds: f
     drainer = threading.Thread(target=drain, args=(connect(url), trajectories(keys), stop))
     drainer.start()
     try:
+        deadline = time.time() + 300  # 16 processes loading torch on 2 cores take a while
+        while time.time() < deadline:  # every acting process stepping
+            started = reports(client, keys, role, 0.0)
+            if len(started) == actors and all(rs[-1]["steps"] > 0 for rs in started.values()):
+                break
+            time.sleep(1.0)
         time.sleep(warmup)
         t0 = time.time()
         cpu0 = [cpu_s(p.pid) for p in acting], [cpu_s(p.pid) for p in servers]
@@ -142,7 +148,7 @@ def main() -> None:
     p.add_argument("--actors", type=int, nargs="+", default=[2, 8, 16])
     p.add_argument("--hidden", nargs="+", default=["64,64", "1024,1024,1024"])
     p.add_argument("--modes", nargs="+", default=["local", "central"])
-    p.add_argument("--warmup", type=float, default=8.0)
+    p.add_argument("--warmup", type=float, default=5.0, help="seconds after all step")
     p.add_argument("--seconds", type=float, default=20.0)
     args = p.parse_args()
     with EmbeddedRedis() as server:
@@ -163,7 +169,7 @@ def main() -> None:
                         f"{extra}",
                         flush=True,
                     )
-                if {"local", "central"} <= res.keys():
+                if {"local", "central"} <= res.keys() and res["local"]["steps_per_s"] > 0:
                     loc, cen = res["local"], res["central"]
                     print(
                         f"{hidden} {actors:2d} actors central/local: steps/s "
