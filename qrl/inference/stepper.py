@@ -3,9 +3,9 @@ for every action (:mod:`qrl.inference.protocol`). It imports no torch and holds 
 so an actor machine needs neither (a test checks the import).
 
 Follow one step: :meth:`EnvStepper.step` sends the request (the observations, and what the
-last actions gave), waits on its reply list for the answer to that request (resending it
-every ``reply_timeout`` seconds while no server answers), steps the envs with the actions,
-and keeps what they gave for the next request.
+last actions gave) and waits on its reply list for the answer in the same round trip
+(resending it every ``reply_timeout`` seconds while no server answers), steps the envs with
+the actions, and keeps what they gave for the next request.
 """
 
 from __future__ import annotations
@@ -95,30 +95,33 @@ class EnvStepper(EnvActor):
         }
         payload = encode(protocol.REQUEST, msg)
         while not should_stop():
-            self._send(payload)
             deadline = time.monotonic() + self.cfg.reply_timeout
-            while (left := deadline - time.monotonic()) > 0:
+            got = self._exchange(payload, min(self.cfg.reply_timeout, WAIT_S))
+            while got is None and (left := deadline - time.monotonic()) > 0:
                 if should_stop():
                     return None
-                got = self._pop(min(left, WAIT_S))
-                if got is not None:
-                    return got
+                got = self._exchange(None, min(left, WAIT_S))
+            if got is not None:
+                return got
             self.resent += 1
         return None
 
-    def _send(self, payload: bytes) -> None:
-        try:
-            self.client.rpush(self.requests, payload)
-        except redis.ResponseError as e:  # someone put another type there: the server repairs it
-            warn_once(f"{self.requests}: {e}", "%s: %s; resending", self.requests, e)
-
-    def _pop(self, timeout: float) -> np.ndarray | None:
-        """The actions of the reply to the current request, if it comes within ``timeout``;
-        other replies (stale, malformed, someone else's) are thrown away."""
-        try:
-            got = self.client.blpop([self.replies], timeout=timeout)
-        except redis.ResponseError as e:  # not a list: ours to repair
-            warn_once(f"{self.replies}: {e}", "%s: %s; deleted", self.replies, e)
+    def _exchange(self, payload: bytes | None, timeout: float) -> np.ndarray | None:
+        """Send ``payload`` (if any) and wait up to ``timeout`` for the reply to the current
+        request, in one round trip; other replies (stale, malformed, someone else's) are
+        thrown away. A key someone replaced by another type: the request list is the
+        server's to repair (the request goes again after ``reply_timeout``), the reply list
+        this actor's."""
+        pipe = self.client.pipeline(transaction=False)
+        if payload is not None:
+            pipe.rpush(self.requests, payload)
+        pipe.blpop([self.replies], timeout=timeout)
+        *sent, got = pipe.execute(raise_on_error=False)
+        for e in sent:
+            if isinstance(e, redis.ResponseError):
+                warn_once(f"{self.requests}: {e}", "%s: %s; resending", self.requests, e)
+        if isinstance(got, redis.ResponseError):
+            warn_once(f"{self.replies}: {got}", "%s: %s; deleted", self.replies, got)
             self.client.delete(self.replies)
             return None
         if got is None:
