@@ -16,6 +16,7 @@ import redis
 from qrl.algos import ALGOS
 from qrl.algos.apex.config import ApexConfig
 from qrl.jobs.acl import RUN_COMMANDS, user_name
+from qrl.runtime.config import parse_config
 from qrl.runtime.live import LiveConfig
 from qrl.server.embedded import EmbeddedRedis, server_version
 from qrl.wire.keys import RunKeys
@@ -146,24 +147,28 @@ def test_run_create_acl_refuses_the_example_password(tmp_path):
 
 # each algorithm's roles under their own users: a learner that makes a few updates from
 # what the other roles feed it
-EXCHANGES = {
-    "apex": ["--set", "learning_starts=200", "--set", "batch_size=32"],
-    "impala": [],
-    "es": ["--set", "workers=1"],
+EXCHANGES = {  # case -> the algorithm and its settings
+    "apex": ("apex", {"learning_starts": 200, "batch_size": 32}),
+    "impala": ("impala", {}),
+    "impala-central": ("impala", {"inference": "central"}),  # servers and steppers
+    "es": ("es", {"workers": 1}),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("algo", EXCHANGES)
-def test_each_role_works_under_its_own_user(algo, tmp_path):
-    run, keys = f"x-{algo}", RunKeys(f"x-{algo}")
+@pytest.mark.parametrize("case", EXCHANGES)
+def test_each_role_works_under_its_own_user(case, tmp_path):
+    algo, settings = EXCHANGES[case]
+    run, keys = f"x-{case}", RunKeys(f"x-{case}")
     spec = ALGOS[algo]
+    sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    cfg = parse_config(spec.config, settings)
     with EmbeddedRedis(password=ADMIN) as server:
-        done = _create(server, algo, run, tmp_path / "pw", *EXCHANGES[algo])
+        done = _create(server, algo, run, tmp_path / "pw", *sets)
         assert done.returncode == 0, done.stderr
         procs = {}
-        for role in spec.roles:
+        for role in (r for r in spec.roles if r.when is None or r.when(cfg)):
             limit = ["--max-updates", "3"] if role.checkpoints else []  # the learner
             env = {
                 **os.environ,

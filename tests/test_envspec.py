@@ -24,7 +24,7 @@ from qrl.wire.weights import WeightStore
 from tests import _envs
 
 # the config field that says how many envs a role plays (the others play none)
-PLAYS = {"actor": "envs_per_actor", "worker": "envs_per_worker"}
+PLAYS = {"actor": "envs_per_actor", "stepper": "envs_per_actor", "worker": "envs_per_worker"}
 
 
 @pytest.mark.parametrize("algo, role", [(a.name, r.name) for a in ALGOS.values() for r in a.roles])

@@ -45,7 +45,7 @@ def test_a_change_is_validated_versioned_and_kept_with_the_earlier_ones(r, run):
     ("changes", "error"),
     [
         ({"lrr": 1e-4}, "ImpalaConfig: unknown field 'lrr' (did you mean 'lr'? fields that "
-         "may change live: grad_clip, lr, entropy_cost, baseline_cost)"),
+         "may change live: inference_wait_ms, grad_clip, lr, entropy_cost, baseline_cost)"),
         ({"hidden": [8]}, "ImpalaConfig: hidden cannot change while the run runs"),
         ({"actors": 4}, "actors cannot change while the run runs"),
         ({"unroll": 5}, "unroll cannot change while the run runs"),
