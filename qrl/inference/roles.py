@@ -26,8 +26,8 @@ def stepper_role(algo: str) -> RoleDef:
         "stepper",
         ("stepper", algo),
         _stepper,
-        f"A {algo} actor with central inference (inference=central): steps its envs and "
-        "asks an inference server for every action; imports no torch.",
+        f"An actor of a {algo} run with central inference (inference=central): steps its "
+        "envs and asks an inference server for every action; imports no torch.",
         reads=(),
         writes=("inference:*",),
         count="actors",
@@ -47,8 +47,8 @@ def inference_role(
         "inference",
         ("inference", algo),
         make,
-        f"A {algo} inference server (inference=central): batches its actors' requests, acts "
-        "with the published weights, answers them and assembles their unrolls.",
+        f"An inference server of a {algo} run (inference=central): batches its actors' "
+        "requests, acts with the published weights, answers them and assembles their unrolls.",
         Access(("weights",), ("inference:*", *writes)),
         Reports(
             "requests",
