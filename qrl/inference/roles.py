@@ -26,7 +26,7 @@ def stepper_role(algo: str) -> RoleDef:
         "stepper",
         ("stepper", algo),
         _stepper,
-        f"An actor of a {algo} run with central inference (inference=central): steps its "
+        f"An actor of an {algo} run with central inference (inference=central): steps its "
         "envs and asks an inference server for every action; imports no torch.",
         reads=(),
         writes=("inference:*",),
@@ -47,7 +47,7 @@ def inference_role(
         "inference",
         ("inference", algo),
         make,
-        f"An inference server of a {algo} run (inference=central): batches its actors' "
+        f"An inference server of an {algo} run (inference=central): batches its actors' "
         "requests, acts with the published weights, answers them and assembles their unrolls.",
         Access(("weights",), ("inference:*", *writes)),
         Reports(
