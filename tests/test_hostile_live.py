@@ -18,7 +18,10 @@ import redis
 
 from tests.cli import ROOT, qrl
 
-LAST_S = 15  # entries added this close to the job's end may be left unread
+# entries added this close to the job's end may be left unread: the consumers stop before
+# `qrl train` returns (in one clean-clone CI run here the IMPALA learner's last read came
+# 16.5 s before the job ended)
+LAST_S = 25
 
 
 @pytest.mark.slow
