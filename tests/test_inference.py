@@ -186,7 +186,7 @@ def test_killed_actors_and_servers_lose_only_half_built_unrolls(r, keys, tmp_pat
         roles.start("actor0", "stepper", "impala", "--id", "0")
         before = sum(u["actor"] == 0 for u in got)
         unrolls_of(0, before + 3, "unrolls of the restarted actor")
-        dropped = lambda: max(v["dropped"] for v in _reports(r, keys, "inference"))  # noqa: E731
+        dropped = lambda: max((v["dropped"] for v in _reports(r, keys, "inference")), default=0)  # noqa: E731
         roles.until(dropped, "the server to drop the killed actor's half-built unroll")
 
         roles.kill("server")
