@@ -30,12 +30,14 @@ TASKS = {
     "Acrobot-v1": (-100.0, 300.0),
     "LunarLander-v3": (200.0, 1200.0),
     "Pendulum-v1": (-250.0, 300.0),
+    "qrl/CartPoleNoVel-v1": (475.0, 300.0),
 }
 TABLE = {
     "apex": ["CartPole-v1", "Acrobot-v1", "LunarLander-v3"],
     "impala": ["CartPole-v1", "Acrobot-v1", "LunarLander-v3"],
     "ppo": ["CartPole-v1", "Acrobot-v1", "LunarLander-v3"],
     "es": ["CartPole-v1", "Acrobot-v1", "Pendulum-v1"],
+    "r2d2": ["qrl/CartPoleNoVel-v1"],
 }
 
 
@@ -79,7 +81,7 @@ def main() -> None:
                 target, budget = TASKS[env]
                 ok = True
                 for seed in args.seeds:
-                    run_dir = Path(tmp) / f"{algo}-{env}-{seed}"
+                    run_dir = Path(tmp) / f"{algo}-{env.replace('/', '_')}-{seed}"
                     r = train(algo, env, seed, run_dir, tuple(shlex.split(args.args)))
                     ok &= r["code"] == 0
                     print(

@@ -151,6 +151,7 @@ EXCHANGES = {  # case -> the algorithm and its settings
     "apex": ("apex", {"learning_starts": 200, "batch_size": 32}),
     "impala": ("impala", {}),
     "impala-central": ("impala", {"inference": "central"}),  # servers and steppers
+    "r2d2-central": ("r2d2", {"inference": "central", "learning_starts": 200}),
     "es": ("es", {"workers": 1}),
 }
 

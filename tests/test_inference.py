@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from qrl.algos.impala.builder import _policy_value_net
 from qrl.algos.impala.config import ImpalaConfig
@@ -26,6 +27,7 @@ from qrl.algos.impala.messages import KIND, unroll_schema
 from qrl.inference import protocol
 from qrl.inference.server import InferenceServer
 from qrl.inference.stepper import EnvStepper
+from qrl.inference.unrolls import UnrollAgent
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.metrics import MetricsReader
 from qrl.runtime.runs import create_run
@@ -47,8 +49,10 @@ def _setup(r, keys, **over) -> ImpalaConfig:
 
 
 def _server(r, keys, cfg) -> InferenceServer:
-    net = _policy_value_net(cfg, EnvSpec.of(cfg.env))
-    return InferenceServer(r, keys, cfg, 0, net, trajectories(keys), KIND, device="cpu")
+    env = EnvSpec.of(cfg.env)
+    net = _policy_value_net(cfg, env)
+    agent = UnrollAgent(r, keys, cfg, 0, env, net, trajectories(keys), KIND, torch.device("cpu"))
+    return InferenceServer(r, keys, cfg, 0, agent, device="cpu")
 
 
 def _drain(r, keys) -> list[dict]:
@@ -213,8 +217,8 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
     good = {
         "actor": 1, "life": 5, "seq": 0, "obs": np.zeros((B, 4), np.float32),
         "reward": np.zeros(B, np.float32), "terminated": np.zeros(B, bool),
-        "truncated": np.zeros(B, bool), "trunc_obs": np.zeros((0, 4), np.float32),
-        "trunc_idx": np.zeros(0, np.int32), "sent": 1.0,
+        "truncated": np.zeros(B, bool), "final_obs": np.zeros((0, 4), np.float32),
+        "final_idx": np.zeros(0, np.int32), "sent": 1.0,
     }  # fmt: skip
     hostile = [
         b"garbage",
@@ -222,12 +226,13 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
         encode(protocol.REQUEST, {**good, "obs": np.zeros((B + 1, 4), np.float32)}),
         encode(protocol.REQUEST, {**good, "obs": np.full((B, 4), np.nan, np.float32)}),
         encode(protocol.REQUEST, {**good, "truncated": np.ones(B, bool)}),  # no final obs
+        encode(protocol.REQUEST, {**good, "terminated": np.ones(B, bool)}),  # nor here
         encode(
             protocol.REQUEST,
             {
                 **good,
-                "trunc_idx": np.array([9], np.int32),
-                "trunc_obs": np.zeros((1, 4), np.float32),
+                "final_idx": np.array([9], np.int32),
+                "final_obs": np.zeros((1, 4), np.float32),
             },
         ),  # fmt: skip
         encode(

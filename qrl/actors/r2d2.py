@@ -16,10 +16,10 @@ import torch
 from qrl.actors.envs import Step
 from qrl.actors.replay import ReplayActor, spread
 from qrl.algos.r2d2.config import R2D2Config
-from qrl.algos.r2d2.rule import Sequences, priorities, rule_of
+from qrl.algos.r2d2.rule import Rule, Sequences, priorities, rule_of
 from qrl.replay.sequences import Sequencer, stack
 from qrl.rl.envspec import EnvSpec
-from qrl.rl.models import recurrent_q_network
+from qrl.rl.models import RecurrentQNetwork, recurrent_q_network
 from qrl.wire.keys import RunKeys
 
 
@@ -70,14 +70,17 @@ class R2D2Actor(ReplayActor):
         self.state = tuple(torch.where(ended, 0.0, x) for x in self.state)  # type: ignore[assignment]
         return done, self.sequencer.slots
 
-    @torch.no_grad()
-    def sequence_priorities(self, batch: dict[str, np.ndarray]) -> np.ndarray:
-        """R2D2's priority mix of the sequences' TD errors under the actor's own network."""
-        return priorities(self.net, self.net, Sequences.of(batch), self.rule).numpy()
-
     def message(self, items: list[Any], slots: np.ndarray) -> tuple[str, dict[str, Any]]:
-        batch = stack(items)
-        return "r2d2.sequences", {
-            **batch,
-            "priority": self.sequence_priorities(batch).astype(np.float32),
-        }
+        return sequence_message(self.net, self.rule, items)
+
+
+@torch.no_grad()
+def sequence_message(
+    net: RecurrentQNetwork, rule: Rule, items: list[dict[str, Any]]
+) -> tuple[str, dict[str, Any]]:
+    """The message of ``items`` (sequences), with initial priorities: R2D2's priority mix
+    of their TD errors under ``net``."""
+    batch = stack(items)
+    device = next(net.parameters()).device
+    prio = priorities(net, net, Sequences.of(batch, device), rule).float().cpu().numpy()
+    return "r2d2.sequences", {**batch, "priority": prio}

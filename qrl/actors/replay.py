@@ -5,19 +5,15 @@ stream of each env slot's shard, and the rate limit against the learner
 
 Follow one batch: ``ReplayActor.advance`` calls ``act`` and steps the envs; ``collect``
 turns the step into replay items (``TransitionActor``: ``NStep.add``'s n-step transitions;
-R2D2: sequences); ``ReplayActor.flush`` pushes them, one batch per shard
-(:func:`qrl.replay.shards.shard_of_slots`), as the subclass's ``message`` (initial
-priorities included), through :class:`qrl.wire.streams.StreamProducer`; the replay role
-(``qrl/replay/role.py``) inserts them. Stacked frames (Atari) travel each frame once, in
-per-env-slot chunks (:mod:`qrl.replay.frames`)."""
+R2D2: sequences); ``ReplayActor.flush`` pushes them as the subclass's ``message`` (initial
+priorities included), one batch per shard, and keeps to the rate limit
+(:mod:`qrl.actors.feed`); the replay role (``qrl/replay/role.py``) inserts them. Stacked
+frames (Atari) travel each frame once, in per-env-slot chunks (:mod:`qrl.replay.frames`)."""
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections import deque
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,14 +22,11 @@ import torch
 
 from qrl.actors.base import VectorActor
 from qrl.actors.envs import Step
+from qrl.actors.feed import RateLimit, ReplayFeed
 from qrl.algos.apex_family.config import ReplayConfig
 from qrl.replay.frames import is_frame_stack, pack_frames
-from qrl.replay.shards import shard_of_slots
 from qrl.rl.envspec import EnvSpec
-from qrl.wire.codec import encode
-from qrl.wire.faults import repaired, warn_once
 from qrl.wire.keys import RunKeys
-from qrl.wire.streams import StreamProducer
 
 
 def spread(base: float, alpha: float, cfg: ReplayConfig, actor_id: int) -> np.ndarray:
@@ -97,16 +90,8 @@ class ReplayActor(VectorActor):
         self.explore()
         self.net = self.make_net()
         self.net.eval()
-        self.pending: list[Any] = []  # replay items not pushed yet
-        self.pending_slots: list[int] = []  # the env slot of each
-        # each shard's stream (its own keys: on a cluster, its own node), and each slot's shard
-        self.producers = [
-            StreamProducer(client, k.experience, maxlen=cfg.stream_maxlen, keys=k)
-            for k in keys.shards(cfg.replay_shards)
-        ]
-        self.shard_of = shard_of_slots(actor_id, cfg.envs_per_actor, cfg.replay_shards)
-        self.counted = 0  # steps already added to the run's global env-step counter
-        self.throttled_s = 0.0
+        self.feed = ReplayFeed(client, keys, cfg, actor_id, self.message)
+        self.limit = RateLimit(client, keys, cfg, share=cfg.actors)
 
     def make_net(self) -> torch.nn.Module:
         """The local copy of the learner's (published) network."""
@@ -138,82 +123,26 @@ class ReplayActor(VectorActor):
         raise NotImplementedError
 
     def flush(self, should_stop: Callable[[], bool]) -> bool:
-        """Push the pending items, one batch per shard (the shard of their env slot); False
-        if stopped while waiting."""
-        if not self.pending:
-            return True
-        pending, slots = self.pending, np.asarray(self.pending_slots)
-        shard = self.shard_of[slots]
-        self.pending, self.pending_slots = [], []
-        for s, producer in enumerate(self.producers):
-            mine = np.flatnonzero(shard == s)
-            items = [pending[i] for i in mine]
-            if items and not self.push(producer, items, slots[mine], should_stop):
-                return False
-        return self.throttle(should_stop)
-
-    def push(
-        self,
-        producer: StreamProducer,
-        items: list[Any],
-        slots: np.ndarray,
-        should_stop: Callable[[], bool],
-    ) -> bool:
-        """Push ``items`` (from env slots ``slots``) as one message to ``producer``'s
-        stream; False if stopped."""
-        kind, fields = self.message(items, slots)
-        payload = encode(
-            kind,
-            {**fields, "version": self.version, "actor": self.actor_id, "batch": uuid.uuid4().hex},
-        )
-        return producer.add(payload, should_stop=should_stop) is not None
-
-    def env_steps(self) -> int:
-        """The run's env steps, ours added (HINCRBY on its stats). Anyone with the run's keys
-        can write that count: garbage (the wrong type, not a whole number, about to overflow)
-        is deleted, and what is believed is at least our own steps and at most our fair
-        share's worth (ours times the configured actors), so a count lowered or raised by
-        someone else neither lifts the limit for good nor holds actors for good."""
-        key, add = self.keys.stats, self.steps - self.counted
-        total = None
-        for _ in range(2):
-            try:
-                incr = partial(self.client.hincrby, key, "env_steps", add)
-                total = repaired(self.client, key, incr, None)
-                break
-            except redis.ResponseError as e:  # not an integer, or it would overflow
-                warn_once(f"{key}:env_steps", "%s env_steps was garbage (%s): reset", key, e)
-                self.client.hdel(key, "env_steps")
-        self.counted = self.steps
-        return min(max(total or 0, self.steps), self.steps * max(self.cfg.actors, 1))
+        """Push the pending items (:class:`qrl.actors.feed.ReplayFeed`) and keep to the rate
+        limit; False if stopped while waiting."""
+        return self.feed.flush(self.version, should_stop) and self.throttle(should_stop)
 
     def throttle(self, should_stop: Callable[[], bool]) -> bool:
-        """Count our steps in the run's total and wait while the total is ahead of what the
-        learner's progress allows. Its progress is the version of the weights this actor
-        loaded (a blob that passed validation: a bare version field anyone with the run's
-        keys can set does not count; see :mod:`qrl.wire.weights` for versions far ahead)."""
-        total = self.env_steps()
-        spu = self.cfg.steps_per_update
-        if spu <= 0:
-            return True
-        t0 = time.monotonic()
-        while total > self.cfg.learning_starts + spu * max(self.version, 0):
-            if should_stop():
-                return False
-            time.sleep(0.005)
+        """Count our steps in the run's total and wait while the learner is behind
+        (:class:`qrl.actors.feed.RateLimit`); its progress is the weights this actor loaded."""
+
+        def progress() -> int:
             self.refresh_weights()
-            total = self.env_steps()
-        self.throttled_s += time.monotonic() - t0
-        return True
+            return self.version
+
+        return self.limit.throttle(self.steps, self.version, progress, should_stop)
 
     def advance(self, obs: np.ndarray, should_stop: Callable[[], bool]) -> np.ndarray | None:
         """One vector step; pushes a batch when ``actor_batch`` items are ready."""
         actions = self.act(obs)
         step = self.step_envs(actions)
-        items, slots = self.collect(obs, actions, step)
-        self.pending += items
-        self.pending_slots += slots
-        if len(self.pending) >= self.cfg.actor_batch and not self.flush(should_stop):
+        self.feed.add(*self.collect(obs, actions, step))
+        if self.feed.ready and not self.flush(should_stop):
             return None
         return step.next_obs
 
@@ -221,10 +150,10 @@ class ReplayActor(VectorActor):
         self.flush(should_stop)
 
     def waited_s(self) -> float:
-        return sum(p.waited_s for p in self.producers)
+        return self.feed.waited_s()
 
     def extra_metrics(self) -> dict[str, float]:
-        return {"throttled_s": self.throttled_s}
+        return {"throttled_s": self.limit.throttled_s}
 
 
 class TransitionActor(ReplayActor):

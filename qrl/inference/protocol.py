@@ -4,7 +4,8 @@
   (:func:`requests`, RPUSH) and waits on its own reply list (:func:`reply`, BLPOP).
 * A request carries the actor's id, a random ``life`` drawn when the actor process starts,
   a sequence number, the observations to act on, and what the previous action gave
-  (rewards, terminations, truncations and the final observations of truncated episodes).
+  (rewards, terminations, truncations and the final observation of each episode that
+  ended: ``final_obs`` for the env slots ``final_idx``).
 * A reply carries ``life``, ``seq``, the actions and the weights version that chose them.
   An actor takes only the reply to its own ``life`` and ``seq``; one that waited
   ``reply_timeout`` sends the same request again (the server answers a repeated ``seq``
@@ -55,13 +56,14 @@ def request_schema(obs_shape: tuple[int, ...], obs_dtype: str, envs: int) -> Sch
         for name in ("reward", "terminated", "truncated"):
             if msg[name].shape != (envs,):
                 raise CodecError(f"{name} has shape {msg[name].shape}, expected ({envs},)")
-        idx, tobs = msg["trunc_idx"], msg["trunc_obs"]
-        if tobs.shape != (len(idx), *obs_shape):
-            raise CodecError("trunc_idx and trunc_obs disagree")
+        idx, final = msg["final_idx"], msg["final_obs"]
+        if final.shape != (len(idx), *obs_shape):
+            raise CodecError("final_idx and final_obs disagree")
         if len(idx) and idx.max() >= envs:
-            raise CodecError("trunc_idx out of range")
-        if sorted(idx.tolist()) != np.flatnonzero(msg["truncated"]).tolist():
-            raise CodecError("every truncated env needs exactly one final observation")
+            raise CodecError("final_idx out of range")
+        ended = np.flatnonzero(msg["terminated"] | msg["truncated"])
+        if sorted(idx.tolist()) != ended.tolist():
+            raise CodecError("every env whose episode ended needs exactly one final observation")
 
     step = 2 * obs_bytes(obs_shape, obs_dtype) + 10
     return Schema(
@@ -74,8 +76,8 @@ def request_schema(obs_shape: tuple[int, ...], obs_dtype: str, envs: int) -> Sch
             "reward": floats(1),
             "terminated": Field(np.ndarray, dtypes=("bool",), ndim=1),
             "truncated": Field(np.ndarray, dtypes=("bool",), ndim=1),
-            "trunc_obs": obs_field(obs_shape, obs_dtype, 1),
-            "trunc_idx": Field(np.ndarray, dtypes=("int32",), ndim=1, bounds=(0, 2**31 - 1)),
+            "final_obs": obs_field(obs_shape, obs_dtype, 1),
+            "final_idx": Field(np.ndarray, dtypes=("int32",), ndim=1, bounds=(0, 2**31 - 1)),
             "sent": Field(float, bounds=(0, 1e11)),
         },
         check=check,

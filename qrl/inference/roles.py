@@ -38,18 +38,23 @@ def stepper_role(algo: str) -> RoleDef:
 
 
 def inference_role(
-    algo: str, make: Callable[[RoleContext], Any], *, writes: tuple[str, ...]
+    algo: str,
+    make: Callable[[RoleContext], Any],
+    *,
+    writes: tuple[str, ...],
+    reads: tuple[str, ...] = ("weights",),
 ) -> RoleDef:
     """The inference servers of ``algo`` with ``inference=central``: ``inference_servers``
-    processes, each acting for its share of the actors and pushing their unrolls to the
-    keys ``writes``."""
+    processes, each acting for its share of the actors with the weights (``reads``) and
+    pushing what they assemble to the keys ``writes``."""
     return RoleDef(
         "inference",
         ("inference", algo),
         make,
         f"An inference server of an {algo} run (inference=central): batches its actors' "
-        "requests, acts with the published weights, answers them and assembles their unrolls.",
-        Access(("weights",), ("inference:*", *writes)),
+        "requests, acts with the published weights, answers them and assembles what the "
+        "learner trains on.",
+        Access(reads, ("inference:*", *writes)),
         Reports(
             "requests",
             ("batch", "queue_ms", "forward_ms", "dropped", "rejected", "version"),

@@ -1,23 +1,25 @@
 """The inference server of central inference (SEED RL): it pops the requests of its actors
 (those with ``id % inference_servers`` equal to its own), acts on all of them in one forward
 pass with the latest published weights, answers each actor, and assembles each actor's
-steps into the unrolls the learner consumes, pushed to the same stream local actors would
-push to. It keeps no state a restart loses beyond half-built unrolls, which are dropped.
+steps into what the learner consumes, pushed where local actors would push it. What it
+assembles is its algorithm's :class:`Agent` (IMPALA's unrolls:
+:mod:`qrl.inference.unrolls`; R2D2's sequences with the LSTM state kept here:
+:mod:`qrl.inference.sequences`). It keeps no state a restart loses beyond half-built
+unrolls or sequences, which are dropped.
 
 Follow one batch: :meth:`InferenceServer.gather` pops requests (waiting up to
 ``inference_wait_ms`` for the rest of its actors), :meth:`InferenceServer.admit` validates
-each and files it under its actor's :class:`Track`, one forward pass samples the actions,
-:meth:`InferenceServer.answer` pushes the replies in one round trip, and each unroll a
-request completed goes to the stream.
+each and files it under its actor's :class:`Track`, the agent acts on them in one forward
+pass, :meth:`InferenceServer.answer` pushes the replies in one round trip, and the agent
+pushes what the requests completed.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,87 +34,67 @@ from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.faults import warn_once
 from qrl.wire.keys import RunKeys
 from qrl.wire.stream_scripts import stored_cap
-from qrl.wire.streams import StreamProducer, dead_letter
+from qrl.wire.streams import dead_letter
 from qrl.wire.weights import WeightStore
 
 
 @dataclass
 class Track:
-    """One actor's conversation: its ``life`` and last ``seq``, the reply to it, and the
-    unroll being built from its steps (``t`` of ``T`` done; step ``t`` waits for its
-    result)."""
+    """One actor's conversation: its ``life`` and last ``seq``, and the reply to it. An
+    agent's track also holds what it is assembling from the actor's steps."""
 
     actor: int
     life: int
     seq: int
-    obs: np.ndarray
-    action: np.ndarray
-    logits: np.ndarray
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    t: int = 0
-    version: int = 2**62  # the oldest weights that acted in this unroll
-    trunc: list[tuple[int, int]] = field(default_factory=list)
-    trunc_obs: list[np.ndarray] = field(default_factory=list)
     reply: bytes = b""
 
-    @classmethod
-    def new(cls, req: dict[str, Any], t_len: int, n_actions: int) -> Track:
-        """A fresh track of the actor that sent ``req``, its unroll starting there."""
-        obs = req["obs"]
-        b = len(obs)
-        tr = cls(
-            req["actor"],
-            req["life"],
-            req["seq"],
-            obs=np.empty((t_len + 1, b, *obs.shape[1:]), obs.dtype),
-            action=np.empty((t_len, b), np.int32),
-            logits=np.empty((t_len, b, n_actions), np.float32),
-            reward=np.empty((t_len, b), np.float32),
-            terminated=np.empty((t_len, b), bool),
-            truncated=np.empty((t_len, b), bool),
-        )
-        tr.obs[0] = obs
-        return tr
+    def advance(self, req: dict[str, Any]) -> None:
+        """The next request: what the last actions gave, and the observations to act on."""
+        raise NotImplementedError
 
-    def record(self, req: dict[str, Any]) -> None:
-        """What the actions of step ``t`` gave."""
-        t = self.t
-        self.reward[t], self.terminated[t], self.truncated[t] = (
-            req["reward"], req["terminated"], req["truncated"],
-        )  # fmt: skip
-        self.trunc += [(t, int(j)) for j in req["trunc_idx"]]
-        self.trunc_obs += list(req["trunc_obs"])
-        self.t += 1
+    def held(self) -> bool:
+        """Whether steps are held that a restart of the actor would drop."""
+        raise NotImplementedError
 
-    def unroll(self, kind: str) -> bytes:
-        """The finished unroll, encoded as a local actor would send it; the next starts
-        where it ended."""
-        shape = self.obs.shape[2:]
-        msg = {
-            "obs": self.obs,
-            "action": self.action,
-            "reward": self.reward,
-            "terminated": self.terminated,
-            "truncated": self.truncated,
-            "logits": self.logits,
-            "trunc_obs": np.array(self.trunc_obs, self.obs.dtype).reshape(-1, *shape),
-            "trunc_idx": np.array(self.trunc, np.int32).reshape(-1, 2),
-            "version": self.version,
-            "actor": self.actor,
-            "batch": uuid.uuid4().hex,
-        }
-        payload = encode(kind, msg)
-        self.obs[0] = self.obs[-1]
-        self.t, self.version, self.trunc, self.trunc_obs = 0, 2**62, [], []
-        return payload
+
+class Agent:
+    """What an algorithm gives its inference servers: the network (it gets the published
+    weights), a track per actor, the batched action choice and the push of what the
+    actors' steps completed."""
+
+    net: torch.nn.Module
+
+    def track(self, req: dict[str, Any], old: Track | None) -> Track:
+        """A fresh track of the actor that sent ``req`` (``old``: its previous one, whose
+        half-built work is dropped)."""
+        raise NotImplementedError
+
+    def act(self, tracks: list[Track], obs: torch.Tensor, version: int) -> np.ndarray:
+        """The actions for ``obs`` (the tracks' requests' observations, concatenated)."""
+        raise NotImplementedError
+
+    def push(
+        self,
+        tracks: list[Track],
+        version: int,
+        progress: Callable[[], int],
+        should_stop: StopCheck,
+    ) -> bool:
+        """Push what ``tracks`` completed (acted on with weights ``version``; ``progress()``
+        loads newer ones and returns their version); False if stopped while waiting."""
+        raise NotImplementedError
+
+    def reconfigure(self, cfg: Any, tracks: list[Track]) -> None:
+        """Live config changes (the server's ``cfg`` is swapped)."""
+        self.cfg = cfg
+
+    def metrics(self) -> dict[str, Any]:
+        return {}
 
 
 class InferenceServer(Role):
-    """Server ``server_id`` of a run with ``cfg.inference_servers``; ``net`` maps a batch
-    of observations to (logits, ...) and gets the published weights; the unrolls go to
-    ``stream`` as messages of ``kind``."""
+    """Server ``server_id`` of a run with ``cfg.inference_servers``, acting for its actors
+    with ``agent`` (whose network gets the published weights) on ``device``."""
 
     name = "inference"
     counter = "requests"
@@ -123,24 +105,20 @@ class InferenceServer(Role):
         keys: RunKeys,
         cfg: Any,
         server_id: int,
-        net: torch.nn.Module,
-        stream: str,
-        kind: str,
+        agent: Agent,
         *,
-        device: str = "auto",
+        device: str | torch.device = "auto",
         threads: int = 1,
         env: EnvSpec | None = None,
     ) -> None:
         torch.set_num_threads(threads)
         self.client, self.keys, self.cfg, self.server_id = client, keys, cfg, server_id
         self.env = env or EnvSpec.of(cfg.env)
-        self.n_actions = self.env.discrete_actions()
-        self.device = pick_device(device)
-        self.net = net.to(self.device).eval()
-        self.kind = kind
+        self.device = pick_device(str(device))
+        self.agent = agent
+        self.net = agent.net.to(self.device).eval()
         self.weights = WeightStore(client, keys)
         self.version = -1
-        self.producer = StreamProducer(client, stream, maxlen=cfg.stream_maxlen, keys=keys)
         k = cfg.inference_servers
         self.list = protocol.requests(keys, server_id)
         self.expect = max(1, len(range(server_id, cfg.actors, k)))  # actors it serves
@@ -151,9 +129,7 @@ class InferenceServer(Role):
         # ids cannot make it keep more than ``keep`` (each holds an unroll's buffers)
         self.tracks: OrderedDict[int, Track] = OrderedDict()
         self.keep = 2 * self.expect + 16
-        self.finished: list[bytes] = []  # unrolls the last batch completed, encoded
-        self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 10_000 + server_id)
-        self.requests = self.unrolls = self.dropped = self.rejected = self.repeats = 0
+        self.requests = self.dropped = self.rejected = self.repeats = 0
         self.batches: list[int] = []
         self.queue_s: list[float] = []
         self.forward_s: list[float] = []
@@ -165,6 +141,15 @@ class InferenceServer(Role):
                 return True
             time.sleep(0.05)
         return False
+
+    def progress(self) -> int:
+        """The version of the weights it acts with, newer ones loaded first."""
+        self.refresh()
+        return self.version
+
+    def reconfigure(self, cfg: Any) -> None:
+        super().reconfigure(cfg)
+        self.agent.reconfigure(cfg, list(self.tracks.values()))
 
     def refresh(self) -> bool:
         v = self.weights.load_into(self.net, newer_than=self.version)
@@ -185,13 +170,9 @@ class InferenceServer(Role):
         todo, again = self.admit(raw)
         if todo:
             self.act(todo)
-        self.answer([tr for tr, _ in todo] + again)
-        for payload in self.finished:
-            if self.producer.add(payload, should_stop=should_stop) is None:
-                return False
-            self.unrolls += 1
-        self.finished = []
-        return True
+        tracks = [tr for tr, _ in todo]
+        self.answer(tracks + again)
+        return self.agent.push(tracks, self.version, self.progress, should_stop)
 
     def gather(self) -> list[bytes | int]:
         """Popped requests: what is there, and if that is not one from each of its actors,
@@ -211,7 +192,6 @@ class InferenceServer(Role):
     def admit(self, raw: list[bytes | int]) -> tuple[list[tuple[Track, dict]], list[Track]]:
         """Validate each request and file it under its actor: the requests to act on, and
         the tracks whose last reply is answered again (a resent request)."""
-        self.finished = []
         todo: list[tuple[Track, dict]] = []
         again: list[Track] = []
         now = time.time()
@@ -230,18 +210,13 @@ class InferenceServer(Role):
                     again.append(tr)
                 continue  # (no reply yet: it is being acted on in this batch)
             if tr is not None and tr.life == req["life"] and tr.seq + 1 == req["seq"]:
-                tr.record(req)
                 tr.seq = req["seq"]
-                tr.obs[tr.t] = req["obs"]
-                if tr.t == self.cfg.unroll:
-                    self.finished.append(tr.unroll(self.kind))
+                tr.advance(req)
             else:  # a new actor, a restarted one, or a gap: start its unroll afresh
-                if tr is not None and tr.t:
-                    self.dropped += 1
-                tr = self.tracks[a] = Track.new(req, self.cfg.unroll, self.n_actions)
+                self.dropped += tr is not None and tr.held()
+                tr = self.tracks[a] = self.agent.track(req, tr)
                 if len(self.tracks) > self.keep:
-                    self.tracks.popitem(last=False)
-                    self.dropped += 1
+                    self.dropped += self.tracks.popitem(last=False)[1].held()
             tr.reply = b""
             todo.append((tr, req))
         return todo, again
@@ -264,24 +239,18 @@ class InferenceServer(Role):
 
     @torch.no_grad()
     def act(self, todo: list[tuple[Track, dict]]) -> None:
-        """One forward pass over every request's observations; sampled actions."""
+        """One forward pass over every request's observations; the replies."""
         start = time.monotonic()
-        obs = np.concatenate([req["obs"] for _, req in todo])
-        logits = self.net(torch.from_numpy(obs).to(self.device))[0]
-        actions = torch.multinomial(torch.softmax(logits, 1), 1, generator=self.gen)[:, 0]
-        logits, actions = logits.float().cpu().numpy(), actions.int().cpu().numpy()
+        obs = torch.from_numpy(np.concatenate([req["obs"] for _, req in todo]))
+        tracks = [tr for tr, _ in todo]
+        actions = self.agent.act(tracks, obs.to(self.device), self.version)
         self.forward_s.append(time.monotonic() - start)
         self.batches.append(len(todo))
         b = self.cfg.envs_per_actor
-        for i, (tr, _) in enumerate(todo):
-            tr.action[tr.t], tr.logits[tr.t] = (
-                actions[i * b : (i + 1) * b],
-                logits[i * b : (i + 1) * b],
-            )
-            tr.version = min(tr.version, self.version)
+        for i, tr in enumerate(tracks):
             tr.reply = encode(
                 protocol.REPLY,
-                {"life": tr.life, "seq": tr.seq, "action": tr.action[tr.t],
+                {"life": tr.life, "seq": tr.seq, "action": actions[i * b : (i + 1) * b],
                  "version": self.version},
             )  # fmt: skip
 
@@ -303,27 +272,26 @@ class InferenceServer(Role):
             "batch": float(np.mean(self.batches)) if self.batches else 0.0,
             "queue_ms": float(np.mean(self.queue_s) * 1e3) if self.queue_s else 0.0,
             "forward_ms": float(np.mean(self.forward_s) * 1e3) if self.forward_s else 0.0,
-            "unrolls": self.unrolls,
             "dropped": self.dropped,
             "rejected": self.rejected,
             "repeats": self.repeats,
             "version": self.version,
+            **self.agent.metrics(),
         }
         self.batches, self.queue_s, self.forward_s = [], [], []
         return out
 
 
 def server_maker(
-    net: Callable[[Any, EnvSpec], torch.nn.Module], stream: Callable[[RunKeys], str], kind: str
+    agent: Callable[[Any, torch.device], Agent],
 ) -> Callable[[Any], InferenceServer]:
-    """A builder's ``make`` of the inference role: ``net(cfg, env)`` acts, the unrolls go to
-    ``stream(keys)`` as ``kind``."""
+    """A builder's ``make`` of the inference role: ``agent(ctx, device)`` acts for it."""
 
     def make(ctx: Any) -> InferenceServer:
-        env = ctx.env or EnvSpec.of(ctx.cfg.env)
+        device = pick_device(ctx.device)
         return InferenceServer(
-            ctx.client, ctx.keys, ctx.cfg, ctx.ident, net(ctx.cfg, env), stream(ctx.keys),
-            kind, device=ctx.device, threads=ctx.threads, env=env,
+            ctx.client, ctx.keys, ctx.cfg, ctx.ident, agent(ctx, device), device=device,
+            threads=ctx.threads, env=ctx.env,
         )  # fmt: skip
 
     return make

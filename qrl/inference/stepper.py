@@ -52,8 +52,8 @@ class EnvStepper(EnvActor):
             "reward": np.zeros(b, np.float32),
             "terminated": np.zeros(b, bool),
             "truncated": np.zeros(b, bool),
-            "trunc_obs": np.zeros((0, *self.obs_shape), self.obs_dtype),
-            "trunc_idx": np.zeros(0, np.int32),
+            "final_obs": np.zeros((0, *self.obs_shape), self.obs_dtype),
+            "final_idx": np.zeros(0, np.int32),
         }
         self.rtt: list[float] = []
         self.resent = self.rejected = 0
@@ -70,13 +70,13 @@ class EnvStepper(EnvActor):
             return False
         self.rtt.append(time.monotonic() - sent)
         s = self.step_envs(actions)
-        trunc = np.flatnonzero(s.truncated)
+        ended = np.flatnonzero(s.terminated | s.truncated)
         self.result = {
             "reward": s.rewards.astype(np.float32),
             "terminated": s.terminated,
             "truncated": s.truncated,
-            "trunc_obs": s.true_next[trunc].astype(self.obs_dtype),
-            "trunc_idx": trunc.astype(np.int32),
+            "final_obs": s.true_next[ended].astype(self.obs_dtype),
+            "final_idx": ended.astype(np.int32),
         }
         self.obs = s.next_obs
         self.seq += 1

@@ -36,8 +36,9 @@ def _policy_value_net(cfg: ImpalaConfig, env: EnvSpec) -> Any:
 
 def _server(ctx: RoleContext) -> Any:
     from qrl.inference.server import server_maker
+    from qrl.inference.unrolls import unroll_agent
 
-    return server_maker(_policy_value_net, trajectories, KIND)(ctx)
+    return server_maker(unroll_agent(_policy_value_net, trajectories, KIND))(ctx)
 
 
 ALGORITHM = Algorithm(

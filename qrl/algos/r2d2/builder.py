@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 from qrl.algos.apex_family import builder as family
 from qrl.algos.apex_family.builder import replay_role, status, streams
 from qrl.algos.r2d2.config import R2D2Config
+from qrl.inference.roles import inference_role, stepper_role
 from qrl.runtime.algorithm import Algorithm, Policy, RoleContext, actor_role, learner_role
+from qrl.runtime.config import central
 
 if TYPE_CHECKING:
     from qrl.rl.envspec import EnvSpec
@@ -37,14 +39,26 @@ def _learner(ctx: RoleContext) -> Any:
     return R2D2Learner.from_context(ctx)
 
 
+def _q_network(cfg: R2D2Config, env: EnvSpec) -> Any:
+    from qrl.rl.models import recurrent_q_network
+
+    return recurrent_q_network(cfg, env)
+
+
+def _server(ctx: RoleContext) -> Any:
+    from qrl.inference.sequences import sequence_agent
+    from qrl.inference.server import server_maker
+
+    return server_maker(sequence_agent(_q_network))(ctx)
+
+
 def _policy(cfg: R2D2Config, env: EnvSpec, params: dict[str, Any]) -> Policy:
     """The greedy policy of the LSTM Q-network; it keeps the LSTM state between calls
     (``.reset()`` starts new episodes; so does a new batch size)."""
     from qrl.algos.r2d2.rule import RecurrentPolicy
-    from qrl.rl.models import recurrent_q_network
     from qrl.wire.weights import load_arrays
 
-    net = recurrent_q_network(cfg, env)
+    net = _q_network(cfg, env)
     load_arrays(net, params)
     return RecurrentPolicy(net)
 
@@ -58,6 +72,7 @@ ALGORITHM = Algorithm(
 
     \b
     qrl train r2d2 --env qrl/CartPoleNoVel-v1 --seed 0 --max-time 300
+    qrl train r2d2 --set inference=central   # SEED RL: actors only step envs
     """,
     roles=(
         replay_role(_replay),
@@ -78,7 +93,10 @@ ALGORITHM = Algorithm(
             reads=family.ACTOR_READS,
             writes=family.ACTOR_WRITES,
             count="actors",
+            when=lambda cfg: not central(cfg),
         ),
+        inference_role("r2d2", _server, reads=family.ACTOR_READS, writes=family.ACTOR_WRITES),
+        stepper_role("r2d2"),
     ),
     policy=_policy,
     weights_key=lambda keys: keys.weights,

@@ -9,10 +9,10 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from qrl.algos.apex_family.config import QLearning, ReplayConfig
-from qrl.runtime.config import Layers, LearningRate, lr_field
+from qrl.runtime.config import CentralInference, Layers, LearningRate, lr_field
 
 
-class R2D2Config(LearningRate, QLearning, ReplayConfig):
+class R2D2Config(LearningRate, QLearning, CentralInference, ReplayConfig):
     """R2D2: actors -> sequences -> replay fillers -> prioritized replay -> learner.
 
     Replay items are sequences: ``replay_capacity`` and ``batch_size`` count sequences,

@@ -1,0 +1,118 @@
+"""R2D2 with central inference on a real Redis: the server keeps each actor's LSTM state,
+and every sequence it pushes to the replay's stream is a run of steps one env slot of one
+actor process took, with the LSTM state that slot's episode had reached at its start
+(recomputed here from what the actor saw); an actor that restarts starts fresh (its
+half-built sequences dropped, never joined to the new process's steps)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from qrl.algos.r2d2.builder import _q_network
+from qrl.algos.r2d2.config import R2D2Config
+from qrl.inference.sequences import SequenceAgent
+from qrl.inference.server import InferenceServer
+from qrl.inference.stepper import EnvStepper
+from qrl.replay.sequences import max_rows, sequence_spec
+from qrl.rl.envspec import EnvSpec
+from qrl.runtime.runs import create_run
+from qrl.wire.codec import decode
+from qrl.wire.weights import WeightStore
+from tests.helpers import wait_until
+from tests.test_inference import _loop, _threads
+
+B = 3
+CFG = {
+    "inference": "central", "env": "CartPole-v1", "actors": 2, "envs_per_actor": B,
+    "sequence_length": 8, "overlap": 4, "burn_in": 2, "actor_batch": 4, "lstm": 16,
+    "hidden": (16,), "steps_per_update": 0.0, "stream_maxlen": 100_000,
+}  # fmt: skip
+
+
+class _Recording(EnvStepper):
+    """An actor that keeps what it saw, did, and which of its episodes ended."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.seen: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def step_envs(self, actions):
+        obs = np.array(self.obs)
+        s = super().step_envs(actions)
+        self.seen.append((obs, np.array(actions), s.terminated | s.truncated))
+        return s
+
+
+@torch.no_grad()
+def _states(net, seen) -> list[np.ndarray]:
+    """The LSTM state ``h`` each step of ``seen`` was acted in (zeros at episode starts)."""
+    h, c = net.initial_state(B)
+    out = []
+    for obs, _, ended in seen:
+        out.append(h.numpy().copy())
+        _, (h, c) = net(torch.from_numpy(obs)[:, None], (h, c))
+        keep = torch.from_numpy(~ended)[:, None]
+        h, c = h * keep, c * keep
+    return out
+
+
+def _find(seq: dict, seen) -> tuple[int, int] | None:
+    """The (step, slot) of ``seen`` where ``seq``'s steps are, if they are a run there."""
+    n = int(seq["steps"])
+    for t in range(len(seen) - n + 1):
+        for j in range(B):
+            if all(
+                np.array_equal(seen[t + i][0][j], seq["obs"][i])
+                and seen[t + i][1][j] == seq["action"][i]
+                for i in range(n)
+            ):
+                return t, j
+    return None
+
+
+def _steps_of(actor: _Recording, n: int) -> None:
+    stop, threads = _threads(_loop(actor))
+    try:
+        wait_until(lambda: actor.steps >= n * B, f"{n} steps of an actor", 60)
+    finally:
+        stop.set()
+        threads[0].join(10)
+
+
+def test_r2d2_sequences_are_one_slots_steps_with_their_lstm_state(r, keys, redis_server):
+    cfg = R2D2Config(**CFG)
+    create_run(r, keys, "r2d2", cfg)
+    env = EnvSpec.of(cfg.env)
+    net = _q_network(cfg, env)
+    WeightStore(r, keys).publish(net, version=0)
+    agent = SequenceAgent(r, keys, cfg, 0, env, _q_network(cfg, env), torch.device("cpu"))
+    server = InferenceServer(r, keys, cfg, 0, agent, device="cpu")
+    other = _Recording(r, keys, cfg, 1)
+    lives = [_Recording(r, keys, cfg, 0), _Recording(r, keys, cfg, 0)]  # one process, restarted
+    stop, threads = _threads(_loop(server), _loop(other))
+    try:
+        for actor in lives:  # the first one stops mid-sequence; the second starts afresh
+            _steps_of(actor, 60)
+        wait_until(lambda: other.steps >= 60 * B, "the other actor to step", 60)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    _, schema = sequence_spec(cfg, env, max_rows(cfg))
+    found = {id(a): 0 for a in (*lives, other)}
+    states = {id(a): _states(net, a.seen) for a in (*lives, other)}
+    for _, fields in r.xrange(keys.experience):
+        msg = decode(fields[b"d"], schema)
+        mine = [other] if msg["actor"] == 1 else lives
+        for k in range(len(msg["steps"])):
+            seq = {f: msg[f][k] for f in ("obs", "action", "steps", "h0", "first")}
+            where = [(a, w) for a in mine if (w := _find(seq, a.seen)) is not None]
+            assert where, f"a sequence of actor {msg['actor']} is no run of its steps"
+            actor, (t, j) = where[0]
+            start = t == 0 or actor.seen[t - 1][2][j]
+            assert bool(seq["first"]) == start
+            np.testing.assert_allclose(seq["h0"], states[id(actor)][t][j], atol=1e-5)
+            found[id(actor)] += 1
+    assert all(found.values()), "sequences of each actor process"
+    assert server.dropped >= 1  # the first process's half-built sequences
