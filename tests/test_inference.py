@@ -32,6 +32,8 @@ from qrl.rl.envspec import EnvSpec
 from qrl.runtime.metrics import MetricsReader
 from qrl.runtime.runs import create_run
 from qrl.wire.codec import decode, encode
+from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore
 from tests.cli import ROOT
 from tests.helpers import Roles, wait_until
@@ -48,20 +50,24 @@ def _setup(r, keys, **over) -> ImpalaConfig:
     return cfg
 
 
-def _server(r, keys, cfg) -> InferenceServer:
+def _server(r, keys, cfg, ident: int = 0) -> InferenceServer:
     env = EnvSpec.of(cfg.env)
     net = _policy_value_net(cfg, env)
-    agent = UnrollAgent(r, keys, cfg, 0, env, net, trajectories(keys), KIND, torch.device("cpu"))
-    return InferenceServer(r, keys, cfg, 0, agent, device="cpu")
+    agent = UnrollAgent(
+        r, keys, cfg, ident, env, net, trajectories(keys), KIND, torch.device("cpu")
+    )
+    return InferenceServer(r, keys, cfg, ident, agent, device="cpu")
+
+
+_SCHEMA = unroll_schema((4,), "float32", 2, T)
 
 
 def _drain(r, keys) -> list[dict]:
     """Take every unroll out of the stream (the server waits while it holds 8)."""
-    schema = unroll_schema((4,), "float32", 2, T)
     rows = r.xrange(trajectories(keys))
     if rows:
         r.xdel(trajectories(keys), *[eid for eid, _ in rows])
-    return [decode(f[b"d"], schema) for _, f in rows]
+    return [decode(f[b"d"], _SCHEMA) for _, f in rows]
 
 
 def _physical(u: dict) -> None:
@@ -213,7 +219,7 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
     server = _server(r, keys, cfg)
     actor = EnvStepper(r, keys, cfg, 0)
     stop, threads = _threads(_loop(server), _loop(actor))
-    lst = protocol.requests(keys, 0)
+    lst = protocol.requests(keys)
     good = {
         "actor": 1, "life": 5, "seq": 0, "obs": np.zeros((B, 4), np.float32),
         "reward": np.zeros(B, np.float32), "terminated": np.zeros(B, bool),
@@ -261,3 +267,26 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
     assert server.rejected == len(hostile)
     assert int(r.hget(keys.stats, "rejected:inference")) == len(hostile)
     assert r.xlen(keys.deadletter) >= len(hostile)
+
+
+@pytest.mark.cluster
+def test_servers_on_a_cluster_each_serve_their_actors_on_a_slot_of_their_own(redis_cluster):
+    keys = RunKeys(f"inf-cluster-{time.time_ns()}")
+    client = connect(redis_cluster.urls[0])  # a cluster client: every role's own below
+    cfg = _setup(client, keys, actors=4, inference_servers=2, stream_maxlen=100_000)
+    mine = [protocol.server_keys(keys, 2, s) for s in (0, 1)]
+    assert len({keys.slot(), *(k.slot() for k in mine)}) == 3
+    servers = [_server(connect(redis_cluster.urls[s]), keys, cfg, s) for s in (0, 1)]
+    actors = [EnvStepper(connect(redis_cluster.urls[a % 3]), keys, cfg, a) for a in range(4)]
+    stop, threads = _threads(*map(_loop, servers), *map(_loop, actors))
+    try:
+        wait_until(lambda: min(a.steps for a in actors) >= 20 * T * B, "every actor to step", 90)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    got = [u for _, f in client.xrange(trajectories(keys)) for u in [decode(f[b"d"], _SCHEMA)]]
+    assert {u["actor"] for u in got} == {0, 1, 2, 3}
+    assert all(s.requests and set(s.tracks) == {s.server_id, s.server_id + 2} for s in servers)
+    assert all(s.rejected == 0 and s.dropped == 0 for s in servers)
+    client.close()

@@ -5,7 +5,6 @@ stream, or one per replay shard)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -16,7 +15,7 @@ from qrl.actors.envs import EnvActor
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.loop import StopCheck
 from qrl.wire.keys import RunKeys
-from qrl.wire.weights import WeightStore
+from qrl.wire.weights import WeightStore, wait_for_weights
 
 
 class VectorActor(EnvActor):
@@ -44,16 +43,8 @@ class VectorActor(EnvActor):
         self.units = 0  # units of work done (vector steps, unrolls)
 
     def wait_for_weights(self, should_stop: StopCheck, timeout: float = 600) -> bool:
-        """Block until the learner published weights (all actors start from the same ones);
-        False if stopped first, ``RuntimeError`` after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while not should_stop():
-            if self.refresh_weights():
-                return True
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no weights published in {timeout:.0f}s: is a learner running?")
-            time.sleep(0.05)
-        return False
+        """Block until the learner published weights (:func:`qrl.wire.weights.wait_for_weights`)."""
+        return wait_for_weights(self.refresh_weights, should_stop, timeout)
 
     def refresh_weights(self) -> bool:
         """Load newer weights if the learner published some (one HGET when not)."""

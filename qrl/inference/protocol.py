@@ -1,7 +1,10 @@
 """The wire of central inference, on Redis lists (no torch here: the actors import it).
 
 * Actor ``a`` sends each request to server ``a % inference_servers``'s list
-  (:func:`requests`, RPUSH) and waits on its own reply list (:func:`reply`, BLPOP).
+  (:func:`requests`, RPUSH) and waits on its own reply list (:func:`reply`, BLPOP). Both
+  lists have the server's hash tag (:func:`server_keys`): on a Redis Cluster each server's
+  traffic is on a slot of its own, and an actor's request and wait are one round trip to
+  one node.
 * A request carries the actor's id, a random ``life`` drawn when the actor process starts,
   a sequence number, the observations to act on, and what the previous action gave
   (rewards, terminations, truncations and the final observation of each episode that
@@ -35,13 +38,19 @@ REPLY_KEEP = 4  # replies kept on an actor's list (older ones are stale anyway)
 REPLY_TTL_S = 60  # a dead actor's reply list goes away
 
 
-def requests(keys: RunKeys, server: int) -> str:
-    """Server ``server``'s request list."""
-    return keys.key(f"inference:requests:{server}")
+def server_keys(keys: RunKeys, servers: int, server: int) -> RunKeys:
+    """The keys of server ``server`` of a run's ``servers``: with one, the run's own; with
+    more, each its own hash tag, spread over the slot space (:meth:`RunKeys.shards`)."""
+    return keys.shards(servers)[server]
+
+
+def requests(keys: RunKeys) -> str:
+    """The request list of the server whose keys are ``keys`` (:func:`server_keys`)."""
+    return keys.key("inference:requests")
 
 
 def reply(keys: RunKeys, actor: int) -> str:
-    """Actor ``actor``'s reply list."""
+    """Actor ``actor``'s reply list, among its server's keys ``keys``."""
     return keys.key(f"inference:reply:{actor}")
 
 

@@ -35,7 +35,7 @@ from qrl.wire.faults import warn_once
 from qrl.wire.keys import RunKeys
 from qrl.wire.stream_scripts import stored_cap
 from qrl.wire.streams import dead_letter
-from qrl.wire.weights import WeightStore
+from qrl.wire.weights import WeightStore, wait_for_weights
 
 
 @dataclass
@@ -120,7 +120,8 @@ class InferenceServer(Role):
         self.weights = WeightStore(client, keys)
         self.version = -1
         k = cfg.inference_servers
-        self.list = protocol.requests(keys, server_id)
+        self.mine = protocol.server_keys(keys, k, server_id)
+        self.list = protocol.requests(self.mine)
         self.expect = max(1, len(range(server_id, cfg.actors, k)))  # actors it serves
         b = cfg.envs_per_actor
         self.schema = protocol.request_schema(self.env.obs_shape, self.env.obs_dtype, b)
@@ -136,11 +137,7 @@ class InferenceServer(Role):
         self.idle = 1e-4
 
     def start(self, should_stop: StopCheck) -> bool:
-        while not should_stop():  # all actors act with the learner's first weights
-            if self.refresh():
-                return True
-            time.sleep(0.05)
-        return False
+        return wait_for_weights(self.refresh, should_stop)
 
     def progress(self) -> int:
         """The version of the weights it acts with, newer ones loaded first."""
@@ -258,7 +255,7 @@ class InferenceServer(Role):
         """Every reply in one round trip (a reply list someone broke: that actor resends)."""
         pipe = self.client.pipeline(transaction=False)
         for tr in items:
-            key = protocol.reply(self.keys, tr.actor)
+            key = protocol.reply(self.mine, tr.actor)
             pipe.rpush(key, tr.reply)
             pipe.ltrim(key, -protocol.REPLY_KEEP, -1)
             pipe.expire(key, protocol.REPLY_TTL_S)

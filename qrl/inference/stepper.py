@@ -42,8 +42,9 @@ class EnvStepper(EnvActor):
         super().__init__(cfg, actor_id, env)
         self.client, self.keys = client, keys
         b = cfg.envs_per_actor
-        self.requests = protocol.requests(keys, actor_id % cfg.inference_servers)
-        self.replies = protocol.reply(keys, actor_id)
+        n = cfg.inference_servers
+        mine = protocol.server_keys(keys, n, actor_id % n)
+        self.requests, self.replies = protocol.requests(mine), protocol.reply(mine, actor_id)
         self.schema = protocol.reply_schema(self.env.discrete_actions(), b)
         self.life = secrets.randbelow(2**53)  # this process's requests, told from a dead one's
         self.seq = 0

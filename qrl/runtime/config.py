@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from qrl.wire.keys import MAX_SHARDS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -162,7 +164,10 @@ class CentralInference(BaseModel):
         "'central' (inference servers batch the actors' observations; actors need no torch).",
     )
     inference_servers: int = Field(
-        1, ge=1, le=256, description="Inference servers with inference=central."
+        1,
+        ge=1,
+        le=MAX_SHARDS,
+        description="Inference servers with inference=central (each its own Cluster slot).",
     )
     inference_wait_ms: float = Field(
         2.0,

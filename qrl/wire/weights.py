@@ -20,6 +20,7 @@ version go back and load what the learner published.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -226,3 +227,19 @@ class WeightStore:
             log.warning("weights version %d do not fit the model: %s", w.version, e)
             return None
         return w.version
+
+
+def wait_for_weights(
+    refresh: Callable[[], bool], should_stop: Callable[[], bool], timeout: float = 600
+) -> bool:
+    """Call ``refresh`` (load newer weights; True if it did) until the learner has published
+    weights, so that everyone acting starts from the same ones; False if stopped first,
+    ``RuntimeError`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not should_stop():
+        if refresh():
+            return True
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no weights published in {timeout:.0f}s: is a learner running?")
+        time.sleep(0.05)
+    return False
