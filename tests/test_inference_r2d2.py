@@ -116,3 +116,15 @@ def test_r2d2_sequences_are_one_slots_steps_with_their_lstm_state(r, keys, redis
             found[id(actor)] += 1
     assert all(found.values()), "sequences of each actor process"
     assert server.dropped >= 1  # the first process's half-built sequences
+
+
+def test_an_actor_met_mid_episode_starts_no_sequence_as_an_episodes_first(r, keys):
+    """A server that meets an actor past its first request (the server restarted, or
+    requests were lost) holds zeros for a state it never saw: those sequences are not
+    marked as starting an episode (the learner trusts a first sequence's state as exact)."""
+    cfg = R2D2Config(**CFG)
+    env = EnvSpec.of(cfg.env)
+    agent = SequenceAgent(r, keys, cfg, 0, env, _q_network(cfg, env), torch.device("cpu"))
+    req = {"actor": 0, "life": 1, "obs": np.zeros((B, 4), np.float32)}
+    assert agent.track({**req, "seq": 0}, None).sequencer.first == [True] * B
+    assert agent.track({**req, "seq": 9}, None).sequencer.first == [False] * B

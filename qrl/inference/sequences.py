@@ -102,7 +102,7 @@ class SequenceAgent(Agent):
         cfg, a = self.cfg, req["actor"]
         b = cfg.envs_per_actor
         feed = old.feed if isinstance(old, SequenceTrack) else None
-        return SequenceTrack(
+        tr = SequenceTrack(
             a, req["life"], req["seq"],
             sequencer=Sequencer(
                 b, cfg.sequence_length, cfg.overlap, self.env.obs_shape, self.env.obs_dtype,
@@ -114,6 +114,9 @@ class SequenceAgent(Agent):
             h=np.zeros((b, cfg.lstm), np.float32),
             c=np.zeros((b, cfg.lstm), np.float32),
         )  # fmt: skip
+        if req["seq"]:  # its episodes began before this server knew it (a restart, a gap):
+            tr.sequencer.first = [False] * b  # zeros are no episode's exact starting state
+        return tr
 
     def reconfigure(self, cfg: R2D2Config, tracks: list[Track]) -> None:
         """Live epsilons: each track's again from ``cfg``."""
