@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -173,45 +174,54 @@ def _reports(r, keys, role: str) -> list[dict]:
     return out
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_killed_actors_and_servers_lose_only_half_built_unrolls(r, keys, tmp_path):
-    _setup(r, keys, reply_timeout=0.5)
+def kill_and_restart(r, keys, tmp_path, algo: str, drain: Callable[[], list[dict]]) -> list[dict]:
+    """SIGKILL an actor of a central-inference run of ``algo`` (its config created) and
+    restart it, then the server: every role a real process. Returns every message
+    ``drain`` took off the stream (each with its ``actor``) meanwhile, after checking that
+    the server dropped the killed actor's half-built work, that both actors went on with
+    the new server, and that they resent while it was away."""
     roles = Roles(keys.run, tmp_path)
     got: list[dict] = []
 
-    def unrolls_of(actor: int, n: int, what: str) -> None:
+    def from_(actor: int, n: int, what: str) -> None:
         def more() -> bool:
-            got.extend(_drain(r, keys))
+            got.extend(drain())
             return sum(u["actor"] == actor for u in got) >= n
 
         roles.until(more, what, 90, every=0.05)
 
     try:
-        roles.start("server", "inference", "impala", "--device", "cpu")
+        roles.start("server", "inference", algo, "--device", "cpu")
         for a in (0, 1):
-            roles.start(f"actor{a}", "stepper", "impala", "--id", str(a))
-        unrolls_of(0, 3, "unrolls of both actors")
+            roles.start(f"actor{a}", "stepper", algo, "--id", str(a))
+        from_(0, 3, "messages of both actors")
         roles.kill("actor0")  # mid-request or mid-step: its unroll is half-built
-        roles.start("actor0", "stepper", "impala", "--id", "0")
+        roles.start("actor0", "stepper", algo, "--id", "0")
         before = sum(u["actor"] == 0 for u in got)
-        unrolls_of(0, before + 3, "unrolls of the restarted actor")
+        from_(0, before + 3, "messages of the restarted actor")
         dropped = lambda: max((v["dropped"] for v in _reports(r, keys, "inference")), default=0)  # noqa: E731
-        roles.until(dropped, "the server to drop the killed actor's half-built unroll")
+        roles.until(dropped, "the server to drop the killed actor's half-built work")
 
         roles.kill("server")
         time.sleep(2)  # the actors wait and resend; nothing comes
         roles.check()
-        got.extend(_drain(r, keys))
-        roles.start("server", "inference", "impala", "--device", "cpu")
+        got.extend(drain())
+        roles.start("server", "inference", algo, "--device", "cpu")
         counts = [sum(u["actor"] == a for u in got) for a in (0, 1)]
-        unrolls_of(0, counts[0] + 3, "actor 0 to go on with the new server")
-        unrolls_of(1, counts[1] + 3, "actor 1 to go on with the new server")
+        from_(0, counts[0] + 3, "actor 0 to go on with the new server")
+        from_(1, counts[1] + 3, "actor 1 to go on with the new server")
     finally:
         roles.cleanup()
-    for u in got:
-        _physical(u)
     assert max(v["resent"] for v in _reports(r, keys, "stepper")) >= 1
+    return got
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_killed_actors_and_servers_lose_only_half_built_unrolls(r, keys, tmp_path):
+    _setup(r, keys, reply_timeout=0.5)
+    for u in kill_and_restart(r, keys, tmp_path, "impala", lambda: _drain(r, keys)):
+        _physical(u)
 
 
 def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, redis_server):

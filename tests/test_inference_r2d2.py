@@ -7,6 +7,7 @@ half-built sequences dropped, never joined to the new process's steps)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from qrl.algos.r2d2.builder import _q_network
@@ -20,7 +21,7 @@ from qrl.runtime.runs import create_run
 from qrl.wire.codec import decode
 from qrl.wire.weights import WeightStore
 from tests.helpers import wait_until
-from tests.test_inference import _loop, _threads
+from tests.test_inference import TAU, _loop, _threads, kill_and_restart
 
 B = 3
 CFG = {
@@ -128,3 +129,24 @@ def test_an_actor_met_mid_episode_starts_no_sequence_as_an_episodes_first(r, key
     req = {"actor": 0, "life": 1, "obs": np.zeros((B, 4), np.float32)}
     assert agent.track({**req, "seq": 0}, None).sequencer.first == [True] * B
     assert agent.track({**req, "seq": 9}, None).sequencer.first == [False] * B
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_killed_r2d2_actors_and_servers_never_join_two_episodes_in_a_sequence(r, keys, tmp_path):
+    cfg = R2D2Config(**CFG, reply_timeout=0.5)
+    create_run(r, keys, "r2d2", cfg)
+    env = EnvSpec.of(cfg.env)
+    WeightStore(r, keys).publish(_q_network(cfg, env), version=0)
+    _, schema = sequence_spec(cfg, env, max_rows(cfg))
+
+    def drain() -> list[dict]:
+        rows = r.xrange(keys.experience)
+        if rows:
+            r.xdel(keys.experience, *[eid for eid, _ in rows])
+        return [decode(f[b"d"], schema) for _, f in rows]
+
+    for msg in kill_and_restart(r, keys, tmp_path, "r2d2", drain):
+        for obs, n in zip(msg["obs"].astype(np.float64), msg["steps"], strict=True):
+            moved = obs[1 : n + 1, [0, 2]] - obs[:n, [0, 2]]  # the last: the next or final obs
+            assert np.allclose(moved, TAU * obs[:n, [1, 3]], atol=1e-4), "steps do not follow"
