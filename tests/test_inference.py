@@ -199,7 +199,13 @@ def kill_and_restart(r, keys, tmp_path, algo: str, drain: Callable[[], list[dict
         roles.start("actor0", "stepper", algo, "--id", "0")
         before = sum(u["actor"] == 0 for u in got)
         from_(0, before + 3, "messages of the restarted actor")
-        dropped = lambda: max((v["dropped"] for v in _reports(r, keys, "inference")), default=0)  # noqa: E731
+
+        def dropped() -> (
+            int
+        ):  # (draining meanwhile: a server held by a full stream reports nothing)
+            got.extend(drain())
+            return max((v["dropped"] for v in _reports(r, keys, "inference")), default=0)
+
         roles.until(dropped, "the server to drop the killed actor's half-built work")
 
         roles.kill("server")

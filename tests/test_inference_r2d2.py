@@ -12,13 +12,14 @@ import torch
 
 from qrl.algos.r2d2.builder import _q_network
 from qrl.algos.r2d2.config import R2D2Config
+from qrl.inference import protocol
 from qrl.inference.sequences import SequenceAgent
 from qrl.inference.server import InferenceServer
 from qrl.inference.stepper import EnvStepper
 from qrl.replay.sequences import max_rows, sequence_spec
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.runs import create_run
-from qrl.wire.codec import decode
+from qrl.wire.codec import decode, encode
 from qrl.wire.weights import WeightStore
 from tests.helpers import wait_until
 from tests.test_inference import TAU, _loop, _threads, kill_and_restart
@@ -150,3 +151,38 @@ def test_killed_r2d2_actors_and_servers_never_join_two_episodes_in_a_sequence(r,
         for obs, n in zip(msg["obs"].astype(np.float64), msg["steps"], strict=True):
             moved = obs[1 : n + 1, [0, 2]] - obs[:n, [0, 2]]  # the last: the next or final obs
             assert np.allclose(moved, TAU * obs[:n, [1, 3]], atol=1e-4), "steps do not follow"
+
+
+def test_an_r2d2_server_serves_on_past_hostile_requests(r, keys, redis_server):
+    """Garbage, and well-formed requests from actors nobody runs, the largest id the schema
+    allows among them (its epsilons and shards are computed from it), crash nothing."""
+    cfg = R2D2Config(**CFG)
+    create_run(r, keys, "r2d2", cfg)
+    env = EnvSpec.of(cfg.env)
+    WeightStore(r, keys).publish(_q_network(cfg, env), version=0)
+    agent = SequenceAgent(r, keys, cfg, 0, env, _q_network(cfg, env), torch.device("cpu"))
+    server = InferenceServer(r, keys, cfg, 0, agent, device="cpu")
+    actor = EnvStepper(r, keys, cfg, 0)
+    stop, threads = _threads(_loop(server), _loop(actor))
+    good = {
+        "life": 5, "obs": np.zeros((B, 4), np.float32), "reward": np.zeros(B, np.float32),
+        "terminated": np.zeros(B, bool), "truncated": np.zeros(B, bool),
+        "final_obs": np.zeros((0, 4), np.float32), "final_idx": np.zeros(0, np.int32),
+        "sent": 1.0,
+    }  # fmt: skip
+    lst = protocol.requests(keys)
+    try:
+        wait_until(lambda: actor.steps >= 50, "the actor to step", 60)
+        r.rpush(lst, b"garbage")
+        for seq in range(3 * cfg.sequence_length):  # whole sequences, pushed to the replay
+            for a in (2**53, 2**53 - 1, 77):
+                r.rpush(lst, encode(protocol.REQUEST, {**good, "actor": a, "seq": seq}))
+        steps = actor.steps
+        wait_until(lambda: actor.steps >= steps + 200, "the actor to go on", 60)
+        wait_until(lambda: not r.llen(lst), "the server to take every request")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert server.rejected == 1 and {2**53, 2**53 - 1, 77, 0} <= set(server.tracks)
+    assert agent.sequences > 0

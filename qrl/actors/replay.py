@@ -33,8 +33,9 @@ def spread(base: float, alpha: float, cfg: ReplayConfig, actor_id: int) -> np.nd
     """Ape-X's per-actor exploration schedule: env slot i of N = actors x envs_per_actor
     gets base^(1 + i * alpha / (N - 1)); each env slot plays the role of one paper actor."""
     n = cfg.actors * cfg.envs_per_actor
-    i = actor_id * cfg.envs_per_actor + np.arange(cfg.envs_per_actor)
-    i = i % n  # extra actors beyond the configured count reuse the schedule
+    # extra actors beyond the configured count reuse the schedule (the id reduced first: an
+    # id an inference server was sent can be as large as 2^53, past int64 times the envs)
+    i = ((actor_id % cfg.actors) * cfg.envs_per_actor + np.arange(cfg.envs_per_actor)) % n
     return base ** (1 + i * alpha / max(n - 1, 1))
 
 

@@ -52,7 +52,7 @@ class SequenceTrack(Track):
 
     def held(self) -> bool:
         s = self.sequencer
-        return any(len(buf) > sent for buf, sent in zip(s.buf, s.sent, strict=True))
+        return super().held() or any(len(b) > n for b, n in zip(s.buf, s.sent, strict=True))
 
     def advance(self, req: dict[str, Any]) -> None:
         term, trunc = req["terminated"], req["truncated"]

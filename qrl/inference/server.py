@@ -53,8 +53,10 @@ class Track:
         raise NotImplementedError
 
     def held(self) -> bool:
-        """Whether steps are held that a restart of the actor would drop."""
-        raise NotImplementedError
+        """Whether a restart of the actor drops steps: here, the step its last reply chose
+        the actions of (its result comes with the next request); an agent's track adds the
+        steps it holds."""
+        return bool(self.reply)
 
 
 class Agent:
@@ -206,10 +208,11 @@ class InferenceServer(Role):
                 if tr.reply and tr not in again:
                     again.append(tr)
                 continue  # (no reply yet: it is being acted on in this batch)
-            if tr is not None and tr.life == req["life"] and tr.seq + 1 == req["seq"]:
+            if tr is not None and tr.life == req["life"] and tr.seq + 1 == req["seq"] and tr.reply:
                 tr.seq = req["seq"]
                 tr.advance(req)
-            else:  # a new actor, a restarted one, or a gap: start its unroll afresh
+            else:  # a new actor, a restarted one, a gap, or the next step sent before the
+                # last was answered (no actor of ours does): start its track afresh
                 self.dropped += tr is not None and tr.held()
                 tr = self.tracks[a] = self.agent.track(req, tr)
                 if len(self.tracks) > self.keep:

@@ -60,7 +60,7 @@ class UnrollTrack(Track):
         return tr
 
     def held(self) -> bool:
-        return self.t > 0
+        return self.t > 0 or super().held()
 
     def advance(self, req: dict[str, Any]) -> None:
         t = self.t

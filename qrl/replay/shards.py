@@ -51,8 +51,9 @@ def shard_capacity(capacity: int, shards: int) -> int:
 
 
 def shard_of_slots(actor_id: int, envs_per_actor: int, shards: int) -> np.ndarray:
-    """The shard of each env slot of actor ``actor_id``."""
-    return (actor_id * envs_per_actor + np.arange(envs_per_actor)) % shards
+    """The shard of each env slot of actor ``actor_id`` (any natural number: reduced before
+    the arithmetic, which would overflow int64 for ids near 2^53)."""
+    return ((actor_id % shards) * envs_per_actor + np.arange(envs_per_actor)) % shards
 
 
 def filler_shard(ident: int, shards: int) -> int:
