@@ -25,6 +25,36 @@ from qrl.wire.keys import RunKeys
 from qrl.wire.streams import StreamProducer
 
 
+def unroll_message(
+    obs: np.ndarray,
+    action: np.ndarray,
+    reward: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    logits: np.ndarray,
+    trunc: list[tuple[int, int]],
+    trunc_obs: list[np.ndarray],
+    version: int,
+    actor: int,
+) -> dict[str, Any]:
+    """The fields of one unroll message: ``obs`` [T + 1, B, ...], the per-step arrays
+    [T, B], the step and env slot of each truncated episode (``trunc``) with its final
+    observation, and the oldest weights ``version`` that acted in it."""
+    return {
+        "obs": obs,
+        "action": action,
+        "reward": reward,
+        "terminated": terminated,
+        "truncated": truncated,
+        "logits": logits,
+        "trunc_obs": np.array(trunc_obs, obs.dtype).reshape(-1, *obs.shape[2:]),
+        "trunc_idx": np.array(trunc, np.int32).reshape(-1, 2),
+        "version": version,
+        "actor": actor,
+        "batch": uuid.uuid4().hex,
+    }
+
+
 class UnrollActor(VectorActor):
     """Subclasses set ``kind`` (the message), ``values`` (whether it carries the value
     estimates) and ``stream`` (the stream's key from the run's keys)."""
@@ -77,19 +107,10 @@ class UnrollActor(VectorActor):
                 trunc_idx.append((t, j))
                 trunc_obs.append(true_next[j])
         obs_buf[t_len] = obs
-        msg = {
-            "obs": obs_buf,
-            "action": act_buf,
-            "reward": rew_buf,
-            "terminated": term_buf,
-            "truncated": trunc_buf,
-            "logits": logit_buf,
-            "trunc_obs": np.array(trunc_obs, self.obs_dtype).reshape(-1, *self.obs_shape),
-            "trunc_idx": np.array(trunc_idx, np.int32).reshape(-1, 2),
-            "version": version,
-            "actor": self.actor_id,
-            "batch": uuid.uuid4().hex,
-        }
+        msg = unroll_message(
+            obs_buf, act_buf, rew_buf, term_buf, trunc_buf, logit_buf, trunc_idx, trunc_obs,
+            version, self.actor_id,
+        )  # fmt: skip
         if self.values:
             msg["value"] = val_buf
         return msg, obs

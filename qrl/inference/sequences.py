@@ -9,8 +9,8 @@ envs."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import redis
@@ -29,26 +29,22 @@ from qrl.runtime.loop import StopCheck
 from qrl.wire.keys import RunKeys
 
 
-def _none() -> Any:
-    return None
-
-
-@dataclass
+@dataclass(kw_only=True)
 class SequenceTrack(Track):
     """One actor's env slots: their sequences in the making, the observations and LSTM
     state to act on next (``h``, ``c``; zeros at an episode's start), and the last actions
     with the state they were taken in. ``feed`` holds the finished sequences not pushed
     yet; it outlives a restart of the actor (they are whole)."""
 
-    sequencer: Sequencer = field(default_factory=_none)
-    feed: ReplayFeed = field(default_factory=_none)
-    eps: np.ndarray = field(default_factory=_none)
-    obs: np.ndarray = field(default_factory=_none)
-    h: np.ndarray = field(default_factory=_none)
-    c: np.ndarray = field(default_factory=_none)
-    action: np.ndarray = field(default_factory=_none)
-    acted_h: np.ndarray = field(default_factory=_none)
-    acted_c: np.ndarray = field(default_factory=_none)
+    sequencer: Sequencer
+    feed: ReplayFeed
+    eps: np.ndarray
+    obs: np.ndarray
+    h: np.ndarray
+    c: np.ndarray
+    action: np.ndarray | None = None  # set by the first act
+    acted_h: np.ndarray | None = None  # set by the first act
+    acted_c: np.ndarray | None = None  # set by the first act
 
     def held(self) -> bool:
         s = self.sequencer
@@ -126,7 +122,7 @@ class SequenceAgent(Agent):
             tr.eps = spread(cfg.eps_base, cfg.eps_alpha, cfg, tr.actor)
 
     def act(self, tracks: list[Track], obs: torch.Tensor, version: int) -> np.ndarray:
-        mine = [tr for tr in tracks if isinstance(tr, SequenceTrack)]
+        mine = cast(list[SequenceTrack], tracks)
         state = tuple(
             torch.from_numpy(np.concatenate(x)).to(self.device)
             for x in ([tr.h for tr in mine], [tr.c for tr in mine])
@@ -173,12 +169,11 @@ class SequenceAgent(Agent):
 
 def sequence_agent(
     net: Callable[[Any, EnvSpec], RecurrentQNetwork],
-) -> Callable[[Any, torch.device], SequenceAgent]:
+) -> Callable[[Any, EnvSpec, torch.device], SequenceAgent]:
     """The agent of R2D2's inference servers (for
     :func:`qrl.inference.server.server_maker`); ``net(cfg, env)`` acts."""
 
-    def make(ctx: Any, device: torch.device) -> SequenceAgent:
-        env = ctx.env or EnvSpec.of(ctx.cfg.env)
+    def make(ctx: Any, env: EnvSpec, device: torch.device) -> SequenceAgent:
         return SequenceAgent(
             ctx.client, ctx.keys, ctx.cfg, ctx.ident, env, net(ctx.cfg, env), device
         )

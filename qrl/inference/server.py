@@ -283,15 +283,16 @@ class InferenceServer(Role):
 
 
 def server_maker(
-    agent: Callable[[Any, torch.device], Agent],
+    agent: Callable[[Any, EnvSpec, torch.device], Agent],
 ) -> Callable[[Any], InferenceServer]:
-    """A builder's ``make`` of the inference role: ``agent(ctx, device)`` acts for it."""
+    """A builder's ``make`` of the inference role: ``agent(ctx, env, device)`` acts for it
+    (the env read once, for both)."""
 
     def make(ctx: Any) -> InferenceServer:
-        device = pick_device(ctx.device)
+        env, device = ctx.env or EnvSpec.of(ctx.cfg.env), pick_device(ctx.device)
         return InferenceServer(
-            ctx.client, ctx.keys, ctx.cfg, ctx.ident, agent(ctx, device), device=device,
-            threads=ctx.threads, env=ctx.env,
+            ctx.client, ctx.keys, ctx.cfg, ctx.ident, agent(ctx, env, device), device=device,
+            threads=ctx.threads, env=env,
         )  # fmt: skip
 
     return make

@@ -4,7 +4,6 @@ pushed to the run's trajectory stream; actions sampled from the policy."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +12,7 @@ import numpy as np
 import redis
 import torch
 
+from qrl.actors.unrolls import unroll_message
 from qrl.inference.server import Agent, Track
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.loop import StopCheck
@@ -21,18 +21,18 @@ from qrl.wire.keys import RunKeys
 from qrl.wire.streams import StreamProducer
 
 
-@dataclass
+@dataclass(kw_only=True)
 class UnrollTrack(Track):
     """The unroll being built from one actor's steps (``t`` of ``T`` done; step ``t``
     waits for its result); the unrolls it finished, encoded, in ``done``."""
 
-    kind: str = ""
-    obs: np.ndarray = field(default_factory=lambda: np.empty(0))
-    action: np.ndarray = field(default_factory=lambda: np.empty(0))
-    logits: np.ndarray = field(default_factory=lambda: np.empty(0))
-    reward: np.ndarray = field(default_factory=lambda: np.empty(0))
-    terminated: np.ndarray = field(default_factory=lambda: np.empty(0))
-    truncated: np.ndarray = field(default_factory=lambda: np.empty(0))
+    kind: str
+    obs: np.ndarray
+    action: np.ndarray
+    logits: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
     t: int = 0
     version: int = 2**62  # the oldest weights that acted in this unroll
     trunc: list[tuple[int, int]] = field(default_factory=list)
@@ -83,20 +83,10 @@ class UnrollTrack(Track):
     def unroll(self) -> bytes:
         """The finished unroll, encoded as a local actor would send it; the next starts
         where it ended."""
-        shape = self.obs.shape[2:]
-        msg = {
-            "obs": self.obs,
-            "action": self.action,
-            "reward": self.reward,
-            "terminated": self.terminated,
-            "truncated": self.truncated,
-            "logits": self.logits,
-            "trunc_obs": np.array(self.trunc_obs, self.obs.dtype).reshape(-1, *shape),
-            "trunc_idx": np.array(self.trunc, np.int32).reshape(-1, 2),
-            "version": self.version,
-            "actor": self.actor,
-            "batch": uuid.uuid4().hex,
-        }
+        msg = unroll_message(
+            self.obs, self.action, self.reward, self.terminated, self.truncated, self.logits,
+            self.trunc, self.trunc_obs, self.version, self.actor,
+        )  # fmt: skip
         payload = encode(self.kind, msg)
         self.obs[0] = self.obs[-1]
         self.t, self.version, self.trunc, self.trunc_obs = 0, 2**62, [], []
@@ -159,13 +149,12 @@ class UnrollAgent(Agent):
 
 def unroll_agent(
     net: Callable[[Any, EnvSpec], torch.nn.Module], stream: Callable[[RunKeys], str], kind: str
-) -> Callable[[Any, torch.device], UnrollAgent]:
+) -> Callable[[Any, EnvSpec, torch.device], UnrollAgent]:
     """The agent of an unroll algorithm's inference servers (for
     :func:`qrl.inference.server.server_maker`): ``net(cfg, env)`` acts, the unrolls go to
     ``stream(keys)`` as ``kind``."""
 
-    def make(ctx: Any, device: torch.device) -> UnrollAgent:
-        env = ctx.env or EnvSpec.of(ctx.cfg.env)
+    def make(ctx: Any, env: EnvSpec, device: torch.device) -> UnrollAgent:
         return UnrollAgent(
             ctx.client, ctx.keys, ctx.cfg, ctx.ident, env, net(ctx.cfg, env), stream(ctx.keys),
             kind, device,
