@@ -92,6 +92,20 @@ def _sync(url: str, run: str, out) -> None:
         out.send(_plain((g.rank, n, synced, net.state_dict(), opt.state_dict())))
 
 
+def _threads() -> list[str]:
+    return [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+
+
+def _close_after_optimizer(url: str, run: str, out) -> None:
+    """Join, make an optimizer (as a learner does after joining), average once, close: the
+    names of the gloo threads still running."""
+    g = _join(url, run)
+    _, opt = _net(seed=0)
+    g.all_reduce_mean_([torch.ones(3)])
+    g.close()
+    out.send((g.rank, sorted(t for t in _threads() if "gloo" in t)))
+
+
 def _die(url: str, run: str, out, go) -> None:
     """Both join; rank 1 waits to be killed, rank 0 then tries an all-reduce."""
     g = _join(url, run)
@@ -162,6 +176,17 @@ def test_two_learners_average_and_stay_identical(redis_server, r, keys):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     first, _ = _net(seed=10)  # they trained: not rank 0's initial net any more
     assert not torch.equal(first.state_dict()["0.weight"], a["0.weight"])
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread names in /proc")
+@pytest.mark.timeout(120)
+def test_close_stops_gloos_threads_after_an_optimizer_was_made(redis_server, keys):
+    """A group still alive after close leaves gloo's workers to release tensors while the
+    interpreter exits: that aborted a learner (SIGABRT) now and then (a CI run's pool test)."""
+    conns, procs = _pair(_close_after_optimizer, redis_server, keys)
+    out = dict(_recv(conns))
+    _finish(procs)
+    assert out == {0: [], 1: []}
 
 
 @pytest.mark.timeout(120)

@@ -12,7 +12,7 @@ import pytest
 import redis
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
-from qrl.actors.apex import ApexActor
+from qrl.actors.dqn import DQNActor
 from qrl.algos import ALGOS
 from qrl.algos.apex.config import ApexConfig
 from qrl.replay.role import ReplayFiller, make_replay
@@ -246,7 +246,7 @@ def test_actors_route_env_slots_to_shards_and_fillers_drain_each_shard(r, keys):
         steps_per_update=0, replay_capacity=3000,
     )  # fmt: skip
     create_run(r, keys, "apex", cfg)
-    actor = ApexActor(r, keys, cfg, 0)
+    actor = DQNActor(r, keys, cfg, 0)
     WeightStore(r, keys).publish(actor.net, 0)
     assert actor.refresh_weights()
     obs, _ = actor.envs.reset()

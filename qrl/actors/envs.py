@@ -26,24 +26,25 @@ class Step(NamedTuple):
 
 
 class EnvActor(Role):
-    """``cfg.envs_per_actor`` copies of ``cfg.env`` (seeded by ``cfg.seed`` and
-    ``actor_id``), stepped together; subclasses implement :meth:`step`. ``self.env``
-    describes the env (read once, :class:`qrl.rl.envspec.EnvSpec`: given, or read from
+    """``envs`` (default ``cfg.envs_per_actor``) copies of ``cfg.env`` (seeded by
+    ``cfg.seed`` and ``actor_id``), stepped together; subclasses implement :meth:`step`.
+    ``self.env`` describes the env (read once, :class:`qrl.rl.envspec.EnvSpec`: given, or read from
     ``cfg.env``)."""
 
     name = "actor"
     counter = "steps"
 
-    def __init__(self, cfg: Any, actor_id: int, env: EnvSpec | None = None) -> None:
+    def __init__(
+        self, cfg: Any, actor_id: int, env: EnvSpec | None = None, envs: int | None = None
+    ) -> None:
         self.cfg, self.actor_id = cfg, actor_id
         self.env = env or EnvSpec.of(cfg.env)
         self.obs_shape, self.obs_dtype = self.env.obs_shape, self.env.obs_dtype
-        self.envs = make_vector_env(
-            cfg.env, cfg.envs_per_actor, seed=cfg.seed * 10_000 + actor_id * 100
-        )
+        n = cfg.envs_per_actor if envs is None else envs
+        self.envs = make_vector_env(cfg.env, n, seed=cfg.seed * 10_000 + actor_id * 100)
         self.steps = 0
-        self.ep_return = np.zeros(cfg.envs_per_actor)
-        self.ep_length = np.zeros(cfg.envs_per_actor, dtype=np.int64)
+        self.ep_return = np.zeros(n)
+        self.ep_length = np.zeros(n, dtype=np.int64)
         self.finished: list[tuple[float, int]] = []
 
     def step_envs(self, actions: np.ndarray) -> Step:

@@ -235,6 +235,9 @@ class LearnerGroup:
             return cls(0, 1, device)
         if dist.is_initialized():
             raise RuntimeError("this process is in a torch.distributed group already")
+        # imported once a group exists (by an optimizer), torch._dynamo pins it: SIGABRT at exit
+        import torch._dynamo as _dynamo  # noqa: F401
+
         host = check_address(f"{host}:1", "host=")[0] if host else local_host(client, keys)
         deadline, ttl = time.monotonic() + timeout_s, max(1, math.ceil(timeout_s))
         gen, rank = _enter(client, keys, world, ttl)

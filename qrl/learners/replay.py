@@ -38,6 +38,10 @@ class ReplayLearner(Learner):
     target: torch.nn.Module
     layout: RecordLayout
 
+    def sample_seed(self) -> int:
+        """The seed of the sampler's draws (each of several learners its own)."""
+        return self.cfg.seed
+
     def start_items(self) -> int:
         """Replay items the sampler waits for before the first batch."""
         return self.cfg.learning_starts
@@ -58,7 +62,7 @@ class ReplayLearner(Learner):
                 cfg.beta,
                 cfg.batch_size,
                 self.start_items(),
-                cfg.seed,
+                self.sample_seed(),
                 cfg.replay_shards,
             )
         )

@@ -15,9 +15,9 @@ if TYPE_CHECKING:
 
 
 def _actor(ctx: RoleContext) -> Any:
-    from qrl.actors.apex import ApexActor
+    from qrl.actors.dqn import DQNActor
 
-    return ApexActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
+    return DQNActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
 
 
 def _learner(ctx: RoleContext) -> Any:

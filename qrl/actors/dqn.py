@@ -1,23 +1,24 @@
-"""The Ape-X actor (:class:`qrl.actors.replay.TransitionActor`): batched epsilon-greedy
-inference with the paper's per-slot epsilons, and initial priorities from the actor's own
-|TD error| under its copy of the Q-network."""
+"""The DQN actor of Ape-X and Gorila (:class:`qrl.actors.replay.TransitionActor`): batched
+epsilon-greedy inference with Ape-X's per-slot epsilons, and initial priorities from the
+actor's own |TD error| under its copy of the Q-network."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
 
 from qrl.actors.replay import TransitionActor, spread
-from qrl.algos.apex.config import ApexConfig
 from qrl.rl.models import q_network
 
 
-def epsilons(cfg: ApexConfig, actor_id: int) -> np.ndarray:
+def epsilons(cfg: Any, actor_id: int) -> np.ndarray:
     """Ape-X exploration: eps_i = eps^(1 + i * alpha / (N - 1)) (:func:`spread`)."""
     return spread(cfg.eps_base, cfg.eps_alpha, cfg, actor_id)
 
 
-class ApexActor(TransitionActor):
+class DQNActor(TransitionActor):
     action_dtype = np.int32
 
     def make_net(self) -> torch.nn.Module:

@@ -1,0 +1,111 @@
+"""The parameter server's keys and messages. No torch here.
+
+The parameters, flattened in the network's order, are split into ``ps_shards`` contiguous
+blocks (:func:`bounds`); shard ``k`` lives under the run's ``k``-th shard keys
+(:meth:`qrl.wire.keys.RunKeys.shards`: its own Cluster slot, the run's own keys with one
+shard) and has three keys there:
+
+- ``ps:gradients``: a stream of gradient messages for its block (:func:`gradient_schema`),
+  one per worker step, with the block's version they were computed on and their loss;
+- ``ps:params``: its block as a weight store hash ``{version, blob}`` (one array, ``block``),
+  the version being the gradients it applied;
+- ``ps:state``: what a restarted server resumes from (:func:`state_schema`): the block, the
+  optimizer's state, the version, the last stream entry applied and the loss statistics,
+  written in one SET after each cycle (before the block is published and the gradients
+  acknowledged).
+
+The optimizers (Adam, RMSProp) work element by element, so K shards stepping their blocks
+step the whole vector exactly as one server would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from qrl.wire.codec import CodecError
+from qrl.wire.keys import MAX_SHARDS, RunKeys
+from qrl.wire.schema import INT_BOUND, Field, Schema, size_cap
+
+GRADIENT = "ps.gradient"
+STATE = "ps.state"
+GRAD_DTYPES = ("float32", "float16")
+MAX_WORKER = 1 << 31
+MAX_LOSS = 1e15  # |loss| a gradient may claim (a real one is far below; squares stay finite)
+MAX_STATE_VERSION = 1 << 50  # a saved version (the weight store's versions stop at 2^53)
+
+
+def shard_keys(keys: RunKeys, n: int, k: int) -> RunKeys:
+    """The keys shard ``k`` of ``n`` lives under."""
+    return keys.shards(n)[k]
+
+
+def gradients(sk: RunKeys) -> str:
+    return sk.key("ps:gradients")
+
+
+def params(sk: RunKeys) -> str:
+    return sk.key("ps:params")
+
+
+def state(sk: RunKeys) -> str:
+    return sk.key("ps:state")
+
+
+def bounds(total: int, n: int) -> list[int]:
+    """Where each of ``n`` blocks of a ``total``-long vector starts (and the end)."""
+    return [total * k // n for k in range(n + 1)]
+
+
+def _length(field: str, length: int) -> Any:
+    def check(msg: dict[str, Any]) -> None:
+        if msg[field].shape != (length,):
+            raise CodecError(f"{field} of shape {msg[field].shape}, the block is ({length},)")
+
+    return check
+
+
+def gradient_schema(length: int) -> Schema:
+    """A gradient for a block of ``length`` parameters."""
+    return Schema(
+        GRADIENT,
+        {
+            "shard": Field(int, bounds=(0, MAX_SHARDS - 1)),
+            "version": Field(int, bounds=(0, INT_BOUND)),
+            "worker": Field(int, bounds=(0, MAX_WORKER)),
+            "loss": Field(float, finite=True, bounds=(-MAX_LOSS, MAX_LOSS)),
+            "grad": Field(np.ndarray, dtypes=GRAD_DTYPES, ndim=1, finite=True),
+        },
+        check=_length("grad", length),
+        max_bytes=size_cap(4 * length),
+    )
+
+
+def state_schema(length: int) -> Schema:
+    """A shard's saved state (``opt``: the optimizer's per-element arrays and its step)."""
+
+    def check(msg: dict[str, Any]) -> None:
+        _length("params", length)(msg)
+        for name, arr in msg["opt"].items():
+            if arr.shape not in ((length,), ()):
+                raise CodecError(f"optimizer state {name} of shape {arr.shape}")
+
+    return Schema(
+        STATE,
+        {
+            "version": Field(int, bounds=(0, MAX_STATE_VERSION)),
+            "last_id": Field(str, max_len=64),
+            "params": Field(np.ndarray, dtypes=("float32",), ndim=1, finite=True),
+            "opt": Field(dict, values=Field(np.ndarray, dtypes=("float32",), finite=True)),
+            "loss": Field(list, max_len=3),
+        },
+        check=check,
+        max_bytes=size_cap(16 * length),
+    )
+
+
+def entry_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as a comparable pair."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

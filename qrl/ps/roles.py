@@ -1,0 +1,62 @@
+"""The parameter-server role an algorithm adds (no torch here: builders import it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from qrl.runtime.algorithm import RoleContext, RoleDef
+from qrl.runtime.roles import LEARNER_PROGRESS, Access, Reports
+
+SHOWN = (
+    "staleness_p50", "staleness_max", "lag_0", "lag_1_3", "lag_4_15", "lag_16_up",
+    "stale", "future", "outlier", "norm", "rejected",
+)  # fmt: skip
+
+
+def ps_role(
+    algo: str, build: Callable[[Any, Any], Any], optimizer: Callable[[list[Any], Any], Any]
+) -> RoleDef:
+    """``ps_shards`` server processes (``--id K``: shard K) of the network ``build(cfg, env)``
+    makes, stepping it with ``optimizer(params, cfg)``; shard 0 writes the checkpoint and
+    follows the run's metrics into the run dir."""
+
+    def make(ctx: RoleContext) -> Any:
+        import torch
+
+        from qrl.ps.server import ParameterServer
+        from qrl.rl.envspec import EnvSpec
+
+        torch.manual_seed(ctx.cfg.seed)  # every shard cuts its block of the same network
+        net = build(ctx.cfg, ctx.env or EnvSpec.of(ctx.cfg.env))
+        return ParameterServer(
+            ctx.client, ctx.keys, ctx.cfg, ctx.ident, net, optimizer, algo=algo,
+            checkpoint=ctx.checkpoint,
+        )  # fmt: skip
+
+    return RoleDef(
+        "ps",
+        ("ps", algo),
+        make,
+        f"A parameter-server shard of an {algo} run: applies its block's gradients as they "
+        "come, publishes the block (shard 0 also the whole network, and the checkpoint); "
+        "resumes from Redis after a restart.",
+        Access(reads=("ps:*",), writes=("ps:*", "weights")),
+        Reports("updates", SHOWN, LEARNER_PROGRESS),
+        order=1,
+        count="ps_shards",
+        limit="updates",
+        checkpoints=True,
+        logs_run=True,
+        group=True,
+    )
+
+
+def gradient_streams(keys: Any, config: dict[str, Any]) -> dict[str, str]:
+    """``qrl status``'s streams: each shard's gradients (``config`` as stored: checked)."""
+    from qrl.ps.protocol import gradients, shard_keys
+    from qrl.wire.keys import MAX_SHARDS
+
+    n = config.get("ps_shards", 1)
+    n = n if isinstance(n, int) and 1 <= n <= MAX_SHARDS else 1
+    return {f"gradients:{k}": gradients(shard_keys(keys, n, k)) for k in range(n)}

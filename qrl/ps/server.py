@@ -1,0 +1,369 @@
+"""A parameter-server shard (Gorila, Nair et al. 2015; A3C's shared optimizer, Mnih et al.
+2016): applies the gradients of its block of the parameters as they come, one optimizer step
+each, and publishes the block with a version.
+
+Each cycle it reads up to ``ps_batch`` gradients from its stream and applies them one by one,
+dropping (and counting) a gradient computed on a block more than ``ps_max_staleness``
+versions old (``stale``), on a version it has not reached (``future``: a writer's invention,
+or a server that lost state), or, with ``ps_loss_sigmas``, whose loss is that many standard
+deviations off the running mean (``outlier``, Gorila's rule), and rejecting one whose block
+norm is over the workers' gradient clip (``norm``: no worker of ours sends one). Malformed
+entries never reach it (the stream consumer dead-letters them). Then, in this order: its
+state (block, optimizer state, version, last entry applied, loss statistics) is saved in one
+SET, the block is published, the gradients are acknowledged. A server killed anywhere in
+that resumes from the saved state, skips the entries it already applied and re-reads the
+rest (its consumer name is its shard's). Shard 0 also publishes the whole network to the
+run's weights key every ``ps_publish_s`` and writes the run's checkpoint, with every shard's
+state, from which shards with nothing in Redis start.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+import torch
+
+from qrl.ps import protocol
+from qrl.ps.client import Flat, fetch_blocks
+from qrl.runtime.checkpoint import load_checkpoint, save_checkpoint
+from qrl.runtime.loop import Role, StopCheck
+from qrl.runtime.snapshot import state_names
+from qrl.wire.codec import CodecError, decode, encode
+from qrl.wire.keys import RunKeys
+from qrl.wire.stream_scripts import optional
+from qrl.wire.streams import Entry, StreamConsumer, dead_letter
+from qrl.wire.weights import WeightStore
+
+log = logging.getLogger(__name__)
+
+MakeOptimizer = Callable[[list[torch.nn.Parameter], Any], torch.optim.Optimizer]
+WARMUP = 20  # gradients before the outlier rule applies (the running statistics settle)
+DROPS = ("stale", "future", "outlier", "norm")
+# the staleness histogram qrl status shows: gradients (applied or not) by how many versions
+# behind the block they were computed on, since the server started
+LAGS = (("lag_0", 1), ("lag_1_3", 4), ("lag_4_15", 16), ("lag_16_up", None))
+
+
+class ParameterServer(Role):
+    name = "ps"
+    counter = "updates"
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        cfg: Any,
+        shard: int,
+        net: torch.nn.Module,
+        make_opt: MakeOptimizer,
+        *,
+        algo: str,
+        checkpoint: Path | None = None,
+    ) -> None:
+        torch.set_num_threads(1)
+        n = cfg.ps_shards
+        if not 0 <= shard < n:
+            raise ValueError(f"shard {shard}: the run has ps_shards={n} (0..{n - 1})")
+        self.client, self.keys, self.cfg, self.shard, self.algo = client, keys, cfg, shard, algo
+        self.net, self.flat = net, Flat(net, n)
+        self.sk = protocol.shard_keys(keys, n, shard)
+        self.length = self.flat.bounds[shard + 1] - self.flat.bounds[shard]
+        self.param = torch.nn.Parameter(self.flat.vector()[self.flat.block(shard)].clone())
+        self.make_opt, self.opt = make_opt, make_opt([self.param], cfg)
+        self.opt_names = state_names(self.opt)
+        self.updates, self.last_id = 0, "0-0"
+        self.published = -1  # the version of the block last published (read at the start)
+        self.loss_stats = [0.0, 0.0, 0.0]  # running mean, variance, count
+        self.drops = dict.fromkeys(DROPS, 0)
+        self.rejected = self.replayed = 0
+        self.staleness: list[int] = []
+        self.lags = dict.fromkeys((name for name, _ in LAGS), 0)
+        self.losses: list[float] = []
+        self.store = WeightStore(client, keys, protocol.params(self.sk))
+        self.consumer = StreamConsumer(  # the shard's dead letters and stats: its slot
+            client,
+            self.sk,
+            protocol.gradients(self.sk),
+            protocol.gradient_schema(self.length),
+            consumer=f"ps-{shard}",
+            count=cfg.ps_batch,
+            block_ms=100,
+            claim_idle_ms=cfg.claim_idle_ms,
+        )
+        self.checkpoint = checkpoint
+        # shard 0: the other shards' blocks, for the run's weights and the checkpoint
+        shards = [protocol.shard_keys(keys, n, k) for k in range(n)]
+        self.peers = [WeightStore(client, keys, protocol.params(sk)) for sk in shards]
+        self.peer_versions = [-1] * n
+        self.whole = self.flat.vector().clone()
+        self.run_weights = WeightStore(client, keys)
+        self.run_from = -1  # the blocks' version last published to the run's weights
+        self.next_publish = 0.0
+
+    # -- state
+    def state(self) -> dict[str, Any]:
+        """What a restarted server resumes from (:func:`qrl.ps.protocol.state_schema`)."""
+        opt = {
+            k: v.detach().cpu().numpy().astype(np.float32)
+            for k, v in self.opt.state.get(self.param, {}).items()
+        }
+        return {
+            "version": self.updates,
+            "last_id": self.last_id,
+            "params": self.param.detach().cpu().numpy().copy(),
+            "opt": opt,
+            "loss": [float(x) for x in self.loss_stats],
+        }
+
+    def load_state(self, msg: dict[str, Any]) -> None:
+        """Take a saved state (validated here: a writer may have put anything there)."""
+        loss = msg["loss"]
+        if len(loss) != 3 or not all(isinstance(x, float) and math.isfinite(x) for x in loss):
+            raise CodecError(f"loss statistics {loss!r} are not three finite numbers")
+        mean, var, n = loss
+        if abs(mean) > protocol.MAX_LOSS or not 0 <= var <= 4 * protocol.MAX_LOSS**2 or n < 0:
+            raise CodecError(f"loss statistics {loss!r} out of range")
+        opt = msg["opt"]
+        if opt and set(opt) != self.opt_names:
+            raise CodecError(f"optimizer state {sorted(opt)}, expected {sorted(self.opt_names)}")
+        protocol.entry_order(msg["last_id"])  # a stream id, or ValueError
+        with torch.no_grad():
+            self.param.copy_(torch.from_numpy(np.array(msg["params"])))
+        self.opt = self.make_opt([self.param], self.cfg)
+        if opt:
+            sd = self.opt.state_dict()
+            sd["state"] = {0: {k: torch.from_numpy(np.array(v)) for k, v in opt.items()}}
+            self.opt.load_state_dict(sd)
+        self.updates, self.last_id = msg["version"], msg["last_id"]
+        self.loss_stats = list(loss)
+
+    def restore(self) -> str:
+        """Resume from Redis, else from the checkpoint, else start; says which."""
+        key = protocol.state(self.sk)
+        try:
+            raw = self.client.get(key)
+        except redis.ResponseError as e:  # not a string: a writer's
+            raw, why = None, str(e)
+        if raw is not None:
+            try:
+                self.load_state(decode(raw, protocol.state_schema(self.length)))
+                self._last_id_at_most_the_streams()
+                return f"resumed from Redis at version {self.updates}"
+            except (CodecError, ValueError) as e:
+                why = str(e)
+                dead_letter(self.client, self.sk, key.removeprefix(self.sk.prefix), why, raw)
+            log.warning("shard %d: saved state unusable (%s): not resumed from it", self.shard, why)
+        if self.checkpoint is not None and self.checkpoint.exists():
+            return self._from_checkpoint(self.checkpoint)
+        return "started from the initial parameters"
+
+    def _last_id_at_most_the_streams(self) -> None:
+        """A saved last entry past the newest the stream ever made (a writer's) would have
+        the server skip every gradient to come as applied already: it is cut back to it."""
+        try:
+            info = self.client.xinfo_stream(protocol.gradients(self.sk))
+            newest = info["last-generated-id"]
+            newest = newest.decode() if isinstance(newest, bytes) else str(newest)
+        except redis.ResponseError:  # no stream (or not one): nothing was applied from it
+            newest = "0-0"
+        if protocol.entry_order(self.last_id) > protocol.entry_order(newest):
+            log.warning("shard %d: saved last entry %s is past the stream's newest %s: cut back",
+                        self.shard, self.last_id, newest)  # fmt: skip
+            self.last_id = newest
+
+    def _from_checkpoint(self, path: Path) -> str:
+        ckpt = load_checkpoint(path, self.algo, self.cfg)
+        saved = ckpt["extra"].get("ps", {})
+        states = saved.get("states", [])
+        if saved.get("shards") == self.cfg.ps_shards and states[self.shard] is not None:
+            s = states[self.shard]
+            msg = {
+                "version": int(s["version"]),
+                "last_id": "0-0",  # a new stream: entries of a lost Redis are gone
+                "params": s["params"].numpy(),
+                "opt": {k: v.numpy() for k, v in s["opt"].items()},
+                "loss": [float(x) for x in s["loss"].tolist()],
+            }
+            self.load_state(msg)
+            return f"resumed from {path} at version {self.updates}"
+        self.net.load_state_dict(ckpt["model"])
+        with torch.no_grad():
+            self.param.copy_(self.flat.vector()[self.flat.block(self.shard)])
+        return f"took its block from {path} (other shard count: a fresh optimizer)"
+
+    # -- the role
+    def start(self, should_stop: StopCheck) -> bool:
+        how = self.restore()
+        log.info("ps shard %d of %d (%d parameters): %s", self.shard, self.cfg.ps_shards,
+                 self.length, how)  # fmt: skip
+        self.published = self.store.version()
+        if self.published != self.updates:
+            self.publish_block()
+        return True
+
+    def step(self, should_stop: StopCheck) -> bool:
+        if not self.store.kept():  # a writer's blob in place of the block (see Learner.step)
+            self.updates += 1
+            self.publish_block()
+        entries = self.consumer.read()
+        if entries:
+            for e in entries:
+                self.apply(e)
+            self.persist()
+            if self.published != self.updates:
+                self.publish_block()
+            self.consumer.ack(entries)
+        if self.shard == 0 and time.monotonic() >= self.next_publish:
+            self.next_publish = time.monotonic() + self.cfg.ps_publish_s
+            self.publish()
+        return True
+
+    def apply(self, e: Entry) -> None:
+        m = e.data
+        if protocol.entry_order(e.id) <= protocol.entry_order(self.last_id):
+            self.replayed += 1  # applied before a restart, not acknowledged then
+            return
+        self.last_id = e.id
+        if m["shard"] != self.shard:
+            self.rejected += 1
+            why = f"a gradient for shard {m['shard']} on shard {self.shard}'s stream"
+            dead_letter(self.client, self.sk, "ps:gradients", why, None, e.id)
+            return
+        lag = self.updates - m["version"]
+        if lag < 0:
+            self.drops["future"] += 1
+            return
+        self.staleness.append(lag)
+        self.lags[next(name for name, below in LAGS if below is None or lag < below)] += 1
+        if lag > self.cfg.ps_max_staleness:
+            self.drops["stale"] += 1
+            return
+        if not self.typical(m["loss"]):
+            self.drops["outlier"] += 1
+            return
+        grad = torch.from_numpy(m["grad"].astype(np.float32))
+        # a worker clips its whole gradient to grad_clip: no block of it is longer
+        if float(grad.norm()) > self.cfg.grad_clip * 1.001 + 1e-6:
+            self.drops["norm"] += 1
+            return
+        self.param.grad = grad.to(self.param.device)
+        self.opt.step()
+        self.updates += 1
+        self.losses.append(m["loss"])
+
+    def typical(self, loss: float) -> bool:
+        """Gorila's rule: whether ``loss`` is within ``ps_loss_sigmas`` standard deviations
+        of the running mean (always, while that is off or warming up). The statistics take
+        every loss, an outlier's at the rule's edge, so one writer cannot drag them far and a
+        real drift still moves them."""
+        mean, var, n = self.loss_stats
+        k = self.cfg.ps_loss_sigmas
+        edge = k * math.sqrt(var)
+        ok = k == 0 or n < WARMUP or abs(loss - mean) <= edge
+        x = loss if ok or k == 0 else mean + math.copysign(edge, loss - mean)
+        n += 1
+        a = max(1.0 / n, 0.01)
+        d = x - mean
+        self.loss_stats = [mean + a * d, (1 - a) * (var + a * d * d), n]
+        return ok
+
+    def persist(self) -> None:
+        """Save the state a restart resumes from (one SET); skipped, with a warning, while
+        Redis refuses writes (out of memory): a restart then resumes from an older one."""
+        key = protocol.state(self.sk)
+        blob = encode(protocol.STATE, self.state())
+        if optional(key, lambda: self.client.set(key, blob)) is None:
+            log.warning("shard %d: Redis refused its state (out of memory?)", self.shard)
+
+    def publish_block(self) -> None:
+        block = {"block": self.param.detach().cpu().numpy()}
+        self.updates = self.published = self.store.publish(block, self.updates)
+
+    def _whole(self) -> int | None:
+        """The whole parameter vector in ``self.whole`` (the others' blocks as published);
+        its version (the newest block's: the gradients applied, each going to every shard,
+        so that rates per version mean what they mean with one learner), or None while a
+        block is missing."""
+        self.whole[self.flat.block(self.shard)] = self.param.detach().cpu()
+        self.peer_versions[self.shard] = self.updates
+        fetch_blocks(self.peers, self.peer_versions, self.flat, self.whole, skip=self.shard)
+        return None if min(self.peer_versions) < 0 else max(self.peer_versions)
+
+    def publish(self) -> None:
+        """The whole network to the run's weights key, when it changed (shard 0 does, every
+        ``ps_publish_s``)."""
+        version = self._whole()
+        if version is None or version == self.run_from:
+            return
+        self.flat.load(self.whole)
+        self.run_weights.publish(self.net, version)  # (above a writer's newer one, if any)
+        self.run_from = version
+
+    def save(self) -> None:
+        """Shard 0: the run's checkpoint, the whole network and every shard's saved state."""
+        if self.checkpoint is None or self.shard != 0:
+            return
+        version = self._whole()
+        if version is None:
+            return
+        self.flat.load(self.whole)
+        states: list[dict[str, Any] | None] = []
+        for k in range(self.cfg.ps_shards):
+            states.append(self._saved(k))
+        extra = {"ps": {"shards": self.cfg.ps_shards, "states": states}}
+        save_checkpoint(self.checkpoint, self.algo, self.cfg, self.net, None, version, extra)
+
+    def _saved(self, k: int) -> dict[str, Any] | None:
+        if k == self.shard:
+            s: dict[str, Any] | None = self.state()
+        else:
+            sk = protocol.shard_keys(self.keys, self.cfg.ps_shards, k)
+            sl = self.flat.block(k)
+            try:
+                raw = self.client.get(protocol.state(sk))
+                s = None if raw is None else decode(raw, protocol.state_schema(sl.stop - sl.start))
+            except (redis.ResponseError, CodecError):
+                s = None
+        if s is None:
+            return None
+        return {
+            "version": s["version"],
+            "params": torch.from_numpy(np.array(s["params"])),
+            "opt": {n: torch.from_numpy(np.array(v)) for n, v in s["opt"].items()},
+            "loss": torch.tensor(s["loss"], dtype=torch.float64),
+        }
+
+    def reconfigure(self, cfg: Any) -> None:
+        super().reconfigure(cfg)
+        for group in self.opt.param_groups:
+            group["lr"] = cfg.lr
+
+    def metrics(self) -> dict[str, Any]:
+        losses, self.losses = self.losses, []
+        lags, self.staleness = self.staleness, []
+        pct = np.percentile(lags, [50, 90, 100]) if lags else [0.0, 0.0, 0.0]
+        return {
+            "updates": self.updates,
+            "loss": float(np.mean(losses)) if losses else 0.0,
+            "staleness_p50": float(pct[0]),
+            "staleness_p90": float(pct[1]),
+            "staleness_max": float(pct[2]),
+            **{k: float(v) for k, v in self.drops.items()},
+            **{k: float(v) for k, v in self.lags.items()},
+            "rejected": float(self.rejected + self.consumer.rejected),
+            "replayed": float(self.replayed),
+            "shard": self.shard,
+            "lr": float(self.opt.param_groups[0]["lr"]),
+        }
+
+    def close(self, should_stop: StopCheck) -> None:
+        if self.shard == 0:
+            self.publish()
+        self.consumer.close()

@@ -1,0 +1,275 @@
+"""The parameter server (Gorila, A3C) on a real Redis: gradients applied one optimizer step
+each and published with a version; K shards step exactly as one server; stale, future and
+outlier-loss gradients dropped and counted; hostile entries never reach the parameters; a
+restarted server resumes from Redis with its version and optimizer state and applies no
+gradient twice."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from qrl.algos.a3c.builder import _optimizer, _policy_value_net
+from qrl.algos.a3c.config import A3CConfig
+from qrl.ps import protocol
+from qrl.ps.client import Flat, PSClient
+from qrl.ps.server import ParameterServer
+from qrl.rl.envspec import EnvSpec
+from qrl.wire.codec import encode
+from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import FIELD
+from qrl.wire.weights import WeightStore
+
+ENV = EnvSpec.of("CartPole-v1")
+
+
+def never() -> bool:
+    return False
+
+
+def _net(cfg: A3CConfig) -> torch.nn.Module:
+    torch.manual_seed(cfg.seed)
+    return _policy_value_net(cfg, ENV)
+
+
+def _server(r, keys, cfg: A3CConfig, shard: int = 0, checkpoint=None) -> ParameterServer:
+    ps = ParameterServer(
+        r, keys, cfg, shard, _net(cfg), _optimizer, algo="a3c", checkpoint=checkpoint
+    )
+    assert ps.start(never)
+    return ps
+
+
+def _send(r, keys, cfg, grad: np.ndarray, version: int, loss: float = 1.0, to: int = 0,
+          **over) -> None:  # fmt: skip
+    sk = protocol.shard_keys(keys, cfg.ps_shards, to)
+    msg = {"shard": to, "version": version, "worker": 0, "loss": loss, "grad": grad, **over}
+    r.xadd(protocol.gradients(sk), {FIELD: encode(protocol.GRADIENT, msg)})
+
+
+def _grad(ps: ParameterServer, seed: int, scale: float = 0.001) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (scale * rng.standard_normal(ps.length)).astype(np.float32)
+
+
+def _block(ps: ParameterServer) -> np.ndarray:
+    return ps.param.detach().numpy().copy()
+
+
+def test_gradients_are_applied_one_step_each_and_published(r, keys):
+    cfg = A3CConfig()
+    ps = _server(r, keys, cfg)
+    ref = torch.nn.Parameter(ps.param.detach().clone())
+    opt = _optimizer([ref], cfg)
+    for i in range(3):
+        g = _grad(ps, i)
+        _send(r, keys, cfg, g, version=0)
+        ref.grad = torch.from_numpy(g)
+        opt.step()
+    ps.step(never)
+    assert ps.updates == 3 and ps.staleness == [0, 1, 2]
+    assert torch.equal(ps.param.detach(), ref.detach())
+    worker = PSClient(r, keys, cfg, _policy_value_net(cfg, ENV), worker=0)
+    assert worker.pull() and worker.versions == [3]
+    assert torch.equal(Flat(worker.net, 1).vector(), ref.detach())
+    assert r.xlen(protocol.gradients(keys)) == 0  # acknowledged and deleted
+
+
+def test_sharded_servers_step_exactly_as_one(r, keys):
+    one, three = A3CConfig(), A3CConfig(ps_shards=3)
+    single = _server(r, keys, one)
+    shards = [_server(r, keys, three, k) for k in range(3)]
+    workers = [PSClient(r, keys, c, _net(c), 0) for c in (one, three)]
+    for w in workers:
+        assert w.pull()
+    for i in range(4):
+        grads = torch.randn(single.length, generator=torch.Generator().manual_seed(i)) / 1000
+        for w in workers:
+            start = 0
+            for p in w.flat.params:
+                p.grad = grads[start : start + p.numel()].view_as(p).clone()
+                start += p.numel()
+            assert w.push(loss=1.0, should_stop=never)
+        for ps in (single, *shards):
+            ps.step(never)
+        for w in workers:
+            w.pull()
+    assert [s.updates for s in shards] == [4, 4, 4] and workers[1].versions == [4, 4, 4]
+    assert torch.equal(torch.cat([s.param.detach() for s in shards]), single.param.detach())
+    assert torch.equal(workers[0].flat.vector(), workers[1].flat.vector())
+
+
+def test_stale_future_and_outlier_gradients_are_dropped_and_counted(r, keys):
+    cfg = A3CConfig(ps_max_staleness=2, ps_loss_sigmas=3.0)
+    ps = _server(r, keys, cfg)
+    rng = np.random.default_rng(0)
+    for i in range(30):  # the loss statistics warm up
+        _send(r, keys, cfg, _grad(ps, i), version=i, loss=1.0 + 0.01 * rng.standard_normal())
+        ps.step(never)
+    assert ps.updates == 30
+    before = _block(ps)
+    _send(r, keys, cfg, _grad(ps, 100), version=27)  # 3 behind
+    _send(r, keys, cfg, _grad(ps, 101), version=31)  # not reached
+    _send(r, keys, cfg, _grad(ps, 102), version=30, loss=50.0)  # far off the mean
+    ps.step(never)
+    assert ps.drops == {"stale": 1, "future": 1, "outlier": 1, "norm": 0}
+    assert ps.updates == 30 and np.array_equal(_block(ps), before)
+    _send(r, keys, cfg, _grad(ps, 103), version=28)  # 2 behind: within the bound
+    ps.step(never)
+    assert ps.updates == 31
+    m = ps.metrics()
+    assert (m["stale"], m["future"], m["outlier"], m["staleness_max"]) == (1, 1, 1, 3)
+    # the histogram: 30 + the outlier at lag 0, the stale one at 3 and the last at 2
+    assert [m[k] for k in ("lag_0", "lag_1_3", "lag_4_15", "lag_16_up")] == [31, 2, 0, 0]
+
+
+def test_hostile_gradients_never_reach_the_parameters(r, keys):
+    cfg = A3CConfig(grad_clip=0.5)
+    ps = _server(r, keys, cfg)
+    before = _block(ps)
+    n = ps.length
+    bad = np.full(n, 0.001, np.float32)
+    nan = bad.copy()
+    nan[3] = np.nan
+    hostile = [
+        {"grad": nan},
+        {"grad": bad, "loss": float("inf")},
+        {"grad": bad[:-1]},
+        {"grad": bad.reshape(1, n)},
+        {"grad": np.zeros(n, np.int32)},
+        {"grad": np.zeros(n, np.float64)},
+        {"grad": bad, "version": -1},
+        {"grad": bad, "shard": 1},  # another shard's
+        {"grad": np.full(n, 1e6, np.float32)},  # finite, but longer than any clipped gradient
+    ]
+    for over in hostile:
+        _send(r, keys, cfg, **{"version": 0, **over})
+    stream = protocol.gradients(keys)
+    r.xadd(stream, {FIELD: b"\x00not a payload"})
+    r.xadd(stream, {FIELD: b"x" * (8 << 20)})  # huge
+    r.xadd(stream, {b"other": b"field"})
+    for _ in range(3):
+        ps.step(never)
+    assert ps.updates == 0 and np.array_equal(_block(ps), before)
+    assert ps.drops["norm"] == 1 and ps.rejected == 1
+    assert ps.consumer.rejected >= 9
+    assert int(r.hget(keys.stats, "rejected") or 0) >= 10
+    _send(r, keys, cfg, _grad(ps, 0), version=0)  # and it serves on
+    ps.step(never)
+    assert ps.updates == 1
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"not a state", "list", "wrong optimizer"],
+)
+def test_a_garbage_saved_state_is_dead_lettered_not_loaded(r, keys, garbage):
+    cfg = A3CConfig()
+    ps = _server(r, keys, cfg)
+    key = protocol.state(keys)
+    if garbage == "list":
+        r.delete(key)
+        r.rpush(key, b"x")
+    elif garbage == "wrong optimizer":
+        s = ps.state()
+        s["opt"] = {"exp_avg": np.zeros(ps.length, np.float32)}
+        r.set(key, encode(protocol.STATE, s))
+    else:
+        r.set(key, garbage)
+    again = _server(r, keys, cfg)
+    assert again.updates == 0 and np.array_equal(_block(again), _block(ps))
+    if garbage != "list":
+        assert int(r.hget(keys.stats, "rejected") or 0) >= 1
+
+
+def test_a_saved_state_claiming_entries_not_yet_made_does_not_freeze_the_server(r, keys):
+    cfg = A3CConfig()
+    ps = _server(r, keys, cfg)
+    _send(r, keys, cfg, _grad(ps, 0), version=0)
+    ps.step(never)
+    s = ps.state()
+    s["last_id"] = "99999999999999-0"  # a writer's: every entry to come would be skipped
+    r.set(protocol.state(keys), encode(protocol.STATE, s))
+    again = _server(r, keys, cfg)
+    assert again.updates == 1
+    _send(r, keys, cfg, _grad(ps, 1), version=1)
+    again.step(never)
+    assert again.updates == 2 and again.replayed == 0
+
+
+def test_a_restarted_server_resumes_its_version_and_optimizer_state_once(r, keys):
+    cfg = A3CConfig()
+    ps = _server(r, keys, cfg)
+    for i in range(5):
+        _send(r, keys, cfg, _grad(ps, i), version=i)
+    ps.step(never)
+    for i in range(5, 8):
+        _send(r, keys, cfg, _grad(ps, i), version=5)
+    entries = ps.consumer.read()
+    for e in entries:
+        ps.apply(e)
+    ps.persist()  # ... and killed here: its state saved, the gradients not acknowledged
+    assert ps.updates == 8
+    again = _server(r, keys, cfg)
+    assert again.updates == 8 and np.array_equal(_block(again), _block(ps))
+    want = {k: v.numpy() for k, v in ps.opt.state[ps.param].items()}
+    got = {k: v.numpy() for k, v in again.opt.state[again.param].items()}
+    assert want.keys() == got.keys() == {"step", "square_avg"}
+    for k in want:
+        assert np.array_equal(want[k], got[k])
+    again.step(never)  # it re-reads its pending gradients: applied already, skipped
+    assert again.updates == 8 and again.replayed == 3
+    _send(r, keys, cfg, _grad(ps, 9), version=8)
+    again.step(never)
+    assert again.updates == 9
+
+
+def test_the_checkpoint_holds_every_shard_and_restores_an_empty_redis(r, keys, tmp_path):
+    cfg = A3CConfig(ps_shards=2)
+    path = tmp_path / "checkpoint.pt"
+    shards = [_server(r, keys, cfg, k, checkpoint=path) for k in range(2)]
+    worker = PSClient(r, keys, cfg, _net(cfg), 0)
+    assert worker.pull()
+    for p in worker.flat.params:
+        p.grad = torch.full_like(p, 0.001)
+    for _ in range(3):
+        worker.push(1.0, never)
+    for s in shards:
+        s.step(never)
+    shards[0].save()
+    for sk in (protocol.shard_keys(keys, 2, k) for k in range(2)):
+        r.delete(protocol.state(sk), protocol.params(sk), protocol.gradients(sk))
+    back = [_server(r, keys, cfg, k, checkpoint=path) for k in range(2)]
+    for old, new in zip(shards, back, strict=True):
+        assert new.updates == old.updates == 3
+        assert np.array_equal(_block(new), _block(old))
+        avg = [s.opt.state[s.param]["square_avg"] for s in (old, new)]
+        assert torch.equal(*avg)
+
+
+def test_shards_on_a_cluster_each_work_on_a_slot_of_their_own(redis_cluster):
+    keys = RunKeys(f"ps-cluster-{time.time_ns()}")
+    cfg = A3CConfig(ps_shards=3)
+    shards = [protocol.shard_keys(keys, 3, k) for k in range(3)]
+    assert len({redis_cluster.node_of(protocol.params(sk)) for sk in shards}) == 3  # 3 nodes
+    servers = [_server(connect(redis_cluster.urls[k]), keys, cfg, k) for k in range(3)]
+    worker = PSClient(connect(redis_cluster.urls[0]), keys, cfg, _net(cfg), 0)
+    assert worker.pull()
+    for p in worker.flat.params:
+        p.grad = torch.full_like(p, 1e-4)
+    for _ in range(3):
+        assert worker.push(1.0, never)
+    for s in servers:
+        s.step(never)
+    worker.pull()
+    assert [s.updates for s in servers] == [3, 3, 3] == worker.versions
+    client = connect(redis_cluster.urls[1])
+    client.xadd(protocol.gradients(shards[2]), {FIELD: b"garbage"})  # dead-lettered there
+    servers[2].step(never)
+    assert int(client.hget(shards[2].stats, "rejected")) == 1
+    servers[0].publish()
+    assert WeightStore(client, keys).version() == 3  # the whole network: 3 gradients
