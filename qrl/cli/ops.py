@@ -243,6 +243,11 @@ def status_cmd(
             raise click.UsageError(f"pass --run (runs in this Redis: {', '.join(runs) or 'none'})")
         run = runs[0]
     keys = run_keys(run)
+    if not client.exists(keys.config) and client.exists(keys.key("pbt:config")):
+        from qrl.pbt.status import show  # a population (qrl pbt)
+
+        show(client, run, as_json)
+        return
     if not client.exists(keys.config):
         raise click.ClickException(f"no run {run!r} in this Redis")
     collect, reports = _collector(client, keys, stale_after)

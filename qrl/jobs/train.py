@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -179,12 +181,18 @@ def run_training(
     console: Console | None = None,
     tracking: Tracking | None = None,
     nice: int = 0,
+    snapshot: bool = False,
+    interrupted: threading.Event | None = None,
+    on_tick: Callable[[], None] | None = None,
 ) -> int:
     """Run a whole job; returns the exit code: 0 if the target return was reached, 1 if the
     budget ran out first, 2 if a role failed or the job was interrupted. A job that reached
     its target leaves the weights that reached it in its checkpoint. The processes of the
     roles that declare ``nice`` (actors) run ``nice`` steps nicer than the rest (the learner
-    first on a shared machine)."""
+    first on a shared machine). ``snapshot``: the learner resumes from the run's snapshot in
+    Redis and saves its state there as it stops (population-based training's trials);
+    ``interrupted``: the event SIGINT/SIGTERM set (the caller's, to see them too);
+    ``on_tick``: called about every half second while the job runs (a PBT slot's lease)."""
     console = console or Console(stderr=True)
     evaluator = Evaluator(algo, cfg, budget.eval_episodes, budget.eval_env)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -210,7 +218,7 @@ def run_training(
         clear_stop(client, keys)  # a rerun of a stopped run starts afresh
         # its stop polls also record each live config change in the run dir
         live = LiveConfig(client, keys, cfg, run_dir / "config_changes.jsonl")
-        stop = StopFlag(client, keys, live=live)
+        stop = StopFlag(client, keys, live=live, local=interrupted)
         reader = MetricsReader(client, keys, from_start=True)
         disconnect(client)  # forked roles inherit no open connection
         for role, i in algo.processes(cfg):
@@ -224,6 +232,7 @@ def run_training(
                 device=device,
                 checkpoint=checkpoint if role.checkpoints else None,
                 nice=nice if role.nice else 0,
+                snapshot=snapshot,
             )
             procs[name] = start_process(spec, run_dir / "logs" / f"{name}.log", name)
         console.print(
@@ -249,6 +258,8 @@ def run_training(
             while not stop():
                 for msg in reader.read(block_ms=500):
                     progress.fold(msg)
+                if on_tick is not None:
+                    on_tick()
                 now = time.monotonic()
                 elapsed = now - progress.start
                 if now >= next_eval:

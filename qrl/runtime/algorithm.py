@@ -43,7 +43,8 @@ class RoleContext:
     """What making a role needs: a connection, a way to open more (picklable, for child
     processes), the run's keys and config, the process number, the learner options and the
     spec of the run's env (a :class:`qrl.rl.envspec.EnvSpec`, read once by the launcher;
-    ``None``: each role reads its own)."""
+    ``None``: each role reads its own); ``snapshot``: the learner resumes from and saves to
+    the run's snapshot in Redis (:mod:`qrl.runtime.snapshot`; population-based training)."""
 
     client: redis.Redis
     connect: Callable[[], redis.Redis]
@@ -54,6 +55,7 @@ class RoleContext:
     threads: int = 1
     checkpoint: Path | None = None
     env: Any = None
+    snapshot: bool = False  # a learner keeps its whole state in the run's Redis snapshot too
 
 
 # role names go in key patterns (leases, heartbeats, ACL rules) unescaped

@@ -98,10 +98,52 @@ def draw(run_dir: Path) -> Any:
     return fig
 
 
+def draw_population(run_dir: Path) -> Any:
+    """The figure of a ``qrl pbt`` run dir: each trial's score over time (exploits marked:
+    the copier's line jumps to the copied trial's), and each explored hyperparameter of each
+    trial over time (log scale for log ranges)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = json.loads((run_dir / "pbt.json").read_text())
+    with (run_dir / "scores.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    explored = settings.get("explore", [])
+    fig, axes = plt.subplots(1 + len(explored), 1, figsize=(8, 3.2 * (1 + len(explored))),
+                             constrained_layout=True, squeeze=False)  # fmt: skip
+    trials = sorted({row["trial"] for row in rows})
+    events = []
+    if (run_dir / "lineage.jsonl").exists():
+        events = [json.loads(line) for line in (run_dir / "lineage.jsonl").read_text().splitlines()]
+    start = min((float(r["time"]) for r in rows), default=0.0)
+    for i, trial in enumerate(trials):
+        mine = [r for r in rows if r["trial"] == trial]
+        t = [float(r["time"]) for r in mine]
+        axes[0][0].plot(t, _column(mine, "score"), marker="o", color=f"C{i}", label=trial)
+        for ax, spec in zip((a[0] for a in axes[1:]), explored, strict=True):
+            ax.step(t, _column(mine, spec["field"]), where="post", color=f"C{i}")
+    target = settings.get("target_return")
+    if target is not None:
+        axes[0][0].axhline(target, linestyle="--", color="grey", label=f"target {target:g}")
+    axes[0][0].set(ylabel="score (evaluation)", title=f"{run_dir.name}: population "
+                   f"({len(events)} exploits)")  # fmt: skip
+    axes[0][0].legend(loc="lower right", fontsize="small")
+    for ax, spec in zip((a[0] for a in axes[1:]), explored, strict=True):
+        ax.set(ylabel=spec["field"], yscale="log" if spec["kind"] == "log" else "linear")
+    for (ax,) in axes:
+        ax.grid(alpha=0.3)
+        ax.set_xlabel("seconds")
+        ax.set_xlim(left=start)
+    return fig
+
+
 def plot_run(run_dir: Path, out: Path | None = None) -> Path:
-    """Write :func:`draw`'s figure of ``run_dir`` as a PNG (default ``RUN_DIR/plot.png``);
-    returns its path."""
-    fig = draw(run_dir)  # (selects the file-only backend before pyplot is imported)
+    """Write :func:`draw`'s figure of ``run_dir`` (:func:`draw_population`'s for a ``qrl pbt``
+    run dir) as a PNG (default ``RUN_DIR/plot.png``); returns its path."""
+    population = (run_dir / "pbt.json").exists() and (run_dir / "scores.csv").exists()
+    fig = (draw_population if population else draw)(run_dir)  # (file-only backend first)
     import matplotlib.pyplot as plt
 
     out = out or run_dir / "plot.png"

@@ -1,0 +1,84 @@
+"""Population-based training against random search: time to the population's first solve.
+
+    python benchmarks/pbt.py --seeds 0 1 2                       # PPO on Acrobot-v1
+    python benchmarks/pbt.py --algo impala --env LunarLander-v3 --max-time 1800
+
+For each seed, the same `qrl pbt` population twice, one after the other (whole processes,
+each with its embedded Redis): with exploit and explore (PBT), and with `--random-search`
+(the same trials with the same initial draws from deliberately wide ranges, the same slots
+and segments, never a copy). Both stop at the first trial confirmed at the target over 100
+fresh episodes, or at the time budget; total env steps are what the slots manage in that
+time, equal for equal time. A population that does not solve counts as its budget (medians
+stay honest). Prints each time, each seed's ratio and the ratio of medians PBT / random
+search (issue 34's goal: <= 0.6); each PBT run's lineage plot is left in its run dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+EXPLORE = ["lr=1e-5..1e-1:log", "entropy_cost=1e-4..1e-1:log"]
+
+
+def run(args: argparse.Namespace, seed: int, pbt: bool, root: Path) -> tuple[float, dict]:
+    name = f"{'pbt' if pbt else 'random'}-s{seed}"
+    cmd = [sys.executable, "-m", "qrl.cli", "pbt", args.algo, "--env", args.env, "--seed",
+           str(seed), "--population", str(args.population), "--slots", str(args.slots),
+           "--ready", str(args.ready), "--max-time", str(args.max_time), "--name", name,
+           "--run-dir", str(root / name)]  # fmt: skip
+    for e in EXPLORE:
+        cmd += ["--explore", e]
+    if not pbt:
+        cmd.append("--random-search")
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.max_time + 300)
+    wall = time.monotonic() - start
+    result = json.loads((root / name / "result.json").read_text())
+    if proc.returncode != 0:
+        wall = max(wall, args.max_time)
+    if pbt:
+        subprocess.run([sys.executable, "-m", "qrl.cli", "plot", str(root / name)],
+                       capture_output=True)  # fmt: skip
+    lineage = root / name / "lineage.jsonl"
+    result["exploits"] = len(lineage.read_text().splitlines()) if lineage.exists() else 0
+    return wall, result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--algo", default="ppo")
+    p.add_argument("--env", default="Acrobot-v1")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--population", type=int, default=4)
+    p.add_argument("--slots", type=int, default=2)
+    p.add_argument("--ready", type=float, default=15.0)
+    p.add_argument("--max-time", type=float, default=600.0)
+    p.add_argument("--out", type=Path, default=None, help="Keep the run dirs here.")
+    args = p.parse_args()
+    root = args.out or Path(tempfile.mkdtemp(prefix="qrl-pbt-"))
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for seed in args.seeds:
+        for pbt in (True, False):
+            wall, result = run(args, seed, pbt, root)
+            times[pbt].append(wall)
+            solved = result.get("solved") or {}
+            print(f"seed {seed} {'pbt   ' if pbt else 'random'}: {wall:7.1f} s, solved by "
+                  f"{solved.get('trial', '-')} ({solved.get('return', '-')}), "
+                  f"{result['exploits']} exploits", flush=True)  # fmt: skip
+        print(f"seed {seed} ratio pbt/random {times[True][-1] / times[False][-1]:.2f}", flush=True)
+    a, b = statistics.median(times[True]), statistics.median(times[False])
+    print(
+        f"median pbt {a:.1f} s, random search {b:.1f} s: ratio {a / b:.2f} (goal <= 0.6); "
+        f"run dirs in {root}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""``qrl pbt ALGO``: a whole population in one command. It stores the population in Redis
+(an embedded one unless given a URL), makes each trial's run with hyperparameters drawn from
+the explored ranges, starts ``slots`` worker slots on this machine (workers elsewhere may
+join with ``qrl pbt worker``), follows the scoreboard and the lineage, and stops when a trial
+is confirmed at the target or the time runs out.
+
+The run dir holds ``lineage.jsonl`` (every exploit/explore event), ``scores.csv`` (each
+trial's score and explored values over time: what ``qrl plot`` draws), ``result.json`` and a
+directory per trial (its segments' logs, metrics and run files).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import logging
+import math
+import os
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from rich.console import Console
+
+from qrl.algos import ALGOS
+from qrl.jobs.launch import process_context, setup_logging
+from qrl.pbt.config import PBTConfig
+from qrl.pbt.exploit import current, initial_config
+from qrl.pbt.population import Population
+from qrl.runtime.control import clear_stop, on_stop_signals, request_stop
+from qrl.runtime.files import open_appending, write_json
+from qrl.runtime.runs import create_run
+from qrl.server.embedded import EmbeddedRedis, die_with_parent
+from qrl.wire.connection import connect, disconnect, redact
+from qrl.wire.keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+
+def _slot_main(url: str, name: str, run_root: Path, device: str, log_path: Path) -> None:
+    from qrl.pbt.worker import slot
+
+    die_with_parent()
+    fd = open_appending(log_path, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    setup_logging(logging.INFO)
+    slot(url, name, run_root, device)
+
+
+def start_slots(url: str, name: str, run_root: Path, slots: int, device: str) -> list[Any]:
+    """``slots`` worker slot processes on this machine, logging to ``run_root/logs``."""
+    (run_root / "logs").mkdir(parents=True, exist_ok=True)
+    ctx = process_context()
+    procs = []
+    for s in range(slots):
+        log_path = run_root / "logs" / f"slot{s}.log"
+        p = ctx.Process(target=_slot_main, args=(url, name, run_root, device, log_path))
+        p.start()
+        procs.append(p)
+    return procs
+
+
+def setup(client: redis.Redis, pcfg: PBTConfig) -> Population:
+    """The population and its trials' runs in Redis (those there already are kept)."""
+    pop = Population(client, pcfg.name)
+    pop.create(pcfg)
+    algo = ALGOS[pcfg.algo]
+    for i, trial in enumerate(pcfg.trials()):
+        create_run(client, RunKeys(trial), algo.name, initial_config(pcfg, i))
+    clear_stop(client, pop.keys)
+    return pop
+
+
+class Follower:
+    """Appends the lineage events seen since the last call to the run dir, and each scored
+    trial's score and explored values every ``every`` seconds."""
+
+    def __init__(self, pcfg: PBTConfig, run_root: Path, every: float = 5.0) -> None:
+        self.pcfg, self.root, self.events, self.every = pcfg, run_root, 0, every
+        self.read = "-"  # the last lineage entry read
+        self.last: dict[str, float] = {}
+        self.fields = [e.field for e in pcfg.explore]
+        self.start = time.time()
+
+    def __call__(self, client: redis.Redis, pop: Population) -> dict[str, float]:
+        self.read, events = pop.lineage_after(self.read)
+        with open(self.root / "lineage.jsonl", "a") as f:
+            for e in events:
+                f.write(json.dumps(e) + "\n")
+        self.events += len(events)
+        scores = pop.scores(self.pcfg.trials())
+        path = self.root / "scores.csv"
+        new = not path.exists()
+        with open(path, "a", newline="") as f:
+            w = csv.writer(f)
+            if new:
+                w.writerow(["time", "trial", "score", *self.fields])
+            for trial, score in scores.items():
+                if time.time() < self.last.get(trial, 0.0) + self.every:
+                    continue
+                self.last[trial] = time.time()
+                cfg = current(client, self.pcfg, trial)
+                values = [getattr(cfg, name) for name in self.fields]
+                w.writerow([f"{time.time() - self.start:.1f}", trial, score, *values])
+        return scores
+
+
+def run_population(
+    pcfg: PBTConfig, *, redis_url: str | None, slots: int, run_root: Path,
+    max_time: float | None, device: str = "auto", console: Console | None = None,
+) -> int:  # fmt: skip
+    """Run population ``pcfg``; exit code 0 if a trial was confirmed at the target, 1 if the
+    time ran out first, 2 if every slot failed or it was interrupted."""
+    console = console or Console(stderr=True)
+    run_root.mkdir(parents=True, exist_ok=True)
+    write_json(run_root / "pbt.json", json.loads(pcfg.model_dump_json()))
+    server = None if redis_url else EmbeddedRedis(password=secrets.token_urlsafe(16)).start()
+    url = redis_url or server.url  # type: ignore[union-attr]
+    procs: list[Any] = []
+    client, solved, code = None, None, 1
+    start = time.monotonic()
+    interrupted = threading.Event()  # SIGINT/SIGTERM: stop the slots in order, then Redis
+    on_stop_signals(interrupted.set)
+    try:
+        client = connect(url)
+        pop = setup(client, pcfg)
+        disconnect(client)  # the slots are forked: they inherit no connection
+        procs = start_slots(url, pcfg.name, run_root, slots, device)
+        where = redact(url) if redis_url else "embedded"
+        console.print(
+            f"[bold]qrl pbt[/] {pcfg.algo} on {pcfg.env}: population {pcfg.name!r} of "
+            f"{pcfg.population}, {slots} slots here, Redis {where}; logs in {run_root / 'logs'}"
+        )
+        follow, next_line = Follower(pcfg, run_root), 0.0
+        while True:
+            time.sleep(1.0)
+            scores = follow(client, pop)
+            solved = pop.solved()
+            elapsed = time.monotonic() - start
+            if time.monotonic() >= next_line:
+                best = max(scores.values()) if scores else math.nan
+                console.print(
+                    f"{elapsed:6.0f}s best {best:.1f}, {len(scores)} scored, "
+                    f"{follow.events} exploits"
+                )
+                next_line = time.monotonic() + 10
+            if interrupted.is_set():
+                code = 2
+                break
+            if solved is not None:
+                console.print(f"{solved['trial']} confirmed at {solved['return']:.1f}")
+                code = 0
+                break
+            if procs and all(p.exitcode is not None for p in procs):
+                console.print(f"[red]every slot ended; see {run_root / 'logs'}[/]")
+                code = 2
+                break
+            if max_time is not None and elapsed >= max_time:
+                console.print(f"no trial reached {pcfg.target_return} in {max_time:g}s")
+                break
+    except KeyboardInterrupt:
+        code = 2
+    finally:
+        if client is not None:
+            with contextlib.suppress(redis.RedisError):
+                request_stop(client, RunKeys(pcfg.name))
+        for p in procs:
+            if p.exitcode is None:
+                p.terminate()  # the slot's segment stops its roles in order
+        for p in procs:
+            p.join(60)
+            if p.exitcode is None:
+                p.kill()
+        if server is not None:
+            server.stop()
+    result = {"solved": solved, "elapsed": time.monotonic() - start, "exit_code": code}
+    write_json(run_root / "result.json", result)
+    return code

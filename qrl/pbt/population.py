@@ -1,0 +1,225 @@
+"""A population's state in Redis, under the keys of a run named as the population (one Cluster
+slot): its config, the trials' leases, the scoreboard, the lineage and the first solve.
+
+- ``pbt:config``: the :class:`~qrl.pbt.config.PBTConfig` as JSON, written once.
+- ``pbt:leases``: sorted set, trial -> the time (ms, Redis's clock) it may next be taken: when
+  its lease runs out, or when it was given back (so the trial waiting longest goes first and
+  more trials than slots take turns); ``pbt:owners`` says which worker holds each lease.
+- ``pbt:scores``: hash, trial -> JSON ``{score, time}``, the trial's last evaluation.
+- ``pbt:lineage``: stream of exploit/explore events (who copied whom, which values).
+- ``pbt:solved``: JSON, the first trial whose evaluation was confirmed at the target.
+
+Whoever has the population's keys may write anything in them: every read is bounded and
+checked, and what fails a check is ignored (a score from an unknown trial, not finite, not
+JSON, too long), so it can neither crash a worker nor cause an exploit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+
+from qrl.pbt.config import PBTConfig
+from qrl.wire.keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+MAX_JSON = 64 * 1024  # the longest config, score or event read
+LINEAGE_LEN = 10_000
+
+# KEYS: leases, owners. ARGV: worker, lease ms, then the population's trials (only those:
+# members a writer added are never handed out, and the work is bounded by the population).
+# The trial free longest (or whose lease ran out longest ago), leased to the worker; nil if
+# every trial is held. A trial missing from the set counts as free since always.
+_CLAIM = """
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local best, when = false, ms
+for i = 3, #ARGV do
+  local s = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[i]) or '0')
+  if s == nil or s ~= s then s = 0 end
+  if s <= ms and (not best or s < when) then best, when = ARGV[i], s end
+end
+if not best then return false end
+redis.call('ZADD', KEYS[1], ms + tonumber(ARGV[2]), best)
+redis.call('HSET', KEYS[2], best, ARGV[1])
+return best
+"""
+# KEYS: leases, owners. ARGV: trial, worker, lease ms (0: give it back). 1 if the worker held it.
+_HOLD = """
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZADD', KEYS[1], 'XX', ms + tonumber(ARGV[3]), ARGV[1])
+if tonumber(ARGV[3]) == 0 then redis.call('HDEL', KEYS[2], ARGV[1]) end
+return 1
+"""
+# KEYS: a hash. ARGV: the fields, then the longest value read: the values (false if longer).
+_BOUNDED = """
+local out = {}
+local cap = tonumber(ARGV[#ARGV])
+for i = 1, #ARGV - 1 do
+  if redis.call('HSTRLEN', KEYS[1], ARGV[i]) <= cap then
+    out[i] = redis.call('HGET', KEYS[1], ARGV[i]) or false
+  else
+    out[i] = false
+  end
+end
+return out
+"""
+
+
+class PopulationError(RuntimeError):
+    """The population is missing, unreadable, or another one of that name."""
+
+
+def _json(raw: Any) -> Any:
+    if not isinstance(raw, bytes) or len(raw) > MAX_JSON:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+class Population:
+    """The population ``name`` in ``client``'s Redis."""
+
+    def __init__(self, client: redis.Redis, name: str) -> None:
+        self.client, self.name = client, name
+        self.keys = RunKeys(name)
+        k = self.keys.key
+        self.config_key, self.leases, self.owners = (
+            k("pbt:config"), k("pbt:leases"), k("pbt:owners"),
+        )  # fmt: skip
+        self.scores_key, self.lineage_key, self.solved_key = (
+            k("pbt:scores"), k("pbt:lineage"), k("pbt:solved"),
+        )  # fmt: skip
+        self._claim = client.register_script(_CLAIM)
+        self._hold = client.register_script(_HOLD)
+        self._bounded = client.register_script(_BOUNDED)
+
+    # -- the config
+    def create(self, cfg: PBTConfig) -> bool:
+        """Store ``cfg`` and free every trial; False if the same population existed already
+        (it goes on), PopulationError if another of that name does."""
+        text = cfg.model_dump_json()
+        if not self.client.set(self.config_key, text, nx=True):
+            if self.config() != cfg:
+                raise PopulationError(f"population {self.name!r} exists with other settings")
+            return False
+        self.client.zadd(self.leases, dict.fromkeys(cfg.trials(), 0), nx=True)
+        return True
+
+    def config(self) -> PBTConfig:
+        try:
+            if self.client.strlen(self.config_key) > MAX_JSON:
+                raise PopulationError(f"{self.config_key} is over {MAX_JSON} bytes")
+            raw = self.client.get(self.config_key)
+        except redis.ResponseError as e:
+            raise PopulationError(f"{self.config_key}: {e}") from None
+        if raw is None:
+            raise PopulationError(f"no population {self.name!r} in this Redis")
+        try:
+            cfg = PBTConfig.model_validate_json(raw)
+        except ValidationError as e:
+            raise PopulationError(f"population {self.name!r}: {e}") from None
+        if cfg.name != self.name:
+            raise PopulationError(f"{self.config_key} names population {cfg.name!r}")
+        return cfg
+
+    # -- leases
+    def claim(self, worker: str, lease_s: float, trials: list[str]) -> str | None:
+        """One of ``trials`` for ``worker`` to run for up to ``lease_s``, or None (all are
+        held)."""
+        args = [worker, int(lease_s * 1000), *trials]
+        got = self._claim(keys=[self.leases, self.owners], args=args)
+        return got.decode() if isinstance(got, bytes) else None
+
+    def renew(self, trial: str, worker: str, lease_s: float) -> bool:
+        args = [trial, worker, max(int(lease_s * 1000), 1)]
+        return bool(self._hold(keys=[self.leases, self.owners], args=args))
+
+    def release(self, trial: str, worker: str) -> bool:
+        return bool(self._hold(keys=[self.leases, self.owners], args=[trial, worker, 0]))
+
+    def holders(self, trials: list[str]) -> dict[str, str]:
+        try:
+            got = self._bounded(keys=[self.owners], args=[*trials, 256])
+        except redis.ResponseError:  # not a hash: a writer's
+            return {}
+        return {t: v.decode("utf-8", "replace") for t, v in zip(trials, got, strict=True) if v}
+
+    # -- the scoreboard
+    def post(self, trial: str, score: float) -> None:
+        entry = {"score": float(score), "time": time.time()}
+        self.client.hset(self.scores_key, trial, json.dumps(entry))
+
+    def forget(self, trial: str) -> None:
+        """Drop ``trial``'s score (it took another's weights: its own score is stale)."""
+        self.client.hdel(self.scores_key, trial)
+
+    def scores(self, trials: list[str]) -> dict[str, float]:
+        """The known trials' last scores; whatever is not a finite score is left out."""
+        try:
+            got = self._bounded(keys=[self.scores_key], args=[*trials, 1024])
+        except redis.ResponseError as e:  # not a hash: a writer's
+            log.warning("%s unreadable (%s): no scores", self.scores_key, e)
+            return {}
+        out = {}
+        for trial, raw in zip(trials, got, strict=True):
+            entry = _json(raw)
+            if isinstance(entry, dict) and _finite(entry.get("score")):
+                out[trial] = float(entry["score"])
+        return out
+
+    # -- lineage and the end
+    def record(self, event: dict[str, Any]) -> None:
+        fields = {"event": json.dumps(event)}
+        self.client.xadd(self.lineage_key, fields, maxlen=LINEAGE_LEN, approximate=True)
+
+    def lineage(self, count: int = LINEAGE_LEN) -> list[dict[str, Any]]:
+        """The recorded events, oldest first (those that do not parse left out)."""
+        return self.lineage_after("-", count)[1]
+
+    def lineage_after(
+        self, after: str, count: int = LINEAGE_LEN
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """The events recorded after stream entry ``after`` ("-": all), oldest first, and the
+        entry to read on from (a follower reads only what is new)."""
+        try:
+            entries = self.client.xrange(
+                self.lineage_key, min="-" if after == "-" else f"({after}", count=count
+            )
+        except redis.ResponseError:
+            return after, []
+        out = []
+        for _, fields in entries:
+            event = _json(fields.get(b"event"))
+            if isinstance(event, dict):
+                out.append(event)
+        last = entries[-1][0].decode() if entries else after
+        return last, out
+
+    def solve(self, trial: str, confirmed: float) -> None:
+        entry = {"trial": trial, "return": confirmed, "time": time.time()}
+        self.client.set(self.solved_key, json.dumps(entry), nx=True)
+
+    def solved(self) -> dict[str, Any] | None:
+        try:
+            if self.client.strlen(self.solved_key) > MAX_JSON:
+                return None
+            entry = _json(self.client.get(self.solved_key))
+        except redis.ResponseError:
+            return None
+        return entry if isinstance(entry, dict) and isinstance(entry.get("trial"), str) else None

@@ -1,0 +1,76 @@
+"""``qrl status --run POPULATION``: a population's trials (who trains each, its last score, its
+explored values now), its latest exploit/explore events and its solve."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import redis
+from rich.console import Console, Group
+from rich.table import Table
+
+from qrl.pbt.exploit import current
+from qrl.pbt.population import Population
+from qrl.runtime.runs import RunNotFound
+from qrl.wire.codec import CodecError
+
+
+def collect(client: redis.Redis, name: str, events: int = 10) -> dict[str, Any]:
+    """The population's status as plain data (``qrl status --json``)."""
+    pop = Population(client, name)
+    pcfg = pop.config()
+    trials = pcfg.trials()
+    holders, scores = pop.holders(trials), pop.scores(trials)
+    rows = []
+    for trial in trials:
+        try:
+            cfg = current(client, pcfg, trial)
+            values = {e.field: getattr(cfg, e.field) for e in pcfg.explore}
+        except (RunNotFound, CodecError, redis.ResponseError):
+            values = {}
+        rows.append({"trial": trial, "worker": holders.get(trial), "score": scores.get(trial),
+                     "values": values})  # fmt: skip
+    return {
+        "population": name, "algo": pcfg.algo, "env": pcfg.env, "trials": rows,
+        "lineage": pop.lineage()[-events:], "solved": pop.solved(),
+        "target_return": pcfg.target_return,
+    }  # fmt: skip
+
+
+def _num(x: Any) -> str:
+    return "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def render(status: dict[str, Any]) -> Group:
+    title = (f"population {status['population']}: {status['algo']} on {status['env']}, "
+             f"target {status['target_return']}")  # fmt: skip
+    trials = Table(title=title)
+    fields = list(status["trials"][0]["values"]) if status["trials"] else []
+    for col in ("trial", "worker", "score", *fields):
+        trials.add_column(col)
+    for row in status["trials"]:
+        trials.add_row(row["trial"], row["worker"] or "-", _num(row["score"]),
+                       *(_num(row["values"].get(f)) for f in fields))  # fmt: skip
+    lineage = Table(title="exploit/explore (latest last)")
+    for col in ("when", "trial", "took", "its score", "score", "values"):
+        lineage.add_column(col)
+    for e in status["lineage"]:
+        ago = f"{time.time() - e['time']:.0f}s ago" if isinstance(e.get("time"), float) else "-"
+        values = ", ".join(f"{k}={_num(v)}" for k, v in (e.get("values") or {}).items())
+        lineage.add_row(ago, str(e.get("trial")), str(e.get("source")),
+                        _num(e.get("source_score")), _num(e.get("score")), values)  # fmt: skip
+    solved = status["solved"]
+    end = f"solved by {solved['trial']} ({_num(solved.get('return'))})" if solved else "not solved"
+    return Group(trials, lineage, end)
+
+
+def show(client: redis.Redis, name: str, as_json: bool = False) -> None:
+    """Print the population's status (as JSON with ``as_json``)."""
+    status = collect(client, name)
+    if as_json:
+        print(json.dumps(status))
+    else:
+        Console(width=None if sys.stdout.isatty() else 160).print(render(status))

@@ -1,0 +1,142 @@
+"""A PBT worker slot (``qrl pbt worker``): takes a trial from the population's leases, trains
+it for one segment (``ready_s`` seconds, as a ``qrl train`` job on the population's Redis
+whose learner resumes from and saves to the trial's Redis snapshot), posts its evaluation to
+the scoreboard, exploits and explores if it ranks low, and gives the trial back: more trials
+than slots take turns, and a worker on any machine can take any trial.
+
+A worker that dies holds its trial until the lease runs out (``ready_s + lease_s``); its role
+processes are stopped as their parent dies, the learner saving the trial's state as it stops,
+and the next worker to take the trial goes on from there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+from rich.console import Console
+
+from qrl.algos import ALGOS
+from qrl.pbt.config import PBTConfig
+from qrl.pbt.exploit import choose, exploit
+from qrl.pbt.population import Population
+from qrl.rl.envs import check_env_id
+from qrl.runtime.control import StopFlag
+from qrl.runtime.roles import EVAL_RETURN
+from qrl.runtime.runs import load_run_config
+from qrl.wire.connection import connect, disconnect
+from qrl.wire.faults import warn_once
+from qrl.wire.keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def segment(
+    client: redis.Redis, url: str, pcfg: PBTConfig, trial: str, run_dir: Path, device: str,
+    interrupted: threading.Event, renew: Callable[[], None] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Train ``trial`` for one segment (``renew`` called about every half second); ``qrl
+    train``'s result (result.json)."""
+    from qrl.jobs.train import Budget, run_training  # torch
+
+    algo = ALGOS[pcfg.algo]
+    cfg = load_run_config(client, RunKeys(trial), algo.name, algo.config)
+    budget = Budget(
+        target_return=pcfg.target_return, max_time=pcfg.ready_s,
+        eval_every=max(1.0, pcfg.ready_s / 4), eval_episodes=pcfg.eval_episodes,
+        confirm_episodes=pcfg.confirm_episodes,
+    )  # fmt: skip
+    disconnect(client)  # the segment's roles are forked: they inherit no connection
+    with open(os.devnull, "w") as quiet:  # its progress: the trial's run dir and logs
+        run_training(
+            algo, cfg, budget, redis_url=url, run=trial, run_dir=run_dir, device=device,
+            console=Console(file=quiet), snapshot=True, interrupted=interrupted, on_tick=renew,
+        )  # fmt: skip
+    return json.loads((run_dir / "result.json").read_text())
+
+
+class Renewal:
+    """Renews a slot's lease every few seconds while its segment runs (a segment that runs
+    long, e.g. through a slow confirmation, keeps its trial); warns once if it was lost."""
+
+    def __init__(self, pop: Population, trial: str, me: str, lease_s: float) -> None:
+        self.pop, self.trial, self.me, self.lease_s = pop, trial, me, lease_s
+        self.next, self.lost = time.monotonic() + 5.0, False
+
+    def __call__(self) -> None:
+        if time.monotonic() < self.next or self.lost:
+            return
+        self.next = time.monotonic() + 5.0
+        try:
+            self.lost = not self.pop.renew(self.trial, self.me, self.lease_s)
+        except redis.RedisError as e:
+            log.warning("could not renew the lease of %s: %s", self.trial, e)
+        if self.lost:
+            log.warning("%s lost its lease of %s (another worker took it)", self.me, self.trial)
+
+
+def slot(url: str, name: str, run_root: Path, device: str = "auto") -> int:
+    """Run trials of population ``name`` one segment at a time until it is solved or this
+    process is asked to stop (SIGINT/SIGTERM); the number of segments run."""
+    client = connect(url, wait=30)
+    pop = Population(client, name)
+    pcfg = pop.config()  # validated: an algorithm PBT runs, sane settings
+    check_env_id(pcfg.env)  # data: it may name no module to import
+    me, rng, done = worker_id(), random.Random(), 0
+    stop = StopFlag(client, RunKeys(name))  # `qrl run stop NAME` stops the population's workers
+    while not stop() and pop.solved() is None:
+        try:
+            trial = pop.claim(me, pcfg.ready_s + pcfg.lease_s, pcfg.trials())
+        except redis.ResponseError as e:  # a lease key of another type: a writer's
+            warn_once(str(e), "population %s: cannot take a lease (%s)", name, e, logger=log)
+            trial = None
+        if trial is None:
+            time.sleep(1.0)
+            continue
+        log.info("%s: segment of %s", me, trial)
+        try:
+            renew = Renewal(pop, trial, me, pcfg.ready_s + pcfg.lease_s)
+            result = segment(client, url, pcfg, trial, run_root / trial, device, stop.local, renew)
+            if stop.local.is_set():  # cut short: no score, no exploit
+                break
+            done += 1
+            if renew.lost:  # another worker holds the trial now: it is not ours to change
+                continue
+            finish(pop, pcfg, trial, result, rng)
+        finally:
+            pop.release(trial, me)
+    return done
+
+
+def finish(
+    pop: Population, pcfg: PBTConfig, trial: str, result: dict[str, Any], rng: random.Random
+) -> dict[str, Any] | None:
+    """After a segment: the solve, or the score and (if the trial ranks low) the exploit."""
+    if result.get("reached"):
+        pop.solve(trial, float(result.get("confirm_return") or result[EVAL_RETURN.name]))
+        return None
+    score = result.get(EVAL_RETURN.name)
+    if not isinstance(score, (int, float)) or not math.isfinite(score):
+        return None  # no evaluation in the segment
+    pop.post(trial, float(score))
+    if not pcfg.exploit:
+        return None
+    scores = pop.scores(pcfg.trials())
+    source = choose(trial, scores, pcfg.quantile, rng)
+    if source is None:
+        return None
+    return exploit(pop.client, pop, pcfg, trial, source, rng, scores)

@@ -1,0 +1,140 @@
+"""A learner's whole state in Redis: what population-based training moves between workers and
+copies from one trial into another, with no file in between (the checkpoint is a file, and
+torch's own format is a pickle: never for what crosses Redis).
+
+One codec message in the run's ``snapshot`` key: the update count, the network's state dict
+(``model``) and the optimizer's per-parameter state (``opt``, ``"I.NAME"``: parameter I of the
+optimizer's groups, e.g. Adam's ``step``, ``exp_avg``, ``exp_avg_sq``). The learning rates are
+not in it: they are the run's config. Anyone with the run's keys can write anything there, so
+a snapshot is checked against the network and the optimizer it goes into before any of it is
+loaded: names, shapes and dtypes as the network's, the optimizer state's names those its kind
+of optimizer keeps, shapes its parameter's (or a scalar), every number finite.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis
+import torch
+
+from qrl.wire.codec import CodecError, Field, Schema, decode, encode
+from qrl.wire.keys import RunKeys
+from qrl.wire.schema import DEFAULT_MAX_BYTES
+from qrl.wire.streams import dead_letter
+from qrl.wire.weights import MAX_VERSION, load_arrays, module_arrays
+
+log = logging.getLogger(__name__)
+
+KIND = "snapshot"
+_ITEMS = 65_536  # the most tensors a snapshot names (a network's and its optimizer's)
+SCHEMA = Schema(
+    KIND,
+    {
+        "updates": Field(int, bounds=(0, MAX_VERSION - 1)),
+        "model": Field(dict, values=Field(np.ndarray), max_len=_ITEMS),
+        "opt": Field(dict, values=Field(np.ndarray, finite=True), max_len=_ITEMS),
+    },
+    max_bytes=DEFAULT_MAX_BYTES,
+)
+_OPT_KEY = re.compile(r"(0|[1-9][0-9]{0,5})\.([a-z_][a-z0-9_]{0,31})")
+
+
+def key(keys: RunKeys) -> str:
+    return keys.key("snapshot")
+
+
+@dataclass
+class Snapshot:
+    updates: int
+    model: dict[str, np.ndarray]
+    opt: dict[str, np.ndarray]
+
+
+def _params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for g in opt.param_groups for p in g["params"]]
+
+
+def capture(net: torch.nn.Module, opt: torch.optim.Optimizer, updates: int) -> Snapshot:
+    """The state of ``net`` and ``opt`` after ``updates`` updates, as arrays."""
+    state = opt.state_dict()["state"]
+    arrays = {
+        f"{i}.{name}": v.detach().cpu().numpy().copy()
+        for i, per in state.items()
+        for name, v in per.items()
+        if isinstance(v, torch.Tensor)
+    }
+    return Snapshot(int(updates), module_arrays(net), arrays)
+
+
+def state_names(opt: torch.optim.Optimizer) -> set[str]:
+    """The names of the state ``opt``'s kind of optimizer keeps per parameter (after a step of
+    a twin with the same settings)."""
+    p = torch.nn.Parameter(torch.zeros(1, device=_params(opt)[0].device))
+    twin = type(opt)([p], **opt.defaults)
+    p.grad = torch.zeros_like(p)
+    twin.step()
+    return set(twin.state[p])
+
+
+def optimizer_state(arrays: dict[str, np.ndarray], opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """``arrays`` (a snapshot's ``opt``) as a state dict for ``opt``, checked to fit it;
+    raises CodecError if it does not."""
+    params, names = _params(opt), state_names(opt)
+    per: dict[int, dict[str, torch.Tensor]] = {}
+    for k, arr in arrays.items():
+        m = _OPT_KEY.fullmatch(k)
+        if m is None or int(m.group(1)) >= len(params) or m.group(2) not in names:
+            raise CodecError(f"optimizer state {k!r} does not fit the optimizer")
+        p = params[int(m.group(1))]
+        if arr.shape not in (tuple(p.shape), ()) or arr.dtype != np.float32:
+            raise CodecError(f"optimizer state {k!r}: {arr.dtype} {arr.shape}, param {p.shape}")
+        per.setdefault(int(m.group(1)), {})[m.group(2)] = torch.from_numpy(np.array(arr))
+    for i, got in per.items():
+        if set(got) != names:
+            raise CodecError(f"optimizer state of parameter {i}: {sorted(got)}, not {names}")
+    return {"state": per, "param_groups": opt.state_dict()["param_groups"]}
+
+
+def load_model(model: dict[str, np.ndarray], net: torch.nn.Module) -> None:
+    """Load ``model`` into ``net`` if it fits (names, shapes, dtypes, finite); else raise
+    CodecError with ``net`` untouched."""
+    for name, arr in model.items():
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise CodecError(f"{name}: not finite")
+    load_arrays(net, model)  # checks every array before it loads any
+
+
+class SnapshotStore:
+    """The run's snapshot: :meth:`save` one, :meth:`fetch` it (``None`` if there is none or
+    it does not decode: dead-lettered, logged)."""
+
+    def __init__(self, client: redis.Redis, keys: RunKeys) -> None:
+        self.client, self.keys, self.key = client, keys, key(keys)
+
+    def save(self, snap: Snapshot) -> None:
+        blob = encode(KIND, {"updates": snap.updates, "model": snap.model, "opt": snap.opt})
+        self.client.set(self.key, blob)
+
+    def fetch(self) -> Snapshot | None:
+        try:
+            if self.client.strlen(self.key) > 2 * DEFAULT_MAX_BYTES:  # LZ4 grows little
+                log.warning("%s is over %d bytes: ignored", self.key, 2 * DEFAULT_MAX_BYTES)
+                return None
+            blob = self.client.get(self.key)
+        except redis.ResponseError as e:  # not a string: a writer's
+            log.warning("%s is not a snapshot (%s): ignored", self.key, e)
+            return None
+        if blob is None:
+            return None
+        try:
+            msg = decode(blob, SCHEMA)
+        except CodecError as e:
+            log.warning("rejected the snapshot at %s: %s", self.key, e)
+            dead_letter(self.client, self.keys, "snapshot", str(e), blob)
+            return None
+        return Snapshot(msg["updates"], msg["model"], msg["opt"])

@@ -1,0 +1,315 @@
+"""Population-based training on a real Redis: exploit copies a trial's whole state and its
+hyperparameters (read back, and taken in by a real learner); hostile scoreboard entries crash
+nothing and cause no exploit; leases; a SIGKILLed worker's trial goes on with another worker
+from its last state (real processes); ``qrl pbt`` from the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from qrl.algos import ALGOS
+from qrl.pbt.config import Explore, PBTConfig
+from qrl.pbt.controller import Follower, setup
+from qrl.pbt.exploit import choose, current, exploit, explore
+from qrl.pbt.worker import Renewal, finish
+from qrl.runtime.algorithm import RoleContext
+from qrl.runtime.snapshot import SnapshotStore, capture
+from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
+from qrl.wire.weights import WeightStore
+from tests.cli import ROOT, qrl
+
+
+def _pcfg(keys: RunKeys, **kw) -> PBTConfig:
+    explore = [Explore.parse("lr=1e-4..1e-2:log"), Explore.parse("entropy_cost=1e-4..1e-1:log")]
+    values = {"name": keys.run, "algo": "ppo", "env": "CartPole-v1", "population": 2,
+              "explore": explore, "target_return": 475.0, **kw}  # fmt: skip
+    return PBTConfig(**values)
+
+
+def _learner(r, trial: str):
+    """The trial's real PPO learner, made as its role process makes it (snapshot on)."""
+    algo = ALGOS["ppo"]
+    keys = RunKeys(trial)
+    cfg = current(r, _pcfg(RunKeys(trial.rsplit("-t", 1)[0])), trial)
+    ctx = RoleContext(r, lambda: r, keys, cfg, 0, "cpu", snapshot=True)
+    return algo.role("learner").make(ctx)
+
+
+def test_explore_specs_parse_sample_and_perturb_within_range():
+    rng = random.Random(0)
+    e = Explore.parse("lr=1e-5..1e-1:log")
+    assert (e.kind, e.low, e.high) == ("log", 1e-5, 1e-1)
+    assert all(1e-5 <= e.sample(rng) <= 1e-1 for _ in range(100))
+    assert e.perturb(1e-1, rng, (0.8, 1.2)) in (0.08, 0.1)  # x1.2 is clipped at the top
+    c = Explore.parse("clip=0.1,0.2,0.3")
+    assert c.perturb(0.2, rng, (0.8, 1.2)) in (0.1, 0.3)
+    for bad in ("lr", "lr=1..0", "lr=0..1:log", "lr=a..b", "LR=1..2", "lr=1,nan"):
+        with pytest.raises(ValueError):
+            Explore.parse(bad)
+
+
+def test_exploit_copies_state_and_hyperparameters_exactly(r, keys, tmp_path):
+    pcfg = _pcfg(keys)
+    pop = setup(r, pcfg)
+    src, dst = pcfg.trials()
+    # the source trained a little: a real learner's network and Adam state in its snapshot
+    learner = _learner(r, src)
+    x = torch.randn(8, 4)
+    for _ in range(3):
+        learner.opt.zero_grad()
+        sum((p * x.sum()).pow(2).sum() for p in learner.net.parameters()).backward()
+        learner.opt.step()
+    SnapshotStore(r, RunKeys(src)).save(capture(learner.net, learner.opt, 7))
+    WeightStore(r, RunKeys(dst)).publish(_learner(r, dst).net, 40)  # the target's own weights
+    before = current(r, pcfg, src)
+    event = exploit(r, pop, pcfg, dst, src, random.Random(5), {src: 2.0, dst: 1.0})
+    # hyperparameters: the source's, perturbed or redrawn by the same draws
+    want = explore(pcfg, {"lr": before.lr, "entropy_cost": before.entropy_cost},
+                   random.Random(5))  # fmt: skip
+    after = current(r, pcfg, dst)
+    assert (after.lr, after.entropy_cost) == (want["lr"], want["entropy_cost"])
+    assert event["values"] == want and event["source"] == src and event["trial"] == dst
+    assert pop.lineage()[-1] == event
+    follow = Follower(pcfg, tmp_path)  # the controller writes each event to the run dir once
+    follow(r, pop)
+    follow(r, pop)
+    lines = (tmp_path / "lineage.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [event] and follow.events == 1
+    # state: read back from Redis, and taken in by the target's learner as it starts
+    copied = SnapshotStore(r, RunKeys(dst)).fetch()
+    assert copied.updates == event["version"] == 41  # above the target's published version
+    mine = capture(learner.net, learner.opt, 7)
+    assert copied.model.keys() == mine.model.keys() and copied.opt.keys() == mine.opt.keys()
+    assert all(np.array_equal(copied.model[k], mine.model[k]) for k in mine.model)
+    assert all(np.array_equal(copied.opt[k], mine.opt[k]) for k in mine.opt)
+    taken = _learner(r, dst)
+    assert taken.updates == 41
+    for k, v in learner.net.state_dict().items():
+        assert torch.equal(taken.net.state_dict()[k], v)
+    ours, theirs = learner.opt.state_dict()["state"], taken.opt.state_dict()["state"]
+    assert ours.keys() == theirs.keys() and ours
+    for i in ours:
+        assert all(torch.equal(ours[i][n].cpu(), theirs[i][n].cpu()) for n in ours[i])
+    assert taken.opt.param_groups[0]["lr"] == want["lr"]
+    shown = qrl("status", "--run", keys.run)  # the population: trials, values, lineage
+    assert shown.returncode == 0, shown.stderr
+    assert dst in shown.stdout and "exploit/explore" in shown.stdout
+    status = json.loads(qrl("status", "--run", keys.run, "--json").stdout)
+    assert status["lineage"][-1]["source"] == src
+    assert status["trials"][1]["values"]["lr"] == want["lr"]
+
+
+def test_es_exploit_copies_the_published_parameters_and_master_state(r, keys):
+    pcfg = _pcfg(keys, algo="es", explore=[Explore.parse("lr=1e-3..1e-1:log")])
+    pop = setup(r, pcfg)
+    src, dst = pcfg.trials()
+    params = {"theta": np.arange(6, dtype=np.float32), "adam_m": np.ones(6, np.float32)}
+    WeightStore(r, RunKeys(src)).publish(params, 12, {"obs_count": 3})
+    WeightStore(r, RunKeys(dst)).publish({"theta": np.zeros(6, np.float32)}, 30)
+    event = exploit(r, pop, pcfg, dst, src, random.Random(1))
+    w = WeightStore(r, RunKeys(dst)).fetch()
+    assert w.version == event["version"] == 31 and w.meta == {"obs_count": 3}
+    assert w.params.keys() == params.keys()
+    assert all(np.array_equal(w.params[k], v) for k, v in params.items())
+
+
+def test_a_snapshot_that_does_not_fit_is_not_loaded(r, keys):
+    pcfg = _pcfg(keys)
+    setup(r, pcfg)
+    trial = pcfg.trials()[0]
+    learner = _learner(r, trial)
+    good = capture(learner.net, learner.opt, 5)
+    bad = capture(learner.net, learner.opt, 9)
+    name = next(iter(bad.model))
+    bad.model[name] = np.zeros((3, 3), np.float32)  # another shape
+    SnapshotStore(r, RunKeys(trial)).save(bad)
+    assert _learner(r, trial).updates == 0
+    bad = capture(learner.net, learner.opt, 9)
+    bad.model[name] = np.full_like(bad.model[name], np.nan)
+    SnapshotStore(r, RunKeys(trial)).save(bad)
+    assert _learner(r, trial).updates == 0
+    r.set(RunKeys(trial).key("snapshot"), b"garbage")
+    assert _learner(r, trial).updates == 0
+    SnapshotStore(r, RunKeys(trial)).save(good)
+    assert _learner(r, trial).updates == 5
+
+
+def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, tmp_path):
+    pcfg = _pcfg(keys, population=3)
+    pop = setup(r, pcfg)
+    t0, t1, t2 = pcfg.trials()
+    for trial in (t0, t1, t2):  # each has state an exploit could copy
+        learner = _learner(r, trial)
+        SnapshotStore(r, RunKeys(trial)).save(capture(learner.net, learner.opt, 1))
+    pop.post(t0, 10.0)
+    r.hset(pop.scores_key, mapping={
+        t1: json.dumps({"score": float("nan")}).replace("NaN", "1e999"),  # inf on parse
+        t2: '{"score": NaN}', "intruder": json.dumps({"score": 1e9}),
+    })  # fmt: skip
+    r.hset(pop.scores_key, "x" * 10, "y" * 2_000_000)
+    assert pop.scores(pcfg.trials()) == {t0: 10.0}
+    assert finish(pop, pcfg, t0, {"eval_return": 10.0}, random.Random(0)) is None
+    for value in ('"text"', "[1]", "{}", '{"score": true}', '{"score": "1"}', "\xff"):
+        r.hset(pop.scores_key, t1, value)
+        assert pop.scores(pcfg.trials()) == {t0: 10.0}
+    r.hset(pop.scores_key, t1, "z" * 5000)  # over the cap: not read
+    assert pop.scores(pcfg.trials()) == {t0: 10.0}
+    r.delete(pop.scores_key)
+    r.rpush(pop.scores_key, "not a hash")
+    assert pop.scores(pcfg.trials()) == {}
+    assert finish(pop, pcfg, t0, {"eval_return": float("nan")}, random.Random(0)) is None
+    r.xadd(pop.lineage_key, {"event": "not json"})
+    r.xadd(pop.lineage_key, {"other": "x"})
+    Follower(pcfg, tmp_path)(r, pop)  # what the controller does every second
+    assert qrl("status", "--run", keys.run).returncode == 0
+    assert pop.lineage() == []
+    assert r.xlen(pop.lineage_key) == 2  # nothing of ours was recorded: no exploit
+
+
+def test_qrl_pbt_refuses_bad_settings_before_it_starts(tmp_path):
+    for args, why in (
+        (["--explore", "hidden=1..2"], "cannot change while the run runs"),
+        (["--explore", "lr"], "expected FIELD=LOW..HIGH"),
+        (["--explore", "lr=1e-3..1e-1:log", "--population", "1"], "1"),
+        ([], "explore"),
+    ):
+        proc = qrl("pbt", "ppo", "--env", "CartPole-v1", "--run-dir", str(tmp_path), *args)
+        assert proc.returncode == 2 and why in proc.stderr, (args, proc.stderr)
+
+
+def test_a_worker_meets_lease_keys_of_another_type(r, keys, tmp_path, caplog):
+    pcfg = _pcfg(keys)
+    pop = setup(r, pcfg)
+    r.delete(pop.owners)
+    r.rpush(pop.owners, "x")  # a writer's: the claim script fails on it
+    from concurrent.futures import ThreadPoolExecutor
+
+    from qrl.pbt.worker import slot
+
+    with ThreadPoolExecutor(1) as pool:
+        done = pool.submit(slot, os.environ["QRL_REDIS_URL"], keys.run, tmp_path)
+        time.sleep(2.5)  # it tries, warns, waits, tries again
+        assert not done.done()
+        r.hset(pop.keys.control, "stop", 1)  # `qrl run stop NAME`: the slot returns
+        assert done.result(timeout=10) == 0
+    assert pop.holders(pcfg.trials()) == {}
+    assert "cannot take a lease" in caplog.text
+
+
+def test_choose_takes_the_top_for_the_bottom_only():
+    scores = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}
+    rng = random.Random(0)
+    assert choose("a", scores, 0.25, rng) == "d"
+    assert all(choose(t, scores, 0.25, rng) is None for t in "bcd")
+    assert choose("a", {"a": 1.0, "b": 1.0}, 0.5, rng) is None  # no better trial
+    assert choose("z", scores, 0.25, rng) is None and choose("a", {"a": 1.0}, 0.5, rng) is None
+
+
+def test_leases_time_share_and_a_dead_holders_trial_is_taken_back(r, keys):
+    pcfg = _pcfg(keys, population=2)
+    pop = setup(r, pcfg)
+    a = pop.claim("w1", 60, pcfg.trials())
+    b = pop.claim("w2", 0.3, pcfg.trials())
+    assert {a, b} == set(pcfg.trials()) and pop.claim("w3", 60, pcfg.trials()) is None
+    assert not pop.release(a, "w2") and pop.release(a, "w1")  # only its holder gives it back
+    assert pop.claim("w3", 60, pcfg.trials()) == a
+    time.sleep(0.5)  # w2's lease ran out: its trial is anyone's
+    assert pop.claim("w1", 60, pcfg.trials()) == b and not pop.renew(b, "w2", 60)
+    assert pop.holders(pcfg.trials()) == {a: "w3", b: "w1"}
+    # a long segment keeps its trial: its slot renews the lease while it runs
+    pop.release(a, "w3")
+    assert pop.claim("w4", 0.3, pcfg.trials()) == a
+    renew = Renewal(pop, a, "w4", 60)
+    renew.next = 0.0
+    renew()
+    time.sleep(0.5)
+    assert pop.claim("w5", 60, pcfg.trials()) is None and not renew.lost
+    renew = Renewal(pop, a, "w5", 60)  # not its holder: lost
+    renew.next = 0.0
+    renew()
+    assert renew.lost
+
+
+def _slot_pids(proc: subprocess.Popen) -> list[int]:
+    with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+        return [int(pid) for pid in f.read().split()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_sigkilled_workers_trial_goes_on_from_its_last_state(redis_server, keys, tmp_path):
+    client = connect(redis_server.url)
+    pcfg = _pcfg(keys, ready_s=6.0, lease_s=5.0, target_return=10_000.0, confirm_episodes=0)
+    pop = setup(client, pcfg)
+    env = {**os.environ, "QRL_REDIS_URL": redis_server.url}
+    a = subprocess.Popen(
+        [sys.executable, "-m", "qrl.cli", "pbt", "worker", keys.run, "--run-dir", str(tmp_path)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    b = None
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # a's first segment saved its trial's state
+            held = pop.holders(pcfg.trials())
+            snaps = {t: SnapshotStore(client, RunKeys(t)).fetch() for t in pcfg.trials()}
+            if len(held) == 1 and snaps[next(iter(held))] is not None:
+                break
+            time.sleep(0.5)
+        trial = next(iter(held))
+        time.sleep(3)  # into its next segment
+        for pid in [a.pid, *_slot_pids(a)]:
+            os.kill(pid, signal.SIGKILL)
+        a.wait(10)
+        time.sleep(8)  # the roles stop as their parent died; the learner saves as it stops
+        last = SnapshotStore(client, RunKeys(trial)).fetch()
+        assert last.updates > 0
+        b = subprocess.Popen(
+            [sys.executable, "-m", "qrl.cli", "pbt", "worker", keys.run, "--slots", "2",
+             "--run-dir", str(tmp_path / "b")], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        resumed = tmp_path / "b" / trial / "logs" / "learner0.log"
+        while time.monotonic() < deadline:
+            if resumed.exists() and "resumed from the run's snapshot" in resumed.read_text():
+                break
+            time.sleep(0.5)
+        text = resumed.read_text()
+        assert f"resumed from the run's snapshot at update {last.updates}" in text, text[-2000:]
+        while WeightStore(client, RunKeys(trial)).version() <= last.updates:
+            assert time.monotonic() < deadline, "the trial did not train on"
+            time.sleep(0.5)
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGINT)
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_qrl_pbt_cli_runs_a_population_and_writes_its_lineage(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
+    proc = qrl("pbt", "ppo", "--env", "CartPole-v1", "--population", "3", "--slots", "2",
+               "--explore", "lr=1e-4..3e-3:log", "--ready", "6", "--max-time", "200",
+               "--name", "cli-pbt", "--run-dir", str(tmp_path), timeout=280, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["solved"]["return"] >= 475
+    assert (tmp_path / "scores.csv").read_text().startswith("time,trial,score,lr")
+    assert (tmp_path / result["solved"]["trial"] / "checkpoint.pt").exists()
+    assert (tmp_path / "lineage.jsonl").exists()
