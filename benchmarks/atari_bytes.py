@@ -25,7 +25,7 @@ import lz4.block
 import numpy as np
 import redis
 
-from qrl.actors.apex import ApexActor
+from qrl.actors.dqn import DQNActor
 from qrl.algos.apex.config import ApexConfig
 from qrl.replay.frames import FrameBatch, FrameLayout, FrameReplay
 from qrl.replay.role import ReplayFiller
@@ -63,10 +63,10 @@ def frame_sizes(client: redis.Redis, keys: RunKeys, layout: FrameLayout) -> list
     return sizes
 
 
-def fill_from_actor(client: redis.Redis, keys: RunKeys, cfg: ApexConfig, n: int) -> ApexActor:
+def fill_from_actor(client: redis.Redis, keys: RunKeys, cfg: ApexConfig, n: int) -> DQNActor:
     """A real actor (with the initial weights, published) and replay filler on the run;
     they play until ``n`` transitions were inserted."""
-    actor = ApexActor(client, keys, cfg, actor_id=0)
+    actor = DQNActor(client, keys, cfg, actor_id=0)
     filler = ReplayFiller(client, keys, cfg)
     WeightStore(client, keys).publish(actor.net, version=0)
     never = lambda: False  # noqa: E731
@@ -101,7 +101,7 @@ def scale_up(client: redis.Redis, keys: RunKeys, layout: FrameLayout, total: int
     return (held - int(client.info("memory")["used_memory"])) / n
 
 
-def plain_bytes(client: redis.Redis, actor: ApexActor, n: int) -> float:
+def plain_bytes(client: redis.Redis, actor: DQNActor, n: int) -> float:
     """Bytes per transition with obs and next obs raw in every record (today's layout)."""
     keys = RunKeys("bench-plain")
     replay = PrioritizedReplay(client, keys, RecordLayout(actor.obs_shape, "uint8"), n)

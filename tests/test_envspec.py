@@ -45,7 +45,8 @@ def test_a_role_made_from_its_context_makes_only_the_envs_it_plays(
     before = _envs.made
     made = a.role(role).make(ctx)
     assert _envs.made - before == (getattr(cfg, PLAYS[role]) if role in PLAYS else 0)
-    if hasattr(made, "publish"):  # a learner (or ES's master): evaluate what it publishes
+    # a learner (ES's master, a parameter server): evaluate what it publishes
+    if a.weights_key(keys).removeprefix(keys.prefix) in a.role(role).access.writes:
         made.publish()
         params = WeightStore(r, keys, a.weights_key(keys)).fetch().params
         before = _envs.made

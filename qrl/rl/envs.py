@@ -5,7 +5,12 @@ qrl's own tasks, registered when qrl is imported:
   cart position and the pole angle), the RL zoo's ``CartPoleNoVel-v1``. A feed-forward policy
   cannot tell which way the pole moves; a recurrent one (R2D2, ``qrl train r2d2``) can.
 * ``qrl/SlowCartPole-v1``: CartPole-v1 that sleeps 1 ms in every step, a slow simulator
-  (``benchmarks/slow_env.py``; evaluate on ``CartPole-v1`` with ``--eval-env``)."""
+  (``benchmarks/slow_env.py``; evaluate on ``CartPole-v1`` with ``--eval-env``).
+
+MinAtar's games (``MinAtar/Breakout-v1``... with ``pip install 'qrl-rl[minatar]'``) are
+registered on first use, with their minimal action sets (``-v1``) and observations channels
+first, ``(C, 10, 10)`` bool, as the conv nets take them. Only Freeway ends by itself (after
+2500 steps); every game is cut at :data:`MINATAR_STEPS` (a truncation, not a terminal)."""
 
 from __future__ import annotations
 
@@ -71,6 +76,34 @@ for _id, _entry in ((NO_VEL_ID, "cartpole_no_vel"), (SLOW_ID, "slow_cartpole")):
         )
 
 
+MINATAR = "MinAtar/"
+MINATAR_STEPS = 10_000  # at MinAtar's pace a trained policy's episodes end well before it
+
+
+class ChannelsFirst(gym.ObservationWrapper):
+    """``(H, W, C)`` images as ``(C, H, W)``, the dtype kept."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        box = env.observation_space
+        assert isinstance(box, gym.spaces.Box) and len(box.shape) == 3
+        low, high = (np.moveaxis(b, -1, 0) for b in (box.low, box.high))
+        self.observation_space = gym.spaces.Box(low, high, dtype=box.dtype)
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.moveaxis(observation, -1, 0))
+
+
+def _register_minatar() -> None:
+    if any(name.startswith(MINATAR) for name in gym.registry):
+        return
+    try:
+        from minatar import gym as minatar_gym
+    except ImportError as e:
+        raise RuntimeError("MinAtar needs `pip install 'qrl-rl[minatar]'`") from e
+    minatar_gym.register_envs()
+
+
 ENV_MODULES_VAR = "QRL_ENV_MODULES"
 # modules this process was told to import for env ids; qrl's own simulated env (its import
 # only registers qrl/Sleep-v0) is allowed as part of qrl
@@ -116,6 +149,8 @@ def registered_id(env_id: str) -> str:
     check_env_id(env_id)
     module, sep, name = env_id.partition(":")
     if not sep:
+        if env_id.startswith(MINATAR):
+            _register_minatar()
         return env_id
     importlib.import_module(module)
     return name
@@ -149,6 +184,8 @@ def make_env(env_id: str, seed: int | None = None, render_mode: str | None = Non
             env, frame_skip=4, screen_size=84, grayscale_obs=True, noop_max=30
         )
         env = gym.wrappers.FrameStackObservation(env, 4)
+    elif name.startswith(MINATAR):
+        env = ChannelsFirst(gym.make(name, max_episode_steps=MINATAR_STEPS, **extra))
     else:
         try:
             env = gym.make(name, **extra)

@@ -1,5 +1,5 @@
-"""Networks, chosen from the observation: an MLP for vectors, the Nature-DQN convnet for
-stacked uint8 frames."""
+"""Networks, chosen from the observation: an MLP for vectors, a conv stack for images
+(MinAtar's for small ones, the Nature DQN's for 84x84 frames)."""
 
 from __future__ import annotations
 
@@ -14,22 +14,21 @@ from qrl.rl.envspec import EnvSpec
 Bounds = tuple[np.ndarray, np.ndarray]  # an observation space's (low, high)
 
 
+CONVS = ("auto", "minatar", "nature")
+
+
 def torso(
-    obs_shape: tuple[int, ...], hidden: tuple[int, ...], bounds: Bounds | None = None
+    obs_shape: tuple[int, ...],
+    hidden: tuple[int, ...],
+    bounds: Bounds | None = None,
+    conv: str = "auto",
 ) -> tuple[nn.Module, int]:
-    """A feature extractor for ``obs_shape`` and its output width; with ``bounds``, vector
-    observations are first scaled by them (:class:`ObsScale`)."""
-    if len(obs_shape) == 3:  # (C, H, W) frames, uint8
-        c, h, w = obs_shape
-        conv = nn.Sequential(
-            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
-            nn.Flatten(),
-        )  # fmt: skip
-        with torch.no_grad():
-            n = conv(torch.zeros(1, c, h, w)).shape[1]
-        return nn.Sequential(_Scale(1 / 255.0), conv, nn.Linear(n, 512), nn.ReLU()), 512
+    """A feature extractor for ``obs_shape`` and its output width: for ``(C, H, W)`` images a
+    conv stack (:func:`conv_torso`), for vectors an MLP of ``hidden`` layers; with
+    ``bounds``, vector observations are first scaled by them (:class:`ObsScale`) and images
+    divided by their largest value (Atari's 255, MinAtar's 1)."""
+    if len(obs_shape) == 3:
+        return conv_torso(obs_shape, conv, _image_scale(bounds))
     if len(obs_shape) != 1:
         raise ValueError(f"observations of shape {obs_shape} are not supported (vector or CxHxW)")
     layers: list[nn.Module] = []
@@ -39,6 +38,37 @@ def torso(
         width = h
     first = _Scale(1.0) if bounds is None else ObsScale(*bounds)
     return nn.Sequential(first, *layers), width
+
+
+def conv_torso(obs_shape: tuple[int, ...], conv: str, scale: float) -> tuple[nn.Module, int]:
+    """``conv`` ``minatar``: MinAtar's network (Young & Tian 2019: one 3x3 conv of 16
+    channels, 128 units), for small images; ``nature``: the Nature DQN's (Mnih et al. 2015:
+    three convs, 512 units), for 84x84 frames; ``auto``: MinAtar's below 36 pixels a side
+    (the least the Nature stack takes)."""
+    c, h, w = obs_shape
+    if conv not in CONVS:
+        raise ValueError(f"conv {conv!r}: one of {', '.join(CONVS)}")
+    if conv == "minatar" or (conv == "auto" and min(h, w) < 36):
+        stack, width = [nn.Conv2d(c, 16, 3, stride=1), nn.ReLU()], 128
+    else:
+        stack = [
+            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+        ]  # fmt: skip
+        width = 512
+        if min(h, w) < 36:
+            raise ValueError(f"images of {h}x{w} are too small for the Nature CNN (36x36 or more)")
+    convs = nn.Sequential(*stack, nn.Flatten())
+    with torch.no_grad():
+        n = convs(torch.zeros(1, c, h, w)).shape[1]
+    return nn.Sequential(_Scale(scale), convs, nn.Linear(n, width), nn.ReLU()), width
+
+
+def _image_scale(bounds: Bounds | None) -> float:
+    """1 / the largest value of an image's space (1/255 without bounds or a finite one)."""
+    top = float(np.max(bounds[1])) if bounds is not None else 255.0
+    return 1.0 / top if np.isfinite(top) and top > 0 else 1.0 / 255
 
 
 class _Scale(nn.Module):
@@ -85,9 +115,10 @@ class QNetwork(nn.Module):
         hidden: tuple[int, ...] = (256, 256),
         dueling: bool = True,
         bounds: Bounds | None = None,
+        conv: str = "auto",
     ) -> None:
         super().__init__()
-        self.features, width = torso(obs_shape, hidden, bounds)
+        self.features, width = torso(obs_shape, hidden, bounds, conv)
         self.dueling = dueling
         self.advantage = nn.Linear(width, n_actions)
         self.value = nn.Linear(width, 1) if dueling else None
@@ -104,10 +135,15 @@ class PolicyValueNet(nn.Module):
     """Policy logits and a state value from one shared torso (IMPALA, ES)."""
 
     def __init__(
-        self, obs_shape: tuple[int, ...], n_actions: int, hidden: tuple[int, ...] = (64, 64)
+        self,
+        obs_shape: tuple[int, ...],
+        n_actions: int,
+        hidden: tuple[int, ...] = (64, 64),
+        bounds: Bounds | None = None,
+        conv: str = "auto",
     ) -> None:
         super().__init__()
-        self.features, width = torso(obs_shape, hidden)
+        self.features, width = torso(obs_shape, hidden, bounds, conv)
         self.policy = nn.Linear(width, n_actions)
         self.value = nn.Linear(width, 1)
 
@@ -130,9 +166,10 @@ class RecurrentQNetwork(nn.Module):
         lstm: int = 64,
         dueling: bool = True,
         bounds: Bounds | None = None,
+        conv: str = "auto",
     ) -> None:
         super().__init__()
-        self.features, width = torso(obs_shape, hidden, bounds)
+        self.features, width = torso(obs_shape, hidden, bounds, conv)
         self.lstm_size = lstm
         self.lstm = nn.LSTM(width, lstm, batch_first=True)
         self.advantage = nn.Linear(lstm, n_actions)
@@ -155,24 +192,33 @@ class RecurrentQNetwork(nn.Module):
 
 
 def _bounds(cfg: Any, env: EnvSpec) -> Bounds | None:
-    return env.obs_bounds if cfg.obs_scale and len(env.obs_shape) == 1 else None
+    if len(env.obs_shape) != 1:
+        return env.obs_bounds  # images: divided by their largest value
+    return env.obs_bounds if getattr(cfg, "obs_scale", False) else None
+
+
+def _conv(cfg: Any) -> str:
+    return getattr(cfg, "conv", "auto")
 
 
 def q_network(cfg: Any, env: EnvSpec) -> QNetwork:
     """Ape-X's Q-network for ``cfg`` on ``env`` (its learner, actors and greedy policy build
     it here)."""
-    n_actions = env.discrete_actions()
-    return QNetwork(env.obs_shape, n_actions, cfg.hidden, cfg.dueling, _bounds(cfg, env))
+    n_actions, bounds = env.discrete_actions(), _bounds(cfg, env)
+    return QNetwork(env.obs_shape, n_actions, cfg.hidden, cfg.dueling, bounds, _conv(cfg))
 
 
 def recurrent_q_network(cfg: Any, env: EnvSpec) -> RecurrentQNetwork:
     """R2D2's LSTM Q-network for ``cfg`` on ``env`` (its learner, actors and greedy policy
     build it here)."""
     n_actions, bounds = env.discrete_actions(), _bounds(cfg, env)
-    return RecurrentQNetwork(env.obs_shape, n_actions, cfg.hidden, cfg.lstm, cfg.dueling, bounds)
+    return RecurrentQNetwork(
+        env.obs_shape, n_actions, cfg.hidden, cfg.lstm, cfg.dueling, bounds, _conv(cfg)
+    )
 
 
 def policy_value_net(cfg: Any, env: EnvSpec) -> PolicyValueNet:
     """IMPALA's and PPO's policy-value network for ``cfg`` on ``env`` (their learners, actors
     and greedy policies build it here)."""
-    return PolicyValueNet(env.obs_shape, env.discrete_actions(), cfg.hidden)
+    bounds = env.obs_bounds if len(env.obs_shape) != 1 else None  # vectors unscaled: tuned so
+    return PolicyValueNet(env.obs_shape, env.discrete_actions(), cfg.hidden, bounds, _conv(cfg))
