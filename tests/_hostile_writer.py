@@ -21,6 +21,7 @@ from qrl.algos.es.keys import es_params
 from qrl.algos.es.keys import es_results as es_results_key
 from qrl.algos.impala.keys import trajectories
 from qrl.algos.ppo.keys import rollouts
+from qrl.ps.protocol import gradients, params
 from qrl.rl.fields import RETURN_BOUND
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
@@ -30,6 +31,7 @@ r = redis.Redis.from_url(url)
 keys = RunKeys(run)
 rng = np.random.default_rng(12)
 TINY = float(np.finfo(np.float32).smallest_subnormal)
+A3C_PARAMS = 4 * 64 + 64 + 64 * 64 + 64 + 64 * 2 + 2 + 64 + 1  # the default net's, one shard
 
 
 def extreme(shape, bound: float) -> np.ndarray:
@@ -107,11 +109,25 @@ def es_results() -> tuple[str, dict]:
     }
 
 
+def gradient() -> tuple[str, dict]:
+    """A gradient for the run's one parameter-server shard: stale, current or from the
+    future, small or far longer than any clipped gradient (the server drops those)."""
+    version = int(r.hget(params(keys), "version") or 0)
+    return "ps.gradient", {
+        "shard": 0,
+        "version": pick(0, version, 2**53),
+        "worker": 2**31,
+        "loss": pick(0.0, 1e15, -1e15),
+        "grad": pick(plausible(A3C_PARAMS, 1e-4), extreme(A3C_PARAMS, 1e30)),
+    }
+
+
 STREAM, MESSAGE, WEIGHTS = {
     "apex": (keys.experience, experience, keys.weights),
     "impala": (trajectories(keys), unrolls, keys.weights),
     "ppo": (rollouts(keys), lambda: unrolls("ppo.rollouts", 32, 8), keys.weights),
     "es": (es_results_key(keys), es_results, es_params(keys)),
+    "a3c": (gradients(keys), gradient, params(keys)),
 }[algo]
 
 print(STREAM, flush=True)

@@ -19,6 +19,7 @@ import redis
 from qrl.algos.es.keys import es_params, es_results
 from qrl.algos.impala.keys import trajectories
 from qrl.algos.ppo.keys import rollouts
+from qrl.ps.protocol import gradients, params
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
 
@@ -31,6 +32,7 @@ STREAM, WEIGHTS = {
     "impala": (trajectories(keys), keys.weights),
     "ppo": (rollouts(keys), keys.weights),
     "es": (es_results(keys), es_params(keys)),
+    "a3c": (gradients(keys), params(keys)),
 }[algo]
 LIMIT = 2**53 - 1
 

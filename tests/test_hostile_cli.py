@@ -168,6 +168,12 @@ def test_qrl_run_list_prints_no_control_characters_or_markup_from_redis():
         assert c not in out.stdout, (c, out.stdout)
 
 
+# a one-second ES job that runs out its budget (ES's first parameters may solve CartPole at
+# the first evaluation: no target it can reach)
+ONE_SECOND_ES = ["es", "--max-time", "1", "--workers", "1", "--eval-episodes", "1",
+                 "--target-return", "1e9"]  # fmt: skip
+
+
 @pytest.mark.slow
 def test_qrl_train_does_not_follow_symlinks_planted_in_its_run_dir(tmp_path):
     """Links planted in a run dir where ``qrl train`` writes (its config, result, metrics and
@@ -179,8 +185,7 @@ def test_qrl_train_does_not_follow_symlinks_planted_in_its_run_dir(tmp_path):
     for name in planted:
         (run_dir / name).symlink_to(victim)
     env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
-    args = ["es", "--max-time", "1", "--workers", "1", "--eval-episodes", "1"]
-    proc = qrl("train", *args, "--run-dir", str(run_dir), timeout=120, env=env)
+    proc = qrl("train", *ONE_SECOND_ES, "--run-dir", str(run_dir), timeout=120, env=env)
     assert proc.returncode == 1, proc.stderr[-3000:]  # the budget ran out, nothing failed
     assert victim.read_bytes() == PRECIOUS.encode(), "a symlink's target was written"
     assert not any((run_dir / name).is_symlink() for name in planted)
@@ -195,9 +200,8 @@ def test_qrl_train_starts_over_a_control_key_of_the_wrong_type(r, keys, redis_se
     """Finding 5 for ``qrl train`` itself: a control key someone made a string (in a shared
     Redis, before the run starts) is repaired, not a WRONGTYPE that ends the job."""
     r.set(keys.control, "x")
-    args = ["es", "--max-time", "1", "--workers", "1", "--eval-episodes", "1"]
     run = ["--redis", redis_server.url, "--run", keys.run, "--run-dir", str(tmp_path / "run")]
-    proc = qrl("train", *args, *run, timeout=120)
+    proc = qrl("train", *ONE_SECOND_ES, *run, timeout=120)
     assert "WRONGTYPE" not in proc.stderr, proc.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "result.json").read_text())["exit_code"] == 1
     assert r.type(keys.control) in (b"none", b"hash")

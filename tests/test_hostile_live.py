@@ -1,4 +1,4 @@
-"""Live: ``qrl train apex|impala|ppo|es`` on CartPole reaches its target while one process keeps
+"""Live: ``qrl train apex|impala|ppo|es|a3c`` on CartPole reaches its target while one process keeps
 adding hostile-but-decodable entries to the run's stream and garbage to its weights key
 (``tests/_hostile_writer.py``) and another keeps attacking the run's keys: replay counters,
 weights version, wrong key types, the consumer group, floods, fake consumers, metrics and
@@ -26,7 +26,7 @@ LAST_S = 25
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("algo", ["apex", "impala", "ppo", "es"])
+@pytest.mark.parametrize("algo", ["apex", "impala", "ppo", "es", "a3c"])
 def test_train_reaches_its_target_under_hostile_writes(algo, redis_server, tmp_path):
     run, url = f"hostile-{algo}-{uuid.uuid4().hex[:8]}", redis_server.url
     writer, attacker = (

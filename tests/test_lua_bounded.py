@@ -228,7 +228,11 @@ COVERED = {
     ("learners/group.py", "_JOIN"),
     ("learners/group.py", "_ABANDON"),
     ("wire/weights.py", "_PUBLISH"),
+    ("wire/weights.py", "_KEPT"),
     ("inference/protocol.py", "POP"),
+    ("pbt/population.py", "_CLAIM"),
+    ("pbt/population.py", "_HOLD"),
+    ("pbt/population.py", "_BOUNDED"),
 }
 _SCRIPT_CALL = re.compile(r"(?:register_script|\.eval)\(([^)]*(?:\)[^)]*)?)\)")
 

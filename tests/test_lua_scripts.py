@@ -181,6 +181,26 @@ def test_weights_publish(private, r, version):
     bounded(private, lambda c: WeightStore(c, keys).publish(params, 1))
 
 
+@pytest.mark.parametrize("blob", ["junk", "huge", "same length", "wrong type", "version"])
+def test_weights_kept(private, r, blob):
+    """A writer's blob in place of the publisher's: told apart at once, a huge one with no
+    hashing."""
+    keys = fresh_keys()
+    store = WeightStore(r, keys)
+    store.publish({"w": np.zeros(3, np.float32)}, 1)
+    mine = r.hget(keys.weights, "blob")
+    assert bounded(private, lambda c: store.kept(every_s=0)) == 1
+    if blob == "wrong type":
+        r.delete(keys.weights)
+        WRONG_TYPES["list"](r, keys.weights)
+    elif blob == "version":
+        r.hset(keys.weights, "version", "9" * 100_000)
+    else:
+        other = {"junk": b"j", "huge": b"x" * (256 << 20), "same length": b"x" * len(mine)}
+        r.hset(keys.weights, "blob", other[blob])
+    assert bounded(private, lambda c: store.kept(every_s=0)) == 0
+
+
 def _live(mapping: dict[str, Any]) -> Callable[[redis.Redis, RunKeys], Any]:
     return lambda c, k: c.hset(k.config_live, mapping=mapping)
 
@@ -285,3 +305,68 @@ def test_inference_request_pop(private, r, state):
     REQUEST_STATES[state](r, key)
     got = bounded(private, lambda c: protocol.pop(c, key, 64, 1 << 16))
     assert len(got) <= 64
+
+
+def _leases(fill: Callable[[redis.Redis, str, str, str], Any]) -> Callable[..., Any]:
+    def state(c: redis.Redis, pop: Any) -> Any:
+        return fill(c, pop.leases, pop.owners, pop.scores_key)
+
+    return state
+
+
+POPULATION_STATES: dict[str, Callable[..., Any]] = {
+    "a million junk leases": _leases(
+        lambda c, leases, owners, scores: [
+            c.zadd(leases, {f"junk{i}": -1e300 for i in range(s, s + 10_000)})
+            for s in range(0, 1_000_000, 10_000)
+        ]
+    ),  # fmt: skip
+    "100k junk owners and scores": _leases(
+        lambda c, leases, owners, scores: [
+            c.hset(owners, mapping={f"junk{i}": "w" for i in range(100_000)}),
+            c.hset(scores, mapping={f"junk{i}": "x" * 100 for i in range(100_000)}),
+        ]
+    ),  # fmt: skip
+    "huge values": _leases(
+        lambda c, leases, owners, scores: [
+            c.hset(owners, "p-t0", "w" * 4_000_000),
+            c.hset(scores, "p-t0", "s" * 4_000_000),
+        ]
+    ),  # fmt: skip
+    "inf and nan scores": _leases(
+        lambda c, leases, owners, scores: c.zadd(
+            leases, {"p-t0": float("inf"), "p-t1": float("-inf")}
+        )
+    ),  # fmt: skip
+    **{
+        f"a {kind}": _leases(
+            lambda c, leases, owners, scores, kind=kind: [
+                WRONG_TYPES[kind](c, key) for key in (leases, owners, scores)
+            ]
+        )
+        for kind in WRONG_TYPES
+        if kind != "zset"
+    },  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("state", POPULATION_STATES)
+def test_population_claim_hold_and_bounded_reads(private, r, state):
+    """qrl/pbt/population.py's scripts: the claim looks at the population's own trials only,
+    the holds touch one trial, the bounded reads one field per trial and none over the cap."""
+    from qrl.pbt.population import Population
+
+    pop = Population(r, fresh_keys().run)
+    POPULATION_STATES[state](r, pop)
+    trials = [f"p-t{i}" for i in range(64)]
+
+    def claim(c: redis.Redis) -> Any:
+        got = Population(c, pop.name).claim("w", 60, trials)
+        assert got is None or got in trials
+        return got
+
+    bounded(private, claim)
+    bounded(private, lambda c: Population(c, pop.name).renew("p-t0", "w", 60))
+    bounded(private, lambda c: Population(c, pop.name).release("p-t0", "w"))
+    bounded(private, lambda c: Population(c, pop.name).holders(trials))
+    bounded(private, lambda c: Population(c, pop.name).scores(trials))

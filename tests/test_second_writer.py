@@ -105,6 +105,48 @@ def test_impala_learner_publishes_above_a_second_writer(r, keys, redis_server):
         lrn.close(lambda: True)
 
 
+def test_a_learner_publishes_over_garbage_at_its_own_version_as_it_starts(r, keys, redis_server):
+    """Junk at version 0 before a fresh learner starts: its actors wait for weights that
+    decode, so it publishes above the junk instead of taking the version as its own (a CI run
+    of the hostile-writes test saw Ape-X's actors wait the whole job)."""
+    cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
+    create_run(r, keys, "impala", cfg)
+    for junk in ({"blob": b"junk"}, {"blob": encode("weights", {"version": 0, "params": {
+            "other": np.zeros(3, np.float32)}, "meta": None})}):  # fmt: skip
+        r.delete(keys.weights)
+        r.hset(keys.weights, mapping={"version": "0", **junk})  # decodes, or fits no net
+        lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+        lrn.start(lambda: False)
+        try:
+            w = WeightStore(r, keys).fetch()
+            assert w is not None and w.version == lrn.updates == 1
+            assert lrn.weights.load_into(lrn.net) == 1  # what the actors take: it fits
+        finally:
+            lrn.close(lambda: True)
+
+
+def test_a_learner_waiting_for_data_publishes_again_over_a_writers_blob(r, keys, redis_server):
+    """A writer's blob under the learner's version once it has started, with nothing new to
+    publish: readers reject that version once and wait for another, and the learner waits
+    for their data (a CI run of the hostile-writes test saw Ape-X stall so for the whole
+    job). The learner sees its blob gone and publishes again as a new version."""
+    cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
+    create_run(r, keys, "impala", cfg)
+    lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+    lrn.start(lambda: False)
+    try:
+        started = lrn.updates
+        r.hset(keys.weights, "blob", b"junk")
+        actor = WeightStore(r, keys)
+        assert actor.fetch() is None  # rejected, and this version is not fetched again
+        deadline = time.monotonic() + 10
+        while (w := actor.fetch()) is None and time.monotonic() < deadline:
+            lrn.step(lambda: False)  # no data comes
+        assert w is not None and w.version == lrn.updates == started + 1
+    finally:
+        lrn.close(lambda: True)
+
+
 def test_es_master_publishes_above_a_second_writer_and_survives_garbage(r, keys, redis_server):
     cfg = ESConfig(population=4, noise_size=10_000, obs_norm=False)
     create_run(r, keys, "es", cfg)

@@ -225,13 +225,13 @@ def _throttled(actor, seconds: float = 0.5) -> bool:
 
 
 def test_apex_rate_limit_trusts_neither_an_injected_version_nor_stats(r, keys):
-    from qrl.actors.apex import ApexActor
+    from qrl.actors.dqn import DQNActor
     from qrl.algos.apex.config import ApexConfig
     from qrl.runtime.runs import create_run
 
     cfg = ApexConfig(actors=2, envs_per_actor=2, learning_starts=100, steps_per_update=10)
     create_run(r, keys, "apex", cfg)
-    actor = ApexActor(r, keys, cfg, 0)
+    actor = DQNActor(r, keys, cfg, 0)
     WeightStore(r, keys).publish(actor.net, 0)
     assert actor.refresh_weights()
     actor.steps = 150  # past learning_starts, the learner at update 0: held

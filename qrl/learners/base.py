@@ -36,8 +36,10 @@ from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.checkpoint import load_checkpoint, save_checkpoint
 from qrl.runtime.config import live_fields
 from qrl.runtime.loop import Role, StopCheck
+from qrl.runtime.snapshot import SnapshotStore, capture, load_model, optimizer_state
+from qrl.wire.codec import CodecError
 from qrl.wire.keys import RunKeys
-from qrl.wire.weights import WeightStore, ahead
+from qrl.wire.weights import WeightStore, ahead, fits
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,7 @@ class Learner(Role):
         checkpoint: Path | None = None,
         threads: int = 1,
         env: EnvSpec | None = None,
+        snapshot: bool = False,
     ) -> None:
         self.client_factory, self.keys, self.cfg = client_factory, keys, cfg
         self.env = env or EnvSpec.of(cfg.env)  # what build reads: the launcher's, read once
@@ -103,6 +106,10 @@ class Learner(Role):
             self._opt_state = state["optimizer"]
             self.updates = int(state["step"])
             log.info("resumed from %s at update %d", checkpoint, self.updates)
+        self._opt_arrays: dict[str, np.ndarray] = {}  # a snapshot's, loaded with the optimizer
+        self.snapshots = SnapshotStore(self.client, keys) if snapshot else None
+        if self.snapshots is not None:
+            self._resume_snapshot(self.snapshots)
         self.weights = WeightStore(self.client, keys)
 
     @property
@@ -113,6 +120,11 @@ class Learner(Role):
         (:meth:`start`)."""
         if self._opt is None:
             self._opt = self.optimizer()
+            if self._opt_arrays:
+                try:
+                    self._opt_state = optimizer_state(self._opt_arrays, self._opt)
+                except CodecError as e:
+                    log.warning("the snapshot's optimizer state does not fit: %s (fresh)", e)
             if self._opt_state:
                 self._opt.load_state_dict(self._opt_state)
                 self._set_learning_rates()  # the run's, not those saved with the state
@@ -129,6 +141,7 @@ class Learner(Role):
             checkpoint=ctx.checkpoint,
             threads=ctx.threads,
             env=ctx.env,
+            snapshot=ctx.snapshot,
         )
 
     # -- for subclasses
@@ -237,8 +250,29 @@ class Learner(Role):
             group["lr"] = lr
 
     def save(self) -> None:
-        if self.checkpoint is not None and self.group.leader:
+        if not self.group.leader:
+            return
+        if self.checkpoint is not None:
             save_checkpoint(self.checkpoint, self.algo, self.cfg, self.net, self.opt, self.updates)
+        if self.snapshots is not None:
+            try:
+                self.snapshots.save(capture(self.net, self.opt, self.updates))
+            except redis.RedisError as e:  # the file above holds it
+                log.warning("could not save the snapshot to Redis: %s", e)
+
+    def _resume_snapshot(self, store: SnapshotStore) -> None:
+        """Take the run's snapshot if it is at least as far on as the checkpoint and fits."""
+        snap = store.fetch()
+        if snap is None or snap.updates < self.updates:
+            return
+        try:
+            load_model(snap.model, self.net)
+        except CodecError as e:
+            log.warning("the snapshot at %s does not fit the network: %s", store.key, e)
+            return
+        self._opt_arrays, self._opt_state = snap.opt, {}
+        self.updates = snap.updates
+        log.info("resumed from the run's snapshot at update %d", self.updates)
 
     # -- the role (run by :func:`qrl.runtime.loop.run_role`)
     def start(self, should_stop: StopCheck) -> bool:
@@ -265,6 +299,8 @@ class Learner(Role):
                     "continuing from published weights %d (checkpoint: %d)", loaded, self.updates
                 )
                 self.updates = stored = loaded
+        if stored == self.updates and not fits(self.published(), self.weights.fetch()):
+            stored = -1  # a blob at its version that actors cannot load: a writer's, not ours
         if stored != self.updates:
             # actors start from the learner's initial (or resumed) weights; above a newer
             # version that could not be loaded (versions never go back)
@@ -286,6 +322,9 @@ class Learner(Role):
         one)."""
         if self.stopping.is_set():
             return False
+        if not self.weights.kept():  # a writer's blob in place of ours: actors that rejected
+            self.updates += 1  # it wait for a new version (see qrl.wire.weights)
+            self.publish()
         if self.held is None:
             t0 = time.monotonic()
             self.held = self.next_batch(0.2)
@@ -328,12 +367,10 @@ class Learner(Role):
         return out[0] == self.group.world, out[1] > 0
 
     def metrics(self) -> dict[str, Any]:
-        losses, self.losses = self.losses, []
+        finite, self.losses = [x for x in self.losses if np.isfinite(x)], []
         return {
             "updates": self.updates,
-            "loss": float(np.mean(finite))
-            if (finite := [x for x in losses if np.isfinite(x)])
-            else 0.0,
+            "loss": float(np.mean(finite)) if finite else 0.0,
             "wait_s": self.wait_s,
             "skipped": self.skipped,
             "lr": float(self.opt.param_groups[0]["lr"]),  # what the optimizer steps with

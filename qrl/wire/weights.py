@@ -15,10 +15,16 @@ keep their weights, the next publish overwrites it. So is a version at or past
 learner overwrites it with its own version instead of counting on from it (so no one write
 can carry its count to where versions stop being numbers), and readers that took it see the
 version go back and load what the learner published.
+
+A reader rejects a blob once per version. So a writer that puts its blob under the
+learner's version while the learner has nothing new to publish (it waits for data that
+actors, waiting for weights, do not send) would stall the run: :meth:`WeightStore.kept`
+tells a publisher its blob is gone, and it publishes again as a new version.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -54,6 +60,21 @@ if version <= cur then
 end
 redis.call('HSET', KEYS[1], 'version', ARGV[1], 'blob', ARGV[2])
 return {1, version}
+"""
+
+# 1 if KEYS[1] is a hash holding version ARGV[1] and a blob of ARGV[3] bytes whose SHA1 is
+# ARGV[2], else 0. Redis hashes the blob (the check sends no parameters), and only one of the
+# publisher's own length: a writer's huge blob costs no hashing.
+_KEPT = """
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash'
+    or redis.call('HGET', KEYS[1], 'version') ~= ARGV[1]
+    or redis.call('HSTRLEN', KEYS[1], 'blob') ~= tonumber(ARGV[3]) then
+  return 0
+end
+if redis.sha1hex(redis.call('HGET', KEYS[1], 'blob')) ~= ARGV[2] then
+  return 0
+end
+return 1
 """
 
 MAX_VERSION = 2**53 - 1  # stored versions this large or larger are garbage (Lua's doubles)
@@ -106,6 +127,20 @@ def module_arrays(module: torch.nn.Module) -> dict[str, np.ndarray]:
 
 def load_arrays(module: torch.nn.Module, params: Mapping[str, np.ndarray]) -> None:
     """Load ``params`` into ``module`` after checking names, shapes and dtypes match."""
+    module.load_state_dict(fitted_arrays(module, params))
+
+
+def fits(module: torch.nn.Module, w: Weights | None) -> bool:
+    """Whether ``w`` are weights ``module`` can load (what a reader of them needs)."""
+    try:
+        return w is not None and bool(fitted_arrays(module, w.params))
+    except CodecError:
+        return False
+
+
+def fitted_arrays(module: torch.nn.Module, params: Mapping[str, np.ndarray]) -> dict:
+    """``params`` as tensors for ``module``'s state dict; CodecError unless names, shapes and
+    dtypes match (nothing is loaded)."""
     state = module.state_dict()
     missing, extra = set(state) - set(params), set(params) - set(state)
     if missing or extra:
@@ -120,7 +155,7 @@ def load_arrays(module: torch.nn.Module, params: Mapping[str, np.ndarray]) -> No
         if torch.from_numpy(np.empty(0, arr.dtype)).dtype != tensor.dtype:
             raise CodecError(f"{name}: dtype {arr.dtype} != model's {tensor.dtype}")
         new[name] = torch.from_numpy(np.array(arr))  # writable copy
-    module.load_state_dict(new)
+    return new
 
 
 class WeightStore:
@@ -131,6 +166,9 @@ class WeightStore:
         self.keys = keys
         self.key = key or keys.weights
         self._publish = client.register_script(_PUBLISH)
+        self._kept = client.register_script(_KEPT)
+        self._mine: tuple[int, str, int] | None = None  # version, SHA1, length: its last blob
+        self._checked = 0.0  # monotonic time of the last publish or kept() check
         self._rejected: bytes | None = None  # version whose blob failed, not fetched again
         self._overtaken = self._wrongtype = False  # warned about (once)
 
@@ -155,6 +193,9 @@ class WeightStore:
             blob = encode("weights", {"version": version, "params": arrays, "meta": meta})
             done, stored = self._publish(keys=[self.key], args=[version, blob, _ceiling(version)])
             if done:
+                sha = hashlib.sha1(blob, usedforsecurity=False).hexdigest()
+                self._mine = (version, sha, len(blob))
+                self._checked = time.monotonic()
                 return version
             if not self._overtaken:
                 self._overtaken = True
@@ -166,6 +207,17 @@ class WeightStore:
             version = int(stored) + 1
         log.warning("%s: another writer keeps getting ahead; not published this time", self.key)
         return version
+
+    def kept(self, every_s: float = 1.0) -> bool:
+        """Whether the key still holds the version and blob this store last published (True
+        if it published none); checked in Redis at most once every ``every_s`` seconds
+        after the last publish or check, True in between. False means another writer's blob
+        or version took its place: readers that rejected it wait for a new version."""
+        now = time.monotonic()
+        if self._mine is None or now - self._checked < every_s:
+            return True
+        self._checked = now
+        return bool(self._kept(keys=[self.key], args=list(self._mine)))
 
     def version(self) -> int:
         """The stored version, -1 if nothing (or garbage) was published (one HGET)."""
