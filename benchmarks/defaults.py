@@ -38,6 +38,8 @@ TABLE = {
     "ppo": ["CartPole-v1", "Acrobot-v1", "LunarLander-v3"],
     "es": ["CartPole-v1", "Acrobot-v1", "Pendulum-v1"],
     "r2d2": ["qrl/CartPoleNoVel-v1"],
+    "a3c": ["CartPole-v1", "Acrobot-v1"],
+    "gorila": ["CartPole-v1"],
 }
 
 

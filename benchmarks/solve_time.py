@@ -5,6 +5,7 @@
     python benchmarks/solve_time.py --algo impala --seeds 0 1 2    # CartPole-v1, SB3 PPO
     python benchmarks/solve_time.py --algo ppo --seeds 0 1 2 3 4 # CartPole-v1, SB3 PPO
     python benchmarks/solve_time.py --algo es --seeds 0 1 2        # CartPole-v1, evotorch PGPE
+    python benchmarks/solve_time.py --algo a3c --seeds 0 1 2 3 4   # CartPole-v1, SB3 A2C
     python benchmarks/solve_time.py --algo apex-dpg --seeds 0 1 2  # Pendulum-v1, SB3 TD3
     python benchmarks/solve_time.py --algo r2d2 --seeds 0 1 2      # qrl/CartPoleNoVel-v1,
                                                                    # sb3-contrib RecurrentPPO
@@ -59,6 +60,9 @@ SB3_PPO = dict(
     learning_rate=lambda progress: 0.001 * progress,
     clip_range=lambda progress: 0.2 * progress,
 )
+# rl-baselines3-zoo hyperparams/a2c.yml, CartPole-v1 (n_envs 8, 5e5 steps; the rest are
+# SB3's A2C defaults: n_steps 5, RMSprop lr 7e-4, vf_coef 0.5, max_grad_norm 0.5)
+SB3_A2C = dict(ent_coef=0.0)
 # evotorch's PGPE as its README configures it (ClipUp), with the population of 100, the
 # 16-unit hidden layer and the two Ray actors of the anchor run named in the ES issue
 PGPE = dict(
@@ -126,6 +130,7 @@ TASKS = {
     "impala": Task("CartPole-v1", 475.0, 90.0, "SB3 PPO", "PPO", SB3_PPO, 8, 100_000),
     "ppo": Task("CartPole-v1", 475.0, 90.0, "SB3 PPO", "PPO", SB3_PPO, 8, 100_000),
     "es": Task("CartPole-v1", 475.0, 90.0, "evotorch PGPE", "PGPE", PGPE, 2, 0),
+    "a3c": Task("CartPole-v1", 475.0, 90.0, "SB3 A2C", "A2C", SB3_A2C, 8, 500_000),
     "apex-dpg": Task(
         "Pendulum-v1", -200.0, 300.0, "SB3 TD3", "TD3", SB3_TD3, 1, 20_000, noise_std=0.1
     ),

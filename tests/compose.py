@@ -58,6 +58,11 @@ PROFILES: dict[str, dict[str, tuple[str, ...]]] = {
         "apex-dpg-learner": ("learner", "apex-dpg"),
         "apex-dpg-actor": ("actor", "apex-dpg"),
     },
+    "a3c": {
+        "a3c-init": ("run", "create"),
+        "a3c-ps": ("ps", "a3c"),
+        "a3c-worker": ("worker", "a3c"),
+    },
     "r2d2": {
         "r2d2-init": ("run", "create"),
         "r2d2-replay": ("replay",),

@@ -153,6 +153,8 @@ EXCHANGES = {  # case -> the algorithm and its settings
     "impala-central": ("impala", {"inference": "central"}),  # servers and steppers
     "r2d2-central": ("r2d2", {"inference": "central", "learning_starts": 200}),
     "es": ("es", {"workers": 1}),
+    "a3c": ("a3c", {}),  # a parameter server and its workers
+    "gorila": ("gorila", {"learning_starts": 200, "batch_size": 32}),
 }
 
 

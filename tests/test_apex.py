@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from qrl.actors.apex import epsilons
+from qrl.actors.dqn import epsilons
 from qrl.actors.replay import NStep
 from qrl.algos.apex.config import ApexConfig
 from qrl.replay.role import make_replay

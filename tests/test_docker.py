@@ -57,6 +57,8 @@ PROFILES = {  # profile -> (actor service, learner service, the target of its de
     "es": ("es-worker", "es-master", 475.0),
     "apex-dpg": ("apex-dpg-actor", "apex-dpg-learner", -200.0),  # Pendulum-v1
     "r2d2": ("r2d2-actor", "r2d2-learner", 475.0),  # qrl/CartPoleNoVel-v1
+    "a3c": ("a3c-worker", "a3c-ps", 475.0),  # two parameter-server shards (QRL_PS_SHARDS)
+    "seed": ("seed-stepper", "seed-learner", 475.0),  # IMPALA, central inference
 }
 
 T = TypeVar("T")
@@ -189,7 +191,8 @@ class Cluster:
         }
         folder = tmp / f"{profile}-secrets"  # each role's password (a compose secret)
         folder.mkdir()
-        for role in ("actor", "learner", "replay", "master", "worker"):
+        for role in ("actor", "learner", "replay", "master", "worker", "inference", "stepper",
+                     "ps"):  # fmt: skip
             (folder / role).write_text(secrets.token_hex(12) + "\n")
             (folder / role).chmod(0o644)  # read by uid 1000 in the container
         settings["QRL_SECRETS"] = str(folder)
@@ -341,7 +344,7 @@ def test_apex_cluster_solves_survives_a_killed_actor_and_stops_cleanly(build, tm
     build.say(f"apex: {took:.0f}s to the target; {produced} batches, none lost")
 
 
-@pytest.mark.parametrize("profile", ["impala", "ppo", "es", "apex-dpg", "r2d2"])
+@pytest.mark.parametrize("profile", ["impala", "ppo", "es", "apex-dpg", "r2d2", "a3c", "seed"])
 def test_cluster_solves_into_a_host_folder(profile, build, tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()

@@ -100,6 +100,17 @@ class GradientClip(BaseModel):
     grad_clip: float = grad_clip_field(10.0)
 
 
+class ConvTorso(BaseModel):
+    """Mixin of a config whose network may see images (:func:`qrl.rl.models.torso`)."""
+
+    conv: Literal["auto", "minatar", "nature"] = Field(
+        "auto",
+        description="The conv stack for image observations: minatar (one 3x3 conv, 16 "
+        "channels, 128 units), nature (the Nature DQN's, 512 units) or auto (minatar below "
+        "36 pixels a side); vector observations go through the hidden layers instead.",
+    )
+
+
 class ClaimIdle(BaseModel):
     """Mixin of a config whose roles consume a stream in a group
     (:class:`qrl.wire.streams.StreamConsumer`)."""

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from qrl.runtime.config import LIVE, ClaimIdle, Config, GradientClip
+from qrl.runtime.config import LIVE, ClaimIdle, Config, ConvTorso, GradientClip
 from qrl.wire.keys import MAX_SHARDS
 
 
@@ -61,7 +61,7 @@ class ReplayConfig(ClaimIdle, Config):
     )
 
 
-class QLearning(GradientClip):
+class QLearning(ConvTorso, GradientClip):
     """Mixin of the Ape-X family's Q-learners (Ape-X, R2D2): the Q-network's head and input
     scaling, Adam's epsilon, the target network, the actors' per-slot epsilons."""
 

@@ -13,6 +13,7 @@ from qrl.runtime.config import (
     CentralInference,
     ClaimIdle,
     Config,
+    ConvTorso,
     GradientClip,
     Layers,
     LearningRate,
@@ -22,7 +23,9 @@ from qrl.runtime.config import (
 )
 
 
-class ImpalaConfig(LearningRate, GradientClip, ClaimIdle, CentralInference, Unrolls, Config):
+class ImpalaConfig(
+    LearningRate, GradientClip, ConvTorso, ClaimIdle, CentralInference, Unrolls, Config
+):
     """IMPALA: actors -> trajectory stream -> V-trace learner."""
 
     hidden: Layers = Field((64, 64), description="Hidden layer sizes of the policy-value net.")

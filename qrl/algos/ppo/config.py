@@ -11,6 +11,7 @@ from qrl.runtime.config import (
     LIVE,
     ClaimIdle,
     Config,
+    ConvTorso,
     GradientClip,
     Layers,
     LearningRate,
@@ -20,7 +21,7 @@ from qrl.runtime.config import (
 )
 
 
-class PPOConfig(LearningRate, GradientClip, ClaimIdle, Unrolls, Config):
+class PPOConfig(LearningRate, GradientClip, ConvTorso, ClaimIdle, Unrolls, Config):
     """PPO: actors -> rollout stream -> a pool of synchronous learners."""
 
     hidden: Layers = Field((64, 64), description="Hidden layer sizes of the policy-value net.")
