@@ -292,6 +292,12 @@ def run_training(
                     break
                 if budget.max_steps is not None and progress.value(ENV_STEPS) >= budget.max_steps:
                     break
+            # each role reports once more as it stops: a job that reached its target before a
+            # role's first report still counts that role's work in its last row
+            _shutdown(client, keys, procs, grace=15)
+            with contextlib.suppress(redis.RedisError):
+                for msg in reader.read():
+                    progress.fold(msg)
             runlog.write(progress, force=True)
     except KeyboardInterrupt:
         console.print("interrupted")
