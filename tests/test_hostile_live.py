@@ -80,4 +80,6 @@ def _read_by_the_roles(r: redis.Redis, stream: str, ids: list[str], finished: fl
     late = [entry for entry in left if int(entry.split("-")[0]) >= cutoff]
     print("hostile entries read:", len(ids) - len(left), "of", len(ids), "left:", left[:5])
     assert left == late, (len(left), len(late), left[:5])
-    assert len(ids) - len(left) >= max(1, len(ids) / 2), (len(left), len(ids))
+    # a job shorter than LAST_S has only late entries: that the roles read some is the bar
+    # (a CI run's Ape-X job took 24 s; 34 of its 95 were read)
+    assert len(ids) > len(left), (len(left), len(ids))
