@@ -388,3 +388,57 @@ def test_bounds_on_numbers_and_arrays():
     ):
         with pytest.raises(CodecError, match=reason):
             decode(encode("b", bad), schema)
+
+
+def test_more_containers_than_the_count_allows_are_refused():
+    """Lists and maps are counted in a payload that could hold more than MAX_CONTAINERS (a
+    schema with list fields): 5,000 empty lists, each one byte, are refused."""
+    from qrl.wire.schema import MAX_CONTAINERS
+
+    lists = Schema("x", {"a": Field(list, max_len=10_000)})
+    ok = [SCHEMA_VERSION, "x", {"a": [[]] * (MAX_CONTAINERS - 3)}]
+    assert decode(_frame(ok), lists)["a"] == [[]] * (MAX_CONTAINERS - 3)
+    bomb = [SCHEMA_VERSION, "x", {"a": [[]] * 5_000}]
+    with pytest.raises(CodecError, match=f"more than {MAX_CONTAINERS} lists and maps"):
+        decode(_frame(bomb), lists)
+
+
+def test_a_flat_schema_refuses_nested_containers_it_does_not_count():
+    """A small payload of a flat schema (arrays and scalars) decodes without the count; a
+    container where an array goes is still refused by the schema."""
+    nested = [SCHEMA_VERSION, "x", {"a": [[[]] * 2, [[]] * 2]}]
+    assert len(msgpack.packb(nested)) <= ANY.uncounted_bytes
+    with pytest.raises(CodecError, match="array header and data must be bytes"):
+        decode(_frame(nested), ANY)
+
+
+def test_a_decompression_context_left_mid_frame_is_not_reused():
+    """Contexts are pooled: after truncated, lying and trailing-data frames (in any order)
+    every valid payload still decodes, from several threads at once."""
+    import threading
+
+    good = encode("x", {"a": np.arange(5000, dtype=np.int32)})
+    lying = bytearray(lz4.frame.compress(b"\x00" * 100_000))
+    lying[6:14] = (10).to_bytes(8, "little")
+    bad = [good[: len(good) // 2], good[:-4], good + b"\x00", bytes(lying), b"\x04\x22\x4d\x18"]
+    for payload in bad * 3:
+        with pytest.raises(CodecError):
+            decode(payload, ANY)
+        np.testing.assert_array_equal(decode(good, ANY)["a"], np.arange(5000))
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for i in range(300):
+                with pytest.raises(CodecError):
+                    decode(bad[i % len(bad)], ANY)
+                np.testing.assert_array_equal(decode(good, ANY)["a"], np.arange(5000))
+        except BaseException as e:  # noqa: BLE001 (reported by the main thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:1]

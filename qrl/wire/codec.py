@@ -14,7 +14,8 @@ complete, the top level must carry a known version and the expected kind, the fi
 exactly the schema's, each of the right type, arrays of an allowed dtype whose shape matches
 the byte count. msgpack runs with limits derived from the schema (the longest string, list
 and map it admits, binaries up to the payload cap, no extension types, at most
-``MAX_CONTAINERS`` lists and maps), so a container bomb is refused at its first oversized
+``MAX_CONTAINERS`` lists and maps; small payloads skip the count where it cannot change the
+verdict: :attr:`Schema.uncounted_bytes`), so a container bomb is refused at its first oversized
 header or as soon as it has built that many containers; a schema's ``max_bytes`` caps its
 payloads.
 Any failure raises :class:`CodecError` with a message saying what was wrong, and nothing
@@ -66,17 +67,20 @@ _HEADER_OF: dict[tuple[np.dtype, tuple[int, ...]], bytes] = {}  # (dtype, shape)
 def _array_parts(obj: np.ndarray) -> tuple[bytes, memoryview]:
     """An array as (header, raw C-order bytes without a copy)."""
     head = _HEADER_OF.get((obj.dtype, obj.shape))  # only allowed little-endian dtypes are here
-    if head is None or not obj.flags.c_contiguous:
-        code = _CODE_OF_NAME.get(obj.dtype.name)
-        if code is None:
-            raise CodecError(f"dtype {obj.dtype} is not on the allow-list {sorted(ALLOWED_DTYPES)}")
-        if obj.ndim > MAX_NDIM:
-            raise CodecError(f"array has {obj.ndim} dimensions, more than {MAX_NDIM}")
-        obj = np.asarray(obj, dtype=_DTYPES[code], order="C")  # 0-d stays 0-d
-        head = _HEADERS[obj.ndim].pack(code, obj.ndim, *obj.shape)
-        if len(_HEADER_OF) >= _HEADER_CACHE_SIZE:
-            _HEADER_OF.clear()
-        _HEADER_OF[obj.dtype, obj.shape] = head
+    if head is not None:
+        view = memoryview(obj)
+        if view.c_contiguous:
+            return head, view
+    code = _CODE_OF_NAME.get(obj.dtype.name)
+    if code is None:
+        raise CodecError(f"dtype {obj.dtype} is not on the allow-list {sorted(ALLOWED_DTYPES)}")
+    if obj.ndim > MAX_NDIM:
+        raise CodecError(f"array has {obj.ndim} dimensions, more than {MAX_NDIM}")
+    obj = np.asarray(obj, dtype=_DTYPES[code], order="C")  # 0-d stays 0-d
+    head = _HEADERS[obj.ndim].pack(code, obj.ndim, *obj.shape)
+    if len(_HEADER_OF) >= _HEADER_CACHE_SIZE:
+        _HEADER_OF.clear()
+    _HEADER_OF[obj.dtype, obj.shape] = head
     return head, memoryview(obj)
 
 
@@ -122,6 +126,7 @@ def encode(kind: str, data: Mapping[str, Any]) -> bytes:
 
 _LZ4_MAGIC = 0x184D2204
 _LZ4_HEADER = struct.Struct("<IBxQ")  # magic, FLG, (BD), content size when FLG bit 3 is set
+_CONTEXTS: list[Any] = []  # LZ4 decompression contexts at a frame's start, ready for reuse
 
 
 def _decompress(payload: bytes, max_bytes: int) -> bytes:
@@ -141,14 +146,22 @@ def _decompress(payload: bytes, max_bytes: int) -> bytes:
         raise CodecError("LZ4 frame does not record its content size")
     if size > max_bytes:
         raise CodecError(f"decompressed payload would be {size} bytes, over the {max_bytes} cap")
+    # decompression contexts are reused: a context goes back to the pool only when its frame
+    # ended (LZ4F makes it ready for the next frame there); any other outcome leaves it
+    # mid-frame, and it is dropped. list.pop and append are atomic: threads share the pool.
+    try:
+        ctx = _CONTEXTS.pop()
+    except IndexError:
+        ctx = lz4.frame.create_decompression_context()
     try:
         # LZ4F checks the recorded size only at the frame's end, and lz4.frame.decompress
         # grows its buffer until then: a frame lying about its size would inflate in full.
         # Output stops one byte past the recorded size, so such a frame is caught there.
-        ctx = lz4.frame.create_decompression_context()
-        out, used, end = lz4.frame.decompress_chunk(ctx, payload, max_length=size + 1)
+        out, used, end = lz4.frame.decompress_chunk(ctx, payload, size + 1)  # max_length
     except RuntimeError as e:
         raise CodecError(f"corrupt or truncated LZ4 frame: {e}") from e
+    if end and len(_CONTEXTS) < 64:
+        _CONTEXTS.append(ctx)
     if len(out) > size:
         raise CodecError(f"LZ4 frame inflates past the {size} bytes its header records")
     if not end:
@@ -195,9 +208,19 @@ def decode(payload: bytes, schema: Schema, *, max_bytes: int | None = None) -> d
     """Decode a payload and validate it against ``schema`` (at most ``max_bytes``
     decompressed, default the schema's). Raises only :class:`CodecError`."""
     raw = _decompress(payload, schema.max_bytes if max_bytes is None else max_bytes)
-    hook = _container_counter()
+    strs, items, bins = schema.limit_values  # keywords spelled out: a ** expansion costs
     try:
-        msg = msgpack.unpackb(raw, list_hook=hook, object_hook=hook, **schema.limits)
+        if len(raw) <= schema.uncounted_bytes:
+            msg = msgpack.unpackb(
+                raw, max_str_len=strs, max_array_len=items, max_map_len=items,
+                max_bin_len=bins, max_ext_len=0,
+            )  # fmt: skip
+        else:
+            hook = _container_counter()
+            msg = msgpack.unpackb(
+                raw, max_str_len=strs, max_array_len=items, max_map_len=items,
+                max_bin_len=bins, max_ext_len=0, list_hook=hook, object_hook=hook,
+            )  # fmt: skip
     except Exception as e:  # msgpack raises several types for malformed input
         raise CodecError(f"malformed msgpack: {type(e).__name__}: {e}") from e
     fields = schema.fields

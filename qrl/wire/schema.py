@@ -24,6 +24,7 @@ MAX_ARRAY_EXTENT = 1 << 32  # bytes a shape may describe, with its zero dimensio
 MAX_STR = 256  # default longest str field, map key or plain string
 MAX_ITEMS = 1024  # default longest list or map field
 MAX_CONTAINERS = 4096  # lists and maps in one message (an array is one list)
+FLAT_UNCOUNTED = 64 * 1024  # payload bytes a flat schema decodes without counting containers
 INT_BOUND = 1 << 53  # default |int field| (exact as a float, safe in int64 arithmetic)
 
 # dtype allow-list: code <-> little-endian numpy dtype
@@ -179,6 +180,22 @@ class Schema:
     fields: Mapping[str, Field]
     check: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)
     max_bytes: int = DEFAULT_MAX_BYTES
+
+    @cached_property
+    def uncounted_bytes(self) -> int:
+        """Payloads up to this many bytes decode without counting their lists and maps (a
+        Python call per container). None holds more containers than bytes, so up to
+        ``MAX_CONTAINERS`` bytes the count cannot be exceeded; and a flat schema (arrays and
+        scalars only) refuses every message with more than its own few containers, so up to
+        ``FLAT_UNCOUNTED`` bytes the count would only bound work that is small anyway."""
+        flat = all(f.type not in (list, dict) for f in self.fields.values())
+        return max(FLAT_UNCOUNTED, MAX_CONTAINERS) if flat else MAX_CONTAINERS
+
+    @cached_property
+    def limit_values(self) -> tuple[int, int, int]:
+        """:attr:`limits` as (longest string, longest list or map, longest binary)."""
+        lim = self.limits
+        return lim["max_str_len"], lim["max_array_len"], lim["max_bin_len"]
 
     @cached_property
     def limits(self) -> dict[str, int]:
