@@ -29,6 +29,9 @@ stored chunks), for:
 * sample, plain: per shard, pipelines of ZRANGE <r> <r> REV (WITHSCORES) for its share of
   the batch, then one HMGET (Atari: GETRANGE of the ring, then HGET of each chunk), no
   decoding; the ranks are drawn beforehand, untimed.
+* prio, qrl: ``ShardedReplay.update_priorities`` of one sampled batch (the sampler's priority
+  write-back: every shard's ZADD XX); plain: the same ZADDs in one redis-py pipeline (the MB/s
+  column counts a transition's record, which a write-back does not move).
 
 On a cluster both sides use a cluster client (qrl's ``connect``, redis-py's ``RedisCluster``
 for the plain side); the client, in this one process, does all of it. On 2 cores the client is
@@ -151,7 +154,35 @@ def measure(
     def p_sample(i: int) -> int:
         return sum(len(p.sample(r)) for p, r in zip(plains, rank_pool[i % 64], strict=True))
 
-    sides = {"q_ins": q_insert, "p_ins": p_insert, "q_smp": q_sample, "p_smp": p_sample}
+    drawn = replay.sample(args.batch, args.beta)
+    new_prio = rng.random(len(drawn.ids)) + 0.5
+    if shards == 1:  # one shard's ids are the replay's own, without a shard number
+        updates = [(replay.parts[0].keys.replay_priorities, drawn.ids, new_prio)]
+    else:
+        updates = [
+            (
+                replay.parts[s].keys.replay_priorities,
+                [drawn.ids[k].partition(b":")[2] for k in at],
+                new_prio[at],
+            )
+            for s, at in replay._by_shard(drawn.ids).items()
+        ]
+
+    def q_prio(i: int) -> int:
+        replay.update_priorities(drawn.ids, new_prio)
+        return len(drawn.ids)
+
+    def p_prio(i: int) -> int:
+        pipe = pclient.pipeline(transaction=False)
+        for key, local, prio in updates:
+            pipe.zadd(key, dict(zip(local, prio.tolist(), strict=True)), xx=True)
+        pipe.execute()
+        return len(drawn.ids)
+
+    sides = {
+        "q_ins": q_insert, "p_ins": p_insert, "q_smp": q_sample, "p_smp": p_sample,
+        "q_pri": q_prio, "p_pri": p_prio,
+    }  # fmt: skip
     rates: dict[str, list[float]] = {k: [] for k in sides}
     for _ in range(args.rounds):
         for name, fn in sides.items():
@@ -303,7 +334,8 @@ def main() -> None:
                         url = stack.enter_context(EmbeddedCluster(3)).url
                     m = measure(url, where == "cluster", shards, work, args)
                     for op, q, p in (("insert", m["q_ins"], m["p_ins"]),
-                                     ("sample", m["q_smp"], m["p_smp"])):  # fmt: skip
+                                     ("sample", m["q_smp"], m["p_smp"]),
+                                     ("prio", m["q_pri"], m["p_pri"])):  # fmt: skip
                         print(
                             f"{work.name:<8} {where:<8} {shards:>2} {op:<7} {q:>10,.0f} "
                             f"{q * mb:>6.1f} {p:>11,.0f} {p * mb:>6.1f} {q / p:>9.2f} "

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import redis
 
+from qrl.replay.shards import ShardedReplay
 from qrl.replay.store import PrioritizedReplay, RecordLayout
 from qrl.runtime.ids import claim_id
 from qrl.runtime.metrics import MetricsReader, report
@@ -156,6 +157,16 @@ def test_streams_weights_leases_metrics_and_replay_through_a_cluster_client(redi
         np.testing.assert_array_equal(sample.batch["obs"][:, 0], sample.batch["action"])
         replay.update_priorities(sample.ids, np.full(16, 3.0))
         delete_run(client, keys)
+    # three shards on three hash tags: one cluster pipeline sends each node its updates
+    sharded = ShardedReplay(client, keys, layout, 60, shards=3, seed=1)
+    for s, part in enumerate(sharded.parts):
+        part.insert(records[s * 10 : s * 10 + 10], np.ones(10), batch_id=f"b{s}")
+    sample = sharded.sample(24)
+    sharded.update_priorities(sample.ids, np.full(24, 3.0))
+    for i in sample.ids:
+        s, local = i.split(b":")
+        assert client.zscore(sharded.parts[int(s)].keys.replay_priorities, local) == 3.0
+    delete_run(client, keys)
     assert held(redis_cluster, keys) == [0, 0, 0]
     client.close()
 

@@ -232,6 +232,23 @@ def test_priority_updates_go_to_the_owning_shard(r, keys):
     assert sharded.size() == sum(SIZES)
 
 
+def test_a_shard_whose_priorities_a_writer_replaced_does_not_stop_the_others(r, keys):
+    """Every shard's ZADD XX goes in one pipeline: a shard whose priorities key a writer made
+    a string is skipped (its next insert repairs the key); the other shards' updates land."""
+    _, sharded, _ = _fill(r, keys, "proportional", np.full(sum(SIZES), 0.5))
+    s = sharded.sample(BATCH, beta=BETA)
+    assert {int(i.split(b":")[0]) for i in s.ids} == {0, 1, 2}
+    bad = sharded.parts[1].keys.replay_priorities
+    r.delete(bad)
+    r.set(bad, b"junk")
+    sharded.update_priorities(s.ids, np.full(BATCH, 2.0))
+    for i in s.ids:
+        part, local = i.split(b":")
+        if int(part) != 1:
+            assert r.zscore(sharded.parts[int(part)].keys.replay_priorities, local) == 2.0
+    assert r.get(bad) == b"junk"
+
+
 # -- actors and fillers
 
 

@@ -41,7 +41,7 @@ import numpy as np
 import redis
 
 from qrl.replay.frames import replay_class
-from qrl.replay.store import RecordLayout, Sample, screen
+from qrl.replay.store import RecordLayout, Sample, priorities_refused, screen
 from qrl.wire.keys import RunKeys
 
 
@@ -141,5 +141,11 @@ class ShardedReplay:
             self.parts[0].update_priorities(ids, priorities)
             return
         p = np.asarray(priorities, np.float64)
+        # one pipeline: one round trip to a node, or one to each node of a cluster at once
+        pipe = self.parts[0].client.pipeline(transaction=False)
         for s, at in self._by_shard(ids).items():
-            self.parts[s].update_priorities([ids[k].partition(b":")[2] for k in at], p[at])
+            local = [ids[k].partition(b":")[2] for k in at]
+            self.parts[s].queue_priorities(pipe, local, p[at])
+        for reply in pipe.execute(raise_on_error=False):
+            if isinstance(reply, redis.ResponseError):
+                priorities_refused(reply)

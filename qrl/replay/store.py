@@ -221,14 +221,18 @@ class PrioritizedReplay:
         """Set new priorities, only for transitions still present (ZADD XX)."""
         if not ids:
             return
-        p = np.clip(np.nan_to_num(priorities, nan=P_HI, posinf=P_HI), P_LO, P_HI)
-        mapping = dict(zip(ids, p.tolist(), strict=True))
         try:
-            self.client.zadd(self.keys.replay_priorities, mapping, xx=True)
-        except redis.ResponseError as e:  # a key of another type: the next insert repairs it
-            if "WRONGTYPE " not in str(e):
-                raise
-            log.warning("replay priorities not updated: %s", e)
+            self.queue_priorities(self.client, ids, priorities)
+        except redis.ResponseError as e:
+            priorities_refused(e)
+
+    def queue_priorities(self, client: Any, ids: list[bytes], priorities: np.ndarray) -> Any:
+        """The ZADD XX of :meth:`update_priorities` on ``client`` (this replay's, or a
+        pipeline that sends several shards' at once)."""
+        p = np.clip(np.nan_to_num(priorities, nan=P_HI, posinf=P_HI), P_LO, P_HI)
+        return client.zadd(
+            self.keys.replay_priorities, dict(zip(ids, p.tolist(), strict=True)), xx=True
+        )
 
     # -- reading
     def size(self) -> int:
@@ -321,6 +325,14 @@ class PrioritizedReplay:
             probs = np.array([float(x) for x in flat[3::4]])
         self.last_size = int(n_now)
         return n, list(ids), list(recs), probs
+
+
+def priorities_refused(e: redis.ResponseError) -> None:
+    """A priority update Redis refused: on a key of another type (a writer's) it is skipped
+    (the next insert repairs the key); anything else is raised."""
+    if "WRONGTYPE " not in str(e):
+        raise e
+    log.warning("replay priorities not updated: %s", e)
 
 
 def screen(
