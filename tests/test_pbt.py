@@ -21,6 +21,7 @@ from qrl.algos import ALGOS
 from qrl.pbt.config import Explore, PBTConfig
 from qrl.pbt.controller import Follower, setup
 from qrl.pbt.exploit import choose, current, exploit, explore
+from qrl.pbt.population import MAX_LEASE_MS
 from qrl.pbt.worker import Renewal, finish
 from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.snapshot import SnapshotStore, capture
@@ -239,6 +240,18 @@ def test_leases_time_share_and_a_dead_holders_trial_is_taken_back(r, keys):
     renew.next = 0.0
     renew()
     assert renew.lost
+
+
+def test_a_lease_no_worker_could_have_taken_parks_no_trial(r, keys):
+    """A writer's lease ending at +inf (or past the longest lease from now) is void: the trial
+    is taken at once, and the writer's entry is replaced by a real lease."""
+    pcfg = _pcfg(keys, population=2)
+    pop = setup(r, pcfg)
+    a, b = pcfg.trials()
+    r.zadd(pop.leases, {a: float("inf"), b: time.time() * 1000 + MAX_LEASE_MS + 60_000})
+    assert {pop.claim("w1", 60, pcfg.trials()), pop.claim("w2", 60, pcfg.trials())} == {a, b}
+    assert pop.claim("w3", 60, pcfg.trials()) is None  # their leases now are real ones
+    assert max(r.zscore(pop.leases, t) for t in (a, b)) < time.time() * 1000 + 61_000
 
 
 def _slot_pids(proc: subprocess.Popen) -> list[int]:

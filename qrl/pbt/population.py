@@ -33,17 +33,21 @@ log = logging.getLogger(__name__)
 MAX_JSON = 64 * 1024  # the longest config, score or event read
 LINEAGE_LEN = 10_000
 
-# KEYS: leases, owners. ARGV: worker, lease ms, then the population's trials (only those:
-# members a writer added are never handed out, and the work is bounded by the population).
-# The trial free longest (or whose lease ran out longest ago), leased to the worker; nil if
-# every trial is held. A trial missing from the set counts as free since always.
+MAX_LEASE_MS = 2 * 86_400 * 1000  # ready_s + lease_s, each at its largest (config.py)
+
+# KEYS: leases, owners. ARGV: worker, lease ms, the longest lease ms, then the population's
+# trials (only those: members a writer added are never handed out, and the work is bounded
+# by the population). The trial free longest (or whose lease ran out longest ago), leased to
+# the worker; nil if every trial is held. A trial missing from the set counts as free since
+# always, and so does one whose lease ends further ahead than any lease can (a writer's
+# +inf would park it for good).
 _CLAIM = """
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local best, when = false, ms
-for i = 3, #ARGV do
+for i = 4, #ARGV do
   local s = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[i]) or '0')
-  if s == nil or s ~= s then s = 0 end
+  if s == nil or s ~= s or s > ms + tonumber(ARGV[3]) then s = 0 end
   if s <= ms and (not best or s < when) then best, when = ARGV[i], s end
 end
 if not best then return false end
@@ -142,7 +146,7 @@ class Population:
     def claim(self, worker: str, lease_s: float, trials: list[str]) -> str | None:
         """One of ``trials`` for ``worker`` to run for up to ``lease_s``, or None (all are
         held)."""
-        args = [worker, int(lease_s * 1000), *trials]
+        args = [worker, int(lease_s * 1000), MAX_LEASE_MS, *trials]
         got = self._claim(keys=[self.leases, self.owners], args=args)
         return got.decode() if isinstance(got, bytes) else None
 
