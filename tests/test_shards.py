@@ -249,6 +249,22 @@ def test_a_shard_whose_priorities_a_writer_replaced_does_not_stop_the_others(r, 
     assert r.get(bad) == b"junk"
 
 
+@pytest.mark.parametrize("mode", ["rank", "proportional"])
+def test_shards_draw_in_one_pipeline_even_after_redis_forgot_the_scripts(r, keys, mode):
+    """The shards' sampling scripts go as EVALSHA in one pipeline; after SCRIPT FLUSH (a
+    restarted or failed-over node holds no scripts) each runs again through its Script."""
+    prio = np.full(sum(SIZES), 0.5)
+    _, sharded, shard = _fill(r, keys, mode, prio)
+    for flush in (False, True, False):
+        if flush:
+            r.script_flush()
+        s = sharded.sample(BATCH, beta=BETA)
+        assert s is not None and len(s.ids) == BATCH
+        got = s.batch["action"].astype(int)
+        check_records(s.batch, got)
+        assert [int(i.split(b":")[0]) for i in s.ids] == shard[got].tolist()
+
+
 # -- actors and fillers
 
 

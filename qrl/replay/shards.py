@@ -41,7 +41,8 @@ import numpy as np
 import redis
 
 from qrl.replay.frames import replay_class
-from qrl.replay.store import RecordLayout, Sample, priorities_refused, screen
+from qrl.replay.store import PrioritizedReplay, RecordLayout, Sample, priorities_refused, screen
+from qrl.wire.cluster import run_scripts
 from qrl.wire.keys import RunKeys
 
 
@@ -82,7 +83,7 @@ class ShardedReplay:
             replay_class(layout)(client, k, layout, cap, mode=mode, alpha=alpha, seed=seed)
             for k in keys.shards(shards)
         ]
-        self.layout, self.mode = layout, mode
+        self.client, self.layout, self.mode = client, layout, mode
         self.rng = np.random.default_rng(seed)
 
     def size(self) -> int:
@@ -92,7 +93,8 @@ class ShardedReplay:
         """Each shard's ``(size, share of the sampling)``: its priority mass
         (proportional) or its size (rank: the size the next draw ranks over)."""
         if self.mode == "proportional":
-            sizes, masses = zip(*(p.mass() for p in self.parts), strict=True)
+            replies = run_scripts(self.client, [p.mass_call() for p in self.parts])
+            sizes, masses = zip(*map(PrioritizedReplay.massed, replies), strict=True)
             return np.array(sizes, np.float64), np.array(masses, np.float64)
         sizes = np.array([p.last_size or p.size() for p in self.parts], np.float64)
         return sizes, sizes
@@ -108,16 +110,21 @@ class ShardedReplay:
         pos = (np.arange(batch_size) + self.rng.random(batch_size)) / batch_size * total
         edges = np.concatenate([[0.0], np.cumsum(shares)])
         which = np.clip(np.searchsorted(edges, pos, side="right") - 1, 0, len(self.parts) - 1)
-        ids: list[bytes] = []
-        recs: list[bytes] = []
-        probs = []
+        calls = {}  # shard -> its draw's script call: all of them in one pipeline
         for s in np.unique(which):
             if shares[s] <= 0:
                 continue  # only by rounding at an edge: an empty shard has no mass
             u = np.clip((pos[which == s] - edges[s]) / shares[s], 0.0, np.nextafter(1.0, 0.0))
-            n, got, records, p = self.parts[s].draw(u)
+            if (call := self.parts[s].draw_call(u)) is not None:
+                calls[int(s)] = call
+        replies = run_scripts(self.client, [call[:3] for call in calls.values()])
+        ids: list[bytes] = []
+        recs: list[bytes] = []
+        probs = []
+        for (s, call), reply in zip(calls.items(), replies, strict=True):
+            n, got, records, p = self.parts[s].drawn(reply, call[3])
             sizes[s] = n
-            ids += [b"%d:%s" % (int(s), i) for i in got]
+            ids += [b"%d:%s" % (s, i) for i in got]
             recs += records
             probs.append(p * (shares[s] / total))
         prob = np.concatenate(probs) if probs else np.zeros(0)
@@ -142,7 +149,7 @@ class ShardedReplay:
             return
         p = np.asarray(priorities, np.float64)
         # one pipeline: one round trip to a node, or one to each node of a cluster at once
-        pipe = self.parts[0].client.pipeline(transaction=False)
+        pipe = self.client.pipeline(transaction=False)
         for s, at in self._by_shard(ids).items():
             local = [ids[k].partition(b":")[2] for k in at]
             self.parts[s].queue_priorities(pipe, local, p[at])

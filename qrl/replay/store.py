@@ -296,7 +296,16 @@ class PrioritizedReplay:
 
     def mass(self) -> tuple[int, float]:
         """``(transitions present, sum of their proportional sampling weights)``."""
-        n, _, total = self._proportional(keys=self.sample_keys(), args=self._bucket_args(b""))
+        script, keys, args = self.mass_call()
+        return self.massed(script(keys=keys, args=args))
+
+    def mass_call(self) -> tuple[Any, list[str], list[Any]]:
+        """The script call of :meth:`mass`, for :func:`qrl.wire.cluster.run_scripts`."""
+        return self._proportional, self.sample_keys(), self._bucket_args(b"")
+
+    @staticmethod
+    def massed(reply: list[Any]) -> tuple[int, float]:
+        n, _, total = reply
         return int(n), float(total)
 
     def _bucket_args(self, u: bytes) -> list[object]:
@@ -305,21 +314,38 @@ class PrioritizedReplay:
     def draw(self, u: np.ndarray) -> tuple[int, list[bytes], list[bytes], np.ndarray]:
         """The transitions at the increasing positions ``u`` (in [0, 1)) of the sampling
         distribution: ``(transitions present, ids, records, probabilities)``."""
+        call = self.draw_call(u)
+        if call is None:
+            return 0, [], [], np.zeros(0)
+        script, keys, args, ranked = call
+        return self.drawn(script(keys=keys, args=args), ranked)
+
+    def draw_call(self, u: np.ndarray) -> tuple[Any, list[str], list[Any], Any] | None:
+        """The script call of :meth:`draw` (``None``: nothing to draw) and what
+        :meth:`drawn` needs of it, for :func:`qrl.wire.cluster.run_scripts`."""
         if self.mode == "rank":
             n = self.last_size or self.size()
             if n == 0:
-                return 0, [], [], np.zeros(0)
+                return None
             cdf = self._cdf()[: min(n, self.capacity)]
             ranks = np.minimum(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1)
-            n_now, flat = self._fetch(
-                keys=self.sample_keys(), args=["desc", " ".join(map(str, ranks.tolist()))]
-            )
+            args = ["desc", " ".join(map(str, ranks.tolist()))]
+            return self._fetch, self.sample_keys(), args, (n, ranks, cdf[-1])
+        args = self._bucket_args(u.astype("<f8").tobytes())
+        return self._proportional, self.sample_keys(), args, None
+
+    def drawn(
+        self, reply: list[Any], ranked: Any
+    ) -> tuple[int, list[bytes], list[bytes], np.ndarray]:
+        """:meth:`draw`'s result from its script's reply (``ranked``: what the rank mode's
+        call was made of, the size ranked over, the ranks and the CDF's total)."""
+        if self.mode == "rank":
+            n_now, flat = reply
+            n, ranks, total = ranked
             ids, recs = flat[0::3], flat[2::3]
-            probs = ((ranks + 1.0) ** -self.alpha / cdf[-1])[: len(ids)]
+            probs = ((ranks + 1.0) ** -self.alpha / total)[: len(ids)]
         else:
-            n_now, flat, _ = self._proportional(
-                keys=self.sample_keys(), args=self._bucket_args(u.astype("<f8").tobytes())
-            )
+            n_now, flat, _ = reply
             n = int(n_now)
             ids, recs = flat[0::4], flat[2::4]
             probs = np.array([float(x) for x in flat[3::4]])
