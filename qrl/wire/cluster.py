@@ -96,11 +96,8 @@ def run_scripts(client: Any, calls: list[tuple[Script, list[str], list[Any]]]) -
     restarted or failed over) runs again on its own through its ``Script``, which loads it.
     Returns the replies in order; raises the first error any other call met."""
     pipe = client.pipeline(transaction=False)
-    for (
-        script,
-        keys,
-        args,
-    ) in calls:  # a cluster pipeline blocks its evalsha method, not the command
+    # a cluster pipeline blocks its evalsha method, not the command
+    for script, keys, args in calls:
         pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
     out = []
     for (script, keys, args), reply in zip(calls, pipe.execute(raise_on_error=False), strict=True):
