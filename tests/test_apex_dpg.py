@@ -177,10 +177,10 @@ def test_learner_priorities_are_the_critic_td_errors(r, keys, redis_server):
             nxt = torch.from_numpy(obs[i])
             t1, t2 = lrn.target.critic(nxt, lrn.target.actor(nxt))
             y = torch.from_numpy(ret[i]) + torch.from_numpy(disc[i]) * torch.min(t1, t2)
-        assert np.isfinite(lrn.update(b))
+        assert np.isfinite(lrn.train(b))  # the update, then the slot back with the priorities
         np.testing.assert_allclose(b.priority.numpy(), (y - q1).abs().numpy(), rtol=1e-4, atol=1e-4)
     finally:
-        lrn.stop_threads()  # writes the priorities sent
+        lrn.stop_threads()  # writes the priorities given back
     got = np.array(r.zmscore(keys.replay_priorities, b.ids))
     np.testing.assert_allclose(got, b.priority.numpy() + 1e-6, rtol=1e-5)
     assert set(lrn.published().state_dict()) == {

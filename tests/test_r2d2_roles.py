@@ -56,7 +56,7 @@ def test_learner_writes_the_priority_mix_back(r, keys, redis_server):
         with torch.no_grad():
             q, y, mask = sequence_td(lrn.net, lrn.target, b.seq, lrn.rule)
             want = sequence_priority(y - q, mask, 0.9).numpy()
-        assert np.isfinite(lrn.update(b))
+        assert np.isfinite(lrn.train(b))  # the update, then the slot back with the priorities
         np.testing.assert_allclose(b.priority.numpy(), want, rtol=1e-5, atol=1e-6)
     finally:
         lrn.stop_threads()

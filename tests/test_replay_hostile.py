@@ -111,7 +111,10 @@ def test_sampler_process_survives_bogus_members(r, keys, redis_server):
     )
     sampler = Sampler(spec)
     try:
-        got = [sampler.get(timeout=30) for _ in range(20)]
+        got = []
+        for _ in range(20):
+            got.append(sampler.get(timeout=30))
+            sampler.release(got[-1].slot)  # its ids stay with it: only the arrays are the slot's
     finally:
         sampler.stop()
     assert all(s is not None and not bogus & set(s.ids) for s in got)

@@ -75,7 +75,7 @@ class ApexDPGLearner(ReplayLearner):
         return loss
 
     def after_step(self, b: Batch) -> None:
-        self.send_priorities(b)
+        self.keep_priorities(b)
         polyak(self.target, self.net, self.cfg.tau)
 
     def extra_metrics(self) -> dict[str, float]:

@@ -92,12 +92,11 @@ class Learner(Role):
         self.net = self.build()
         self._opt: torch.optim.Optimizer | None = None
         self._opt_state: dict[str, Any] = {}  # a resumed optimizer's, loaded when it is made
-        self.updates = 0
-        self.skipped = 0  # updates skipped for a non-finite loss
-        self.wait_s = 0.0  # time the gradient loop waited for data
+        self.updates, self.skipped = 0, 0  # skipped: for a non-finite loss
+        # seconds waiting for data (of them: making the batch's tensors), averaging gradients
+        self.wait_s, self.transfer_s, self.allreduce_s = 0.0, 0.0, 0.0
         self.group = LearnerGroup(0, 1, self.device)  # alone until start() joins the pool
         self.held: Any = None  # this learner's batch, waiting for the pool's
-        self.allreduce_s = 0.0  # time spent averaging gradients over the pool
         self.losses: list[float] = []  # since the last report
         self.checkpoint = checkpoint
         if checkpoint is not None and checkpoint.exists():
@@ -372,6 +371,7 @@ class Learner(Role):
             "updates": self.updates,
             "loss": float(np.mean(finite)) if finite else 0.0,
             "wait_s": self.wait_s,
+            "transfer_s": self.transfer_s,
             "skipped": self.skipped,
             "lr": float(self.opt.param_groups[0]["lr"]),  # what the optimizer steps with
             **(self.group_metrics() if self.group.world > 1 else {}),

@@ -68,7 +68,7 @@ class GorilaLearner(DQNLearner):
         return True
 
     def after_step(self, b: Batch) -> None:
-        self.send_priorities(b)
+        self.keep_priorities(b)
         if self.updates % self.cfg.pull_every == 0:
             self.ps.pull()
         if min(self.ps.versions) - self.target_version >= self.cfg.target_update:

@@ -7,6 +7,7 @@ sequence priority ``eta max|delta| + (1 - eta) mean|delta|`` written back."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from qrl.algos.r2d2.rule import Sequences, rule_of, sequence_loss, sequence_priority, sequence_td
@@ -21,10 +22,11 @@ class SequenceBatch:
     """A sample of sequences as tensors on the learner's device."""
 
     def __init__(self, s: Sample, device: torch.device) -> None:
-        self.ids = s.ids
+        self.ids, self.slot = s.ids, s.slot
         self.seq = Sequences.of(s.batch, device)
         self.weight = torch.from_numpy(s.weights).to(device)
         self.priority: torch.Tensor | None = None
+        self.new_priorities: np.ndarray | None = None
 
 
 class R2D2Learner(ReplayLearner):

@@ -6,12 +6,27 @@ of the replay items) and computes ``loss`` (setting the batch's new ``priority``
 
 from __future__ import annotations
 
+import logging
+import time
+from typing import Any
+
 import numpy as np
 import torch
 
 from qrl.learners.base import Learner
 from qrl.replay.sampler import Sampler, SamplerSpec
 from qrl.replay.store import RecordLayout, Sample
+
+log = logging.getLogger(__name__)
+
+
+def pin(address: int, nbytes: int) -> bool:
+    """Page-lock host memory for asynchronous copies to the GPU; False (copies stay
+    synchronous) if CUDA refuses."""
+    err = int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 1))  # 1: portable
+    if err:
+        log.warning("could not pin the batch ring (cudaError %d): copies are synchronous", err)
+    return not err
 
 
 class Batch:
@@ -20,21 +35,23 @@ class Batch:
     def __init__(self, s: Sample, device: torch.device) -> None:
         b = s.batch
         self.ids = s.ids
-        self.obs = torch.from_numpy(np.ascontiguousarray(b["obs"])).to(device)
+        self.slot = s.slot
+        t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)  # noqa: E731
+        self.obs = t(b["obs"])  # from a ring slot: a view of it on CPU, no copy
         a = b["action"]  # discrete (int) or a continuous vector (Ape-X DPG)
-        a = a.astype(np.int64) if a.dtype.kind in "iu" else a.astype(np.float32)
-        self.action = torch.from_numpy(a).to(device)
-        self.ret = torch.from_numpy(b["ret"].copy()).to(device)
-        self.disc = torch.from_numpy(b["disc"].copy()).to(device)
-        self.next_obs = torch.from_numpy(np.ascontiguousarray(b["next_obs"])).to(device)
-        self.weight = torch.from_numpy(s.weights).to(device)
+        self.action = t(a.astype(np.int64) if a.dtype.kind in "iu" else a.astype(np.float32))
+        self.ret, self.disc = t(b["ret"]), t(b["disc"])
+        self.next_obs = t(b["next_obs"])
+        self.weight = t(s.weights)
         self.priority: torch.Tensor | None = None  # the loss sets it: new priorities
+        self.new_priorities: np.ndarray | None = None  # what goes back to the replay
 
 
 class ReplayLearner(Learner):
     batch_type: type = Batch  # a sample as tensors
     replay_size = 0
     _sampler: Sampler | None = None
+    _pinned = False
     target: torch.nn.Module
     layout: RecordLayout
 
@@ -46,30 +63,36 @@ class ReplayLearner(Learner):
         """Replay items the sampler waits for before the first batch."""
         return self.cfg.learning_starts
 
-    # -- the sampler process: Redis I/O away from the gradient loop's GIL
-    def start_threads(self) -> None:
-        """Start the sampler process (no thread)."""
-        self.target.load_state_dict(self.net.state_dict())
+    # -- the sampler processes: Redis I/O away from the gradient loop's GIL
+    def sampler_spec(self) -> SamplerSpec:
         cfg = self.cfg
-        self._sampler = Sampler(
-            SamplerSpec(
-                self.client_factory,
-                self.keys,
-                self.layout,
-                cfg.replay_capacity,
-                cfg.replay_mode,
-                cfg.alpha,
-                cfg.beta,
-                cfg.batch_size,
-                self.start_items(),
-                self.sample_seed(),
-                cfg.replay_shards,
-            )
+        return SamplerSpec(
+            self.client_factory,
+            self.keys,
+            self.layout,
+            cfg.replay_capacity,
+            cfg.replay_mode,
+            cfg.alpha,
+            cfg.beta,
+            cfg.batch_size,
+            self.start_items(),
+            self.sample_seed(),
+            cfg.replay_shards,
         )
+
+    def start_threads(self) -> None:
+        """Start the sampler processes (no thread)."""
+        self.target.load_state_dict(self.net.state_dict())
+        self._sampler = Sampler(self.sampler_spec(), self.cfg.samplers, self.cfg.prefetch)
+        if self.device.type == "cuda":
+            self._pinned = pin(self._sampler.ring.address, self._sampler.ring.nbytes)
 
     def stop_threads(self) -> None:
         if self._sampler is not None:
             self._sampler.stop()
+            if self._pinned:
+                torch.cuda.cudart().cudaHostUnregister(self._sampler.ring.address)
+                self._pinned = False
             self._sampler = None
 
     def next_batch(self, timeout: float) -> Batch | None:
@@ -81,24 +104,37 @@ class ReplayLearner(Learner):
         if item is None:
             return None
         self.replay_size = item.size
-        return self.batch_type(item, self.device)
+        t0 = time.monotonic()
+        batch = self.batch_type(item, self.device)
+        self.transfer_s += time.monotonic() - t0
+        return batch
+
+    def train(self, batch: Any) -> float:
+        """One update; then the batch's ring slot goes back to its sampler, with the new
+        priorities the update kept (:meth:`keep_priorities`, :meth:`after_skip`)."""
+        batch.new_priorities = None
+        try:
+            return super().train(batch)
+        finally:
+            if self._sampler is not None:
+                self._sampler.release(batch.slot, batch.new_priorities)
 
     def after_step(self, b: Batch) -> None:
-        """New priorities to the replay; the target network copied every ``target_update``
-        updates (Ape-X, R2D2; Ape-X DPG moves its own by Polyak averaging instead)."""
-        self.send_priorities(b)
+        """New priorities; the target network copied every ``target_update`` updates (Ape-X,
+        R2D2; Ape-X DPG moves its own by Polyak averaging instead)."""
+        self.keep_priorities(b)
         if self.updates % self.cfg.target_update == 0:
             self.target.load_state_dict(self.net.state_dict())
 
     def after_skip(self, b: Batch) -> None:
         """A batch that gave a non-finite loss goes to the lowest priority, so it is not drawn
         again and again."""
-        if self._sampler is not None:
-            self._sampler.send_priorities(b.ids, np.zeros(len(b.ids)))
+        b.new_priorities = np.zeros(len(b.weight), np.float32)
 
-    def send_priorities(self, b: Batch) -> None:
-        assert b.priority is not None and self._sampler is not None
-        self._sampler.send_priorities(b.ids, b.priority.cpu().numpy() + 1e-6)
+    def keep_priorities(self, b: Batch) -> None:
+        """The priorities the loss set (+1e-6: none is 0), for the replay."""
+        assert b.priority is not None
+        b.new_priorities = b.priority.cpu().numpy() + 1e-6
 
     def extra_metrics(self) -> dict[str, float]:
         return {"replay_size": float(self.replay_size)}

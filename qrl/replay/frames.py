@@ -38,8 +38,8 @@ import lz4.block
 import numpy as np
 
 from qrl.algos.apex_family.messages import check_chunks
-from qrl.replay.scripts import PRELUDE
-from qrl.replay.store import P_HI, P_LO, PrioritizedReplay, RecordLayout
+from qrl.replay.scripts import FRAME_CHUNKS, FRAME_INSERT, PRELUDE
+from qrl.replay.store import P_HI, P_LO, Columns, PrioritizedReplay, RecordLayout, Rows
 
 log = logging.getLogger(__name__)
 
@@ -156,11 +156,22 @@ class FrameLayout(RecordLayout):
         self.frame_bytes = math.prod(self.obs_shape[1:])
 
     def unpack(self, records: list[Any]) -> np.ndarray:
-        """Decode ``[rel, chunk]`` pairs (from the sampling scripts) into a batch: per
-        transition its record and the LZ4 blocks its frames are in, then every stack with
-        one gather."""
-        s, g = self.obs_shape[0], 0
+        """Decode ``[rel, chunk]`` pairs (from the sampling scripts) into a batch with an
+        ``ok`` flag per row."""
         out = np.zeros(len(records), self.dtype)
+        rows, frames, idx, rec = self._gather(records)
+        if rows:
+            s, stacks = self.obs_shape[0], frames[idx]
+            out["obs"][rows], out["next_obs"][rows] = stacks[:, :s], stacks[:, s:]
+            for name in ("action", "ret", "disc"):
+                out[name][rows] = rec[name]
+            out["ok"][rows] = True
+        return out
+
+    def _gather(self, records: list[Any]) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+        """Per transition that passes every check its record and the LZ4 blocks its frames are
+        in: ``(which did, the frames of those blocks, each one's 2 x stack frame indices
+        into them, their records)``; one stack gather of the frames then makes the batch."""
         rows, recs, raws, idx, at = [], [], [], [], 0
         for i, item in enumerate(records):
             try:
@@ -174,14 +185,8 @@ class FrameLayout(RecordLayout):
             idx.append([first[j // g] + j % g for j in r["refs"].tolist()])
             rows.append(i)
             recs.append(r)
-        if rows:
-            frames = np.frombuffer(b"".join(raws), np.uint8).reshape(-1, *self.obs_shape[1:])
-            stacks, rec = frames[np.asarray(idx)], np.asarray(recs, self.rec)
-            out["obs"][rows], out["next_obs"][rows] = stacks[:, :s], stacks[:, s:]
-            for name in ("action", "ret", "disc"):
-                out[name][rows] = rec[name]
-            out["ok"][rows] = True
-        return out
+        frames = np.frombuffer(b"".join(raws), np.uint8).reshape(-1, *self.obs_shape[1:])
+        return rows, frames, np.asarray(idx, np.intp), np.asarray(recs, self.rec)
 
     def max_chunk(self) -> int:
         """The most bytes a chunk can take: ``CHUNK_MAX`` records and as many distinct
@@ -191,10 +196,21 @@ class FrameLayout(RecordLayout):
         blocks = -(-frames // FRAMES_PER_BLOCK)
         return _HEAD.size + CHUNK_MAX * self.rec.itemsize + blocks * (4 + raw + raw // 255 + 16)
 
-    def decode(self, records: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-        """The transitions whose chunk passed every check, and which did."""
-        out = self.unpack(records)
-        return out[out["ok"]], out["ok"].copy()
+    def decode(self, records: list[Any], out: Columns | None = None) -> tuple[Rows, np.ndarray]:
+        """The transitions whose chunk passed every check, and which did; with ``out`` (a
+        ring slot's columns) the stacks are gathered straight into it."""
+        if out is None:
+            batch = self.unpack(records)
+            return batch[batch["ok"]], batch["ok"].copy()
+        rows, frames, idx, rec = self._gather(records)
+        ok, k, s = np.zeros(len(records), bool), len(rows), self.obs_shape[0]
+        ok[rows] = True
+        if k:
+            np.take(frames, idx[:, :s], axis=0, out=out["obs"][:k])
+            np.take(frames, idx[:, s:], axis=0, out=out["next_obs"][:k])
+            for name in ("action", "ret", "disc"):
+                out[name][:k] = rec[name]
+        return {n: out[n][:k] for n in ("obs", "action", "ret", "disc", "next_obs")}, ok
 
     def parse(self, blob: Any) -> tuple[np.ndarray, int, int, list[bytes]]:
         """A stored chunk's records, frame count, frames per block and LZ4 blocks; raises
@@ -241,93 +257,6 @@ class FrameLayout(RecordLayout):
         return r, g, {b: self._block(blocks, b, f, g) for b in sorted({j // g for j in refs})}
 
 
-# the chunks of ids[s..e], with each id's distance to its chunk's start (ring slot id % CAP);
-# a member that is no id, or a ring entry pointing before id 0, fetches no chunk, and a
-# chunk longer than any chunk can be (the second %d) comes back as nil: never sent whole
-_CHUNKS = """
-local TYPES = {'zset', 'hash', 'string', 'hash'}
-local function records(ids, s, e)
-  local out = {}
-  for i = s, e do
-    local id, rel, chunk = whole(ids[i]), '', false
-    if id then
-      local at = (id %% %d) * 4
-      rel = redis.call('GETRANGE', KEYS[3], at, at + 3)
-      if #rel == 4 and struct.unpack('<I4', rel) <= id then
-        chunk = redis.call('HGET', KEYS[4], fmt('%%d', id - struct.unpack('<I4', rel)))
-        if chunk and #chunk > %d then chunk = false end
-      end
-    end
-    out[#out + 1] = {rel, chunk}
-  end
-  return out
-end
-"""
-
-_INSERT = """
--- KEYS: prio, frames, meta, batches, index
--- ARGV: capacity, batch_id, n, the n priorities (space-separated), each chunk's first
---       position (space-separated), each chunk's size, the chunks concatenated, the ring
---       entries (n x u32: distance to the chunk's first transition)
--- returns {evicted (-1: a batch already inserted), keys or meta repaired}
--- (CHUNK_MAX is set before it: no chunk holds more transitions)
-local cap, n, blob, ring = tonumber(ARGV[1]), tonumber(ARGV[3]), ARGV[7], ARGV[8]
-local sub = string.sub
-local prio, pos, size, total = {}, {}, {}, 0
-for p in string.gmatch(ARGV[4], '%S+') do prio[#prio + 1] = p end
-for p in string.gmatch(ARGV[5], '%d+') do pos[#pos + 1] = tonumber(p) end
-for p in string.gmatch(ARGV[6], '%d+') do
-  size[#size + 1] = tonumber(p); total = total + size[#size]
-end
-if #prio ~= n or #ring ~= 4 * n or #pos ~= #size or total ~= #blob then
-  return redis.error_reply('frame replay insert: priorities, chunks or ring do not match')
-end
-local first, lo, repaired = begin({'zset', 'hash', 'hash', 'zset', 'string'}, cap, n)
-if not first then return {-1, repaired} end
-local hi = first + n
-local z, h, off = {}, {}, 1
-for i = 1, n do z[2 * i - 1] = prio[i]; z[2 * i] = fmt('%d', first + i - 1) end
-for c = 1, #pos do
-  h[2 * c - 1] = fmt('%d', first + pos[c]); h[2 * c] = sub(blob, off, off + size[c] - 1)
-  off = off + size[c]
-end
-each('ZADD', KEYS[1], z)
-each('HSET', KEYS[2], h)
-local skip = math.max(0, n - cap)
-local at, data = (first + skip) % cap, sub(ring, 4 * skip + 1)
-local head = math.min(#data, (cap - at) * 4)
-redis.call('SETRANGE', KEYS[5], at * 4, sub(data, 1, head))
-if head < #data then redis.call('SETRANGE', KEYS[5], 0, sub(data, head + 1)) end
-bump('inserted', n)
-if hi - lo <= cap then
-  redis.call('HSET', KEYS[3], 'hi', fmt('%d', hi), 'lo', fmt('%d', lo))
-  return {0, repaired}
-end
-local new_lo = hi - cap  -- at most n + EXTRA past lo: span checked it
-local function drop(cmd, key, a, b)  -- ids a .. b - 1
-  local ids = {}
-  for id = a, b - 1 do ids[#ids + 1] = fmt('%d', id) end
-  each(cmd, key, ids)
-end
-drop('ZREM', KEYS[1], lo, new_lo)
--- the chunks to delete start in [clo, cs): clo the first chunk of the old lo, cs the chunk
--- of new_lo; a ring entry or clo out of range (no chunk is longer than CHUNK_MAX) is garbage
-local r = (new_lo % cap) * 4
-local rel = redis.call('GETRANGE', KEYS[5], r, r + 3)
-rel = #rel == 4 and struct.unpack('<I4', rel) or 0
-if rel >= CHUNK_MAX or rel > new_lo then rel, repaired = 0, repaired + 1 end
-local cs, clo = new_lo - rel, whole(redis.call('HGET', KEYS[3], 'clo'))
-if not clo or clo < lo - CHUNK_MAX or clo > lo then
-  clo, repaired = math.max(0, lo - CHUNK_MAX), repaired + 1
-end
-drop('HDEL', KEYS[2], clo, cs)
-redis.call('HSET', KEYS[3], 'hi', fmt('%d', hi), 'lo', fmt('%d', new_lo), 'clo', fmt('%d', cs))
-forget_batches(new_lo, n + EXTRA)
-bump('evicted', new_lo - lo)
-return {new_lo - lo, repaired}
-"""
-
-
 class FrameReplay(PrioritizedReplay):
     """The prioritized replay of stacked-frame transitions (same sampling, priorities and
     eviction as :class:`PrioritizedReplay`); ``layout`` is a :class:`FrameLayout`."""
@@ -338,10 +267,12 @@ class FrameReplay(PrioritizedReplay):
         self, client: Any, keys: Any, layout: FrameLayout, capacity: int, **kw: Any
     ) -> None:
         super().__init__(client, keys, layout, capacity, **kw)
-        self._insert = client.register_script(f"{PRELUDE}local CHUNK_MAX = {CHUNK_MAX}{_INSERT}")
+        self._insert = client.register_script(
+            f"{PRELUDE}local CHUNK_MAX = {CHUNK_MAX}{FRAME_INSERT}"
+        )
 
     def records_lua(self) -> str:
-        return _CHUNKS % (self.capacity, self.layout.max_chunk())
+        return FRAME_CHUNKS % (self.capacity, self.layout.max_chunk())
 
     def sample_keys(self) -> list[str]:
         k = self.keys

@@ -1,14 +1,17 @@
-"""The learner's sampler: a child process that draws prioritized batches from the Redis
-replay ahead of the gradient loop and writes back the priorities the learner sends.
+"""The learner's samplers: child processes that draw prioritized batches from the Redis
+replay ahead of the gradient loop, and write back the priorities the learner gives them.
 
-Sampling and priority writes run in their own process with their own Redis connections, so
-the gradient loop neither waits on Redis nor shares a GIL with the Python work of sampling
-(threads in the learner process held it back more than the process does: docs/benchmarks.md,
-"Learners fed through Redis"). The process is started with ``spawn``: a fresh interpreter
-that imports this module and what it needs (the replay, the codec and message schemas:
-numpy, redis, lz4, msgpack, pydantic, gymnasium; not torch), not a fork of a learner with
-live torch threads and Redis pools. Batches come over a multiprocessing queue (local IPC;
-nothing pickled crosses Redis).
+Sampling and priority writes run in their own processes with their own Redis connections,
+so the gradient loop neither waits on Redis nor shares a GIL with the Python work of
+sampling (threads in the learner process held it back more than a process does:
+docs/benchmarks.md, "Learners fed through Redis"). ``samplers`` processes draw in parallel
+when one cannot keep up, each into its own slots of a ring in shared memory
+(:mod:`qrl.replay.ring`), and each writes back the priorities of the batches it drew. The
+processes are started with ``spawn``: fresh interpreters that import this module and what
+it needs (the replay, the codec and message schemas: numpy, redis, lz4, msgpack, pydantic,
+gymnasium; not torch), not forks of a learner with live torch threads and Redis pools.
+Batches and priorities are handed over by slot index (local IPC; nothing pickled crosses
+Redis).
 """
 
 from __future__ import annotations
@@ -17,9 +20,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import queue
 import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import Any, Literal
 import numpy as np
 import redis
 
+from qrl.replay.ring import BatchRing
 from qrl.replay.shards import ShardedReplay
 from qrl.replay.store import RecordLayout, Sample
 from qrl.server.embedded import signal_on_parent_death
@@ -67,107 +69,99 @@ class SamplerSpec:
 
 
 class Sampler:
-    """The learner's handle on its sampler process."""
+    """The learner's handle on its sampler processes: ``samplers`` of them, filling a ring of
+    ``prefetch`` slots (at least one each)."""
 
-    def __init__(self, spec: SamplerSpec) -> None:
+    def __init__(self, spec: SamplerSpec, samplers: int = 1, prefetch: int = 4) -> None:
         ctx = multiprocessing.get_context("spawn")
-        self._samples: Any = ctx.Queue(4)
-        self._priorities: Any = ctx.Queue(64)
+        slots = max(prefetch, samplers)
+        self.ring = BatchRing(ctx, spec.layout.dtype, spec.batch_size, slots, owners=samplers)
         self._halt = ctx.Event()
-        self._proc = ctx.Process(
-            target=_sampler_main,
-            args=(spec, self._samples, self._priorities, self._halt, os.getpid()),
-            name="sampler",
-            daemon=True,
-        )
-        self._proc.start()
+        self._procs = [
+            ctx.Process(
+                target=_sampler_main,
+                args=(spec, k, self.ring, self._halt, os.getpid()),
+                name=f"sampler{k}",
+                daemon=True,
+            )
+            for k in range(samplers)
+        ]
+        for p in self._procs:
+            p.start()
 
     @property
-    def pid(self) -> int | None:
-        return self._proc.pid
+    def pids(self) -> list[int | None]:
+        return [p.pid for p in self._procs]
 
     def get(self, timeout: float) -> Sample | None:
-        """The next batch, ``None`` if none came within ``timeout``; raises ``RuntimeError``
-        if the sampler process died or failed."""
-        if not self._proc.is_alive():
-            raise RuntimeError(f"sampler process (exit code {self._proc.exitcode})")
-        try:
-            item = self._samples.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if isinstance(item, str):  # the sampler's last words
+        """The next batch (its arrays in a ring slot: :meth:`release` it when done), ``None``
+        if none came within ``timeout``; raises ``RuntimeError`` if a sampler process died
+        or failed."""
+        for p in self._procs:
+            if not p.is_alive():
+                raise RuntimeError(f"sampler process {p.name} (exit code {p.exitcode})")
+        item = self.ring.get(timeout)
+        if isinstance(item, str):  # a sampler's last words
             raise RuntimeError(f"sampler process: {item}")
         return item
 
-    def send_priorities(self, ids: list[bytes], priorities: np.ndarray) -> None:
-        try:  # if the sampler is far behind, drop an update rather than block the learner
-            self._priorities.put((ids, priorities), timeout=5)
-        except queue.Full:
-            log.warning("priority writer is behind: dropped one batch of priority updates")
+    def release(self, slot: int | None, priorities: np.ndarray | None = None) -> None:
+        """The learner is done with the batch in ``slot``; its new ``priorities`` (if any)
+        go to the replay, and the slot is filled again."""
+        self.ring.release(slot, priorities)
 
     def stop(self) -> None:
-        """Write the priorities sent so far, then end the process."""
+        """Write the priorities given back so far, then end the processes."""
         self._halt.set()
-        with contextlib.suppress(queue.Full):
-            self._priorities.put(None, timeout=5)  # after the last priorities: write, then end
-        self._proc.join(10)
-        if self._proc.is_alive():
-            self._proc.terminate()
+        deadline = time.monotonic() + 10
+        for p in self._procs:
+            while p.is_alive() and time.monotonic() < deadline:
+                self.ring.full.get(0.05)  # a sampler waiting to hand a batch over can stop
+            if p.is_alive():
+                p.terminate()
 
 
-def _sampler_main(
-    spec: SamplerSpec,
-    samples: Any,
-    priorities: Any,
-    halt: Any,
-    parent: int,
-) -> None:
-    """The sampler process (no torch: see the module's docstring)."""
+def _sampler_main(spec: SamplerSpec, k: int, ring: BatchRing, halt: Any, parent: int) -> None:
+    """Sampler process ``k`` (no torch: see the module's docstring): it writes the new
+    priorities of each of its slots given back, then fills the slot again."""
     signal_on_parent_death(signal.SIGKILL)  # a SIGKILLed learner must not leave it behind
     if os.getppid() != parent:  # the learner died before that took effect
         os._exit(1)
-    samples.cancel_join_thread()  # may exit with batches nobody will take
     try:
-        sampler = spec.replay(seed=spec.seed)
-        writer = spec.replay()
-        thread = threading.Thread(target=_write_priorities, args=(writer, priorities), daemon=True)
-        thread.start()
+        replay = spec.replay(seed=spec.seed + 1_000_003 * k)
+        ids: dict[int, list[bytes]] = {}  # of the batch in each of this sampler's slots
+
+        def write_back(slot: int, has_priorities: bool) -> None:
+            batch = ids.pop(slot, [])
+            if has_priorities and batch:
+                prios = ring.view(slot)["priority"][: len(batch)].astype(np.float64)
+                try:
+                    replay.update_priorities(batch, prios)
+                except redis.RedisError:
+                    log.exception("priority update failed")
+
+        started = False  # the replay held learning_starts items (then it is not asked again)
         while not halt.is_set():
-            if sampler.size() < spec.learning_starts:
+            if not started and replay.size() < spec.learning_starts:
                 time.sleep(0.05)
                 continue
-            s = sampler.sample(spec.batch_size, spec.beta)
-            while s is not None and not halt.is_set():
-                try:
-                    samples.put(s, timeout=0.1)
-                    break
-                except queue.Full:
+            started = True
+            if (given := ring.take(k, timeout=0.1)) is None:
+                continue
+            slot = given[0]
+            write_back(*given)
+            while not halt.is_set():
+                s = replay.sample(spec.batch_size, spec.beta, out=ring.view(slot))
+                if s is None:  # all it drew was removed (see qrl.replay.store.screen)
+                    time.sleep(0.01)
                     continue
-        thread.join(10)
+                ids[slot] = s.ids
+                ring.put(slot, s)
+                break
+        while (given := ring.take(k, timeout=0)) is not None:  # the last priorities
+            write_back(*given)
     except Exception as e:
         log.exception("sampler failed")
         with contextlib.suppress(Exception):
-            samples.put(f"{type(e).__name__}: {e}", timeout=1)
+            ring.full.put(f"{type(e).__name__}: {e}")
         raise
-
-
-def _write_priorities(writer: ShardedReplay, priorities: Any) -> None:
-    """Send priority updates until ``None``, merging whatever queued up into one ZADD XX."""
-    done = False
-    while not done:
-        items = [priorities.get()]
-        while True:
-            try:
-                items.append(priorities.get_nowait())
-            except queue.Empty:
-                break
-        done = items[-1] is None
-        batches = [i for i in items if i is not None]
-        if not batches:
-            continue
-        try:
-            writer.update_priorities(
-                [m for ids, _ in batches for m in ids], np.concatenate([p for _, p in batches])
-            )
-        except redis.RedisError:
-            log.exception("priority update failed")

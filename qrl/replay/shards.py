@@ -41,7 +41,14 @@ import numpy as np
 import redis
 
 from qrl.replay.frames import replay_class
-from qrl.replay.store import PrioritizedReplay, RecordLayout, Sample, priorities_refused, screen
+from qrl.replay.store import (
+    Columns,
+    PrioritizedReplay,
+    RecordLayout,
+    Sample,
+    priorities_refused,
+    screen,
+)
 from qrl.wire.cluster import run_scripts
 from qrl.wire.keys import RunKeys
 
@@ -99,10 +106,13 @@ class ShardedReplay:
         sizes = np.array([p.last_size or p.size() for p in self.parts], np.float64)
         return sizes, sizes
 
-    def sample(self, batch_size: int, beta: float = 0.4) -> Sample | None:
-        """A stratified batch across the shards, or ``None`` while they are all empty."""
+    def sample(
+        self, batch_size: int, beta: float = 0.4, out: Columns | None = None
+    ) -> Sample | None:
+        """A stratified batch across the shards, or ``None`` while they are all empty;
+        decoded into ``out`` if given."""
         if len(self.parts) == 1:
-            return self.parts[0].sample(batch_size, beta)
+            return self.parts[0].sample(batch_size, beta, out)
         sizes, shares = self._shares()
         total = shares.sum()
         if total <= 0:
@@ -128,7 +138,7 @@ class ShardedReplay:
             recs += records
             probs.append(p * (shares[s] / total))
         prob = np.concatenate(probs) if probs else np.zeros(0)
-        return screen(self, int(sizes.sum()), ids, recs, prob, beta)
+        return screen(self, int(sizes.sum()), ids, recs, prob, beta, out)
 
     def _by_shard(self, ids: list[bytes]) -> dict[int, list[int]]:
         """The positions in ``ids`` (``b"shard:id"``) of each shard's ids."""

@@ -57,6 +57,10 @@ BUCKETS_PER_OCTAVE = 4
 N_BUCKETS = math.ceil(math.log2(P_HI / P_LO) * BUCKETS_PER_OCTAVE)
 
 
+Columns = dict[str, np.ndarray]  # a batch's fields as arrays (a ring slot's)
+Rows = np.ndarray | Columns  # records (a structured array), or their fields' columns
+
+
 @dataclass
 class RecordLayout:
     """The fixed-size binary record of one replay item. By default an n-step transition:
@@ -114,11 +118,13 @@ class RecordLayout:
             raise ValueError(f"replay record of wrong size (expected {self.size} bytes)")
         return np.frombuffer(b"".join(records), self.dtype)
 
-    def decode(self, records: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    def decode(self, records: list[Any], out: Columns | None = None) -> tuple[Rows, np.ndarray]:
         """The records as sampled (any of them missing or garbage: Redis holds what any
         writer put there) decoded: ``(rows of those that are fine, which were)``. Fine means
         bytes of the record's size whose float fields are all finite and whose actions are
-        in ``0..n_actions - 1`` (if given): a learner indexes its Q-values with them."""
+        in ``0..n_actions - 1`` (if given): a learner indexes its Q-values with them. With
+        ``out`` (a ring slot's columns) the rows are written there and their columns come
+        back."""
         ok = np.array([isinstance(r, bytes) and len(r) == self.size for r in records], bool)
         rows = np.frombuffer(b"".join(r for r, k in zip(records, ok, strict=True) if k), self.dtype)
         finite = np.ones(len(rows), bool)
@@ -130,7 +136,12 @@ class RecordLayout:
             a = rows["action"].reshape(len(rows), -1)
             finite &= ((a >= 0) & (a < self.n_actions)).all(axis=1)
         ok[ok] = finite
-        return rows[finite], ok
+        rows = rows[finite]
+        if out is None:
+            return rows, ok
+        for name in rows.dtype.names or ():
+            out[name][: len(rows)] = rows[name]
+        return {name: out[name][: len(rows)] for name in rows.dtype.names or ()}, ok
 
 
 @dataclass
@@ -139,10 +150,11 @@ class Sample:
     probabilities used."""
 
     ids: list[bytes]
-    batch: np.ndarray
+    batch: Rows  # records, or their columns (in a ring's slot)
     weights: np.ndarray
     probs: np.ndarray
     size: int  # transitions present when sampled
+    slot: int | None = None  # the ring slot its arrays are in (qrl.replay.ring)
 
 
 class PrioritizedReplay:
@@ -271,11 +283,13 @@ class PrioritizedReplay:
     def _stratified(self, batch_size: int) -> np.ndarray:
         return (np.arange(batch_size) + self.rng.random(batch_size)) / batch_size
 
-    def sample(self, batch_size: int, beta: float = 0.4) -> Sample | None:
+    def sample(
+        self, batch_size: int, beta: float = 0.4, out: Columns | None = None
+    ) -> Sample | None:
         """A stratified prioritized batch, or ``None`` while the replay is empty (or all it
-        drew was removed, see :func:`screen`)."""
+        drew was removed, see :func:`screen`); decoded into ``out`` if given."""
         n, ids, recs, probs = self.draw(self._stratified(batch_size))
-        return screen(self, n, ids, recs, probs, beta)
+        return screen(self, n, ids, recs, probs, beta, out)
 
     def reject(self, ids: list[bytes], records: list[Any]) -> None:
         """Remove sampled items that did not decode (a bogus member, a missing record, one of
@@ -362,12 +376,19 @@ def priorities_refused(e: redis.ResponseError) -> None:
 
 
 def screen(
-    replay: Any, n: int, ids: list[bytes], records: list[Any], probs: np.ndarray, beta: float
+    replay: Any,
+    n: int,
+    ids: list[bytes],
+    records: list[Any],
+    probs: np.ndarray,
+    beta: float,
+    out: Columns | None = None,
 ) -> Sample | None:
     """The sample of what ``replay`` drew (``n`` items present), without the items whose
     records did not decode, which ``replay.reject`` removes; ``None`` if none is left. The
-    IS weights are ``(n P(i))^-beta`` over the batch's largest."""
-    batch, ok = replay.layout.decode(records)
+    IS weights are ``(n P(i))^-beta`` over the batch's largest. Decoded into ``out`` if
+    given."""
+    batch, ok = replay.layout.decode(records, out)
     if not ok.all():
         bad = {i: r for i, r, k in zip(ids, records, ok, strict=True) if not k}  # once each
         replay.reject(list(bad), list(bad.values()))

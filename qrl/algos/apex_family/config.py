@@ -21,6 +21,16 @@ class ReplayConfig(ClaimIdle, Config):
     learning_starts: int = Field(
         1000, ge=0, description="Transitions in the replay before the first update."
     )
+    samplers: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="Sampler processes drawing batches for the learner (docs/benchmarks.md, "
+        "'The learner's data path').",
+    )
+    prefetch: int = Field(
+        4, ge=2, le=256, description="Batches sampled ahead of the learner (its ring's slots)."
+    )
     publish_every: int = Field(10, ge=1, description="Updates between weight publications.")
     replay_capacity: int = Field(100_000, ge=1, description="Transitions the replay keeps.")
     replay_mode: Literal["rank", "proportional"] = Field(

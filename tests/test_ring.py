@@ -1,0 +1,116 @@
+"""The learner's data path (issue 36): batches written by sampler processes into a ring of
+shared-memory slots and handed over by index; a slot is filled again only once the learner
+gave it back; several sampler processes share the ring."""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+
+import numpy as np
+import redis
+import torch
+
+from qrl.learners.replay import Batch
+from qrl.replay.frames import layout_for
+from qrl.replay.ring import BatchRing
+from qrl.replay.sampler import Sampler, SamplerSpec
+from qrl.replay.store import PrioritizedReplay, Sample
+from tests.helpers import LAYOUT, check_records, int_ids, make_records
+
+
+def spec_of(url: str, keys, batch_size: int = 16) -> SamplerSpec:
+    return SamplerSpec(
+        functools.partial(redis.Redis.from_url, url),
+        keys,
+        LAYOUT,
+        1000,
+        "rank",
+        0.6,
+        0.4,
+        batch_size=batch_size,
+        learning_starts=1,
+        seed=0,
+    )
+
+
+def _fill_in_child(ring: BatchRing, n: int) -> None:
+    for i in range(n):
+        slot, _ = ring.take(0, timeout=30)
+        ids = np.arange(i * 3, i * 3 + 3)
+        rows = np.frombuffer(b"".join(make_records(ids)), LAYOUT.dtype)
+        s = Sample([b"%d" % j for j in ids], rows, np.full(3, i, np.float32), np.zeros(3), 99)
+        ring.put(slot, s)
+
+
+def test_a_child_writes_batches_the_parent_reads_in_place():
+    """The columns a spawned child wrote are read back in the parent exactly, as views of
+    the shared pages (no copy), and the child can be no more than the slots ahead."""
+    ctx = multiprocessing.get_context("spawn")
+    ring = BatchRing(ctx, LAYOUT.dtype, rows=8, slots=2)
+    child = ctx.Process(target=_fill_in_child, args=(ring, 5))
+    child.start()
+    try:
+        first = ring.get(timeout=30)
+        assert first is not None and not isinstance(first, str)
+        second = ring.get(timeout=30)
+        assert second is not None and not isinstance(second, str)
+        assert ring.get(timeout=1) is None  # both slots held: the child waits
+        base = np.frombuffer(ring.mem, np.uint8)
+        for i, s in enumerate([first, second]):
+            check_records(s.batch, range(i * 3, i * 3 + 3))
+            assert (s.weights == i).all() and s.size == 99 and len(s.ids) == 3
+            assert np.shares_memory(s.batch["obs"], base)
+        held = {k: v.copy() for k, v in first.batch.items()}
+        ring.release(second.slot)
+        for i in range(2, 5):  # the child goes on through the one slot given back
+            s = ring.get(timeout=30)
+            assert s is not None and not isinstance(s, str) and s.slot == second.slot
+            check_records(s.batch, range(i * 3, i * 3 + 3))
+            ring.release(s.slot)
+        for k, v in held.items():  # the held batch was never written over
+            np.testing.assert_array_equal(first.batch[k], v)
+    finally:
+        child.join(30)
+    assert child.exitcode == 0
+
+
+def test_a_learner_batch_on_cpu_is_a_view_of_its_slot():
+    """On CPU the learner's tensors are the slot's memory: no copy per update."""
+    ring = BatchRing(multiprocessing.get_context("spawn"), LAYOUT.dtype, rows=4, slots=2)
+    slot, _ = ring.take(0, timeout=1)
+    rows = np.frombuffer(b"".join(make_records([1, 2, 3])), LAYOUT.dtype)
+    ring.put(slot, Sample([b"1", b"2", b"3"], rows, np.ones(3, np.float32), np.zeros(3), 3))
+    s = ring.get(timeout=5)
+    b = Batch(s, torch.device("cpu"))
+    lo, hi = ring.address, ring.address + ring.nbytes
+    for t in (b.obs, b.next_obs, b.ret, b.disc, b.weight):
+        assert lo <= t.data_ptr() < hi
+    assert b.obs.shape == (3, 4) and b.action.tolist() == [1, 2, 3] and b.slot == slot
+
+
+def test_frame_batches_keep_their_columns_without_the_decode_flag():
+    layout = layout_for((4, 84, 84), "uint8", 6)
+    ring = BatchRing(multiprocessing.get_context("spawn"), layout.dtype, rows=2, slots=1)
+    names = [n for n, _, _ in ring.columns]
+    assert names == ["obs", "action", "ret", "disc", "next_obs", "weights", "priority"]
+    assert ring.view(0)["obs"].shape == (2, 4, 84, 84) and ring.view(0)["obs"].dtype == np.uint8
+    assert all(off % 64 == 0 for off in ring.offsets)
+
+
+def test_two_sampler_processes_fill_one_ring_and_one_writes_priorities(r, keys, redis_server):
+    replay = PrioritizedReplay(r, keys, LAYOUT, 1000)
+    replay.insert(make_records(range(200)), np.ones(200))
+    sampler = Sampler(spec_of(redis_server.url, keys), samplers=2, prefetch=3)
+    try:
+        assert len(set(sampler.pids)) == 2
+        for _ in range(30):
+            s = sampler.get(timeout=30)
+            assert s is not None and len(s.ids) == 16
+            check_records(s.batch, int_ids(s.ids))
+            sampler.release(s.slot)
+        s = sampler.get(timeout=30)
+        sampler.release(s.slot, np.full(len(s.ids), 500.0, np.float32))
+    finally:
+        sampler.stop()  # writes the priorities given back
+    assert set(r.zmscore(keys.replay_priorities, s.ids)) == {500.0}
