@@ -212,7 +212,7 @@ COVERED = {
     ("replay/store.py", "scripts.INSERT"),
     ("replay/store.py", "scripts.FETCH_RANKS"),
     ("replay/store.py", "scripts.SAMPLE_PROPORTIONAL"),
-    ("replay/frames.py", "_INSERT"),
+    ("replay/frames.py", "FRAME_INSERT"),
     ("wire/streams.py", "lua.ACK"),
     ("wire/streams.py", "lua.ADD_IF_ROOM"),
     ("wire/streams.py", "lua.ADOPT"),
