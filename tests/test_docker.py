@@ -336,7 +336,11 @@ def test_apex_cluster_solves_survives_a_killed_actor_and_stops_cleanly(build, tm
         keys = RunKeys(RUN)
         produced = int(client.hget(keys.stats, "produced:experience") or 0)
         inserted = int(client.hget(keys.replay_meta, "batches") or 0)
-        assert produced == inserted > 0  # every batch the actors produced, inserted once
+        waiting = client.xlen(keys.experience)  # not yet acknowledged (acks delete)
+        # every batch the actors produced inserted once, or still in the stream for the next
+        # filler: an actor can push its last batch after the filler saw the stop and left
+        # (seen once: 181 produced, 180 inserted)
+        assert 0 < inserted <= produced <= inserted + waiting
         assert client.xlen(keys.deadletter) == 0
         leases = [keys.lease(role, i) for role in ("actor", "learner", "replay") for i in range(5)]
         assert client.exists(*leases) == 0  # clean stops give their numbers back
