@@ -38,7 +38,7 @@ def _fill_in_child(ring: BatchRing, n: int) -> None:
     for i in range(n):
         slot, _ = ring.take(0, timeout=30)
         ids = np.arange(i * 3, i * 3 + 3)
-        rows = np.frombuffer(b"".join(make_records(ids)), LAYOUT.dtype)
+        rows, _ = LAYOUT.decode(make_records(ids), out=ring.view(slot))
         s = Sample([b"%d" % j for j in ids], rows, np.full(3, i, np.float32), np.zeros(3), 99)
         ring.put(slot, s)
 
@@ -79,7 +79,7 @@ def test_a_learner_batch_on_cpu_is_a_view_of_its_slot():
     """On CPU the learner's tensors are the slot's memory: no copy per update."""
     ring = BatchRing(multiprocessing.get_context("spawn"), LAYOUT.dtype, rows=4, slots=2)
     slot, _ = ring.take(0, timeout=1)
-    rows = np.frombuffer(b"".join(make_records([1, 2, 3])), LAYOUT.dtype)
+    rows, _ = LAYOUT.decode(make_records([1, 2, 3]), out=ring.view(slot))
     ring.put(slot, Sample([b"1", b"2", b"3"], rows, np.ones(3, np.float32), np.zeros(3), 3))
     s = ring.get(timeout=5)
     b = Batch(s, torch.device("cpu"))

@@ -157,15 +157,10 @@ class FrameLayout(RecordLayout):
 
     def unpack(self, records: list[Any]) -> np.ndarray:
         """Decode ``[rel, chunk]`` pairs (from the sampling scripts) into a batch with an
-        ``ok`` flag per row."""
+        ``ok`` flag per row (zeros where it is not)."""
         out = np.zeros(len(records), self.dtype)
-        rows, frames, idx, rec = self._gather(records)
-        if rows:
-            s, stacks = self.obs_shape[0], frames[idx]
-            out["obs"][rows], out["next_obs"][rows] = stacks[:, :s], stacks[:, s:]
-            for name in ("action", "ret", "disc"):
-                out[name][rows] = rec[name]
-            out["ok"][rows] = True
+        batch, ok = self.decode(records)
+        out[ok] = batch
         return out
 
     def _gather(self, records: list[Any]) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
@@ -197,19 +192,24 @@ class FrameLayout(RecordLayout):
         return _HEAD.size + CHUNK_MAX * self.rec.itemsize + blocks * (4 + raw + raw // 255 + 16)
 
     def decode(self, records: list[Any], out: Columns | None = None) -> tuple[Rows, np.ndarray]:
-        """The transitions whose chunk passed every check, and which did; with ``out`` (a
-        ring slot's columns) the stacks are gathered straight into it."""
-        if out is None:
-            batch = self.unpack(records)
-            return batch[batch["ok"]], batch["ok"].copy()
+        """The transitions whose chunk passed every check, and which did: their stacks
+        gathered from the decompressed frames straight into ``out`` (a ring slot's columns)
+        if given, else into a new batch of records."""
         rows, frames, idx, rec = self._gather(records)
         ok, k, s = np.zeros(len(records), bool), len(rows), self.obs_shape[0]
         ok[rows] = True
+        batch = None
+        if out is None:
+            batch = np.zeros(k, self.dtype)
+            batch["ok"] = True
+            out = {n: batch[n] for n in self.dtype.names or ()}
         if k:
             np.take(frames, idx[:, :s], axis=0, out=out["obs"][:k])
             np.take(frames, idx[:, s:], axis=0, out=out["next_obs"][:k])
             for name in ("action", "ret", "disc"):
                 out[name][:k] = rec[name]
+        if batch is not None:
+            return batch, ok
         return {n: out[n][:k] for n in ("obs", "action", "ret", "disc", "next_obs")}, ok
 
     def parse(self, blob: Any) -> tuple[np.ndarray, int, int, list[bytes]]:

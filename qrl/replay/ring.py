@@ -104,13 +104,9 @@ class BatchRing:
         return self.free[owner].get(timeout)
 
     def put(self, slot: int, s: Sample) -> None:
-        """Hand ``slot`` to the learner with ``s`` in it (copied in, unless it was decoded
-        there: :meth:`qrl.replay.store.RecordLayout.decode`'s ``out``)."""
-        n, cols = len(s.ids), self.view(slot)
-        for name, _, _ in self.columns[:-2]:
-            if not np.may_share_memory(s.batch[name], cols[name]):
-                cols[name][:n] = s.batch[name]
-        cols["weights"][:n] = s.weights
+        """Hand ``slot`` to the learner with ``s`` in it: its records decoded into the slot
+        (:meth:`qrl.replay.store.RecordLayout.decode`'s ``out``), its weights written here."""
+        self.view(slot)["weights"][: len(s.ids)] = s.weights
         self.full.put((slot, s.ids, s.size))
 
     # -- the learner's side
