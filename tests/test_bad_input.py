@@ -142,16 +142,6 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
         assert {m["role"] for m in got} <= {"replay"}  # only the replay role's own reports
         assert _rejected(r, apex, "metrics") == 500
 
-        # both weight keys, as actors and ES workers read them (this overwrites the keys:
-        # what must stay intact is what the readers hold)
-        total += _attack_weights(r, impala, actor, "weights", 400)
-        total += _attack_weights(r, es, ESWorker(r, es, ecfg, 0), "es:params", 400)
-        assert total > 10_000
-
-        # every dead letter says why; nothing else changed
-        for k in (apex, impala, es):
-            for _, fields in r.xrange(k.deadletter, count=20_000):
-                assert fields[b"reason"] and fields[b"source"]
         assert r.zcard(apex.replay_priorities) == 16 and r.zcard(apex.replay_batches) == 2
         # and the consumers still work: a valid batch after the attack goes in
         r.xadd(apex.experience, {"d": encode("apex.experience", _experience(8, "good-3"))})
@@ -160,6 +150,18 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
         for p in roles:
             p.send_signal(signal.SIGTERM)
         assert [p.wait(60) for p in roles] == [0, 0, 0]
+
+        # both weight keys, as actors and ES workers read them (this overwrites the keys:
+        # what must stay intact is what the readers hold). The writers are stopped first: a
+        # running learner or master puts its own blob back within a second of seeing a
+        # writer's in its key, and a reader rightly takes that one.
+        total += _attack_weights(r, impala, actor, "weights", 400)
+        total += _attack_weights(r, es, ESWorker(r, es, ecfg, 0), "es:params", 400)
+        assert total > 10_000
+        # every dead letter says why
+        for k in (apex, impala, es):
+            for _, fields in r.xrange(k.deadletter, count=20_000):
+                assert fields[b"reason"] and fields[b"source"]
     finally:
         kill_all(roles)
 
