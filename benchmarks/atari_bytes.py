@@ -63,11 +63,18 @@ def frame_sizes(client: redis.Redis, keys: RunKeys, layout: FrameLayout) -> list
     return sizes
 
 
-def fill_from_actor(client: redis.Redis, keys: RunKeys, cfg: ApexConfig, n: int) -> DQNActor:
+def fill_from_actor(
+    client: redis.Redis,
+    keys: RunKeys,
+    cfg: ApexConfig,
+    n: int,
+    actor_type: type = DQNActor,
+    filler_type: type = ReplayFiller,
+) -> DQNActor:
     """A real actor (with the initial weights, published) and replay filler on the run;
-    they play until ``n`` transitions were inserted."""
-    actor = DQNActor(client, keys, cfg, actor_id=0)
-    filler = ReplayFiller(client, keys, cfg)
+    they play until ``n`` items (transitions; R2D2's sequences) were inserted."""
+    actor = actor_type(client, keys, cfg, actor_id=0)
+    filler = filler_type(client, keys, cfg)
     WeightStore(client, keys).publish(actor.net, version=0)
     never = lambda: False  # noqa: E731
     actor.start(never)

@@ -1,22 +1,30 @@
-"""Ape-X learner throughput: fed from the Redis replay vs fed from in-memory batches, where
-each update's time goes, and what the data path alone delivers.
+"""Learner throughput: fed through Redis vs fed from in-memory batches, where each update's
+time goes, and what the data path alone delivers.
 
     python benchmarks/learner.py [--updates 2000] [--rounds 3] [--samplers 1 2] [--device cpu]
     python benchmarks/learner.py --atari [--updates 100] [--transitions 20000] [--device cuda]
     python benchmarks/learner.py --feed-only [--atari] --batch-size 512 --samplers 1 2 4
+    python benchmarks/learner.py --algo r2d2 [--updates 300]
+    python benchmarks/learner.py --algo impala [--updates 1000] [--feed-only]
 
-Both sides run the same ``ApexLearner`` (double DQN, dueling, Adam, publishing weights every
-10 updates). "redis" takes prioritized batches sampled from a filled Redis replay by the
-learner's sampler processes (``--samplers``: each count its own rounds), which also write the
-priorities back, handed over in the shared-memory ring (qrl/replay/ring.py); "memory" cycles
-through batches already on the device. Rounds alternate; each is timed from its first update
-on (the samplers' start, a ``spawn`` of ~1 s, is not counted). The ratio is redis / memory
-(goal >= 0.95). Per update: ``wait`` for a batch, ``transfer`` (its tensors made on the
-device from the ring slot: views on CPU, an asynchronous copy from pinned memory on CUDA,
-whose end the compute then waits for) and ``compute`` (the rest: loss, step, publishing).
+Both sides run the same learner with its defaults: ``ApexLearner`` (double DQN, dueling,
+Adam, publishing weights every 10 updates; CartPole-v1), ``R2D2Learner`` (the LSTM
+Q-network on qrl/CartPoleNoVel-v1) or ``ImpalaLearner`` (V-trace; CartPole-v1, ``passes=1``
+so that every update takes a new batch). "redis": the replay learners take prioritized
+batches sampled from a filled Redis replay by their sampler processes (``--samplers``: each
+count its own rounds), which also write the priorities back; IMPALA's loader process reads
+the trajectory stream (filled before each round with a real actor's unrolls), decodes and
+stacks them, and acknowledges them after the update. Either hands batches over in a
+shared-memory ring (qrl/replay/ring.py). "memory" cycles through batches already on the
+device. Rounds alternate; each is timed from its first update on (the data processes'
+start, a ``spawn`` of ~1 s, is not counted). The ratio is redis / memory (goal >= 0.95). Per
+update: ``wait`` for a batch, ``transfer`` (its tensors made on the device from the ring
+slot: views on CPU, an asynchronous copy from pinned memory on CUDA, whose end the compute
+then waits for) and ``compute`` (the rest: loss, step, publishing).
 
 ``--feed-only``: the learner replaced by a consumer that takes each batch and gives its slot
-back, so the rate is the data path's alone (transitions/s), for each ``--samplers`` count.
+back, so the rate is the data path's alone (transitions/s), for each ``--samplers`` count
+(IMPALA: its one loader process).
 
 ``--atari``: ALE/Pong-v5 (84x84x4 uint8 stacks, the Nature CNN), the replay filled by a real
 actor and replay filler (benchmarks/atari_bytes.py) in the frame layout
@@ -34,15 +42,27 @@ from functools import partial
 import numpy as np
 from atari_bytes import ENV, fill_from_actor
 
+from qrl.actors.impala import ImpalaActor
+from qrl.actors.r2d2 import R2D2Actor
 from qrl.algos.apex.config import ApexConfig
+from qrl.algos.impala.config import ImpalaConfig
+from qrl.algos.impala.keys import trajectories
+from qrl.algos.r2d2.config import R2D2Config
 from qrl.learners.apex import ApexLearner
-from qrl.learners.replay import Batch
+from qrl.learners.impala import ImpalaLearner
+from qrl.learners.loader import Loader
+from qrl.learners.r2d2 import R2D2Learner
+from qrl.learners.unrolls import stack_unrolls
 from qrl.replay.role import make_replay
 from qrl.replay.sampler import Sampler
+from qrl.replay.sequences import SequenceFiller, sequence_spec
+from qrl.rl.envspec import EnvSpec
 from qrl.runtime.runs import create_run
 from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.codec import encode
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
+from qrl.wire.streams import FIELD, Entry, ensure_group
 
 WARMUP = 20  # updates before a round's clock starts
 
@@ -65,10 +85,47 @@ def fill(replay, n: int, rng: np.random.Generator) -> None:
         replay.insert(recs, rng.random(k) + 0.01)
 
 
-def redis_round(lrn: ApexLearner, updates: int, samplers: int) -> Round:
+class Unrolls:
+    """IMPALA's trajectory stream: a real actor's unrolls, encoded once, added before a round
+    (no actor runs beside the learner)."""
+
+    def __init__(self, client, keys: RunKeys, cfg: ImpalaConfig) -> None:
+        self.client, self.stream = client, trajectories(keys)
+        actor = ImpalaActor(client, keys, cfg, 0)
+        actor.version = 0
+        obs, _ = actor.envs.reset()
+        self.msgs = []
+        for _ in range(8):
+            msg, obs = actor.unroll(obs)
+            self.msgs.append(msg)
+        self.payloads = [encode("impala.unrolls", m) for m in self.msgs]
+        self.per_batch = -(-cfg.batch_unrolls // cfg.envs_per_actor)
+
+    def stock(self, updates: int) -> None:
+        """Empty the stream, then add entries for ``updates`` updates (and a few more)."""
+        self.client.delete(self.stream)
+        ensure_group(self.client, self.stream)
+        pipe = self.client.pipeline(transaction=False)
+        for i in range((updates + 8) * self.per_batch):
+            pipe.xadd(self.stream, {FIELD: self.payloads[i % len(self.payloads)]})
+            if i % 1000 == 999:
+                pipe.execute()
+        pipe.execute()
+
+    def pool(self, device) -> list:
+        k, n = self.per_batch, len(self.msgs)
+        return [
+            stack_unrolls([Entry("0-0", self.msgs[(i + j) % n]) for j in range(k)], device)
+            for i in range(8)
+        ]
+
+
+def redis_round(lrn, updates: int, samplers: int, stock=None) -> Round:
     never = lambda: False  # noqa: E731
     if "samplers" in type(lrn.cfg).model_fields:  # (an older tree has one sampler)
         lrn.cfg = lrn.cfg.replace(samplers=samplers)
+    if stock is not None:
+        stock(WARMUP + updates)
     lrn.start(never)
     try:
         end = lrn.updates + WARMUP
@@ -87,7 +144,7 @@ def redis_round(lrn: ApexLearner, updates: int, samplers: int) -> Round:
     )
 
 
-def memory_round(lrn: ApexLearner, pool: list[Batch], updates: int) -> Round:
+def memory_round(lrn, pool: list, updates: int) -> Round:
     if hasattr(lrn, "send_priorities"):  # an older tree sent them to its sampler here
         lrn.send_priorities = lambda b: None
     t = time.perf_counter()
@@ -97,86 +154,126 @@ def memory_round(lrn: ApexLearner, pool: list[Batch], updates: int) -> Round:
     return Round(updates / dt, 0.0, 0.0, dt / updates)
 
 
-def feed_round(lrn: ApexLearner, samplers: int, seconds: float) -> float:
-    """Transitions/s taken from the ring by a consumer that only gives the slots back."""
-    sampler = Sampler(lrn.sampler_spec(), samplers, lrn.cfg.prefetch)
+def feed_round(lrn, samplers: int, seconds: float, unrolls: Unrolls | None = None) -> float:
+    """Transitions/s (IMPALA: env steps) taken from the ring by a consumer that only gives
+    the slots back."""
+    if unrolls is not None:  # what the loader can read in ``seconds`` at 200k steps/s
+        unrolls.stock(int(seconds * 200_000) // (lrn.cfg.batch_unrolls * lrn.cfg.unroll))
+        source = Loader(lrn.loader_spec(), lrn.loader_slots())
+        take = lambda timeout: source.get(timeout)  # noqa: E731
+        size = lambda s: s.cols["action"].size  # noqa: E731
+        give = source.used
+    else:
+        source = Sampler(lrn.sampler_spec(), samplers, lrn.cfg.prefetch)
+        take, size, give = source.get, lambda s: len(s.ids), source.release
     try:
-        while (s := sampler.get(30)) is None:
+        while (s := take(30)) is None:
             pass
-        sampler.release(s.slot)
+        give(s.slot)
         n, t = 0, time.perf_counter()
         while time.perf_counter() - t < seconds:
-            if (s := sampler.get(1.0)) is not None:
-                n += len(s.ids)
-                sampler.release(s.slot)
+            if (s := take(1.0)) is None:
+                break  # (IMPALA) the stream is read to its end
+            n += size(s)
+            give(s.slot)
         return n / (time.perf_counter() - t)
     finally:
-        sampler.stop()
+        source.stop()
 
 
 def med(rounds: list[Round]) -> Round:
     return Round(*(statistics.median(getattr(r, f) for r in rounds) for f in Round.__annotations__))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--updates", type=int, default=2000, help="updates per round and side")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--transitions", type=int, default=100_000, help="replay fill")
-    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
-    ap.add_argument("--mode", default="rank", choices=["rank", "proportional"])
-    ap.add_argument("--atari", action="store_true", help="Pong frames and the Nature CNN")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--samplers", type=int, nargs="+", default=[1], help="sampler processes")
-    ap.add_argument("--prefetch", type=int, default=4, help="ring slots")
-    ap.add_argument("--feed-only", action="store_true", help="the data path alone")
-    ap.add_argument("--seconds", type=float, default=10.0, help="per --feed-only round")
-    args = ap.parse_args()
-    atari = {"env": ENV, "steps_per_update": 0, "stream_maxlen": 100_000} if args.atari else {}
-    cfg = ApexConfig(
-        replay_mode=args.mode,
-        learning_starts=1000,
-        batch_size=args.batch_size,
-        **({"prefetch": args.prefetch} if "prefetch" in ApexConfig.model_fields else {}),
-        **atari,
-    )
+def setup(args, client, keys: RunKeys, url: str):
+    """The run, its data (a filled replay, or unrolls to stock the stream with), the learner,
+    and batches in memory."""
     rng = np.random.default_rng(0)
-    with EmbeddedRedis() as server:
-        keys = RunKeys("bench-learner")
-        client = connect(server.url)
+    if args.algo == "impala":
+        cfg = ImpalaConfig(passes=1)
+        create_run(client, keys, "impala", cfg)
+        lrn = ImpalaLearner(partial(connect, url), keys, cfg, device=args.device)
+        unrolls = Unrolls(client, keys, cfg)
+        return (
+            lrn,
+            unrolls.pool(lrn.device),
+            unrolls,
+            f"{cfg.batch_unrolls} unrolls of {cfg.unroll}",
+        )
+    prefetch = {"prefetch": args.prefetch} if "prefetch" in ApexConfig.model_fields else {}
+    if args.algo == "r2d2":
+        cfg = R2D2Config(steps_per_update=0, **prefetch)
+        create_run(client, keys, "r2d2", cfg)
+        fill_from_actor(client, keys, cfg, args.transitions, R2D2Actor, SequenceFiller)
+        layout = sequence_spec(cfg, EnvSpec.of(cfg.env))[0]
+        replay = make_replay(client, keys, cfg, seed=0, layout=layout)
+        lrn = R2D2Learner(partial(connect, url), keys, cfg, device=args.device)
+    else:
+        atari = {"env": ENV, "steps_per_update": 0, "stream_maxlen": 100_000} if args.atari else {}
+        cfg = ApexConfig(
+            replay_mode=args.mode, learning_starts=1000, batch_size=args.batch_size, **prefetch,
+            **atari,
+        )  # fmt: skip
         create_run(client, keys, "apex", cfg)
         replay = make_replay(client, keys, cfg, seed=0)
         if args.atari:
             fill_from_actor(client, keys, cfg, args.transitions)
         else:
             fill(replay, args.transitions, rng)
-        lrn = ApexLearner(partial(connect, server.url), keys, cfg, device=args.device)
-        print(
-            f"{cfg.env} {replay.layout.obs_shape}, device {lrn.device}, batch {cfg.batch_size},"
-            f" {args.mode} replay of {replay.size()}, {args.prefetch} ring slots"
-        )
+        lrn = ApexLearner(partial(connect, url), keys, cfg, device=args.device)
+    pool = [lrn.batch_type(replay.sample(cfg.batch_size, cfg.beta), lrn.device) for _ in range(64)]
+    return lrn, pool, None, f"batch {cfg.batch_size}, replay of {replay.size()}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--algo", default="apex", choices=["apex", "r2d2", "impala"])
+    ap.add_argument("--updates", type=int, default=2000, help="updates per round and side")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--transitions", type=int, default=100_000, help="replay fill (R2D2: sequences)"
+    )
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    ap.add_argument("--mode", default="rank", choices=["rank", "proportional"])
+    ap.add_argument("--atari", action="store_true", help="Pong frames and the Nature CNN")
+    ap.add_argument("--batch-size", type=int, default=64, help="Ape-X's")
+    ap.add_argument("--samplers", type=int, nargs="+", default=[1], help="sampler processes")
+    ap.add_argument("--prefetch", type=int, default=4, help="ring slots (replay learners)")
+    ap.add_argument("--feed-only", action="store_true", help="the data path alone")
+    ap.add_argument("--seconds", type=float, default=10.0, help="per --feed-only round")
+    args = ap.parse_args()
+    if args.algo == "impala":
+        args.samplers = [1]  # its one loader process
+    if args.transitions is None:
+        args.transitions = 5_000 if args.algo == "r2d2" else 100_000
+    with EmbeddedRedis() as server:
+        keys = RunKeys(f"bench-learner-{args.algo}")
+        client = connect(server.url)
+        lrn, pool, unrolls, what = setup(args, client, keys, server.url)
+        stock = unrolls.stock if unrolls is not None else None
+        print(f"{args.algo}: {lrn.cfg.env} {lrn.env.obs_shape}, device {lrn.device}, {what}")
         if args.feed_only:
             feeds = {k: [] for k in args.samplers}
             for _ in range(args.rounds):
                 for k in args.samplers:
-                    feeds[k].append(feed_round(lrn, k, args.seconds))
+                    feeds[k].append(feed_round(lrn, k, args.seconds, unrolls))
             print(f"{'samplers':<10} {'transitions/s':>14}  (rounds)")
             for k, f in feeds.items():
                 print(f"{k:<10} {statistics.median(f):>14,.0f}  {' '.join(f'{x:,.0f}' for x in f)}")
             return
-        pool = [Batch(replay.sample(cfg.batch_size, cfg.beta), lrn.device) for _ in range(64)]
         ours: dict[int, list[Round]] = {k: [] for k in args.samplers}
         mem: list[Round] = []
         for _ in range(args.rounds):
             for k in args.samplers:
-                ours[k].append(redis_round(lrn, args.updates, k))
+                ours[k].append(redis_round(lrn, args.updates, k, stock))
             mem.append(memory_round(lrn, pool, args.updates))
         m = med(mem)
         print(
             f"{'fed from':<20} {'updates/s':>10} {'ratio':>6}   ms per update: "
             "wait transfer compute"
         )
-        rows = [(f"redis, {k} sampler{'s' * (k > 1)}", med(r)) for k, r in ours.items()]
+        data = "loader" if args.algo == "impala" else "sampler"
+        rows = [(f"redis, {k} {data}{'s' * (k > 1)}", med(r)) for k, r in ours.items()]
         for name, r in [*rows, ("memory", m)]:
             print(
                 f"{name:<20} {r.rate:>10.0f} {r.rate / m.rate:>6.2f}"

@@ -1,3 +1,5 @@
+from functools import partial
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.connection import connect
 from qrl.wire.streams import GROUP, Entry
 from tests.cli import eval_confirmation, train
-from tests.helpers import impala_unrolls
+from tests.helpers import impala_unrolls, wait_until
 
 
 def random_inputs(t=12, b=5, seed=0, gamma=0.9):
@@ -118,7 +120,7 @@ def test_unroll_messages_validate_and_stack(r, keys):
 def test_learner_drops_unrolls_beyond_max_policy_lag(r, keys, redis_server):
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=8, max_policy_lag=5, unroll=10)
     create_run(r, keys, "impala", cfg)
-    lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
     lrn.updates = 100
     lrn.weights.publish(lrn.net, version=100)
     for version in (10, 98):  # one entry far too old, one fresh
@@ -135,22 +137,55 @@ def test_learner_drops_unrolls_beyond_max_policy_lag(r, keys, redis_server):
 def test_learner_reuses_a_batch_only_while_no_fresh_one_waits(r, keys, redis_server):
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10, passes=3)
     create_run(r, keys, "impala", cfg)
-    lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
-    first, second = (Entry(f"{i}-0", impala_unrolls(cfg, r, keys)) for i in (1, 2))
-    for entry in (first, second):  # as the loader thread would
-        lrn.loader.batches.put(stack_unrolls([entry], lrn.device))
-    before = [p.detach().clone() for p in lrn.net.parameters()]
-    acked = []
-    for expected in ([first], [second], [], []):  # a fresh batch waits: no reuse of the first
-        batch = lrn.next_batch(timeout=0.1)
-        assert batch is not None and batch.entries == expected
-        assert np.isfinite(lrn.update(batch))
-        acked.append(lrn.loader._done.get_nowait())  # acknowledged once, after the first pass
-    assert acked == [[first], [second], [], []]
-    assert lrn.next_batch(timeout=0.1) is None  # the second batch had its three passes
-    assert lrn.reused == 2 and lrn.updates == 4
-    assert int(lrn.opt.state[next(lrn.net.parameters())]["step"]) == 4
-    assert any(not torch.equal(a, b) for a, b in zip(before, lrn.net.parameters(), strict=True))
+    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    stream = trajectories(keys)
+    for _ in range(2):
+        r.xadd(stream, {"d": encode("impala.unrolls", impala_unrolls(cfg, r, keys))})
+    lrn.start_threads()
+    try:
+        loaded = lambda: [g["pending"] for g in r.xinfo_groups(stream)] == [2]  # noqa: E731
+        wait_until(loaded, "both entries loaded")
+        before = [p.detach().clone() for p in lrn.net.parameters()]
+        for fresh, left in ((True, 1), (True, 0), (False, 0), (False, 0)):
+            if fresh:  # a fresh batch waits: no reuse of the first
+                wait_until(lrn.loader.waiting, "the batch loaded")
+            assert fresh == lrn.loader.waiting()
+            batch = lrn.next_batch(timeout=5)
+            assert batch is not None and (batch.slot is not None) == fresh
+            assert np.isfinite(lrn.update(batch))
+            # acknowledged once, after the first pass (by the loader, within 0.1 s)
+            wait_until(lambda left=left: r.xlen(stream) == left, "acknowledged")
+        assert lrn.next_batch(timeout=0.5) is None  # the second batch had its three passes
+        assert lrn.reused == 2 and lrn.updates == 4
+        assert int(lrn.opt.state[next(lrn.net.parameters())]["step"]) == 4
+        assert any(not torch.equal(a, b) for a, b in zip(before, lrn.net.parameters(), strict=True))
+    finally:
+        lrn.stop_threads()
+    assert r.xpending(stream, GROUP)["pending"] == 0
+
+
+def test_a_reused_batch_is_its_own_copy_once_its_slot_goes_back(r, keys, redis_server):
+    """On CPU a batch's tensors are views of its ring slot; the slot is filled again after
+    the first pass, so the batch kept for more passes is a copy, unchanged by the next."""
+    cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10, passes=2)
+    create_run(r, keys, "impala", cfg)
+    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    lrn.start_threads()
+    try:
+        msg = impala_unrolls(cfg, r, keys)
+        r.xadd(trajectories(keys), {"d": encode("impala.unrolls", msg)})
+        batch = lrn.next_batch(timeout=10)
+        assert batch is not None and batch.slot is not None
+        np.testing.assert_array_equal(batch.obs.numpy(), msg["obs"])
+        lrn.update(batch)
+        again = lrn._again
+        assert again is not None and again.slot is None
+        other = {**msg, "obs": msg["obs"] + 1}  # fills the slot the first batch was in
+        r.xadd(trajectories(keys), {"d": encode("impala.unrolls", other)})
+        wait_until(lrn.loader.waiting, "the next batch loaded")
+        np.testing.assert_array_equal(again.obs.numpy(), msg["obs"])
+    finally:
+        lrn.stop_threads()
 
 
 @pytest.mark.slow
@@ -175,7 +210,7 @@ def test_train_impala_cli_learns_cartpole(tmp_path):
 def test_non_finite_loss_publishes_nothing_and_does_not_loop(r, keys, redis_server):
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
     create_run(r, keys, "impala", cfg)
-    lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
     lrn.weights.publish(lrn.net, version=0)
     with torch.no_grad():
         next(lrn.net.parameters()).fill_(float("nan"))  # a diverged learner
@@ -227,8 +262,8 @@ def test_a_terminal_step_at_the_time_limit_does_not_bootstrap(r, keys, redis_ser
     cfg = ImpalaConfig(env=env_id, unroll=7, envs_per_actor=2, batch_unrolls=2)
     create_run(r, keys, "impala", cfg)
     msg = impala_unrolls(cfg, r, keys)
-    lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
-    entry = Entry("1-0", decode(encode("impala.unrolls", msg), lrn.loader.consumer.schema))
+    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    entry = Entry("1-0", decode(encode("impala.unrolls", msg), lrn.loader_spec().schema()))
     b = stack_unrolls([entry], lrn.device)
     ends = np.zeros((7, 2), bool)
     ends[[2, 5]] = True  # steps 3 and 6 of the unroll end an episode

@@ -2,6 +2,7 @@
 stale-rollout rule, with one learner (the pool of several: tests/test_ppo_pool.py)."""
 
 import time
+from functools import partial
 
 import numpy as np
 import pytest
@@ -59,7 +60,7 @@ def test_gae_matches_its_definition(lam):
 def _learner(r, keys, redis_server, **over) -> PPOLearner:
     cfg = PPOConfig(**{"envs_per_actor": 4, "batch_unrolls": 4, "unroll": 8, **over})
     create_run(r, keys, "ppo", cfg)
-    return PPOLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+    return PPOLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
 
 
 def _rollouts(lrn: PPOLearner, r, keys, version: int = 0) -> dict:
@@ -162,18 +163,18 @@ def test_a_paced_learner_reads_no_further_than_its_batch(r, keys, redis_server, 
     for _ in range(4):
         r.xadd(rollouts(keys), {"d": encode(KIND, _rollouts(lrn, r, keys))})
     held = lambda: r.xpending(rollouts(keys), GROUP)["pending"]  # noqa: E731
-    lrn.loader.start()
+    lrn.start_threads()
     try:
-        batch = lrn.loader.get(timeout=10)
+        batch = lrn.take(timeout=10)
         assert batch is not None and batch.action.shape[1] == 4
         time.sleep(0.5)
         assert held() == (1 if paced else 4)  # paced: the batch in hand, nothing read ahead
-        lrn.loader.used(batch.entries)
-        assert lrn.loader.get(timeout=10) is not None
+        lrn.used(batch)
+        assert lrn.take(timeout=10) is not None
         if paced:
             wait_until(lambda: held() == 1, "the next entry only")
     finally:
-        lrn.loader.stop()
+        lrn.stop_threads()
 
 
 @pytest.mark.slow

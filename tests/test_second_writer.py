@@ -80,7 +80,7 @@ def test_garbage_in_the_weights_key_is_ignored_by_readers_and_overwritten(r, key
 def test_impala_learner_publishes_above_a_second_writer(r, keys, redis_server):
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
     create_run(r, keys, "impala", cfg)
-    lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
     msg = {FIELD: encode("impala.unrolls", impala_unrolls(cfg, r, keys))}
 
     def train_once() -> None:  # the learner's loop, one update at a time
@@ -115,7 +115,7 @@ def test_a_learner_publishes_over_garbage_at_its_own_version_as_it_starts(r, key
             "other": np.zeros(3, np.float32)}, "meta": None})}):  # fmt: skip
         r.delete(keys.weights)
         r.hset(keys.weights, mapping={"version": "0", **junk})  # decodes, or fits no net
-        lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+        lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
         lrn.start(lambda: False)
         try:
             w = WeightStore(r, keys).fetch()
@@ -132,7 +132,7 @@ def test_a_learner_waiting_for_data_publishes_again_over_a_writers_blob(r, keys,
     job). The learner sees its blob gone and publishes again as a new version."""
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
     create_run(r, keys, "impala", cfg)
-    lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
     lrn.start(lambda: False)
     try:
         started = lrn.updates
@@ -150,7 +150,7 @@ def test_a_learner_waiting_for_data_publishes_again_over_a_writers_blob(r, keys,
 def test_es_master_publishes_above_a_second_writer_and_survives_garbage(r, keys, redis_server):
     cfg = ESConfig(population=4, noise_size=10_000, obs_norm=False)
     create_run(r, keys, "es", cfg)
-    master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+    master = ESMaster(partial(connect, redis_server.url), keys, cfg)
 
     def generation_done(gen: int) -> None:  # the master's loop, one generation
         r.xadd(es_results(keys), {FIELD: es_payload(gen, [10, 20], [1.0, 0.0], [0.0, 2.0])})
@@ -159,7 +159,7 @@ def test_es_master_publishes_above_a_second_writer_and_survives_garbage(r, keys,
             assert master.step(lambda: False)
 
     master.start(lambda: False)
-    other = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+    other = ESMaster(partial(connect, redis_server.url), keys, cfg)
     other.generation = 20
     other.publish()  # a second master
     generation_done(0)  # no ValueError: published above it
@@ -171,14 +171,14 @@ def test_es_master_publishes_above_a_second_writer_and_survives_garbage(r, keys,
     # a restarted master does not crash on garbage or on parameters that do not fit
     unfit = {"theta": np.zeros(3, np.float32), "adam_m": np.zeros(3), "adam_v": np.zeros(3)}
     WeightStore(r, keys, es_params(keys)).publish(unfit, version=30, meta={"adam_t": "x"})
-    again = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+    again = ESMaster(partial(connect, redis_server.url), keys, cfg)
     assert not again.resumed and again.generation == 0
     again.start(lambda: False)
     assert again.generation == 31 == again.store.version()
     for garbage in GARBAGE:
         r.delete(es_params(keys))
         r.hset(es_params(keys), mapping=garbage)
-        assert not ESMaster(lambda: connect(redis_server.url), keys, cfg).resumed
+        assert not ESMaster(partial(connect, redis_server.url), keys, cfg).resumed
 
 
 def test_apex_learner_publishes_above_a_second_writer(r, keys, redis_server):

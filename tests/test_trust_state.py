@@ -8,6 +8,7 @@ import itertools
 import logging
 import threading
 import time
+from functools import partial
 
 import pytest
 import redis
@@ -55,7 +56,7 @@ def test_a_learner_never_resumes_from_a_far_ahead_version(r, keys, redis_server)
 
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
     create_run(r, keys, "impala", cfg)
-    lrn = ImpalaLearner(lambda: connect(redis_server.url), keys, cfg, "cpu")
+    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
     WeightStore(r, keys).publish(lrn.published(), version=MAX_VERSION - 1)  # valid blob
     lrn.start(lambda: False)
     try:

@@ -2,13 +2,12 @@
 V-trace targets, policy-gradient + baseline + entropy loss; entries are acknowledged only
 after the update that used them.
 
-A loader thread reads and decodes entries and stacks them into batches while the main
-thread computes gradients.
+A loader process reads and decodes entries and stacks them into batches in shared memory
+while the learner computes gradients (:mod:`qrl.learners.loader`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import numpy as np
@@ -18,34 +17,21 @@ import torch.nn.functional as F
 from qrl.algos.impala.keys import trajectories
 from qrl.algos.impala.messages import unroll_schema
 from qrl.algos.impala.vtrace import vtrace
-from qrl.learners.base import Learner, adam
-from qrl.learners.unrolls import UnrollBatch, UnrollLoader
+from qrl.learners.base import adam
+from qrl.learners.unrolls import UnrollBatch, UnrollLearner
 from qrl.rl.models import policy_value_net
-from qrl.wire.streams import StreamConsumer
 
 log = logging.getLogger(__name__)
 
 
-class ImpalaLearner(Learner):
+class ImpalaLearner(UnrollLearner):
     algo = "impala"
+    stream = trajectories
+    schema = unroll_schema
 
     def build(self) -> torch.nn.Module:
-        cfg = self.cfg
-        self.obs_shape, obs_dtype = self.env.obs_shape, self.env.obs_dtype
-        n_actions = self.env.discrete_actions()
-        net = policy_value_net(cfg, self.env).to(self.device)
-        per_entry = cfg.envs_per_actor
-        share = cfg.batch_unrolls // cfg.learners  # this learner's part of each update
-        consumer = StreamConsumer(
-            self.client_factory(),
-            self.keys,
-            trajectories(self.keys),
-            unroll_schema(self.obs_shape, obs_dtype, n_actions, cfg.unroll, cfg.envs_per_actor),
-            count=max(1, share // per_entry),
-            block_ms=100,
-            claim_idle_ms=cfg.claim_idle_ms,
-        )
-        self.loader = UnrollLoader(consumer, share, self.device, self.fail)
+        self.obs_shape = self.env.obs_shape
+        net = policy_value_net(self.cfg, self.env).to(self.device)
         self.dropped = 0  # unrolls dropped for exceeding max_policy_lag
         self.lag: list[float] = []
         self._again: UnrollBatch | None = None  # the batch to take another pass over
@@ -59,18 +45,13 @@ class ImpalaLearner(Learner):
             return adam(params, lr=cfg.lr)
         return torch.optim.RMSprop(params, lr=cfg.lr, eps=0.01, alpha=0.99)
 
-    def start_threads(self) -> None:
-        self.loader.start()
-
-    def stop_threads(self) -> None:
-        self.loader.stop()
-
     def next_batch(self, timeout: float) -> UnrollBatch | None:
-        if self._passes_left and self.loader.batches.empty():  # the learner would wait: reuse
-            self._passes_left -= 1  # the last batch (acknowledged after its first pass;
-            self.reused += 1  # V-trace corrects for the updates since it was acted)
-            return dataclasses.replace(self._again, entries=[])
-        b = self.loader.get(timeout)
+        waiting = self.loader is not None and self.loader.waiting()
+        if self._passes_left and not waiting:  # the learner would wait: reuse the last batch
+            self._passes_left -= 1  # (acknowledged after its first pass; V-trace corrects
+            self.reused += 1  # for the updates since it was acted)
+            return self._again
+        b = self.take(timeout)
         if b is None:
             return None
         lag = self.updates - b.versions
@@ -80,7 +61,7 @@ class ImpalaLearner(Learner):
             keep = torch.from_numpy(lag <= limit).to(self.device)
             self.dropped += int((~keep).sum())
             if not keep.any():
-                self.loader.used(b.entries)
+                self.used(b)
                 return None
             b = b.select(keep)
         self._again, self._passes_left = b, self.cfg.passes - 1
@@ -113,12 +94,14 @@ class ImpalaLearner(Learner):
         return pg_loss + cfg.baseline_cost * baseline_loss - cfg.entropy_cost * entropy
 
     def after_step(self, b: UnrollBatch) -> None:
-        self.loader.used(b.entries)  # the loader thread acknowledges them, off the gradient path
+        if self._passes_left and b.slot is not None:  # another pass may come after its slot
+            self._again = b.own()  # is filled again
+        self.used(b)  # the loader process acknowledges its entries, off the gradient path
 
     def after_skip(self, b: UnrollBatch) -> None:
         # consumed all the same: the same unrolls would give the same loss again, forever
         self._again, self._passes_left = None, 0
-        self.loader.used(b.entries)
+        self.used(b)
 
     def extra_metrics(self) -> dict[str, float]:
         lag, self.lag = self.lag, []

@@ -21,34 +21,23 @@ import torch.nn.functional as F
 from qrl.algos.ppo.gae import gae
 from qrl.algos.ppo.keys import rollouts
 from qrl.algos.ppo.messages import rollout_schema
-from qrl.learners.base import Learner, adam
-from qrl.learners.unrolls import UnrollBatch, UnrollLoader
+from qrl.learners.base import adam
+from qrl.learners.unrolls import UnrollBatch, UnrollLearner
 from qrl.rl.models import policy_value_net
-from qrl.wire.streams import StreamConsumer
 
 log = logging.getLogger(__name__)
 
 
-class PPOLearner(Learner):
+class PPOLearner(UnrollLearner):
     algo = "ppo"
+    stream = rollouts
+    schema = rollout_schema
+    values = True
 
     def build(self) -> torch.nn.Module:
         cfg = self.cfg
-        self.obs_shape, obs_dtype = self.env.obs_shape, self.env.obs_dtype
-        n_actions = self.env.discrete_actions()
+        self.obs_shape = self.env.obs_shape
         net = policy_value_net(cfg, self.env).to(self.device)
-        share = cfg.batch_unrolls // cfg.learners
-        consumer = StreamConsumer(
-            self.client_factory(),
-            self.keys,
-            rollouts(self.keys),
-            rollout_schema(self.obs_shape, obs_dtype, n_actions, cfg.unroll, cfg.envs_per_actor),
-            count=max(1, share // cfg.envs_per_actor),
-            block_ms=100,
-            claim_idle_ms=cfg.claim_idle_ms,
-        )
-        held = 1 if cfg.pace_actors else None  # one batch per version: no reading ahead
-        self.loader = UnrollLoader(consumer, share, self.device, self.fail, held=held)
         self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
         self.stale = 0  # rollouts dropped for exceeding max_policy_lag
         self.grad_steps = 0
@@ -59,14 +48,12 @@ class PPOLearner(Learner):
     def optimizer(self) -> torch.optim.Optimizer:
         return adam(self.net.parameters(), lr=self.cfg.lr, eps=1e-5)
 
-    def start_threads(self) -> None:
-        self.loader.start()
-
-    def stop_threads(self) -> None:
-        self.loader.stop()
+    def loader_slots(self) -> int:
+        return 1 if self.cfg.pace_actors else super().loader_slots()  # one batch per version:
+        # no reading ahead
 
     def next_batch(self, timeout: float) -> UnrollBatch | None:
-        b = self.loader.get(timeout)
+        b = self.take(timeout)
         if b is None:
             return None
         lag = self.updates - b.versions
@@ -76,7 +63,7 @@ class PPOLearner(Learner):
             keep = torch.from_numpy(fresh).to(self.device)
             self.stale += int((~keep).sum())
             if not keep.any():
-                self.loader.used(b.entries)
+                self.used(b)
                 return None
             b = b.select(keep)
         return b
@@ -122,7 +109,7 @@ class PPOLearner(Learner):
                     log.warning("non-finite gradient at update %d: step skipped", self.updates)
         self.updates += 1
         self.publish()
-        self.loader.used(b.entries)
+        self.used(b)
         return float(np.mean(losses)) if losses else float("nan")
 
     def minibatch_loss(

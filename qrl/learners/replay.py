@@ -14,19 +14,11 @@ import numpy as np
 import torch
 
 from qrl.learners.base import Learner
+from qrl.learners.pinned import pin, unpin
 from qrl.replay.sampler import Sampler, SamplerSpec
 from qrl.replay.store import RecordLayout, Sample
 
 log = logging.getLogger(__name__)
-
-
-def pin(address: int, nbytes: int) -> bool:
-    """Page-lock host memory for asynchronous copies to the GPU; False (copies stay
-    synchronous) if CUDA refuses."""
-    err = int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 1))  # 1: portable
-    if err:
-        log.warning("could not pin the batch ring (cudaError %d): copies are synchronous", err)
-    return not err
 
 
 class Batch:
@@ -85,13 +77,13 @@ class ReplayLearner(Learner):
         self.target.load_state_dict(self.net.state_dict())
         self._sampler = Sampler(self.sampler_spec(), self.cfg.samplers, self.cfg.prefetch)
         if self.device.type == "cuda":
-            self._pinned = pin(self._sampler.ring.address, self._sampler.ring.nbytes)
+            self._pinned = pin(self._sampler.ring)
 
     def stop_threads(self) -> None:
         if self._sampler is not None:
             self._sampler.stop()
             if self._pinned:
-                torch.cuda.cudart().cudaHostUnregister(self._sampler.ring.address)
+                unpin(self._sampler.ring)
                 self._pinned = False
             self._sampler = None
 

@@ -1,25 +1,31 @@
-"""What the unroll learners (IMPALA, PPO) share: the batch of unrolls, stacking stream entries
-into one, and the loader thread that reads, decodes and stacks entries while the gradient loop
-runs. Entries are acknowledged only after the update that used them (:meth:`UnrollLoader.used`).
-"""
+"""What the unroll learners (IMPALA, PPO) share: the batch of unrolls as tensors, and the
+loader process (:mod:`qrl.learners.loader`) that reads, decodes and stacks stream entries
+into ring slots while the gradient loop runs. Entries are acknowledged only after the update
+that used them (:meth:`UnrollLearner.used`)."""
 
 from __future__ import annotations
 
-import contextlib
-import queue
-import threading
+import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
 
-from qrl.wire.streams import Entry, StreamConsumer
+from qrl.learners.base import Learner
+from qrl.learners.loader import Loader, LoaderSpec, Stacked, stack
+from qrl.learners.pinned import pin, unpin
+from qrl.wire.keys import RunKeys
+from qrl.wire.schema import Schema
+from qrl.wire.streams import Entry
+
+SLOTS = 4  # batches loaded ahead of the learner (with the one in its hands), unpaced
 
 
 @dataclass
 class UnrollBatch:
-    entries: list[Entry]
     versions: np.ndarray  # behaviour policy version per unroll
     obs: torch.Tensor  # [T+1, B, ...]
     action: torch.Tensor  # [T, B]
@@ -29,6 +35,25 @@ class UnrollBatch:
     trunc_obs: torch.Tensor  # [K, ...] final observations of episodes cut by a time limit
     trunc_idx: torch.Tensor  # [K, 2] their steps (t, b): not terminated there
     value: torch.Tensor | None = None  # [T, B] behaviour value estimates (PPO)
+    slot: int | None = None  # the loader's ring slot its tensors are in (on CPU: views)
+
+    @classmethod
+    def of(cls, s: Stacked, device: torch.device) -> UnrollBatch:
+        """``s`` as tensors on ``device``: on CPU views of its arrays (no copy), on CUDA
+        asynchronous copies (from pinned memory)."""
+        t = lambda a: torch.from_numpy(a).to(device, non_blocking=True)  # noqa: E731
+        c = s.cols
+        return cls(
+            s.versions, t(c["obs"]), t(c["action"]), t(c["reward"]), t(c["done"]),
+            t(c["logits"]), t(s.trunc_obs), t(s.trunc_idx),
+            t(c["value"]) if "value" in c else None, s.slot,
+        )  # fmt: skip
+
+    def own(self) -> UnrollBatch:
+        """A copy in memory of its own (kept past its slot's release)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        copy = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in fields.items()}
+        return UnrollBatch(**{**copy, "slot": None})
 
     @property
     def size(self) -> int:
@@ -55,7 +80,6 @@ class UnrollBatch:
         if len(idx):
             idx[:, 1] = new_col[idx[:, 1]]
         return UnrollBatch(
-            self.entries,
             self.versions[keep.cpu().numpy()],
             self.obs[:, cols],
             self.action[:, cols],
@@ -65,128 +89,68 @@ class UnrollBatch:
             self.trunc_obs[tmask],
             idx,
             None if self.value is None else self.value[:, cols],
+            self.slot,
         )
 
 
 def stack_unrolls(entries: list[Entry], device: torch.device) -> UnrollBatch:
     """Concatenate the entries' unrolls along the batch axis."""
-
-    def cat(name: str, axis: int = 1) -> np.ndarray:
-        return np.concatenate([e.data[name] for e in entries], axis=axis)
-
-    offsets = np.cumsum([0] + [e.data["obs"].shape[1] for e in entries[:-1]])
-    idx = np.concatenate(
-        [
-            e.data["trunc_idx"] + np.array([0, off], np.int32)
-            for e, off in zip(entries, offsets, strict=True)
-        ]
-    )
-    # termination wins: gymnasium's TimeLimit also says truncated on the limit's step when
-    # the episode terminated there, and a terminal step does not bootstrap
-    terminated = cat("terminated")
-    cut = ~terminated[idx[:, 0], idx[:, 1]]
-    versions = np.concatenate([np.full(e.data["obs"].shape[1], e.data["version"]) for e in entries])
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
-    return UnrollBatch(
-        entries=entries,
-        versions=versions,
-        obs=t(cat("obs")),
-        action=t(cat("action").astype(np.int64)),
-        reward=t(cat("reward")),
-        done=t(terminated | cat("truncated")),
-        logits=t(cat("logits")),
-        trunc_obs=t(cat("trunc_obs", axis=0)[cut]),
-        trunc_idx=t(idx[cut].astype(np.int64)),
-        value=t(cat("value")) if "value" in entries[0].data else None,
-    )
+    return UnrollBatch.of(stack([e.data for e in entries]), device)
 
 
-class UnrollLoader:
-    """A thread that reads ``consumer``, stacks entries into batches of at least ``unrolls``
-    unrolls on ``device`` and queues up to two of them; :meth:`used` hands back the entries
-    of a batch the learner is done with, acknowledged by the thread (off the gradient path).
-    ``fail`` is called (from the thread) if it cannot go on.
+class UnrollLearner(Learner):
+    """A learner of unroll batches from a stream: the loader process, its start and stop, and
+    taking a batch as tensors. A subclass names the stream and the message schema."""
 
-    With ``held`` the thread starts reading a batch only while fewer than ``held`` of its
-    batches wait unused (queued or in the learner's hands), and reads no more entries than
-    the batch needs: in a pool whose actors make exactly one batch per version (PPO's
-    ``pace_actors``) a learner that read ahead would take another learner's share, and
-    neither could update again."""
+    stream: Callable[[RunKeys], str]
+    schema: Callable[..., Schema]  # (obs_shape, obs_dtype, n_actions, unroll, envs)
+    values = False  # PPO: the messages carry value estimates
+    loader: Loader | None = None
+    _pinned = False
 
-    def __init__(
-        self,
-        consumer: StreamConsumer,
-        unrolls: int,
-        device: torch.device,
-        fail: Callable[[str], None],
-        held: int | None = None,
-    ) -> None:
-        self.consumer, self.unrolls, self.device, self._fail = consumer, unrolls, device, fail
-        self._room = threading.Semaphore(held) if held else None
-        self.batches: queue.Queue[UnrollBatch] = queue.Queue(maxsize=2)  # stacked, ready
-        self._done: queue.SimpleQueue[list[Entry]] = queue.SimpleQueue()  # used: to acknowledge
-        self.stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+    def loader_spec(self) -> LoaderSpec:
+        cfg, env = self.cfg, self.env
+        shape, dtype, n = env.obs_shape, env.obs_dtype, env.discrete_actions()
+        return LoaderSpec(
+            self.client_factory, self.keys, type(self).stream(self.keys),
+            partial(type(self).schema, shape, dtype, n, cfg.unroll, cfg.envs_per_actor),
+            cfg.batch_unrolls // cfg.learners, cfg.envs_per_actor, cfg.unroll, tuple(shape),
+            str(dtype), n, self.values, cfg.claim_idle_ms,
+        )  # fmt: skip
 
-    def used(self, entries: list[Entry]) -> None:
-        self._done.put(entries)
-        if self._room is not None:
-            self._room.release()
+    def loader_slots(self) -> int:
+        return SLOTS
 
-    def get(self, timeout: float) -> UnrollBatch | None:
+    def start_threads(self) -> None:
+        """Start the loader process (no thread)."""
+        self.loader = Loader(self.loader_spec(), self.loader_slots())
+        if self.device.type == "cuda":
+            self._pinned = pin(self.loader.ring)
+
+    def stop_threads(self) -> None:
+        if self.loader is not None:
+            self.loader.stop()
+            if self._pinned:
+                unpin(self.loader.ring)
+                self._pinned = False
+            self.loader = None
+
+    def take(self, timeout: float) -> UnrollBatch | None:
+        """The next batch as tensors on the device, ``None`` if none came within
+        ``timeout`` (or the loader failed: then the learner stops)."""
         try:
-            return self.batches.get(timeout=timeout)
-        except queue.Empty:
+            s = self.loader.get(timeout) if self.loader is not None else None
+        except RuntimeError as e:
+            self.fail(str(e))
             return None
-
-    def _ack_done(self) -> None:
-        """Acknowledge the entries of every batch the gradient loop has finished with."""
-        used: list[Entry] = []
-        while True:
-            try:
-                used += self._done.get_nowait()
-            except queue.Empty:
-                break
-        self.consumer.ack(used)
-
-    def _load(self) -> None:
-        pending: list[Entry] = []
-        reserved = False  # a place among the ``held`` batches, taken before reading one
-        try:
-            while not self.stopping.is_set():
-                self._ack_done()
-                if self._room is not None and not reserved:
-                    if not self._room.acquire(timeout=0.1):
-                        continue
-                    reserved = True
-                pending += self.consumer.read(count=self._needed(pending))
-                if sum(e.data["obs"].shape[1] for e in pending) < self.unrolls:
-                    continue
-                batch = stack_unrolls(pending, self.device)
-                while not self.stopping.is_set():  # wait for room, unless stopping
-                    with contextlib.suppress(queue.Full):
-                        self.batches.put(batch, timeout=0.1)
-                        break
-                pending, reserved = [], False
-        except Exception:
-            self._fail("loader thread")
-
-    def _needed(self, pending: list[Entry]) -> int | None:
-        """Entries still needed for a batch (``None``: the consumer's count, before any
-        entry says how many unrolls it holds)."""
-        if self._room is None or not pending:
+        if s is None:
             return None
-        have = sum(e.data["obs"].shape[1] for e in pending)
-        return max(1, -(-(self.unrolls - have) // pending[-1].data["obs"].shape[1]))
+        t0 = time.monotonic()
+        b = UnrollBatch.of(s, self.device)
+        self.transfer_s += time.monotonic() - t0
+        return b
 
-    def start(self) -> None:
-        self.stopping.clear()
-        self._thread = threading.Thread(target=self._load, name="loader", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self._ack_done()
-        self.consumer.close()
+    def used(self, b: UnrollBatch) -> None:
+        """Done with ``b``: its slot goes back, its entries are acknowledged."""
+        if b.slot is not None and self.loader is not None:
+            self.loader.used(b.slot)

@@ -1,15 +1,19 @@
-"""Batches handed between the sampler processes and the learner through shared memory.
+"""Batches handed between the learner's data processes and the learner through shared
+memory.
 
-A ring of ``slots`` preallocated slots, each with room for one batch as columns (one array
-per record field, the importance weights and the new priorities), lives in one block of
-shared memory made before the samplers start (a ``multiprocessing`` RawArray: a ``spawn``
-child receives a handle to the same pages). Each slot belongs to one sampler process. The
-sampler decodes a batch into its slot and sends the learner the slot's index; the learner
-reads the columns where they are (on CPU its tensors are views of the slot), writes the
-batch's new priorities into the slot and sends the index back to the slot's sampler, which
-writes them to the replay and fills the slot again. Only indices, counts and the batch's
-ids cross between the processes; the number of slots bounds how far the samplers run
-ahead.
+A ring of ``slots`` preallocated slots, each with room for one batch as columns, lives in one
+block of shared memory made before the data processes start (a ``multiprocessing``
+RawArray: a ``spawn`` child receives a handle to the same pages). Each slot belongs to one
+data process (its owner). The owner writes a batch into its slot and sends the learner the
+slot's index; the learner reads the columns where they are (on CPU its tensors are views of
+the slot) and sends the index back to the slot's owner, which may then fill the slot again.
+Only indices and a few small arrays cross between the processes; the number of slots bounds
+how far the owners run ahead.
+
+:class:`SlotRing` is the ring; :class:`BatchRing` holds the replay's batches (the sampler
+processes of :mod:`qrl.replay.sampler`: record columns, importance weights, and the new
+priorities the learner writes back); the unroll learners' loader
+(:mod:`qrl.learners.loader`) keeps its own columns.
 """
 
 from __future__ import annotations
@@ -44,32 +48,34 @@ class Channel:
     def get(self, timeout: float) -> Any | None:
         return self._r.recv() if self._r.poll(timeout) else None
 
+    def ready(self) -> bool:
+        """Whether a message waits."""
+        return self._r.poll(0)
 
-class BatchRing:
-    """``slots`` slots of ``rows`` rows of the structured ``dtype``'s fields (a field named
-    ``ok``, the frame layout's decode flag, is not kept), slot ``i`` owned by sampler
-    ``i % owners``; ``ctx`` a multiprocessing context."""
 
-    def __init__(self, ctx: Any, dtype: np.dtype, rows: int, slots: int, owners: int = 1) -> None:
-        names = [n for n in dtype.names or () if n != "ok"]
-        self.columns: list[tuple[str, np.dtype, tuple[int, ...]]] = [
-            *((n, dtype.fields[n][0].base, dtype.fields[n][0].shape) for n in names),
-            ("weights", np.dtype(np.float32), ()),
-            ("priority", np.dtype(np.float32), ()),
-        ]
-        self.rows, self.slots = rows, slots
-        sizes = [-(-rows * d.itemsize * math.prod(s) // ALIGN) * ALIGN for _, d, s in self.columns]
+Column = tuple[str, np.dtype, tuple[int, ...]]  # name, dtype, the largest shape a slot holds
+
+
+class SlotRing:
+    """``slots`` slots of the same ``columns``, slot ``i`` owned by process ``i % owners``;
+    ``ctx`` a multiprocessing context."""
+
+    def __init__(self, ctx: Any, columns: list[Column], slots: int, owners: int = 1) -> None:
+        self.columns = [(n, np.dtype(d), tuple(shape)) for n, d, shape in columns]
+        self.slots = slots
+        sizes = [-(-d.itemsize * math.prod(s) // ALIGN) * ALIGN for _, d, s in self.columns]
         self.offsets = [0, *np.cumsum(sizes)[:-1].tolist()]
         self.slot_bytes = int(sum(sizes))
         self.mem = ctx.RawArray(ctypes.c_uint8, slots * self.slot_bytes)
-        self.full = Channel(ctx)  # samplers -> learner: (slot, ids, replay size) or last words
-        self.free = [Channel(ctx) for _ in range(owners)]  # learner -> a slot's sampler
+        self.full = Channel(ctx)  # owners -> learner: (slot, message) or last words
+        self.free = [Channel(ctx) for _ in range(owners)]  # learner -> a slot's owner
         for i in range(slots):
-            self.free[i % owners].put((i, False))
+            self.free[i % owners].put((i, None))
+        self._base: np.ndarray | None = None
         self._views: list[dict[str, np.ndarray]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_views": None}  # a child makes its own views of the pages
+        return {**self.__dict__, "_base": None, "_views": None}  # a child makes its own views
 
     @property
     def address(self) -> int:
@@ -79,53 +85,94 @@ class BatchRing:
     def nbytes(self) -> int:
         return self.slots * self.slot_bytes
 
+    def array(self, slot: int, column: int, shape: tuple[int, ...]) -> np.ndarray:
+        """The first ``prod(shape)`` items of ``slot``'s column number ``column`` as one
+        contiguous array of ``shape``."""
+        if self._base is None:
+            self._base = np.frombuffer(self.mem, np.uint8)
+        _, d, most = self.columns[column]
+        n = math.prod(shape)
+        assert n <= math.prod(most), (shape, most)
+        at = slot * self.slot_bytes + self.offsets[column]
+        return self._base[at : at + n * d.itemsize].view(d).reshape(shape)
+
     def view(self, slot: int) -> dict[str, np.ndarray]:
-        """The columns of ``slot``, each ``rows`` long."""
+        """The columns of ``slot`` at their largest shapes."""
         if self._views is None:
-            base = np.frombuffer(self.mem, np.uint8)
-
-            def column(s: int, off: int, d: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-                at = s * self.slot_bytes + off
-                return base[at : at + self.rows * d.itemsize * math.prod(shape)].view(d)
-
             self._views = [
-                {
-                    name: column(s, off, d, shape).reshape(self.rows, *shape)
-                    for (name, d, shape), off in zip(self.columns, self.offsets, strict=True)
-                }
+                {n: self.array(s, i, shape) for i, (n, _, shape) in enumerate(self.columns)}
                 for s in range(self.slots)
             ]
         return self._views[slot]
 
-    # -- a sampler's side
-    def take(self, owner: int, timeout: float) -> tuple[int, bool] | None:
-        """A slot of ``owner``'s given back: ``(index, whether the learner wrote new
-        priorities into it)``, or ``None`` if none came within ``timeout``."""
+    # -- an owner's side
+    def take(self, owner: int, timeout: float) -> tuple[int, Any] | None:
+        """A slot of ``owner``'s given back: ``(index, the learner's note)``, or ``None`` if
+        none came within ``timeout``."""
         return self.free[owner].get(timeout)
 
+    def hand(self, slot: int, msg: Any) -> None:
+        """Hand ``slot`` to the learner, with ``msg`` (what the columns cannot say)."""
+        self.full.put((slot, msg))
+
+    def last_words(self, why: str) -> None:
+        """Tell the learner this owner cannot go on."""
+        self.full.put(why)
+
+    # -- the learner's side
+    def get(self, timeout: float) -> tuple[int, Any] | str | None:
+        """``(slot, message)`` of the next batch, an owner's last words, or ``None``."""
+        return self.full.get(timeout)
+
+    def ready(self) -> bool:
+        """Whether a batch (or last words) waits."""
+        return self.full.ready()
+
+    def release(self, slot: int, note: Any = None) -> None:
+        """Give ``slot`` back to its owner, with ``note``."""
+        self.free[slot % len(self.free)].put((slot, note))
+
+
+class BatchRing(SlotRing):
+    """Replay batches of ``rows`` rows of the structured ``dtype``'s fields (a field named
+    ``ok``, the frame layout's decode flag, is not kept), importance weights and new
+    priorities; slot ``i`` filled by sampler ``i % owners``. The note a slot comes back with
+    says whether the learner wrote new priorities into it."""
+
+    def __init__(self, ctx: Any, dtype: np.dtype, rows: int, slots: int, owners: int = 1) -> None:
+        names = [n for n in dtype.names or () if n != "ok"]
+        columns: list[Column] = [
+            *((n, dtype.fields[n][0].base, (rows, *dtype.fields[n][0].shape)) for n in names),
+            ("weights", np.dtype(np.float32), (rows,)),
+            ("priority", np.dtype(np.float32), (rows,)),
+        ]
+        super().__init__(ctx, columns, slots, owners)
+        self.rows = rows
+
+    # -- a sampler's side
     def put(self, slot: int, s: Sample) -> None:
         """Hand ``slot`` to the learner with ``s`` in it: its records decoded into the slot
         (:meth:`qrl.replay.store.RecordLayout.decode`'s ``out``), its weights written here."""
         self.view(slot)["weights"][: len(s.ids)] = s.weights
-        self.full.put((slot, s.ids, s.size))
+        self.hand(slot, (s.ids, s.size))
 
     # -- the learner's side
-    def get(self, timeout: float) -> Sample | str | None:
+    def get(self, timeout: float) -> Sample | str | None:  # type: ignore[override]
         """The next batch as a :class:`Sample` whose arrays are views of its slot (``slot``
         set: give it back with :meth:`release`), a sampler's last words, or ``None``."""
-        item = self.full.get(timeout)
+        item = super().get(timeout)
         if item is None or isinstance(item, str):
             return item
-        slot, ids, size = item
+        slot, (ids, size) = item
         cols = {name: a[: len(ids)] for name, a in self.view(slot).items()}
         weights, _ = cols.pop("weights"), cols.pop("priority")
         return Sample(ids, cols, weights, np.zeros(0), size, slot=slot)
 
-    def release(self, slot: int | None, priorities: np.ndarray | None = None) -> None:
+    def release(self, slot: int | None, priorities: np.ndarray | None = None) -> None:  # type: ignore[override]
         """Give ``slot`` back to its sampler, with the batch's new ``priorities`` (one per
         row, written to the replay by the sampler) or none."""
         if slot is None:
             return
         if priorities is not None:
             self.view(slot)["priority"][: len(priorities)] = priorities
-        self.free[slot % len(self.free)].put((slot, priorities is not None))
+        super().release(slot, priorities is not None)

@@ -131,7 +131,7 @@ def _sampler_main(spec: SamplerSpec, k: int, ring: BatchRing, halt: Any, parent:
         replay = spec.replay(seed=spec.seed + 1_000_003 * k)
         ids: dict[int, list[bytes]] = {}  # of the batch in each of this sampler's slots
 
-        def write_back(slot: int, has_priorities: bool) -> None:
+        def write_back(slot: int, has_priorities: bool | None) -> None:
             batch = ids.pop(slot, [])
             if has_priorities and batch:
                 prios = ring.view(slot)["priority"][: len(batch)].astype(np.float64)
@@ -163,5 +163,5 @@ def _sampler_main(spec: SamplerSpec, k: int, ring: BatchRing, halt: Any, parent:
     except Exception as e:
         log.exception("sampler failed")
         with contextlib.suppress(Exception):
-            ring.full.put(f"{type(e).__name__}: {e}")
+            ring.last_words(f"{type(e).__name__}: {e}")
         raise

@@ -1,0 +1,204 @@
+"""The unroll learners' loader (IMPALA, PPO): a child process that reads the trajectory
+stream's consumer group, decodes entries and stacks them into batches straight into a ring
+of shared-memory slots (:class:`qrl.replay.ring.SlotRing`), and acknowledges a batch's
+entries once the learner gives its slot back (after the update that used it).
+
+Like the replay learners' samplers (:mod:`qrl.replay.sampler`) it runs apart from the
+gradient loop's GIL: a loader thread in the learner process held the IMPALA learner to
+0.66-0.71 of the same learner fed from memory (docs/benchmarks.md, "The learner's data
+path"). It is started with ``spawn`` and imports no torch.
+
+A batch holds at least ``unrolls`` unrolls (columns): the loader reads no more entries than
+the batch still needs, so a batch has fewer than ``unrolls + per_entry`` columns. It fills a
+slot only when the learner has given one back: with one slot (PPO's ``pace_actors``) it
+reads nothing ahead of the batch in the learner's hands, so in a pool whose actors make
+exactly one batch per version no learner takes another's share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import redis
+
+from qrl.replay.ring import Column, SlotRing
+from qrl.server.embedded import signal_on_parent_death
+from qrl.wire.keys import RunKeys
+from qrl.wire.schema import Schema
+from qrl.wire.streams import Entry, StreamConsumer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Stacked:
+    """Entries' unrolls side by side (time-major: ``[T(+1), B, ...]``) as numpy arrays."""
+
+    cols: dict[str, np.ndarray]  # obs, action (int64), reward, done, logits (, value)
+    versions: np.ndarray  # behaviour policy version per unroll
+    trunc_obs: np.ndarray  # [K, ...] final observations of episodes cut by a time limit
+    trunc_idx: np.ndarray  # [K, 2] int64, their steps (t, b): not terminated there
+    slot: int | None = None  # the ring slot the columns are in
+
+
+Out = Callable[[int, tuple[int, ...]], np.ndarray]  # (column number, shape) -> where it goes
+_COLUMNS = ("obs", "action", "reward", "done", "logits", "value")
+_DTYPES = {"action": np.int64, "reward": np.float32, "done": np.bool_, "logits": np.float32,
+           "value": np.float32}  # fmt: skip
+
+
+def stack(datas: list[dict[str, Any]], out: Out | None = None) -> Stacked:
+    """Concatenate decoded unroll messages along the batch axis, each column into
+    ``out(column number, shape)`` (new arrays by default)."""
+    b = sum(d["obs"].shape[1] for d in datas)
+    values = "value" in datas[0]
+
+    def cat(name: str) -> np.ndarray:
+        parts = [d["terminated" if name == "done" else name] for d in datas]
+        shape = (parts[0].shape[0], b, *parts[0].shape[2:])
+        if out is not None:
+            dst = out(_COLUMNS.index(name), shape)
+        else:
+            dst = np.empty(shape, _DTYPES.get(name, parts[0].dtype))
+        return np.concatenate(parts, axis=1, out=dst)
+
+    cols = {name: cat(name) for name in _COLUMNS if name != "value" or values}
+    offsets = np.cumsum([0] + [d["obs"].shape[1] for d in datas[:-1]])
+    moved = [
+        d["trunc_idx"] + np.array([0, o], np.int32) for d, o in zip(datas, offsets, strict=True)
+    ]
+    idx = np.concatenate(moved).astype(np.int64)
+    # termination wins: gymnasium's TimeLimit also says truncated on the limit's step when
+    # the episode terminated there, and a terminal step does not bootstrap
+    done = cols["done"]  # terminated so far
+    cut = ~done[idx[:, 0], idx[:, 1]]
+    done |= np.concatenate([d["truncated"] for d in datas], axis=1)
+    return Stacked(
+        cols,
+        np.concatenate([np.full(d["obs"].shape[1], d["version"]) for d in datas]),
+        np.concatenate([d["trunc_obs"] for d in datas], axis=0)[cut],
+        idx[cut],
+    )
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    """What the loader process needs (picklable: ``connect`` and ``schema`` are e.g.
+    ``functools.partial`` objects)."""
+
+    connect: Callable[[], redis.Redis]
+    keys: RunKeys
+    stream: str
+    schema: Callable[[], Schema]
+    unrolls: int  # at least this many unrolls a batch
+    per_entry: int  # at most this many in an entry
+    unroll: int  # steps T
+    obs_shape: tuple[int, ...]
+    obs_dtype: str
+    n_actions: int
+    values: bool  # PPO: behaviour value estimates
+    claim_idle_ms: int
+
+    def columns(self) -> list[Column]:
+        t, most = self.unroll, self.unrolls + self.per_entry - 1
+        shapes = {"obs": (t + 1, most, *self.obs_shape), "logits": (t, most, self.n_actions)}
+        dtypes = {**_DTYPES, "obs": np.dtype(self.obs_dtype)}
+        names = _COLUMNS if self.values else _COLUMNS[:-1]
+        return [(n, dtypes[n], shapes.get(n, (t, most))) for n in names]
+
+
+class Loader:
+    """The learner's handle on its loader process, filling a ring of ``slots`` slots."""
+
+    def __init__(self, spec: LoaderSpec, slots: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.ring = SlotRing(ctx, spec.columns(), slots)
+        self._halt = ctx.Event()
+        self._proc = ctx.Process(
+            target=_loader_main, args=(spec, self.ring, self._halt, os.getpid()), name="loader",
+            daemon=True,
+        )  # fmt: skip
+        self._proc.start()
+
+    def get(self, timeout: float) -> Stacked | None:
+        """The next batch (its columns in a ring slot: :meth:`used` when done), ``None`` if
+        none came within ``timeout``; raises ``RuntimeError`` if the loader died or failed."""
+        if not self._proc.is_alive():
+            raise RuntimeError(f"loader process (exit code {self._proc.exitcode})")
+        item = self.ring.get(timeout)
+        if item is None:
+            return None
+        if isinstance(item, str):
+            raise RuntimeError(f"loader process: {item}")
+        slot, (b, versions, trunc_obs, trunc_idx) = item
+        cols = {}
+        for i, (name, _, most) in enumerate(self.ring.columns):
+            cols[name] = self.ring.array(slot, i, (most[0], b, *most[2:]))
+        return Stacked(cols, versions, trunc_obs, trunc_idx, slot)
+
+    def waiting(self) -> bool:
+        """Whether a batch is ready."""
+        return self.ring.ready()
+
+    def used(self, slot: int) -> None:
+        """The learner is done with ``slot``'s batch: its entries are acknowledged."""
+        self.ring.release(slot)
+
+    def stop(self) -> None:
+        """Acknowledge what was given back, then end the process."""
+        self._halt.set()
+        deadline = time.monotonic() + 10
+        while self._proc.is_alive() and time.monotonic() < deadline:
+            self.ring.get(0.05)  # a loader waiting to hand a batch over can stop
+        if self._proc.is_alive():
+            self._proc.terminate()
+
+
+def _loader_main(spec: LoaderSpec, ring: SlotRing, halt: Any, parent: int) -> None:
+    signal_on_parent_death(signal.SIGKILL)  # a SIGKILLed learner must not leave it behind
+    if os.getppid() != parent:  # the learner died before that took effect
+        os._exit(1)
+    try:
+        consumer = StreamConsumer(
+            spec.connect(), spec.keys, spec.stream, spec.schema(), count=1, block_ms=100,
+            claim_idle_ms=spec.claim_idle_ms,
+        )  # fmt: skip
+        held: dict[int, list[Entry]] = {}  # the entries of each slot in the learner's hands
+        free: list[int] = []
+        pending: list[Entry] = []
+
+        def given_back(wait: float) -> None:
+            while (given := ring.take(0, wait)) is not None:
+                consumer.ack(held.pop(given[0], []))
+                free.append(given[0])
+                wait = 0.0
+
+        while not halt.is_set():
+            given_back(0.0 if free else 0.1)  # acknowledged at least every 0.1 s
+            if not free:
+                continue
+            have = sum(e.data["obs"].shape[1] for e in pending)
+            if have < spec.unrolls:
+                pending += consumer.read(count=-(-(spec.unrolls - have) // spec.per_entry))
+                continue
+            slot = free.pop()
+            s = stack([e.data for e in pending], partial(ring.array, slot))
+            held[slot], pending = pending, []
+            ring.hand(slot, (have, s.versions, s.trunc_obs, s.trunc_idx))
+        given_back(0.0)  # the last batches the learner finished with
+        consumer.close()
+    except Exception as e:
+        log.exception("loader failed")
+        with contextlib.suppress(Exception):
+            ring.last_words(f"{type(e).__name__}: {e}")
+        raise
