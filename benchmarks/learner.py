@@ -16,8 +16,9 @@ count its own rounds), which also write the priorities back; IMPALA's loader pro
 the trajectory stream (filled before each round with a real actor's unrolls), decodes and
 stacks them, and acknowledges them after the update. Either hands batches over in a
 shared-memory ring (qrl/replay/ring.py). "memory" cycles through batches already on the
-device. Rounds alternate; each is timed from its first update on (the data processes'
-start, a ``spawn`` of ~1 s, is not counted). The ratio is redis / memory (goal >= 0.95). Per
+device. Rounds alternate within one start of the learner (the data processes' start, a
+``spawn`` of ~1 s, is not counted); the ratio is the median over the pairs of redis / memory
+(goal >= 0.95). Per
 update: ``wait`` for a batch, ``transfer`` (its tensors made on the device from the ring
 slot: views on CPU, an asynchronous copy from pinned memory on CUDA, whose end the compute
 then waits for) and ``compute`` (the rest: loss, step, publishing).
@@ -120,38 +121,50 @@ class Unrolls:
         ]
 
 
-def redis_round(lrn, updates: int, samplers: int, stock=None) -> Round:
+def rounds(lrn, pool: list, updates: int, samplers: int, blocks: int, stock=None):
+    """``blocks`` pairs of rounds in one start of the learner: ``updates`` updates fed
+    through Redis, then as many fed from ``pool`` (while the data processes wait on a full
+    ring), alternating, so both sides of a pair share the machine's speed of the moment
+    (it drifts by 20% and more between rounds of a few seconds here). Each Redis round is
+    timed from its ``slots + 1``-th update on: the batches loaded during the memory round
+    before it are not counted as free."""
     never = lambda: False  # noqa: E731
     if "samplers" in type(lrn.cfg).model_fields:  # (an older tree has one sampler)
         lrn.cfg = lrn.cfg.replace(samplers=samplers)
+    ahead = getattr(lrn.cfg, "prefetch", 4) + 1
     if stock is not None:
-        stock(WARMUP + updates)
-    lrn.start(never)
-    try:
-        end = lrn.updates + WARMUP
-        while lrn.updates < end:
-            lrn.step(never)
-        w0, x0, end = lrn.wait_s, getattr(lrn, "transfer_s", 0.0), lrn.updates + updates
-        t = time.perf_counter()
-        while lrn.updates < end:
-            lrn.step(never)
-        dt = time.perf_counter() - t
-    finally:
-        lrn.close(never)
-    wait, transfer = lrn.wait_s - w0, getattr(lrn, "transfer_s", 0.0) - x0
-    return Round(
-        updates / dt, (wait - transfer) / updates, transfer / updates, (dt - wait) / updates
-    )
-
-
-def memory_round(lrn, pool: list, updates: int) -> Round:
+        stock(WARMUP + blocks * (updates + ahead))
     if hasattr(lrn, "send_priorities"):  # an older tree sent them to its sampler here
         lrn.send_priorities = lambda b: None
-    t = time.perf_counter()
-    for i in range(updates):  # the new priorities are made, then dropped (no Redis here)
-        lrn.update(pool[i % len(pool)])
-    dt = time.perf_counter() - t
-    return Round(updates / dt, 0.0, 0.0, dt / updates)
+    ours, mem = [], []
+
+    def steps(n: int) -> None:
+        end = lrn.updates + n
+        while lrn.updates < end:
+            lrn.step(never)
+
+    lrn.start(never)
+    try:
+        steps(WARMUP)
+        for _ in range(blocks):
+            steps(ahead)
+            w0, x0 = lrn.wait_s, getattr(lrn, "transfer_s", 0.0)
+            t = time.perf_counter()
+            steps(updates)
+            dt = time.perf_counter() - t
+            wait, transfer = lrn.wait_s - w0, getattr(lrn, "transfer_s", 0.0) - x0
+            ours.append(
+                Round(updates / dt, (wait - transfer) / updates, transfer / updates,
+                      (dt - wait) / updates)
+            )  # fmt: skip
+            t = time.perf_counter()
+            for i in range(updates):  # the new priorities are made, then dropped
+                lrn.update(pool[i % len(pool)])
+            dt = time.perf_counter() - t
+            mem.append(Round(updates / dt, 0.0, 0.0, dt / updates))
+    finally:
+        lrn.close(never)
+    return ours, mem
 
 
 def feed_round(lrn, samplers: int, seconds: float, unrolls: Unrolls | None = None) -> float:
@@ -229,7 +242,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--algo", default="apex", choices=["apex", "r2d2", "impala"])
     ap.add_argument("--updates", type=int, default=2000, help="updates per round and side")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5, help="pairs of rounds")
     ap.add_argument(
         "--transitions", type=int, default=100_000, help="replay fill (R2D2: sequences)"
     )
@@ -261,24 +274,22 @@ def main() -> None:
             for k, f in feeds.items():
                 print(f"{k:<10} {statistics.median(f):>14,.0f}  {' '.join(f'{x:,.0f}' for x in f)}")
             return
-        ours: dict[int, list[Round]] = {k: [] for k in args.samplers}
-        mem: list[Round] = []
-        for _ in range(args.rounds):
-            for k in args.samplers:
-                ours[k].append(redis_round(lrn, args.updates, k, stock))
-            mem.append(memory_round(lrn, pool, args.updates))
-        m = med(mem)
         print(
             f"{'fed from':<20} {'updates/s':>10} {'ratio':>6}   ms per update: "
-            "wait transfer compute"
+            "wait transfer compute   (ratio of each pair)"
         )
         data = "loader" if args.algo == "impala" else "sampler"
-        rows = [(f"redis, {k} {data}{'s' * (k > 1)}", med(r)) for k, r in ours.items()]
-        for name, r in [*rows, ("memory", m)]:
-            print(
-                f"{name:<20} {r.rate:>10.0f} {r.rate / m.rate:>6.2f}"
-                f"   {r.wait * 1e3:>17.3f} {r.transfer * 1e3:>8.3f} {r.compute * 1e3:>7.3f}"
-            )
+        for k in args.samplers:
+            ours, mem = rounds(lrn, pool, args.updates, k, args.rounds, stock)
+            pairs = [o.rate / m.rate for o, m in zip(ours, mem, strict=True)]
+            ratio = statistics.median(pairs)
+            for name, r, x in ((f"redis, {k} {data}{'s' * (k > 1)}", med(ours), ratio),
+                               ("memory", med(mem), 1.0)):  # fmt: skip
+                print(
+                    f"{name:<20} {r.rate:>10.0f} {x:>6.2f}   {r.wait * 1e3:>17.3f}"
+                    f" {r.transfer * 1e3:>8.3f} {r.compute * 1e3:>7.3f}"
+                    + (f"   ({' '.join(f'{p:.2f}' for p in pairs)})" if x != 1.0 else "")
+                )
 
 
 if __name__ == "__main__":

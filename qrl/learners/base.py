@@ -166,7 +166,7 @@ class Learner(Role):
         """Called when ``batch`` gave a non-finite loss or gradient and no step was taken."""
 
     def start_threads(self) -> None:
-        """Start what loads batches: a thread (IMPALA's loader) or a process (the replay
+        """Start what loads batches: a process (IMPALA and PPO: the loader; the replay
         learners' sampler)."""
 
     def stop_threads(self) -> None:

@@ -46,8 +46,8 @@ class ImpalaLearner(UnrollLearner):
         return torch.optim.RMSprop(params, lr=cfg.lr, eps=0.01, alpha=0.99)
 
     def next_batch(self, timeout: float) -> UnrollBatch | None:
-        waiting = self.loader is not None and self.loader.waiting()
-        if self._passes_left and not waiting:  # the learner would wait: reuse the last batch
+        waiting = lambda: self.loader is not None and self.loader.waiting()  # noqa: E731
+        if self._passes_left and not waiting():  # the learner would wait: reuse the last batch
             self._passes_left -= 1  # (acknowledged after its first pass; V-trace corrects
             self.reused += 1  # for the updates since it was acted)
             return self._again

@@ -123,6 +123,11 @@ class Loader:
     def __init__(self, spec: LoaderSpec, slots: int) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.ring = SlotRing(ctx, spec.columns(), slots)
+        self._cols: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+        self._no_trunc = (
+            np.zeros((0, *spec.obs_shape), spec.obs_dtype),
+            np.zeros((0, 2), np.int64),
+        )
         self._halt = ctx.Event()
         self._proc = ctx.Process(
             target=_loader_main, args=(spec, self.ring, self._halt, os.getpid()), name="loader",
@@ -133,18 +138,22 @@ class Loader:
     def get(self, timeout: float) -> Stacked | None:
         """The next batch (its columns in a ring slot: :meth:`used` when done), ``None`` if
         none came within ``timeout``; raises ``RuntimeError`` if the loader died or failed."""
-        if not self._proc.is_alive():
-            raise RuntimeError(f"loader process (exit code {self._proc.exitcode})")
         item = self.ring.get(timeout)
         if item is None:
+            if not self._proc.is_alive():
+                raise RuntimeError(f"loader process (exit code {self._proc.exitcode})")
             return None
         if isinstance(item, str):
             raise RuntimeError(f"loader process: {item}")
-        slot, (b, versions, trunc_obs, trunc_idx) = item
-        cols = {}
-        for i, (name, _, most) in enumerate(self.ring.columns):
-            cols[name] = self.ring.array(slot, i, (most[0], b, *most[2:]))
-        return Stacked(cols, versions, trunc_obs, trunc_idx, slot)
+        slot, (b, versions, trunc) = item
+        if (slot, b) not in self._cols:  # views of the slot's columns for b unrolls
+            self._cols[slot, b] = {
+                name: self.ring.array(slot, i, (most[0], b, *most[2:]))
+                for i, (name, _, most) in enumerate(self.ring.columns)
+            }
+        trunc_obs, trunc_idx = trunc if trunc is not None else self._no_trunc
+        return Stacked(self._cols[slot, b], np.frombuffer(versions, np.int64), trunc_obs,
+                       trunc_idx, slot)  # fmt: skip
 
     def waiting(self) -> bool:
         """Whether a batch is ready."""
@@ -194,7 +203,10 @@ def _loader_main(spec: LoaderSpec, ring: SlotRing, halt: Any, parent: int) -> No
             slot = free.pop()
             s = stack([e.data for e in pending], partial(ring.array, slot))
             held[slot], pending = pending, []
-            ring.hand(slot, (have, s.versions, s.trunc_obs, s.trunc_idx))
+            # the small parts in the message, as bytes where they can be (no pickled arrays
+            # on the learner's side of every update)
+            trunc = (s.trunc_obs, s.trunc_idx) if len(s.trunc_idx) else None
+            ring.hand(slot, (have, s.versions.astype(np.int64).tobytes(), trunc))
         given_back(0.0)  # the last batches the learner finished with
         consumer.close()
     except Exception as e:

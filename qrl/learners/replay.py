@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from qrl.learners.base import Learner
-from qrl.learners.pinned import pin, unpin
+from qrl.learners.pinned import pin, tensor_on, unpin
 from qrl.replay.sampler import Sampler, SamplerSpec
 from qrl.replay.store import RecordLayout, Sample
 
@@ -28,7 +28,8 @@ class Batch:
         b = s.batch
         self.ids = s.ids
         self.slot = s.slot
-        t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)  # noqa: E731
+        on = tensor_on(device)
+        t = lambda a: on(np.ascontiguousarray(a))  # noqa: E731
         self.obs = t(b["obs"])  # from a ring slot: a view of it on CPU, no copy
         a = b["action"]  # discrete (int) or a continuous vector (Ape-X DPG)
         self.action = t(a.astype(np.int64) if a.dtype.kind in "iu" else a.astype(np.float32))

@@ -16,7 +16,7 @@ import torch
 
 from qrl.learners.base import Learner
 from qrl.learners.loader import Loader, LoaderSpec, Stacked, stack
-from qrl.learners.pinned import pin, unpin
+from qrl.learners.pinned import pin, tensor_on, unpin
 from qrl.wire.keys import RunKeys
 from qrl.wire.schema import Schema
 from qrl.wire.streams import Entry
@@ -41,7 +41,7 @@ class UnrollBatch:
     def of(cls, s: Stacked, device: torch.device) -> UnrollBatch:
         """``s`` as tensors on ``device``: on CPU views of its arrays (no copy), on CUDA
         asynchronous copies (from pinned memory)."""
-        t = lambda a: torch.from_numpy(a).to(device, non_blocking=True)  # noqa: E731
+        t = tensor_on(device)
         c = s.cols
         return cls(
             s.versions, t(c["obs"]), t(c["action"]), t(c["reward"]), t(c["done"]),

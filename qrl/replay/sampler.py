@@ -88,6 +88,7 @@ class Sampler:
         ]
         for p in self._procs:
             p.start()
+        self._checked = 0.0  # when the processes were last seen alive
 
     @property
     def pids(self) -> list[int | None]:
@@ -97,10 +98,15 @@ class Sampler:
         """The next batch (its arrays in a ring slot: :meth:`release` it when done), ``None``
         if none came within ``timeout``; raises ``RuntimeError`` if a sampler process died
         or failed."""
-        for p in self._procs:
-            if not p.is_alive():
-                raise RuntimeError(f"sampler process {p.name} (exit code {p.exitcode})")
+        now = time.monotonic()
+        if now > self._checked + 1.0:  # (a syscall each: not on every update)
+            self._checked = now
+            for p in self._procs:
+                if not p.is_alive():
+                    raise RuntimeError(f"sampler process {p.name} (exit code {p.exitcode})")
         item = self.ring.get(timeout)
+        if item is None:
+            self._checked = 0.0  # none came: look again at once
         if isinstance(item, str):  # a sampler's last words
             raise RuntimeError(f"sampler process: {item}")
         return item
