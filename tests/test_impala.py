@@ -280,3 +280,33 @@ def test_a_terminal_step_at_the_time_limit_does_not_bootstrap(r, keys, redis_ser
             _, v_final = lrn.net(torch.tensor([[3.0, 0, 0, 0]] * 4))
         torch.testing.assert_close(reward[ends], plain[ends] + cfg.gamma * v_final)
         assert torch.equal(reward[~ends], plain[~ends])
+
+
+def test_learner_fails_loudly_when_its_loader_dies(r, keys, redis_server):
+    """A SIGKILLed loader process stops the learner with a message that names it (the role
+    then exits non-zero); its entries stay pending in the group for a restarted learner."""
+    import os
+    import signal
+    import threading
+
+    cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
+    create_run(r, keys, "impala", cfg)
+    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    msg = encode("impala.unrolls", impala_unrolls(cfg, r, keys))
+    for _ in range(3):
+        r.xadd(trajectories(keys), {"d": msg})
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_role(lrn, r, keys, 0, lambda: False, limit=10**9)
+        except RuntimeError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    wait_until(lambda: lrn.updates, "an update", 30, until=lambda u: u >= 1, every=0.05)
+    assert lrn.loader is not None
+    os.kill(lrn.loader._proc.pid, signal.SIGKILL)
+    t.join(30)
+    assert not t.is_alive() and errors and "loader process" in str(errors[0])
