@@ -24,9 +24,9 @@ from qrl.algos.apex.config import ApexConfig
 from qrl.algos.es.config import ESConfig
 from qrl.algos.es.keys import es_params
 from qrl.algos.impala.config import ImpalaConfig
-from qrl.algos.impala.keys import trajectories
 from qrl.learners.es import ESMaster
 from qrl.learners.impala import ImpalaLearner
+from qrl.learners.unrolls import stack_unrolls
 from qrl.replay.role import ReplayFiller
 from qrl.rl.models import QNetwork
 from qrl.runtime.metrics import MetricsReader
@@ -40,7 +40,6 @@ from qrl.wire.keys import RunKeys
 from qrl.wire.streams import FIELD, Entry
 from qrl.wire.weights import WeightStore, module_arrays
 from tests import strategies as hs
-from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -126,16 +125,18 @@ def impala(client, redis_server):
     lrn = ImpalaLearner(
         partial(connect, redis_server.url), _run(client, "impala", IMPALA), IMPALA, "cpu"
     )
-    assert lrn.start(NEVER)
+    lrn.publish()
     yield lrn
     lrn.close(NEVER)
 
 
-def _feed(lrn: ImpalaLearner, client, msg: dict) -> None:
-    """Through the stream and the learner's loader process, one step on it (not a reuse)."""
-    client.xadd(trajectories(lrn.keys), {"d": encode("impala.unrolls", msg)})
-    wait_until(lambda: lrn.loader is not None and lrn.loader.waiting(), "the batch loaded")
-    assert lrn.step(NEVER)
+def _feed(lrn: ImpalaLearner, msg: dict) -> None:
+    """As the learner's step takes a batch from its loader: decoded, stacked, admitted (the
+    policy lag), trained on."""
+    data = decode(encode("impala.unrolls", msg), lrn.loader_spec().schema())
+    batch = lrn.admit(stack_unrolls([Entry("0-1", data)], lrn.device))
+    if batch is not None:
+        lrn.train(batch)
 
 
 def _valid_unrolls(version: int) -> dict:
@@ -160,10 +161,10 @@ def _valid_unrolls(version: int) -> dict:
 def test_impala_learner_survives_hostile_unrolls(impala, client, msg, recent):
     if recent:  # within max_policy_lag, so that it is trained on rather than dropped
         msg = {**msg, "version": impala.updates}
-    _feed(impala, client, msg)
+    _feed(impala, msg)
     assert _finite(*(p.detach() for p in impala.net.parameters()))
     before = impala.updates
-    _feed(impala, client, _valid_unrolls(impala.updates))
+    _feed(impala, _valid_unrolls(impala.updates))
     assert impala.updates == before + 1  # a valid batch still trains
     assert _published_finite(client, impala.keys, impala.keys.weights)
 

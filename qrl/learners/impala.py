@@ -52,8 +52,11 @@ class ImpalaLearner(UnrollLearner):
             self.reused += 1  # for the updates since it was acted)
             return self._again
         b = self.take(timeout)
-        if b is None:
-            return None
+        return None if b is None else self.admit(b)
+
+    def admit(self, b: UnrollBatch) -> UnrollBatch | None:
+        """The batch to train on: its policy lag counted, unrolls older than
+        ``max_policy_lag`` dropped (``None`` if none is left), kept for more passes."""
         lag = self.updates - b.versions
         self.lag.extend(lag.tolist())
         limit = self.cfg.max_policy_lag
