@@ -89,6 +89,33 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def kill_feed_mid_run(lrn, r, keys, updates: int) -> str:
+    """Run learner ``lrn`` as its role does (in a thread), SIGKILL its first feed process
+    (sampler or loader) after ``updates`` updates, and return the error the role stopped
+    with (it must stop within 30 s)."""
+    import threading
+
+    from qrl.runtime.loop import run_role
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_role(lrn, r, keys, 0, lambda: False, limit=10**9)
+        except RuntimeError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    wait_until(lambda: lrn.updates, f"{updates} updates", 30, until=lambda u: u >= updates,
+               every=0.05)  # fmt: skip
+    assert lrn.feed is not None
+    os.kill(lrn.feed.pids[0], signal.SIGKILL)
+    t.join(30)
+    assert not t.is_alive() and errors, "the learner went on without its feed"
+    return str(errors[0])
+
+
 def kill_all(procs: Iterable[subprocess.Popen]) -> None:
     """SIGKILL whichever of ``procs`` still run and reap them: a test's cleanup."""
     for p in procs:

@@ -17,7 +17,7 @@ from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.connection import connect
 from qrl.wire.streams import GROUP, Entry
 from tests.cli import eval_confirmation, train
-from tests.helpers import impala_unrolls, wait_until
+from tests.helpers import impala_unrolls, kill_feed_mid_run, wait_until
 
 
 def random_inputs(t=12, b=5, seed=0, gamma=0.9):
@@ -148,8 +148,8 @@ def test_learner_reuses_a_batch_only_while_no_fresh_one_waits(r, keys, redis_ser
         before = [p.detach().clone() for p in lrn.net.parameters()]
         for fresh, left in ((True, 1), (True, 0), (False, 0), (False, 0)):
             if fresh:  # a fresh batch waits: no reuse of the first
-                wait_until(lrn.loader.waiting, "the batch loaded")
-            assert fresh == lrn.loader.waiting()
+                wait_until(lrn.feed.waiting, "the batch loaded")
+            assert fresh == lrn.feed.waiting()
             batch = lrn.next_batch(timeout=5)
             assert batch is not None and (batch.slot is not None) == fresh
             assert np.isfinite(lrn.update(batch))
@@ -182,7 +182,7 @@ def test_a_reused_batch_is_its_own_copy_once_its_slot_goes_back(r, keys, redis_s
         assert again is not None and again.slot is None
         other = {**msg, "obs": msg["obs"] + 1}  # fills the slot the first batch was in
         r.xadd(trajectories(keys), {"d": encode("impala.unrolls", other)})
-        wait_until(lrn.loader.waiting, "the next batch loaded")
+        wait_until(lrn.feed.waiting, "the next batch loaded")
         np.testing.assert_array_equal(again.obs.numpy(), msg["obs"])
     finally:
         lrn.stop_threads()
@@ -285,28 +285,10 @@ def test_a_terminal_step_at_the_time_limit_does_not_bootstrap(r, keys, redis_ser
 def test_learner_fails_loudly_when_its_loader_dies(r, keys, redis_server):
     """A SIGKILLed loader process stops the learner with a message that names it (the role
     then exits non-zero); its entries stay pending in the group for a restarted learner."""
-    import os
-    import signal
-    import threading
-
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
     create_run(r, keys, "impala", cfg)
     lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
     msg = encode("impala.unrolls", impala_unrolls(cfg, r, keys))
     for _ in range(3):
         r.xadd(trajectories(keys), {"d": msg})
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            run_role(lrn, r, keys, 0, lambda: False, limit=10**9)
-        except RuntimeError as e:
-            errors.append(e)
-
-    t = threading.Thread(target=run)
-    t.start()
-    wait_until(lambda: lrn.updates, "an update", 30, until=lambda u: u >= 1, every=0.05)
-    assert lrn.loader is not None
-    os.kill(lrn.loader._proc.pid, signal.SIGKILL)
-    t.join(30)
-    assert not t.is_alive() and errors and "loader process" in str(errors[0])
+    assert "loader process (exit code -9)" in kill_feed_mid_run(lrn, r, keys, 1)

@@ -46,7 +46,7 @@ class ImpalaLearner(UnrollLearner):
         return torch.optim.RMSprop(params, lr=cfg.lr, eps=0.01, alpha=0.99)
 
     def next_batch(self, timeout: float) -> UnrollBatch | None:
-        waiting = lambda: self.loader is not None and self.loader.waiting()  # noqa: E731
+        waiting = lambda: self.feed is not None and self.feed.waiting()  # noqa: E731
         if self._passes_left and not waiting():  # the learner would wait: reuse the last batch
             self._passes_left -= 1  # (acknowledged after its first pass; V-trace corrects
             self.reused += 1  # for the updates since it was acted)

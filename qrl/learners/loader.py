@@ -17,12 +17,7 @@ exactly one batch per version no learner takes another's share.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import multiprocessing
-import os
-import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -31,13 +26,11 @@ from typing import Any
 import numpy as np
 import redis
 
+from qrl.replay.feed import Feed, feeding
 from qrl.replay.ring import Column, SlotRing
-from qrl.server.embedded import signal_on_parent_death
 from qrl.wire.keys import RunKeys
 from qrl.wire.schema import Schema
 from qrl.wire.streams import Entry, StreamConsumer
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -117,43 +110,35 @@ class LoaderSpec:
         return [(n, dtypes[n], shapes.get(n, (t, most))) for n in names]
 
 
-class Loader:
+class Loader(Feed):
     """The learner's handle on its loader process, filling a ring of ``slots`` slots."""
 
     def __init__(self, spec: LoaderSpec, slots: int) -> None:
         ctx = multiprocessing.get_context("spawn")
-        self.ring = SlotRing(ctx, spec.columns(), slots)
+        super().__init__(ctx, SlotRing(ctx, spec.columns(), slots), _loader_main, [(spec,)],
+                         ["loader process"])  # fmt: skip
         self._cols: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self._no_trunc = (
             np.zeros((0, *spec.obs_shape), spec.obs_dtype),
             np.zeros((0, 2), np.int64),
         )
-        self._halt = ctx.Event()
-        self._proc = ctx.Process(
-            target=_loader_main, args=(spec, self.ring, self._halt, os.getpid()), name="loader",
-            daemon=True,
-        )  # fmt: skip
-        self._proc.start()
 
-    def get(self, timeout: float) -> Stacked | None:
+    def get(self, timeout: float) -> Stacked | None:  # type: ignore[override]
         """The next batch (its columns in a ring slot: :meth:`used` when done), ``None`` if
         none came within ``timeout``; raises ``RuntimeError`` if the loader died or failed."""
-        item = self.ring.get(timeout)
-        if item is None:
-            if not self._proc.is_alive():
-                raise RuntimeError(f"loader process (exit code {self._proc.exitcode})")
+        if (item := super().get(timeout)) is None:
             return None
-        if isinstance(item, str):
-            raise RuntimeError(f"loader process: {item}")
         slot, (b, versions, trunc) = item
         if (slot, b) not in self._cols:  # views of the slot's columns for b unrolls
             self._cols[slot, b] = {
                 name: self.ring.array(slot, i, (most[0], b, *most[2:]))
                 for i, (name, _, most) in enumerate(self.ring.columns)
             }
-        trunc_obs, trunc_idx = trunc if trunc is not None else self._no_trunc
-        return Stacked(self._cols[slot, b], np.frombuffer(versions, np.int64), trunc_obs,
-                       trunc_idx, slot)  # fmt: skip
+        obs, idx = self._no_trunc
+        if trunc is not None:  # copies: arrays over bytes are read-only, torch wants to write
+            obs = np.frombuffer(trunc[0], obs.dtype).reshape(-1, *obs.shape[1:]).copy()
+            idx = np.frombuffer(trunc[1], np.int64).reshape(-1, 2).copy()
+        return Stacked(self._cols[slot, b], np.frombuffer(versions, np.int64), obs, idx, slot)
 
     def waiting(self) -> bool:
         """Whether a batch is ready."""
@@ -163,21 +148,9 @@ class Loader:
         """The learner is done with ``slot``'s batch: its entries are acknowledged."""
         self.ring.release(slot)
 
-    def stop(self) -> None:
-        """Acknowledge what was given back, then end the process."""
-        self._halt.set()
-        deadline = time.monotonic() + 10
-        while self._proc.is_alive() and time.monotonic() < deadline:
-            self.ring.get(0.05)  # a loader waiting to hand a batch over can stop
-        if self._proc.is_alive():
-            self._proc.terminate()
-
 
 def _loader_main(spec: LoaderSpec, ring: SlotRing, halt: Any, parent: int) -> None:
-    signal_on_parent_death(signal.SIGKILL)  # a SIGKILLed learner must not leave it behind
-    if os.getppid() != parent:  # the learner died before that took effect
-        os._exit(1)
-    try:
+    with feeding(ring, parent):
         consumer = StreamConsumer(
             spec.connect(), spec.keys, spec.stream, spec.schema(), count=1, block_ms=100,
             claim_idle_ms=spec.claim_idle_ms,
@@ -203,14 +176,14 @@ def _loader_main(spec: LoaderSpec, ring: SlotRing, halt: Any, parent: int) -> No
             slot = free.pop()
             s = stack([e.data for e in pending], partial(ring.array, slot))
             held[slot], pending = pending, []
-            # the small parts in the message, as bytes where they can be (no pickled arrays
-            # on the learner's side of every update)
-            trunc = (s.trunc_obs, s.trunc_idx) if len(s.trunc_idx) else None
+            # the small parts in the message, as bytes (the learner's side of every update
+            # makes arrays of them without a copy)
+            trunc = None
+            if len(s.trunc_idx):
+                trunc = (
+                    s.trunc_obs.astype(spec.obs_dtype, copy=False).tobytes(),
+                    s.trunc_idx.tobytes(),
+                )
             ring.hand(slot, (have, s.versions.astype(np.int64).tobytes(), trunc))
         given_back(0.0)  # the last batches the learner finished with
         consumer.close()
-    except Exception as e:
-        log.exception("loader failed")
-        with contextlib.suppress(Exception):
-            ring.last_words(f"{type(e).__name__}: {e}")
-        raise

@@ -7,14 +7,12 @@ of the replay items) and computes ``loss`` (setting the batch's new ``priority``
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import numpy as np
 import torch
 
-from qrl.learners.base import Learner
-from qrl.learners.pinned import pin, tensor_on, unpin
+from qrl.learners.fed import FedLearner, tensor_on
 from qrl.replay.sampler import Sampler, SamplerSpec
 from qrl.replay.store import RecordLayout, Sample
 
@@ -40,11 +38,10 @@ class Batch:
         self.new_priorities: np.ndarray | None = None  # what goes back to the replay
 
 
-class ReplayLearner(Learner):
+class ReplayLearner(FedLearner):
     batch_type: type = Batch  # a sample as tensors
     replay_size = 0
-    _sampler: Sampler | None = None
-    _pinned = False
+    feed: Sampler | None = None
     target: torch.nn.Module
     layout: RecordLayout
 
@@ -73,34 +70,16 @@ class ReplayLearner(Learner):
             cfg.replay_shards,
         )
 
-    def start_threads(self) -> None:
-        """Start the sampler processes (no thread)."""
+    def start_feed(self) -> Sampler:
         self.target.load_state_dict(self.net.state_dict())
-        self._sampler = Sampler(self.sampler_spec(), self.cfg.samplers, self.cfg.prefetch)
-        if self.device.type == "cuda":
-            self._pinned = pin(self._sampler.ring)
-
-    def stop_threads(self) -> None:
-        if self._sampler is not None:
-            self._sampler.stop()
-            if self._pinned:
-                unpin(self._sampler.ring)
-                self._pinned = False
-            self._sampler = None
+        return Sampler(self.sampler_spec(), self.cfg.samplers, self.cfg.prefetch)
 
     def next_batch(self, timeout: float) -> Batch | None:
-        try:
-            item = self._sampler.get(timeout) if self._sampler is not None else None
-        except RuntimeError as e:
-            self.fail(str(e))
-            return None
-        if item is None:
-            return None
-        self.replay_size = item.size
-        t0 = time.monotonic()
-        batch = self.batch_type(item, self.device)
-        self.transfer_s += time.monotonic() - t0
-        return batch
+        return self.fetch(timeout, self._batch)
+
+    def _batch(self, s: Sample) -> Batch:
+        self.replay_size = s.size
+        return self.batch_type(s, self.device)
 
     def train(self, batch: Any) -> float:
         """One update; then the batch's ring slot goes back to its sampler, with the new
@@ -109,8 +88,8 @@ class ReplayLearner(Learner):
         try:
             return super().train(batch)
         finally:
-            if self._sampler is not None:
-                self._sampler.release(batch.slot, batch.new_priorities)
+            if self.feed is not None:
+                self.feed.release(batch.slot, batch.new_priorities)
 
     def after_step(self, b: Batch) -> None:
         """New priorities; the target network copied every ``target_update`` updates (Ape-X,

@@ -6,7 +6,6 @@ that used them (:meth:`UnrollLearner.used`)."""
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -14,9 +13,8 @@ from functools import partial
 import numpy as np
 import torch
 
-from qrl.learners.base import Learner
+from qrl.learners.fed import FedLearner, tensor_on
 from qrl.learners.loader import Loader, LoaderSpec, Stacked, stack
-from qrl.learners.pinned import pin, tensor_on, unpin
 from qrl.wire.keys import RunKeys
 from qrl.wire.schema import Schema
 from qrl.wire.streams import Entry
@@ -98,15 +96,14 @@ def stack_unrolls(entries: list[Entry], device: torch.device) -> UnrollBatch:
     return UnrollBatch.of(stack([e.data for e in entries]), device)
 
 
-class UnrollLearner(Learner):
+class UnrollLearner(FedLearner):
     """A learner of unroll batches from a stream: the loader process, its start and stop, and
     taking a batch as tensors. A subclass names the stream and the message schema."""
 
     stream: Callable[[RunKeys], str]
     schema: Callable[..., Schema]  # (obs_shape, obs_dtype, n_actions, unroll, envs)
     values = False  # PPO: the messages carry value estimates
-    loader: Loader | None = None
-    _pinned = False
+    feed: Loader | None = None
 
     def loader_spec(self) -> LoaderSpec:
         cfg, env = self.cfg, self.env
@@ -121,36 +118,15 @@ class UnrollLearner(Learner):
     def loader_slots(self) -> int:
         return SLOTS
 
-    def start_threads(self) -> None:
-        """Start the loader process (no thread)."""
-        self.loader = Loader(self.loader_spec(), self.loader_slots())
-        if self.device.type == "cuda":
-            self._pinned = pin(self.loader.ring)
-
-    def stop_threads(self) -> None:
-        if self.loader is not None:
-            self.loader.stop()
-            if self._pinned:
-                unpin(self.loader.ring)
-                self._pinned = False
-            self.loader = None
+    def start_feed(self) -> Loader:
+        return Loader(self.loader_spec(), self.loader_slots())
 
     def take(self, timeout: float) -> UnrollBatch | None:
         """The next batch as tensors on the device, ``None`` if none came within
         ``timeout`` (or the loader failed: then the learner stops)."""
-        try:
-            s = self.loader.get(timeout) if self.loader is not None else None
-        except RuntimeError as e:
-            self.fail(str(e))
-            return None
-        if s is None:
-            return None
-        t0 = time.monotonic()
-        b = UnrollBatch.of(s, self.device)
-        self.transfer_s += time.monotonic() - t0
-        return b
+        return self.fetch(timeout, lambda s: UnrollBatch.of(s, self.device))
 
     def used(self, b: UnrollBatch) -> None:
         """Done with ``b``: its slot goes back, its entries are acknowledged."""
-        if b.slot is not None and self.loader is not None:
-            self.loader.used(b.slot)
+        if b.slot is not None and self.feed is not None:
+            self.feed.used(b.slot)

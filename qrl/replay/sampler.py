@@ -16,11 +16,8 @@ Redis).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import multiprocessing
-import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,10 +26,10 @@ from typing import Any, Literal
 import numpy as np
 import redis
 
+from qrl.replay.feed import Feed, feeding
 from qrl.replay.ring import BatchRing
 from qrl.replay.shards import ShardedReplay
-from qrl.replay.store import RecordLayout, Sample
-from qrl.server.embedded import signal_on_parent_death
+from qrl.replay.store import RecordLayout
 from qrl.wire.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -68,72 +65,31 @@ class SamplerSpec:
         )
 
 
-class Sampler:
+class Sampler(Feed):
     """The learner's handle on its sampler processes: ``samplers`` of them, filling a ring of
-    ``prefetch`` slots (at least one each)."""
+    ``prefetch`` slots (at least one each). ``get`` gives the next batch as a
+    :class:`~qrl.replay.store.Sample` whose arrays are in a ring slot (:meth:`release` it
+    when done)."""
 
     def __init__(self, spec: SamplerSpec, samplers: int = 1, prefetch: int = 4) -> None:
         ctx = multiprocessing.get_context("spawn")
-        slots = max(prefetch, samplers)
-        self.ring = BatchRing(ctx, spec.layout.dtype, spec.batch_size, slots, owners=samplers)
-        self._halt = ctx.Event()
-        self._procs = [
-            ctx.Process(
-                target=_sampler_main,
-                args=(spec, k, self.ring, self._halt, os.getpid()),
-                name=f"sampler{k}",
-                daemon=True,
-            )
-            for k in range(samplers)
-        ]
-        for p in self._procs:
-            p.start()
-        self._checked = 0.0  # when the processes were last seen alive
-
-    @property
-    def pids(self) -> list[int | None]:
-        return [p.pid for p in self._procs]
-
-    def get(self, timeout: float) -> Sample | None:
-        """The next batch (its arrays in a ring slot: :meth:`release` it when done), ``None``
-        if none came within ``timeout``; raises ``RuntimeError`` if a sampler process died
-        or failed."""
-        now = time.monotonic()
-        if now > self._checked + 1.0:  # (a syscall each: not on every update)
-            self._checked = now
-            for p in self._procs:
-                if not p.is_alive():
-                    raise RuntimeError(f"sampler process {p.name} (exit code {p.exitcode})")
-        item = self.ring.get(timeout)
-        if item is None:
-            self._checked = 0.0  # none came: look again at once
-        if isinstance(item, str):  # a sampler's last words
-            raise RuntimeError(f"sampler process: {item}")
-        return item
+        ring = BatchRing(ctx, spec.layout.dtype, spec.batch_size, max(prefetch, samplers),
+                         owners=samplers)  # fmt: skip
+        names = ["sampler process"] if samplers == 1 else [
+            f"sampler process {k}" for k in range(samplers)
+        ]  # fmt: skip
+        super().__init__(ctx, ring, _sampler_main, [(spec, k) for k in range(samplers)], names)
 
     def release(self, slot: int | None, priorities: np.ndarray | None = None) -> None:
         """The learner is done with the batch in ``slot``; its new ``priorities`` (if any)
         go to the replay, and the slot is filled again."""
         self.ring.release(slot, priorities)
 
-    def stop(self) -> None:
-        """Write the priorities given back so far, then end the processes."""
-        self._halt.set()
-        deadline = time.monotonic() + 10
-        for p in self._procs:
-            while p.is_alive() and time.monotonic() < deadline:
-                self.ring.full.get(0.05)  # a sampler waiting to hand a batch over can stop
-            if p.is_alive():
-                p.terminate()
-
 
 def _sampler_main(spec: SamplerSpec, k: int, ring: BatchRing, halt: Any, parent: int) -> None:
     """Sampler process ``k`` (no torch: see the module's docstring): it writes the new
     priorities of each of its slots given back, then fills the slot again."""
-    signal_on_parent_death(signal.SIGKILL)  # a SIGKILLed learner must not leave it behind
-    if os.getppid() != parent:  # the learner died before that took effect
-        os._exit(1)
-    try:
+    with feeding(ring, parent):
         replay = spec.replay(seed=spec.seed + 1_000_003 * k)
         ids: dict[int, list[bytes]] = {}  # of the batch in each of this sampler's slots
 
@@ -166,8 +122,3 @@ def _sampler_main(spec: SamplerSpec, k: int, ring: BatchRing, halt: Any, parent:
                 break
         while (given := ring.take(k, timeout=0)) is not None:  # the last priorities
             write_back(*given)
-    except Exception as e:
-        log.exception("sampler failed")
-        with contextlib.suppress(Exception):
-            ring.last_words(f"{type(e).__name__}: {e}")
-        raise

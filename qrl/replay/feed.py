@@ -1,0 +1,97 @@
+"""The processes that fill a learner's ring (:mod:`qrl.replay.ring`): the replay's samplers
+(:mod:`qrl.replay.sampler`) and the unroll learners' loader (:mod:`qrl.learners.loader`).
+
+:class:`Feed` is the learner's side: it starts them (``spawn``: fresh interpreters, not
+forks of a learner with live torch threads and Redis pools), takes what they hand over,
+turns a process that died or gave up into a ``RuntimeError`` that names it, and stops them.
+:func:`feeding` is a process's side: it dies with a SIGKILLed learner and, if it fails,
+tells the learner why before it exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from qrl.replay.ring import SlotRing
+from qrl.server.embedded import signal_on_parent_death
+
+log = logging.getLogger(__name__)
+
+
+class Feed:
+    """``len(args)`` processes filling ``ring`` (made with ``ctx``), process ``k`` running
+    ``target(*args[k], ring, halt, learner pid)`` and named ``names[k]`` (its messages and
+    errors say that name)."""
+
+    def __init__(
+        self, ctx: Any, ring: SlotRing, target: Callable[..., None], args: list[tuple],
+        names: list[str],
+    ) -> None:  # fmt: skip
+        self.ring = ring
+        self._halt = ctx.Event()
+        self._procs = [
+            ctx.Process(target=target, args=(*a, ring, self._halt, os.getpid()), name=n,
+                        daemon=True)
+            for a, n in zip(args, names, strict=True)
+        ]  # fmt: skip
+        for p in self._procs:
+            p.start()
+        self._checked = 0.0  # when the processes were last seen alive
+
+    @property
+    def pids(self) -> list[int | None]:
+        return [p.pid for p in self._procs]
+
+    def get(self, timeout: float) -> Any | None:
+        """The ring's next item (:meth:`SlotRing.get`), ``None`` if none came within
+        ``timeout``; raises ``RuntimeError`` if a process died or failed."""
+        now = time.monotonic()
+        if now > self._checked + 1.0:  # (a syscall each: not on every update)
+            self._check(now)
+        item = self.ring.get(timeout)
+        if item is None:
+            self._check(time.monotonic())  # none came: a process may have died
+        if isinstance(item, str):  # a process's last words
+            raise RuntimeError(item)
+        return item
+
+    def _check(self, now: float) -> None:
+        self._checked = now
+        for p in self._procs:
+            if not p.is_alive():
+                raise RuntimeError(f"{p.name} (exit code {p.exitcode})")
+
+    def stop(self) -> None:
+        """Ask the processes to finish (each does what it owes the run: priorities written,
+        entries acknowledged), then end them; after 10 s they are terminated."""
+        self._halt.set()
+        deadline = time.monotonic() + 10
+        for p in self._procs:
+            while p.is_alive() and time.monotonic() < deadline:
+                self.ring.get(0.05)  # a process waiting to hand a batch over can stop
+            if p.is_alive():
+                p.terminate()
+
+
+@contextlib.contextmanager
+def feeding(ring: SlotRing, parent: int) -> Iterator[None]:
+    """A feed process's body runs inside: a SIGKILLed learner (pid ``parent``) takes the
+    process with it, and an exception is logged and sent to the learner as last words."""
+    signal_on_parent_death(signal.SIGKILL)  # a SIGKILLed learner must not leave it behind
+    if os.getppid() != parent:  # the learner died before that took effect
+        os._exit(1)
+    name = multiprocessing.current_process().name
+    try:
+        yield
+    except Exception as e:
+        log.exception("%s failed", name)
+        with contextlib.suppress(Exception):
+            ring.last_words(f"{name}: {type(e).__name__}: {e}")
+        raise
