@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
+import struct
 
 import numpy as np
 import redis
@@ -13,7 +15,7 @@ import torch
 
 from qrl.learners.replay import Batch
 from qrl.replay.frames import layout_for
-from qrl.replay.ring import BatchRing
+from qrl.replay.ring import BatchRing, Channel
 from qrl.replay.sampler import Sampler, SamplerSpec
 from qrl.replay.store import PrioritizedReplay, Sample
 from tests.helpers import LAYOUT, check_records, int_ids, make_records
@@ -114,3 +116,31 @@ def test_two_sampler_processes_fill_one_ring_and_one_writes_priorities(r, keys, 
     finally:
         sampler.stop()  # writes the priorities given back
     assert set(r.zmscore(keys.replay_priorities, s.ids)) == {500.0}
+
+
+def _write_big_then_die(ch: Channel, blob: bytes) -> None:
+    ch.put(["whole", blob])  # more than the pipe holds: written as the reader takes it
+    os.write(ch._w.fileno(), struct.pack("!I", 10_000) + b"cut")  # a message's start only
+    os._exit(0)  # as if killed in the middle of writing the rest
+
+
+def test_a_message_cut_by_a_dying_writer_never_blocks_the_reader():
+    """A message longer than the pipe's atomic write (4 KiB) can be cut by a writer killed
+    while writing it. The reader returns only whole messages and, for the part, ``None``
+    after its timeout as for no message (reading it as a message had the learner block for
+    ever, its feed's death unseen). A whole message larger than the pipe arrives whole."""
+    import threading
+
+    ctx = multiprocessing.get_context("spawn")
+    ch = Channel(ctx)
+    blob = bytes(range(256)) * 1024  # 256 KiB: four times the pipe's 64 KiB
+    child = ctx.Process(target=_write_big_then_die, args=(ch, blob))
+    child.start()
+    got: list = []
+    reader = threading.Thread(target=lambda: got.extend([ch.get(30), ch.get(0.5)]), daemon=True)
+    reader.start()
+    reader.join(40)
+    child.join(10)
+    assert not reader.is_alive(), "the reader blocked on the cut message"
+    assert got == [["whole", blob], None]
+    assert not ch.ready()

@@ -20,37 +20,73 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
+import struct
+import time
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from qrl.replay.store import Sample
 
 ALIGN = 64  # each column starts on a cache line
+_HEAD = struct.Struct("!I")  # a message's length
+_PARTIAL = object()  # (no whole message yet)
 
 
 class Channel:
     """One way between processes over a pipe. ``put`` is one write by the caller: an
     ``mp.Queue``'s feeder thread would wake in the learner process on every update and
-    contend for its GIL (docs/benchmarks.md, "The learner's data path"). ``get`` returns
-    ``None`` after ``timeout``. One reader; writers share a lock. No more messages are in
-    flight than there are slots, a few numbers each (and a batch's ids): a ``put`` waits
-    only if they fill the pipe (64 KiB on Linux), until the reader takes one."""
+    contend for its GIL (docs/benchmarks.md, "The learner's data path"). One reader; writers
+    share a lock. No more messages are in flight than there are slots, a few numbers each
+    (and a batch's ids): a ``put`` waits only if they fill the pipe (64 KiB on Linux), until
+    the reader takes one.
+
+    A message (numbers, bytes, strings, lists of them) is its length and its msgpack. The
+    reader takes what the pipe holds into a buffer and returns a
+    message only once it is whole, so a writer killed in the middle of one (a write of more
+    than 4 KiB, the pipe's atomic size, can be cut) leaves a part that ``get`` never blocks
+    on: it still returns ``None`` after ``timeout``, and the reader's side learns that the
+    writer died (:class:`qrl.replay.feed.Feed`)."""
 
     def __init__(self, ctx: Any) -> None:
-        self._r, self._w = ctx.Pipe(duplex=False)
+        self._r, self._w = ctx.Pipe(duplex=False)  # (its ends travel to spawned children)
         self._lock = ctx.Lock()
+        self._buf = bytearray()  # the reader's: bytes of messages not yet whole
 
     def put(self, msg: Any) -> None:
+        data = msgpack.packb(msg)
+        left = memoryview(_HEAD.pack(len(data)) + data)
         with self._lock:
-            self._w.send(msg)
+            while left:
+                left = left[os.write(self._w.fileno(), left) :]
 
     def get(self, timeout: float) -> Any | None:
-        return self._r.recv() if self._r.poll(timeout) else None
+        """The next whole message, ``None`` if none is whole within ``timeout``."""
+        end = time.monotonic() + timeout
+        while (msg := self._whole()) is _PARTIAL:
+            if not self._r.poll(max(0.0, end - time.monotonic())):
+                return None
+            self._buf += os.read(self._r.fileno(), 1 << 16)
+        return msg
 
     def ready(self) -> bool:
-        """Whether a message waits."""
-        return self._r.poll(0)
+        """Whether a whole message waits."""
+        while self._r.poll(0):
+            self._buf += os.read(self._r.fileno(), 1 << 16)
+        return self._length() is not None and len(self._buf) >= _HEAD.size + self._length()
+
+    def _length(self) -> int | None:
+        return _HEAD.unpack_from(self._buf)[0] if len(self._buf) >= _HEAD.size else None
+
+    def _whole(self) -> Any:
+        n = self._length()
+        if n is None or len(self._buf) < _HEAD.size + n:
+            return _PARTIAL
+        msg = msgpack.unpackb(self._buf[_HEAD.size : _HEAD.size + n])
+        del self._buf[: _HEAD.size + n]
+        return msg
 
 
 Column = tuple[str, np.dtype, tuple[int, ...]]  # name, dtype, the largest shape a slot holds
@@ -154,7 +190,7 @@ class BatchRing(SlotRing):
         """Hand ``slot`` to the learner with ``s`` in it: its records decoded into the slot
         (:meth:`qrl.replay.store.RecordLayout.decode`'s ``out``), its weights written here."""
         self.view(slot)["weights"][: len(s.ids)] = s.weights
-        self.hand(slot, (s.ids, s.size))
+        self.hand(slot, (s.ids, int(s.size)))
 
     # -- the learner's side
     def get(self, timeout: float) -> Sample | str | None:  # type: ignore[override]
