@@ -28,6 +28,11 @@ class ImpalaLearner(UnrollLearner):
     algo = "impala"
     stream = trajectories
     schema = unroll_schema
+    # the loader reads ahead while the learner can take more passes over its last batch: on
+    # a machine it shares with actors, that read-ahead gives way to them as they give way to
+    # the learner (qrl train's --actor-nice default; docs/benchmarks.md, "The loader's
+    # niceness")
+    loader_nice = 10
 
     def build(self) -> torch.nn.Module:
         self.obs_shape = self.env.obs_shape

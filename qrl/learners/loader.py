@@ -18,6 +18,7 @@ exactly one batch per version no learner takes another's share.
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -101,6 +102,7 @@ class LoaderSpec:
     n_actions: int
     values: bool  # PPO: behaviour value estimates
     claim_idle_ms: int
+    nice: int = 0  # added to the loader process's niceness
 
     def columns(self) -> list[Column]:
         t, most = self.unroll, self.unrolls + self.per_entry - 1
@@ -151,6 +153,8 @@ class Loader(Feed):
 
 def _loader_main(spec: LoaderSpec, ring: SlotRing, halt: Any, parent: int) -> None:
     with feeding(ring, parent):
+        if spec.nice:
+            os.nice(spec.nice)
         consumer = StreamConsumer(
             spec.connect(), spec.keys, spec.stream, spec.schema(), count=1, block_ms=100,
             claim_idle_ms=spec.claim_idle_ms,
