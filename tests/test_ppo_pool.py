@@ -31,6 +31,14 @@ def _version(r, keys) -> int:
     return int(v) if v is not None else -1
 
 
+def _saved_step(ckpt) -> int:
+    """The update the checkpoint holds, -1 while there is none (or it is being replaced)."""
+    try:
+        return int(torch.load(ckpt, weights_only=True)["step"])
+    except (OSError, RuntimeError, EOFError, KeyError):
+        return -1
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("algo", ["ppo", "impala"])
 def test_two_learners_hold_identical_parameters_after_their_updates(r, keys, tmp_path, algo):
@@ -70,7 +78,9 @@ def test_a_killed_learner_stops_the_other_and_the_pool_resumes_from_the_checkpoi
         roles.start("learner-b", *learner)
         roles.start("actor", "actor", "ppo")
         roles.until(lambda: _version(r, keys), "the pool to train", until=lambda v: v >= 10)
-        roles.until(ckpt.exists, "a checkpoint")
+        # a checkpoint of some training (the leader writes one at update 0 a second after
+        # its start, then one a second: the pool can pass update 10 in between)
+        roles.until(lambda: _saved_step(ckpt), "a checkpoint", until=lambda step: step >= 1)
 
         roles.kill("learner-b")
         survivor = roles.procs.pop("learner-a")
@@ -78,7 +88,7 @@ def test_a_killed_learner_stops_the_other_and_the_pool_resumes_from_the_checkpoi
         log = roles.log("learner-a")
         assert "is gone" in log and "restart the learners" in log, log[-3000:]
 
-        saved = int(torch.load(ckpt, weights_only=True)["step"])
+        saved = _saved_step(ckpt)
         assert saved >= 1
         roles.start("learner-c", *learner)
         roles.start("learner-d", *learner)
