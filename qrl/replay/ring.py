@@ -32,7 +32,6 @@ from qrl.replay.store import Sample
 
 ALIGN = 64  # each column starts on a cache line
 _HEAD = struct.Struct("!I")  # a message's length
-_PARTIAL = object()  # (no whole message yet)
 
 
 class Channel:
@@ -44,11 +43,11 @@ class Channel:
     the reader takes one.
 
     A message (numbers, bytes, strings, lists of them) is its length and its msgpack. The
-    reader takes what the pipe holds into a buffer and returns a
-    message only once it is whole, so a writer killed in the middle of one (a write of more
-    than 4 KiB, the pipe's atomic size, can be cut) leaves a part that ``get`` never blocks
-    on: it still returns ``None`` after ``timeout``, and the reader's side learns that the
-    writer died (:class:`qrl.replay.feed.Feed`)."""
+    reader takes what the pipe holds into a buffer and returns a message only once it is
+    whole, so a writer killed in the middle of one (a write of more than 4 KiB, the pipe's
+    atomic size, can be cut) leaves a part that ``get`` never blocks on: it still returns
+    ``None`` after ``timeout``, and the reader's side learns that the writer died
+    (:class:`qrl.replay.feed.Feed`)."""
 
     def __init__(self, ctx: Any) -> None:
         self._r, self._w = ctx.Pipe(duplex=False)  # (its ends travel to spawned children)
@@ -65,28 +64,29 @@ class Channel:
     def get(self, timeout: float) -> Any | None:
         """The next whole message, ``None`` if none is whole within ``timeout``."""
         end = time.monotonic() + timeout
-        while (msg := self._whole()) is _PARTIAL:
+        while (n := self._whole()) is None:
             if not self._r.poll(max(0.0, end - time.monotonic())):
                 return None
-            self._buf += os.read(self._r.fileno(), 1 << 16)
+            self._read()
+        msg = msgpack.unpackb(self._buf[_HEAD.size : n])
+        del self._buf[:n]
         return msg
 
     def ready(self) -> bool:
         """Whether a whole message waits."""
         while self._r.poll(0):
-            self._buf += os.read(self._r.fileno(), 1 << 16)
-        return self._length() is not None and len(self._buf) >= _HEAD.size + self._length()
+            self._read()
+        return self._whole() is not None
 
-    def _length(self) -> int | None:
-        return _HEAD.unpack_from(self._buf)[0] if len(self._buf) >= _HEAD.size else None
+    def _read(self) -> None:
+        self._buf += os.read(self._r.fileno(), 1 << 16)
 
-    def _whole(self) -> Any:
-        n = self._length()
-        if n is None or len(self._buf) < _HEAD.size + n:
-            return _PARTIAL
-        msg = msgpack.unpackb(self._buf[_HEAD.size : _HEAD.size + n])
-        del self._buf[: _HEAD.size + n]
-        return msg
+    def _whole(self) -> int | None:
+        """Where the buffer's first message ends, if it is whole."""
+        if len(self._buf) < _HEAD.size:
+            return None
+        end = _HEAD.size + _HEAD.unpack_from(self._buf)[0]
+        return end if len(self._buf) >= end else None
 
 
 Column = tuple[str, np.dtype, tuple[int, ...]]  # name, dtype, the largest shape a slot holds
