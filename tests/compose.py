@@ -47,6 +47,13 @@ PROFILES: dict[str, dict[str, tuple[str, ...]]] = {
         "seed-inference": ("inference", "impala"),
         "seed-stepper": ("stepper", "impala"),
     },
+    "seed-r2d2": {
+        "seed-r2d2-init": ("run", "create"),
+        "seed-r2d2-replay": ("replay",),
+        "seed-r2d2-learner": ("learner", "r2d2"),
+        "seed-r2d2-inference": ("inference", "r2d2"),
+        "seed-r2d2-stepper": ("stepper", "r2d2"),
+    },
     "es": {
         "es-init": ("run", "create"),
         "es-master": ("es", "master"),
@@ -72,8 +79,8 @@ PROFILES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 ROLES = [(profile, name) for profile, services in PROFILES.items() for name in services]
 # a profile is its algorithm's, unless named here, with the config its init sets
-ALGO_OF = {"seed": "impala"}
-SETS: dict[str, dict[str, Any]] = {"seed": {"inference": "central"}}
+ALGO_OF = {"seed": "impala", "seed-r2d2": "r2d2"}
+SETS: dict[str, dict[str, Any]] = {p: {"inference": "central"} for p in ("seed", "seed-r2d2")}
 
 
 def algo_of(profile: str) -> Algorithm:

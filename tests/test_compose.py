@@ -159,10 +159,12 @@ def test_init_creates_the_run_and_the_roles_wait_for_it(profile, services, servi
     cfg = parse_config(algo_of(profile).config, values)
     assert all(cfg.to_dict()[k] == v for k, v in SETS.get(profile, {}).items())
     # Box actions; a partially observed task
-    special = {"apex-dpg": "Pendulum-v1", "r2d2": "qrl/CartPoleNoVel-v1"}
+    special = {n: "qrl/CartPoleNoVel-v1" for n in ("r2d2", "seed-r2d2")} | {
+        "apex-dpg": "Pendulum-v1"
+    }
     env = special.get(profile, EXAMPLE["QRL_ENV"])
     assert (cfg.env, cfg.seed) == (env, int(EXAMPLE["QRL_SEED"]))
-    if profile.startswith("apex") or profile == "r2d2":  # per-actor exploration over them
+    if profile.startswith("apex") or "r2d2" in profile:  # per-actor exploration over them
         assert cfg.actors == int(EXAMPLE["QRL_ACTORS"])
     assert init["depends_on"]["redis"]["condition"] == "service_healthy"
     assert init["restart"] == "no"  # one-shot
@@ -216,6 +218,8 @@ def test_gpu_override_reserves_a_gpu_for_every_torch_learner(services, service_e
         "r2d2-learner",
         "seed-learner",
         "seed-inference",
+        "seed-r2d2-learner",
+        "seed-r2d2-inference",
     }
     assert set(devices.values()) <= {"auto", "cuda"}  # uses the GPU once it sees one
     gpu = load(GPU_OVERRIDE)["services"]

@@ -59,6 +59,7 @@ PROFILES = {  # profile -> (actor service, learner service, the target of its de
     "r2d2": ("r2d2-actor", "r2d2-learner", 475.0),  # qrl/CartPoleNoVel-v1
     "a3c": ("a3c-worker", "a3c-ps", 475.0),  # two parameter-server shards (QRL_PS_SHARDS)
     "seed": ("seed-stepper", "seed-learner", 475.0),  # IMPALA, central inference
+    "seed-r2d2": ("seed-r2d2-stepper", "seed-r2d2-learner", 475.0),  # R2D2, central
 }
 
 T = TypeVar("T")
@@ -348,7 +349,9 @@ def test_apex_cluster_solves_survives_a_killed_actor_and_stops_cleanly(build, tm
     build.say(f"apex: {took:.0f}s to the target; {produced} batches, none lost")
 
 
-@pytest.mark.parametrize("profile", ["impala", "ppo", "es", "apex-dpg", "r2d2", "a3c", "seed"])
+@pytest.mark.parametrize(
+    "profile", ["impala", "ppo", "es", "apex-dpg", "r2d2", "a3c", "seed", "seed-r2d2"]
+)
 def test_cluster_solves_into_a_host_folder(profile, build, tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
