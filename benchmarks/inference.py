@@ -80,11 +80,11 @@ def rate(by_process: dict[int, list[dict]], counter: str) -> float:
     return total
 
 
-def one(url: str, mode: str, actors: int, hidden: str, warmup: float, seconds: float) -> dict:
+def one(url: str, mode: str, actors: int, hidden: str, args: argparse.Namespace) -> dict:
     run = f"inf-{mode}-{actors}-{hidden.replace(',', 'x')}-{int(time.time() * 1000)}"
     keys, client = RunKeys(run), connect(url)
     layers = tuple(int(h) for h in hidden.split(","))
-    cfg = ImpalaConfig(inference=mode, actors=actors, hidden=layers)
+    cfg = ImpalaConfig(inference=mode, actors=actors, hidden=layers, inference_wait_ms=args.wait_ms)
     create_run(client, keys, "impala", cfg)
     WeightStore(client, keys).publish(policy_value_net(cfg, EnvSpec.of(cfg.env)), version=0)
     env = {**os.environ, "QRL_RUN": run, "QRL_REDIS_URL": url}
@@ -92,7 +92,8 @@ def one(url: str, mode: str, actors: int, hidden: str, warmup: float, seconds: f
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
     servers = []
     if mode == "central":
-        servers = [subprocess.Popen([*cli, "inference", "impala", "--device", "cpu"], **quiet)]
+        serve = ["inference", "impala", "--device", "cpu", "--threads", str(args.server_threads)]
+        servers = [subprocess.Popen([*cli, *serve], **quiet)]
     role = "stepper" if mode == "central" else "actor"
     acting = [
         subprocess.Popen([*cli, role, "impala", "--id", str(i)], **quiet) for i in range(actors)
@@ -107,10 +108,10 @@ def one(url: str, mode: str, actors: int, hidden: str, warmup: float, seconds: f
             if len(started) == actors and all(rs[-1]["steps"] > 0 for rs in started.values()):
                 break
             time.sleep(1.0)
-        time.sleep(warmup)
+        time.sleep(args.warmup)
         t0 = time.time()
         cpu0 = [cpu_s(p.pid) for p in acting], [cpu_s(p.pid) for p in servers]
-        time.sleep(seconds)
+        time.sleep(args.seconds)
         cpu1 = [cpu_s(p.pid) for p in acting], [cpu_s(p.pid) for p in servers]
         rss = [rss_mb(p.pid) for p in acting]
         window = time.time() - t0
@@ -150,13 +151,18 @@ def main() -> None:
     p.add_argument("--modes", nargs="+", default=["local", "central"])
     p.add_argument("--warmup", type=float, default=5.0, help="seconds after all step")
     p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--server-threads", type=int, default=1, help="the server's torch threads")
+    p.add_argument(
+        "--wait-ms", type=float, default=ImpalaConfig().inference_wait_ms,
+        help="the server's inference_wait_ms",
+    )  # fmt: skip
     args = p.parse_args()
     with EmbeddedRedis() as server:
         for hidden in args.hidden:
             for actors in args.actors:
                 res = {}
                 for mode in args.modes:
-                    res[mode] = r = one(server.url, mode, actors, hidden, args.warmup, args.seconds)
+                    res[mode] = r = one(server.url, mode, actors, hidden, args)
                     extra = "".join(
                         f", {k} {r[k]:.2f}"
                         for k in ("rtt_p50_ms", "rtt_p99_ms", "batch", "forward_ms", "queue_ms")
