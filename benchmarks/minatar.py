@@ -43,6 +43,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 QRL_ALGOS = ("apex", "impala", "ppo", "r2d2")
 SB3_ALGOS = ("sb3-dqn", "sb3-ppo")
 START = time.time()  # this process's start: SB3's budget counts from it
+CURVE_POINTS = 2000  # a run's curve is kept at about this many points (the JSON stays small)
 
 
 def qrl_run(algo: str, game: str, seed: int, seconds: float, run_dir: Path) -> dict:
@@ -230,6 +231,7 @@ def main() -> None:
                     r = sb3_run(algo, game, seed, seconds, where.with_suffix(".json"))
                 else:
                     r = qrl_run(algo, game, seed, seconds, where)
+                r["curve"] = r["curve"][:: max(1, len(r["curve"]) // CURVE_POINTS)]
                 results[(game, algo, seed)] = {"game": game, "algo": algo, "seed": seed, **r}
                 print(
                     f"{game} {algo} seed {seed}: final {r['final']} in {r['secs']:.0f} s, "
