@@ -163,24 +163,28 @@ class FrameLayout(RecordLayout):
         out[ok] = batch
         return out
 
-    def _gather(self, records: list[Any]) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
-        """Per transition that passes every check its record and the LZ4 blocks its frames are
-        in: ``(which did, the frames of those blocks, each one's 2 x stack frame indices
-        into them, their records)``; one stack gather of the frames then makes the batch."""
-        rows, recs, raws, idx, at = [], [], [], [], 0
+    def _gather(
+        self, records: list[Any]
+    ) -> tuple[list[int], list[np.ndarray], np.ndarray, np.ndarray]:
+        """Per transition that passes every check: ``(its row, the frames of the LZ4 blocks
+        its references fall in, its 2 x stack frame indices into them, its record)``. The
+        frames are a view of its one block, or its few blocks joined: joining every
+        transition's blocks into one array first copied (and page-faulted) the whole batch's
+        decompressed frames once more."""
+        rows, recs, frames, idx = [], [], [], []
         for i, item in enumerate(records):
             try:
                 r, g, blocks = self._transition(item)
             except (ValueError, TypeError, IndexError, struct.error, lz4.block.LZ4BlockError):
                 continue
-            first = {}
+            first, at = {}, 0
             for b, raw in blocks.items():
                 first[b], at = at, at + len(raw) // self.frame_bytes
-                raws.append(raw)
+            raw = b"".join(blocks.values()) if len(blocks) > 1 else next(iter(blocks.values()))
+            frames.append(np.frombuffer(raw, np.uint8).reshape(-1, *self.obs_shape[1:]))
             idx.append([first[j // g] + j % g for j in r["refs"].tolist()])
             rows.append(i)
             recs.append(r)
-        frames = np.frombuffer(b"".join(raws), np.uint8).reshape(-1, *self.obs_shape[1:])
         return rows, frames, np.asarray(idx, np.intp), np.asarray(recs, self.rec)
 
     def max_chunk(self) -> int:
@@ -203,9 +207,11 @@ class FrameLayout(RecordLayout):
             batch = np.zeros(k, self.dtype)
             batch["ok"] = True
             out = {n: batch[n] for n in self.dtype.names or ()}
+        obs, next_obs = out["obs"], out["next_obs"]
+        for t, (f, ix) in enumerate(zip(frames, idx, strict=True)):
+            np.take(f, ix[:s], axis=0, out=obs[t])
+            np.take(f, ix[s:], axis=0, out=next_obs[t])
         if k:
-            np.take(frames, idx[:, :s], axis=0, out=out["obs"][:k])
-            np.take(frames, idx[:, s:], axis=0, out=out["next_obs"][:k])
             for name in ("action", "ret", "disc"):
                 out[name][:k] = rec[name]
         if batch is not None:
