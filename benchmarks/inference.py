@@ -3,6 +3,7 @@ delivers and what it costs the actor machines.
 
     python benchmarks/inference.py                      # 2, 8, 16 actors; 64-64 and 3x1024
     python benchmarks/inference.py --actors 8 --hidden 1024,1024,1024 --seconds 30
+    python benchmarks/inference.py --actors 16 32 --server-device cuda   # on a GPU machine
 
 For each network, actor count and mode, a Redis this script starts holds one IMPALA run
 (CartPole-v1, the default 16 envs per actor) whose weights it publishes once; the run's
@@ -92,7 +93,8 @@ def one(url: str, mode: str, actors: int, hidden: str, args: argparse.Namespace)
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
     servers = []
     if mode == "central":
-        serve = ["inference", "impala", "--device", "cpu", "--threads", str(args.server_threads)]
+        serve = ["inference", "impala", "--device", args.server_device]
+        serve += ["--threads", str(args.server_threads)]
         servers = [subprocess.Popen([*cli, *serve], **quiet)]
     role = "stepper" if mode == "central" else "actor"
     acting = [
@@ -152,6 +154,7 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=5.0, help="seconds after all step")
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--server-threads", type=int, default=1, help="the server's torch threads")
+    p.add_argument("--server-device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument(
         "--wait-ms", type=float, default=ImpalaConfig().inference_wait_ms,
         help="the server's inference_wait_ms",

@@ -21,7 +21,8 @@ device. Rounds alternate within one start of the learner (the data processes' st
 (goal >= 0.95). Per
 update: ``wait`` for a batch, ``transfer`` (its tensors made on the device from the ring
 slot: views on CPU, an asynchronous copy from pinned memory on CUDA, whose end the compute
-then waits for) and ``compute`` (the rest: loss, step, publishing).
+then waits for) and ``compute`` (the rest: loss, step, publishing). On CUDA each side's
+GPU utilisation is printed too (NVML's, as nvidia-smi shows it, sampled every 0.1 s).
 
 ``--feed-only``: the learner replaced by a consumer that takes each batch and gives its slot
 back, so the rate is the data path's alone (transitions/s), for each ``--samplers`` count
@@ -36,11 +37,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
+import torch
 from atari_bytes import ENV, fill_from_actor
 
 from qrl.actors.impala import ImpalaActor
@@ -74,6 +77,29 @@ class Round:
     wait: float  # seconds per update
     transfer: float
     compute: float
+
+
+class GpuUse:
+    """The GPU's utilisation as nvidia-smi reads it (NVML: the share of time a kernel ran),
+    sampled every 0.1 s by a thread and kept per side of the pairs (``side``: "redis",
+    "memory" or None between rounds). Nothing on CPU."""
+
+    def __init__(self, device) -> None:
+        self.side: str | None = None
+        self.samples: dict[str, list[int]] = {}
+        if device.type == "cuda":
+            threading.Thread(target=self._poll, args=(device,), daemon=True).start()
+
+    def _poll(self, device) -> None:
+        while True:
+            if (side := self.side) is not None:
+                self.samples.setdefault(side, []).append(torch.cuda.utilization(device))
+            time.sleep(0.1)
+
+    def report(self) -> str:
+        means = {k: f"{statistics.fmean(v):.0f}%" for k, v in self.samples.items() if v}
+        self.samples = {}
+        return ", ".join(f"{k} {v}" for k, v in means.items())
 
 
 def fill(replay, n: int, rng: np.random.Generator) -> None:
@@ -121,7 +147,7 @@ class Unrolls:
         ]
 
 
-def rounds(lrn, pool: list, updates: int, samplers: int, blocks: int, stock=None):
+def rounds(lrn, pool: list, updates: int, samplers: int, blocks: int, stock=None, gpu=None):
     """``blocks`` pairs of rounds in one start of the learner: ``updates`` updates fed
     through Redis, then as many fed from ``pool`` (while the data processes wait on a full
     ring), alternating, so both sides of a pair share the machine's speed of the moment
@@ -137,6 +163,7 @@ def rounds(lrn, pool: list, updates: int, samplers: int, blocks: int, stock=None
     if hasattr(lrn, "send_priorities"):  # an older tree sent them to its sampler here
         lrn.send_priorities = lambda b: None
     ours, mem = [], []
+    gpu = gpu or GpuUse(torch.device("cpu"))
 
     def steps(n: int) -> None:
         end = lrn.updates + n
@@ -149,18 +176,20 @@ def rounds(lrn, pool: list, updates: int, samplers: int, blocks: int, stock=None
         for _ in range(blocks):
             steps(ahead)
             w0, x0 = lrn.wait_s, getattr(lrn, "transfer_s", 0.0)
-            t = time.perf_counter()
+            t, gpu.side = time.perf_counter(), "redis"
             steps(updates)
-            dt = time.perf_counter() - t
+            dt, gpu.side = time.perf_counter() - t, None
             wait, transfer = lrn.wait_s - w0, getattr(lrn, "transfer_s", 0.0) - x0
             ours.append(
                 Round(updates / dt, (wait - transfer) / updates, transfer / updates,
                       (dt - wait) / updates)
             )  # fmt: skip
-            t = time.perf_counter()
+            t, gpu.side = time.perf_counter(), "memory"
             for i in range(updates):  # the new priorities are made, then dropped
                 lrn.update(pool[i % len(pool)])
-            dt = time.perf_counter() - t
+            if lrn.device.type == "cuda":
+                torch.cuda.synchronize(lrn.device)
+            dt, gpu.side = time.perf_counter() - t, None
             mem.append(Round(updates / dt, 0.0, 0.0, dt / updates))
     finally:
         lrn.close(never)
@@ -279,8 +308,9 @@ def main() -> None:
             "wait transfer compute   (ratio of each pair)"
         )
         data = "loader" if args.algo == "impala" else "sampler"
+        gpu = GpuUse(lrn.device)
         for k in args.samplers:
-            ours, mem = rounds(lrn, pool, args.updates, k, args.rounds, stock)
+            ours, mem = rounds(lrn, pool, args.updates, k, args.rounds, stock, gpu)
             pairs = [o.rate / m.rate for o, m in zip(ours, mem, strict=True)]
             ratio = statistics.median(pairs)
             for name, r, x in ((f"redis, {k} {data}{'s' * (k > 1)}", med(ours), ratio),
@@ -290,6 +320,8 @@ def main() -> None:
                     f" {r.transfer * 1e3:>8.3f} {r.compute * 1e3:>7.3f}"
                     + (f"   ({' '.join(f'{p:.2f}' for p in pairs)})" if x != 1.0 else "")
                 )
+            if use := gpu.report():
+                print(f"{'':<20} GPU busy: {use}")
 
 
 if __name__ == "__main__":
