@@ -306,6 +306,30 @@ def test_master_publishes_again_when_its_parameters_key_is_overwritten(r, keys, 
     np.testing.assert_array_equal(w.params["theta"], master.theta)
 
 
+def test_master_publishes_again_when_another_writer_stores_its_generation(r, keys, redis_server):
+    """A valid blob of the master's own generation written by another writer: the version
+    matches, so only the blob tells that workers would evaluate parameters the master does
+    not have. The master publishes its own again as the next generation."""
+    from qrl.wire.weights import WeightStore
+
+    cfg = ESConfig(population=4, noise_size=10_000)
+    create_run(r, keys, "es", cfg)
+    master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+    master.start(lambda: False)
+    elsewhere = f"{es_params(keys)}:elsewhere"
+    theirs = {"theta": master.theta + 1.0}
+    WeightStore(r, keys, elsewhere).publish(theirs, version=0, meta=master.meta())
+    r.hset(es_params(keys), "blob", r.hget(elsewhere, "blob"))
+    w = WeightStore(r, keys, es_params(keys)).fetch()
+    assert w is not None and w.version == 0  # a valid blob of generation 0, not the master's
+    master.waiting_since -= 10
+    master.step(lambda: False)
+    assert master.generation == 1
+    w = WeightStore(r, keys, es_params(keys)).fetch()
+    assert w is not None and w.version == 1
+    np.testing.assert_array_equal(w.params["theta"], master.theta)
+
+
 def test_center_policy_refuses_parameters_that_do_not_fit():
     from qrl.learners.es import policy_from_params
 

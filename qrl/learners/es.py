@@ -12,9 +12,9 @@ make the parameters, the optimizer or the observation statistics non-finite is r
 results are dropped and counted, the generation is gathered again), and saved state that is
 not finite or does not fit is not resumed from. Workers can only evaluate parameters they
 can read: when no result of the current generation came for ``CHECK_AFTER`` seconds and the
-parameters key holds anything but this generation in a blob that decodes (something else
-overwrote it: an older, newer or far-ahead version), the master publishes its parameters
-again as a new generation.
+parameters key holds anything but the version and blob it published (something else
+overwrote it: garbage, or an older, newer or far-ahead version), the master publishes its
+parameters again as a new generation.
 """
 
 from __future__ import annotations
@@ -217,16 +217,15 @@ class ESMaster(Role):
         return True
 
     def check_published(self) -> None:
-        """Publish again, as a new generation, if the key lost this generation's blob. A
-        newer version too: workers that took it evaluate parameters the master does not have
-        (a valid blob anyone with the run's keys wrote); the master publishes above it, or
-        over it if it is far ahead (garbage, see :mod:`qrl.wire.weights`), and they follow."""
+        """Publish again, as a new generation, unless the key still holds the version and
+        blob this master published (:meth:`WeightStore.kept`). A newer version too: workers
+        that took it evaluate parameters the master does not have (a valid blob anyone with
+        the run's keys wrote); the master publishes above it, or over it if it is far ahead
+        (garbage, see :mod:`qrl.wire.weights`), and they follow."""
         self.waiting_since = time.monotonic()
-        stored = self.store.version()
-        w = self.store.fetch() if stored == self.generation else None
-        if w is not None and w.version == self.generation:
+        if self.store.kept(every_s=0):
             return
-        lost = self.generation
+        stored, lost = self.store.version(), self.generation
         self.consumer.ack(self.used)  # results of the lost generation
         self.generation += 1
         self._new_generation()
