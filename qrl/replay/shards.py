@@ -140,17 +140,20 @@ class ShardedReplay:
         prob = np.concatenate(probs) if probs else np.zeros(0)
         return screen(self, int(sizes.sum()), ids, recs, prob, beta, out)
 
-    def _by_shard(self, ids: list[bytes]) -> dict[int, list[int]]:
-        """The positions in ``ids`` (``b"shard:id"``) of each shard's ids."""
-        groups: dict[int, list[int]] = defaultdict(list)
+    def _by_shard(self, ids: list[bytes]) -> dict[int, tuple[list[int], list[bytes]]]:
+        """Each shard's positions in ``ids`` (``b"shard:id"``) and its own ids there."""
+        groups: dict[int, tuple[list[int], list[bytes]]] = defaultdict(lambda: ([], []))
         for k, i in enumerate(ids):
-            groups[int(i.partition(b":")[0])].append(k)
+            shard, _, local = i.partition(b":")
+            at, own = groups[int(shard)]
+            at.append(k)
+            own.append(local)
         return groups
 
     def reject(self, ids: list[bytes], records: list[Any]) -> None:
         """Remove sampled items that did not decode, each from its shard."""
-        for s, at in self._by_shard(ids).items():
-            self.parts[s].reject([ids[k].partition(b":")[2] for k in at], [records[k] for k in at])
+        for s, (at, local) in self._by_shard(ids).items():
+            self.parts[s].reject(local, [records[k] for k in at])
 
     def update_priorities(self, ids: list[bytes], priorities: np.ndarray) -> None:
         """New priorities, each sent to the shard its id names (ZADD XX there)."""
@@ -160,8 +163,7 @@ class ShardedReplay:
         p = np.asarray(priorities, np.float64)
         # one pipeline: one round trip to a node, or one to each node of a cluster at once
         pipe = self.client.pipeline(transaction=False)
-        for s, at in self._by_shard(ids).items():
-            local = [ids[k].partition(b":")[2] for k in at]
+        for s, (at, local) in self._by_shard(ids).items():
             self.parts[s].queue_priorities(pipe, local, p[at])
         for reply in pipe.execute(raise_on_error=False):
             if isinstance(reply, redis.ResponseError):
