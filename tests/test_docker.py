@@ -349,9 +349,7 @@ def test_apex_cluster_solves_survives_a_killed_actor_and_stops_cleanly(build, tm
     build.say(f"apex: {took:.0f}s to the target; {produced} batches, none lost")
 
 
-@pytest.mark.parametrize(
-    "profile", ["impala", "ppo", "es", "apex-dpg", "r2d2", "a3c", "seed", "seed-r2d2"]
-)
+@pytest.mark.parametrize("profile", [p for p in PROFILES if p != "apex"])  # apex: above
 def test_cluster_solves_into_a_host_folder(profile, build, tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
