@@ -147,7 +147,7 @@ class Unrolls:
         ]
 
 
-def rounds(lrn, pool: list, updates: int, samplers: int, blocks: int, stock=None, gpu=None):
+def rounds(lrn, pool: list, updates: int, samplers: int, blocks: int, gpu: GpuUse, stock=None):
     """``blocks`` pairs of rounds in one start of the learner: ``updates`` updates fed
     through Redis, then as many fed from ``pool`` (while the data processes wait on a full
     ring), alternating, so both sides of a pair share the machine's speed of the moment
@@ -163,7 +163,6 @@ def rounds(lrn, pool: list, updates: int, samplers: int, blocks: int, stock=None
     if hasattr(lrn, "send_priorities"):  # an older tree sent them to its sampler here
         lrn.send_priorities = lambda b: None
     ours, mem = [], []
-    gpu = gpu or GpuUse(torch.device("cpu"))
 
     def steps(n: int) -> None:
         end = lrn.updates + n
@@ -310,7 +309,7 @@ def main() -> None:
         data = "loader" if args.algo == "impala" else "sampler"
         gpu = GpuUse(lrn.device)
         for k in args.samplers:
-            ours, mem = rounds(lrn, pool, args.updates, k, args.rounds, stock, gpu)
+            ours, mem = rounds(lrn, pool, args.updates, k, args.rounds, gpu, stock)
             pairs = [o.rate / m.rate for o, m in zip(ours, mem, strict=True)]
             ratio = statistics.median(pairs)
             for name, r, x in ((f"redis, {k} {data}{'s' * (k > 1)}", med(ours), ratio),
