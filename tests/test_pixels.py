@@ -9,15 +9,17 @@ import numpy as np
 import pytest
 import torch
 
+from qrl.algos import ALGOS
 from qrl.algos.a3c.config import A3CConfig
 from qrl.algos.apex.config import ApexConfig
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.ppo.config import PPOConfig
 from qrl.algos.r2d2.config import R2D2Config
+from qrl.cli.options import build_config
 from qrl.rl.envs import MINATAR_STEPS, make_env
 from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import policy_value_net, q_network, recurrent_q_network
-from tests.cli import train
+from tests.cli import qrl, train
 
 GAMES = {  # MinAtar's channels and minimal action sets (Young & Tian 2019)
     "Breakout": (4, 3),
@@ -97,6 +99,17 @@ def test_conv_is_a_setting_and_a_stack_that_cannot_fit_is_refused_clearly():
     assert _out(net, ATARI, 2).shape == (2, 6)
     with pytest.raises(ValueError, match="conv"):
         ApexConfig(conv="resnet")
+
+
+def test_image_observations_take_the_configs_image_defaults():
+    ppo, images = ALGOS["ppo"], PPOConfig.image_defaults
+    cfg = build_config(ppo, None, (), env="MinAtar/Breakout-v1")
+    assert images and {k: getattr(cfg, k) for k in images} == images
+    assert build_config(ppo, None, (), env="CartPole-v1") == PPOConfig()  # vectors: its own
+    given = build_config(ppo, None, ("lr=1e-3",), env="MinAtar/Breakout-v1")
+    assert given.lr == 1e-3 and given.epochs == images["epochs"]  # what is given stays
+    shown = qrl("config", "show", "ppo", "--env", "MinAtar/Breakout-v1", "--toml", timeout=60)
+    assert f"epochs = {images['epochs']}" in shown.stdout
 
 
 RANDOM_BREAKOUT = 0.41  # a uniform random policy's mean over 200 episodes (seeds 0-199)

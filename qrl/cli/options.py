@@ -3,6 +3,7 @@ them into objects (a Redis client, run keys, a config) with one-line errors."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -198,10 +199,11 @@ def build_config(
     check: bool = True,
     **direct: Any,
 ) -> Any:
-    """The config from a file, then the options given (``None``: not given), then --set;
-    with ``check``, its env is made once to check that it exists and that ``algo`` can act
-    in it."""
-    from qrl.rl.envspec import check_env
+    """The config from a file, then the options given (``None``: not given), then --set,
+    over the config's image defaults when its env's observations are images; with
+    ``check``, its env is made once to check that it exists and that ``algo`` can act in it
+    (without, an env that cannot be made gets no image defaults)."""
+    from qrl.rl.envspec import EnvSpec, check_env
     from qrl.runtime.config import ConfigError, parse_config, parse_overrides, read_config_file
 
     try:
@@ -209,8 +211,13 @@ def build_config(
         values.update({k: v for k, v in direct.items() if v is not None})
         values.update(parse_overrides(overrides))
         cfg = parse_config(algo.config, values)
-        if check:
-            check_env(cfg.env, algo.name, algo.actions)
+        spec = check_env(cfg.env, algo.name, algo.actions) if check else None
+        if algo.config.image_defaults:
+            if spec is None:
+                with contextlib.suppress(ValueError):
+                    spec = EnvSpec.of(cfg.env)
+            if spec is not None and len(spec.obs_shape) == 3:
+                cfg = parse_config(algo.config, {**algo.config.image_defaults, **values})
         return cfg
     except (ConfigError, ValueError) as e:
         raise ConfigProblem(str(e)) from None

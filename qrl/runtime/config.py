@@ -15,7 +15,7 @@ import hashlib
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -203,6 +203,12 @@ class Config(BaseModel):
     ``description`` (shown by ``--help`` texts and docs)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    image_defaults: ClassVar[dict[str, Any]] = {}
+    """Defaults that replace the fields' own when the env's observations are images
+    (``C x H x W``), for the fields a config file, option or ``--set`` leaves unset: the
+    commands that make a run apply them (:func:`qrl.cli.options.build_config`), so the run's
+    config holds the values its roles use. PPO's paper, too, ran Atari with other settings
+    than its vector tasks."""
 
     env: str = Field("CartPole-v1", min_length=1, description="Gymnasium environment id.")
     seed: int = Field(0, ge=0, lt=2**31, description="Random seed of every role.")

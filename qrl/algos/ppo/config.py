@@ -24,6 +24,11 @@ from qrl.runtime.config import (
 class PPOConfig(LearningRate, GradientClip, ConvTorso, ClaimIdle, Unrolls, Config):
     """PPO: actors -> rollout stream -> a pool of synchronous learners."""
 
+    # the PPO paper's Atari settings (its vector tasks' are the fields' defaults): at this
+    # lr, epochs and clip MinAtar's learner keeps up with the actors and does not collapse
+    # late (docs/benchmarks.md, "MinAtar")
+    image_defaults = {"lr": 2.5e-4, "epochs": 4, "clip": 0.1}
+
     hidden: Layers = Field((64, 64), description="Hidden layer sizes of the policy-value net.")
     # learning
     gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
