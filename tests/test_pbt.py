@@ -22,7 +22,7 @@ from qrl.pbt.config import Explore, PBTConfig
 from qrl.pbt.controller import Follower, setup
 from qrl.pbt.exploit import choose, current, exploit, explore
 from qrl.pbt.population import MAX_LEASE_MS
-from qrl.pbt.worker import Renewal, finish, take_better
+from qrl.pbt.worker import Renewal, finish
 from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.snapshot import SnapshotStore, capture
 from qrl.wire.connection import connect
@@ -160,43 +160,22 @@ def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, 
     })  # fmt: skip
     r.hset(pop.scores_key, "x" * 10, "y" * 2_000_000)
     assert pop.scores(pcfg.trials()) == {t0: 10.0}
-    finish(pop, t0, {"eval_return": 5.0})
-    assert take_better(pop, pcfg, t0, random.Random(0)) is None
+    assert finish(pop, pcfg, t0, {"eval_return": 10.0}, random.Random(0)) is None
     for value in ('"text"', "[1]", "{}", '{"score": true}', '{"score": "1"}', "\xff"):
         r.hset(pop.scores_key, t1, value)
-        assert pop.scores(pcfg.trials()) == {t0: 5.0}
+        assert pop.scores(pcfg.trials()) == {t0: 10.0}
     r.hset(pop.scores_key, t1, "z" * 5000)  # over the cap: not read
-    assert pop.scores(pcfg.trials()) == {t0: 5.0}
+    assert pop.scores(pcfg.trials()) == {t0: 10.0}
     r.delete(pop.scores_key)
     r.rpush(pop.scores_key, "not a hash")
     assert pop.scores(pcfg.trials()) == {}
-    finish(pop, t0, {"eval_return": float("nan")})
-    assert take_better(pop, pcfg, t0, random.Random(0)) is None
+    assert finish(pop, pcfg, t0, {"eval_return": float("nan")}, random.Random(0)) is None
     r.xadd(pop.lineage_key, {"event": "not json"})
     r.xadd(pop.lineage_key, {"other": "x"})
     Follower(pcfg, tmp_path)(r, pop)  # what the controller does every second
     assert qrl("status", "--run", keys.run).returncode == 0
     assert pop.lineage() == []
     assert r.xlen(pop.lineage_key) == 2  # nothing of ours was recorded: no exploit
-
-
-def test_a_low_trial_takes_the_top_trials_state_as_it_is_taken(r, keys):
-    pcfg = _pcfg(keys, population=4)
-    pop = setup(r, pcfg)
-    t0, t1, t2, t3 = pcfg.trials()
-    for i, trial in enumerate(pcfg.trials()):
-        learner = _learner(r, trial)
-        SnapshotStore(r, RunKeys(trial)).save(capture(learner.net, learner.opt, 10 * (i + 1)))
-        finish(pop, trial, {"eval_return": float(i)})  # t3 the top, t0 the bottom
-    for trial in (t1, t2, t3):
-        assert take_better(pop, pcfg, trial, random.Random(0)) is None
-    random_search = pcfg.model_copy(update={"exploit": False})
-    assert take_better(pop, random_search, t0, random.Random(0)) is None
-    SnapshotStore(r, RunKeys(t3)).save(capture(learner.net, learner.opt, 77))  # t3 trained on
-    event = take_better(pop, pcfg, t0, random.Random(0))
-    assert event["source"] == t3 and event["trial"] == t0
-    assert SnapshotStore(r, RunKeys(t0)).fetch().updates == 78  # t3's latest, one above
-    assert t0 not in pop.scores(pcfg.trials())  # its own score is stale now
 
 
 def test_qrl_pbt_refuses_bad_settings_before_it_starts(tmp_path):

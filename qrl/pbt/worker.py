@@ -1,11 +1,8 @@
-"""A PBT worker slot (``qrl pbt worker``): takes a trial from the population's leases; if the
-trial ranks low on the scoreboard, exploits and explores first (it takes a better trial's
-state as that trial's last segment left it: the freshest copy there is, where copying as the
-low trial's own segment ended would leave it a segment behind by the time it runs again);
-trains it for one segment (``ready_s`` seconds, as a ``qrl train`` job on the population's
-Redis whose learner resumes from and saves to the trial's Redis snapshot), posts its
-evaluation to the scoreboard, and gives the trial back: more trials than slots take turns,
-and a worker on any machine can take any trial.
+"""A PBT worker slot (``qrl pbt worker``): takes a trial from the population's leases, trains
+it for one segment (``ready_s`` seconds, as a ``qrl train`` job on the population's Redis
+whose learner resumes from and saves to the trial's Redis snapshot), posts its evaluation to
+the scoreboard, exploits and explores if it ranks low, and gives the trial back: more trials
+than slots take turns, and a worker on any machine can take any trial.
 
 A worker that dies holds its trial until the lease runs out (``ready_s + lease_s``); its role
 processes are stopped as their parent dies, the learner saving the trial's state as it stops,
@@ -112,7 +109,6 @@ def slot(url: str, name: str, run_root: Path, device: str = "auto") -> int:
             continue
         log.info("%s: segment of %s", me, trial)
         try:
-            take_better(pop, pcfg, trial, rng)
             renew = Renewal(pop, trial, me, pcfg.ready_s + pcfg.lease_s)
             result = segment(client, url, pcfg, trial, run_root / trial, device, stop.local, renew)
             if stop.local.is_set():  # cut short: no score, no exploit
@@ -120,17 +116,23 @@ def slot(url: str, name: str, run_root: Path, device: str = "auto") -> int:
             done += 1
             if renew.lost:  # another worker holds the trial now: it is not ours to change
                 continue
-            finish(pop, trial, result)
+            finish(pop, pcfg, trial, result, rng)
         finally:
             pop.release(trial, me)
     return done
 
 
-def take_better(
-    pop: Population, pcfg: PBTConfig, trial: str, rng: random.Random
+def finish(
+    pop: Population, pcfg: PBTConfig, trial: str, result: dict[str, Any], rng: random.Random
 ) -> dict[str, Any] | None:
-    """Before a segment: if ``trial`` ranks low, it takes a top trial's state (the lineage
-    event, or None)."""
+    """After a segment: the solve, or the score and (if the trial ranks low) the exploit."""
+    if result.get("reached"):
+        pop.solve(trial, float(result.get("confirm_return") or result[EVAL_RETURN.name]))
+        return None
+    score = result.get(EVAL_RETURN.name)
+    if not isinstance(score, (int, float)) or not math.isfinite(score):
+        return None  # no evaluation in the segment
+    pop.post(trial, float(score))
     if not pcfg.exploit:
         return None
     scores = pop.scores(pcfg.trials())
@@ -138,13 +140,3 @@ def take_better(
     if source is None:
         return None
     return exploit(pop.client, pop, pcfg, trial, source, rng, scores)
-
-
-def finish(pop: Population, trial: str, result: dict[str, Any]) -> None:
-    """After a segment: the solve, or the score."""
-    if result.get("reached"):
-        pop.solve(trial, float(result.get("confirm_return") or result[EVAL_RETURN.name]))
-        return
-    score = result.get(EVAL_RETURN.name)
-    if isinstance(score, (int, float)) and math.isfinite(score):
-        pop.post(trial, float(score))  # no evaluation in the segment: none
