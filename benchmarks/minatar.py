@@ -179,15 +179,19 @@ def plot(results: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     games = sorted({k[0] for k in results})
+    algos = sorted({k[1] for k in results})
+    colour = {a: f"C{i}" for i, a in enumerate(algos)}  # one per algorithm, a style per seed
+    styles = ["-", "--", ":", "-."]
     fig, axes = plt.subplots(len(games), 2, figsize=(12, 4 * len(games)), squeeze=False)
     for row, game in enumerate(games):
         for (g, algo, seed), r in sorted(results.items()):
             if g != game or not r["curve"]:
                 continue
             t, steps, ret = zip(*r["curve"], strict=True)
-            label = f"{algo} seed {seed}"
-            axes[row][0].plot([x / 60 for x in t], _smooth(ret), label=label)
-            axes[row][1].plot(steps, _smooth(ret), label=label)
+            style = {"label": f"{algo} seed {seed}", "color": colour[algo],
+                     "linestyle": styles[seed % len(styles)]}  # fmt: skip
+            axes[row][0].plot([x / 60 for x in t], _smooth(ret), **style)
+            axes[row][1].plot(steps, _smooth(ret), **style)
         axes[row][0].set(title=f"{game}: training return", xlabel="minutes", ylabel="return")
         axes[row][1].set(title=f"{game}: training return", xlabel="env steps")
         axes[row][0].legend(fontsize=7)
