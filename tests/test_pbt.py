@@ -303,6 +303,8 @@ def test_a_sigkilled_workers_trial_goes_on_from_its_last_state(redis_server, key
         while WeightStore(client, RunKeys(trial)).version() <= last.updates:
             assert time.monotonic() < deadline, "the trial did not train on"
             time.sleep(0.5)
+        b.send_signal(signal.SIGINT)  # to the worker alone: it stops its slots in order
+        assert b.wait(30) == 0
     finally:
         for p in (a, b):
             if p is not None and p.poll() is None:

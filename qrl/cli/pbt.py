@@ -140,7 +140,7 @@ def pbt_command(algo: Algorithm) -> click.Command:
 def worker(name: str, redis_url: str | None, slots: int, run_dir: Path | None,
            device: str) -> None:  # fmt: skip
     """Train trials of population NAME until it is solved or stopped (`qrl run stop NAME`)."""
-    from qrl.pbt.controller import start_slots
+    from qrl.pbt.controller import work
     from qrl.pbt.population import Population, PopulationError
 
     run_keys(name, "NAME")
@@ -149,10 +149,7 @@ def worker(name: str, redis_url: str | None, slots: int, run_dir: Path | None,
         Population(client, name).config()
     except PopulationError as e:
         raise click.ClickException(str(e)) from None
-    procs = start_slots(redis_url, name, run_dir or Path("runs") / name, slots, device)
-    for p in procs:
-        p.join()
-    sys.exit(0 if all(p.exitcode == 0 for p in procs) else 1)
+    sys.exit(work(redis_url, name, run_dir or Path("runs") / name, slots, device))
 
 
 for _name in PBT_ALGOS:

@@ -66,6 +66,34 @@ def start_slots(url: str, name: str, run_root: Path, slots: int, device: str) ->
     return procs
 
 
+def stop_slots(procs: list[Any]) -> None:
+    """Stop slot processes in order: each stops its segment's roles as SIGTERM asks (the
+    learner saving its trial's state); one still there after 60 s is killed."""
+    for p in procs:
+        if p.exitcode is None:
+            p.terminate()
+    for p in procs:
+        p.join(60)
+        if p.exitcode is None:
+            p.kill()
+
+
+def work(url: str, name: str, run_root: Path, slots: int, device: str) -> int:
+    """``qrl pbt worker``: ``slots`` slots until each ends (the population solved, or ``qrl
+    run stop``) or SIGINT/SIGTERM stops them; 0 if every slot ended cleanly. (The slots are
+    this process's children: a signal to it alone must reach them, or it would wait on them
+    for ever as it exits.)"""
+    interrupted = threading.Event()
+    on_stop_signals(interrupted.set)
+    procs = start_slots(url, name, run_root, slots, device)
+    try:
+        while not interrupted.is_set() and any(p.exitcode is None for p in procs):
+            interrupted.wait(1.0)
+    finally:
+        stop_slots(procs)
+    return 0 if all(p.exitcode == 0 for p in procs) else 1
+
+
 def setup(client: redis.Redis, pcfg: PBTConfig) -> Population:
     """The population and its trials' runs in Redis (those there already are kept)."""
     pop = Population(client, pcfg.name)
@@ -170,13 +198,7 @@ def run_population(
         if client is not None:
             with contextlib.suppress(redis.RedisError):
                 request_stop(client, RunKeys(pcfg.name))
-        for p in procs:
-            if p.exitcode is None:
-                p.terminate()  # the slot's segment stops its roles in order
-        for p in procs:
-            p.join(60)
-            if p.exitcode is None:
-                p.kill()
+        stop_slots(procs)
         if server is not None:
             server.stop()
     result = {"solved": solved, "elapsed": time.monotonic() - start, "exit_code": code}
