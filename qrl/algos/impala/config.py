@@ -28,6 +28,11 @@ class ImpalaConfig(
 ):
     """IMPALA: actors -> trajectory stream -> V-trace learner."""
 
+    # MinAtar's rewards are 0 or 1 a step (the paper clipped Atari's to [-1, 1]): scaled by
+    # the vector tasks' 0.01 the entropy bonus outweighed them and the policy stayed near
+    # uniform (docs/benchmarks.md, "MinAtar")
+    image_defaults = {"reward_scale": 1.0}
+
     hidden: Layers = Field((64, 64), description="Hidden layer sizes of the policy-value net.")
     # learning
     gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
