@@ -51,11 +51,14 @@ def qrl_run(algo: str, game: str, seed: int, seconds: float, run_dir: Path) -> d
     cmd = [sys.executable, "-m", "qrl.cli", "train", algo, "--env", env, "--seed", str(seed)]
     cmd += ["--max-time", str(seconds), "--run-dir", str(run_dir), "--eval-every", "60"]
     t = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 600)
+    # `-m` puts the working folder first on the path: run from benchmarks/, this file would
+    # hide the minatar package from the job
+    where = run_dir.parent
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 600, cwd=where)
     secs = time.perf_counter() - t
     ev = subprocess.run(
         [sys.executable, "-m", "qrl.cli", "eval", str(run_dir), "--episodes", "100"],
-        capture_output=True, text=True, timeout=1200,
+        capture_output=True, text=True, timeout=1200, cwd=where,
     )  # fmt: skip
     found = re.search(r"mean\D*(-?[\d.]+)", ev.stdout)
     rows = _csv(run_dir / "metrics.csv")
@@ -210,7 +213,7 @@ def main() -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--minutes", type=float, default=20.0)
     p.add_argument("--plot", help="PNG of the curves")
-    p.add_argument("--json", help="write every run's result here (and read runs already in it)")
+    p.add_argument("--json", help="write every run's result here (and skip the runs done in it)")
     p.add_argument("--sb3", choices=SB3_ALGOS, help=argparse.SUPPRESS)
     p.add_argument("--game", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, help=argparse.SUPPRESS)
@@ -228,8 +231,8 @@ def main() -> None:
     for game in args.games:
         for seed in args.seeds:
             for algo in args.algos:
-                if (game, algo, seed) in results:
-                    continue
+                if results.get((game, algo, seed), {}).get("final") is not None:
+                    continue  # done (one that failed, with no final return, runs again)
                 where = work / f"{game}-{algo}-{seed}"
                 if algo in SB3_ALGOS:
                     r = sb3_run(algo, game, seed, seconds, where.with_suffix(".json"))
