@@ -24,6 +24,7 @@ from qrl.pbt.exploit import choose, current, exploit, explore
 from qrl.pbt.population import MAX_LEASE_MS
 from qrl.pbt.worker import Renewal, finish
 from qrl.runtime.algorithm import RoleContext
+from qrl.runtime.live import set_live
 from qrl.runtime.snapshot import SnapshotStore, capture
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
@@ -176,6 +177,25 @@ def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, 
     assert qrl("status", "--run", keys.run).returncode == 0
     assert pop.lineage() == []
     assert r.xlen(pop.lineage_key) == 2  # nothing of ours was recorded: no exploit
+
+
+def test_scores_csv_gets_a_row_when_a_score_or_a_value_changes(r, keys, tmp_path):
+    pcfg = _pcfg(keys)
+    pop = setup(r, pcfg)
+    t0, t1 = pcfg.trials()
+    pop.post(t0, 1.0)
+    pop.post(t1, 2.0)
+    follow = Follower(pcfg, tmp_path, every=0.0)
+    for _ in range(3):  # nothing new: no new rows
+        follow(r, pop)
+    pop.post(t0, 3.0)
+    follow(r, pop)
+    set_live(r, RunKeys(t1), ALGOS["ppo"].config, {"lr": 0.005})  # the same score, a new lr
+    follow(r, pop)
+    follow(r, pop)
+    rows = [row.split(",")[1:4] for row in (tmp_path / "scores.csv").read_text().splitlines()]
+    assert [row[:2] for row in rows[1:]] == [[t0, "1.0"], [t1, "2.0"], [t0, "3.0"], [t1, "2.0"]]
+    assert rows[-1][2] == "0.005"
 
 
 def test_qrl_pbt_refuses_bad_settings_before_it_starts(tmp_path):

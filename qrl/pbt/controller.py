@@ -107,12 +107,13 @@ def setup(client: redis.Redis, pcfg: PBTConfig) -> Population:
 
 class Follower:
     """Appends the lineage events seen since the last call to the run dir, and each scored
-    trial's score and explored values every ``every`` seconds."""
+    trial's score and explored values when they changed (looked at every ``every`` seconds)."""
 
     def __init__(self, pcfg: PBTConfig, run_root: Path, every: float = 5.0) -> None:
         self.pcfg, self.root, self.events, self.every = pcfg, run_root, 0, every
         self.read = "-"  # the last lineage entry read
-        self.last: dict[str, float] = {}
+        self.last: dict[str, float] = {}  # when each trial was last looked at
+        self.written: dict[str, list[Any]] = {}  # each trial's last row: its score and values
         self.fields = [e.field for e in pcfg.explore]
         self.start = time.time()
 
@@ -134,8 +135,10 @@ class Follower:
                     continue
                 self.last[trial] = time.time()
                 cfg = current(client, self.pcfg, trial)
-                values = [getattr(cfg, name) for name in self.fields]
-                w.writerow([f"{time.time() - self.start:.1f}", trial, score, *values])
+                row = [score, *(getattr(cfg, name) for name in self.fields)]
+                if row != self.written.get(trial):  # a new score or new values: a point
+                    self.written[trial] = row
+                    w.writerow([f"{time.time() - self.start:.1f}", trial, *row])
         return scores
 
 
