@@ -110,6 +110,21 @@ def test_image_observations_take_the_configs_image_defaults():
     assert given.lr == 1e-3 and given.epochs == images["epochs"]  # what is given stays
     shown = qrl("config", "show", "ppo", "--env", "MinAtar/Breakout-v1", "--toml", timeout=60)
     assert f"epochs = {images['epochs']}" in shown.stdout
+    table = qrl("config", "show", "ppo", "--env", "MinAtar/Breakout-v1", timeout=60).stdout
+    row = next(line for line in table.splitlines() if line.split()[:1] == ["lr"])
+    assert row.split()[1:3] == ["0.00025", "(live)"]  # an image env's own default: unmarked
+
+
+def test_image_defaults_are_checked_as_a_config_is_defined():
+    with pytest.raises(TypeError, match="no field lrr"):
+
+        class Misspelt(PPOConfig):
+            image_defaults = {"lrr": 1e-3}
+
+    with pytest.raises(TypeError, match="lr"):
+
+        class Negative(PPOConfig):
+            image_defaults = {"lr": -1.0}
 
 
 RANDOM_BREAKOUT = 0.41  # a uniform random policy's mean over 200 episodes (seeds 0-199)

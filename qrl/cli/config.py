@@ -34,8 +34,9 @@ def show(
     as_toml: bool,
 ) -> None:
     """Every field of ALGO's config with its value (the default, or what --env, --config and
-    --set make it) and its one-line doc; values that differ from the default are marked, and
-    so are the fields `qrl run set` may change while the run runs ("(live)").
+    --set make it) and its one-line doc; values that differ from the default (an image env's
+    own defaults, where the algorithm has some) are marked, and so are the fields `qrl run
+    set` may change while the run runs ("(live)").
 
     \b
       qrl config show apex
@@ -48,6 +49,9 @@ def show(
     cfg = build_config(a, config_file, overrides, check=False, env=env, seed=seed)
     values = cfg.to_dict()
     defaults = a.config.model_construct().to_dict()
+    if env is not None and a.config.image_defaults:  # an image env's defaults are its own
+        env_defaults = build_config(a, None, (), check=False, env=env).to_dict()
+        defaults.update({k: env_defaults[k] for k in a.config.image_defaults})
     fields = a.config.model_fields
     if as_toml:
         click.echo(f"# qrl config show {algo}: every field of {a.config.__name__}\n[{algo}]")

@@ -203,7 +203,7 @@ def build_config(
     over the config's image defaults when its env's observations are images; with
     ``check``, its env is made once to check that it exists and that ``algo`` can act in it
     (without, an env that cannot be made gets no image defaults)."""
-    from qrl.rl.envspec import EnvSpec, check_env
+    from qrl.rl.envspec import EnvSpec, check_env, is_image
     from qrl.runtime.config import ConfigError, parse_config, parse_overrides, read_config_file
 
     try:
@@ -216,7 +216,7 @@ def build_config(
             if spec is None:
                 with contextlib.suppress(ValueError):
                     spec = EnvSpec.of(cfg.env)
-            if spec is not None and len(spec.obs_shape) == 3:
+            if spec is not None and is_image(spec.obs_shape):
                 cfg = parse_config(algo.config, {**algo.config.image_defaults, **values})
         return cfg
     except (ConfigError, ValueError) as e:

@@ -18,6 +18,12 @@ import numpy as np
 from qrl.rl.envs import spaces
 
 
+def is_image(obs_shape: tuple[int, ...]) -> bool:
+    """Whether observations of ``obs_shape`` are images (``C x H x W``): they get a conv
+    network and, where an algorithm has them, its image defaults."""
+    return len(obs_shape) == 3
+
+
 def action_kind(space: object) -> str:
     """``discrete``, ``continuous`` (a Box) or the space's class name."""
     if isinstance(space, gym.spaces.Discrete):

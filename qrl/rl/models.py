@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from qrl.rl.envspec import EnvSpec
+from qrl.rl.envspec import EnvSpec, is_image
 
 Bounds = tuple[np.ndarray, np.ndarray]  # an observation space's (low, high)
 
@@ -27,7 +27,7 @@ def torso(
     conv stack (:func:`conv_torso`), for vectors an MLP of ``hidden`` layers; with
     ``bounds``, vector observations are first scaled by them (:class:`ObsScale`) and images
     divided by their largest value (Atari's 255, MinAtar's 1)."""
-    if len(obs_shape) == 3:
+    if is_image(obs_shape):
         return conv_torso(obs_shape, conv, _image_scale(bounds))
     if len(obs_shape) != 1:
         raise ValueError(f"observations of shape {obs_shape} are not supported (vector or CxHxW)")

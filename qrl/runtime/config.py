@@ -213,6 +213,19 @@ class Config(BaseModel):
     env: str = Field("CartPole-v1", min_length=1, description="Gymnasium environment id.")
     seed: int = Field(0, ge=0, lt=2**31, description="Random seed of every role.")
 
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """An algorithm's image defaults are checked as its config is defined: a misspelt
+        field or a bad value would otherwise surface only when an image env is trained."""
+        super().__pydantic_init_subclass__(**kwargs)
+        unknown = sorted(set(cls.image_defaults) - set(cls.model_fields))
+        if unknown:
+            raise TypeError(f"{cls.__name__}.image_defaults: no field {', '.join(unknown)}")
+        try:
+            parse_config(cls, dict(cls.image_defaults))
+        except ConfigError as e:
+            raise TypeError(f"{cls.__name__}.image_defaults: {e}") from None
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able values (tuples as lists), as stored in Redis and checkpoints."""
         return self.model_dump(mode="json")
