@@ -116,7 +116,7 @@ def test_image_observations_take_the_configs_image_defaults():
 
 
 def test_image_defaults_are_checked_as_a_config_is_defined():
-    with pytest.raises(TypeError, match="no field lrr"):
+    with pytest.raises(TypeError, match="unknown field 'lrr'"):
 
         class Misspelt(PPOConfig):
             image_defaults = {"lrr": 1e-3}
