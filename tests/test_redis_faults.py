@@ -4,6 +4,7 @@ exit with code 3 and a clear message instead of hanging. Real processes, real re
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -158,6 +159,42 @@ def test_a_learner_stopped_while_redis_is_away_writes_its_final_checkpoint(tmp_p
     assert code == 3, f"exit {code}:\n{text[-3000:]}"  # it gave up on Redis, saying so
     assert "is stopping: not waiting for it" in text and "Traceback" not in text, text[-3000:]
     assert load_checkpoint(ckpt, "apex", cfg)["step"] >= 20  # nothing learned was lost
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_qrl_train_stopped_while_its_redis_is_away_ends_at_once(tmp_path):
+    """Ctrl-C on `qrl train` whose Redis has gone: it stops its roles and ends within
+    seconds, its result written, instead of waiting out the Redis deadline (60 s) on each
+    command it had left and ending in a traceback."""
+    server = EmbeddedRedis().start()
+    run_dir = tmp_path / "run"
+    log = (tmp_path / "train.log").open("w")
+    env = {k: v for k, v in os.environ.items() if k not in ("QRL_REDIS_URL", "QRL_REDIS_DEADLINE")}
+    argv = ["train", "apex", "--env", "CartPole-v1", "--redis", server.url, "--max-time", "300",
+            "--run", "stopped", "--run-dir", str(run_dir), "--set", "actors=1"]  # fmt: skip
+    proc = role(*argv, env=env, stdout=log, stderr=log)
+    try:
+        wait_until(lambda: _version(server.url, RunKeys("stopped")) > 5, "weights", 120)
+        server.stop()
+        time.sleep(2)  # its loop now waits for Redis
+        gone = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        try:
+            code = proc.wait(50)
+        except subprocess.TimeoutExpired:
+            code = None
+        waited = time.monotonic() - gone
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.stop()
+        log.close()
+    text = (tmp_path / "train.log").read_text()
+    assert code == 2 and waited < 30, f"exit {code} after {waited:.0f}s:\n{text[-3000:]}"
+    assert "Traceback" not in text, text[-3000:]
+    assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 2
 
 
 def test_a_relative_data_dir_keeps_the_append_only_file_there(tmp_path, monkeypatch):

@@ -45,7 +45,7 @@ from qrl.runtime.runs import RunNotFound, load_run, load_run_config
 from qrl.runtime.tracking import Tracking
 from qrl.server.embedded import die_with_parent
 from qrl.wire.codec import CodecError
-from qrl.wire.connection import RedisUnavailable, connect, failure_exit, stop_waiting
+from qrl.wire.connection import RedisUnavailable, connect, failure_exit
 from qrl.wire.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -121,8 +121,7 @@ def run_role(spec: RoleSpec) -> int:
     running = threading.Event()
 
     def on_signal() -> None:
-        stopping.set()
-        stop_waiting()  # a lost Redis must not keep the final checkpoint waiting
+        stopping.set()  # (and a lost Redis no longer waited for: on_stop_signals)
         if not running.is_set():
             sys.exit(0)  # imports, waiting for Redis: nothing to finish
 

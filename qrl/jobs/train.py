@@ -41,7 +41,7 @@ from qrl.runtime.runlog import Progress, RunLog
 from qrl.runtime.runs import create_run
 from qrl.runtime.tracking import Tracking
 from qrl.server.embedded import EmbeddedRedis
-from qrl.wire.connection import connect, disconnect, redact
+from qrl.wire.connection import RedisUnavailable, connect, disconnect, redact
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import Weights, WeightStore
 
@@ -155,7 +155,7 @@ def _shutdown(
     client: redis.Redis | None, keys: RunKeys, procs: dict[str, BaseProcess], grace: float
 ) -> None:
     if client is not None:
-        with contextlib.suppress(redis.RedisError):
+        with contextlib.suppress(redis.RedisError, RedisUnavailable):  # roles stop anyway
             request_stop(client, keys)
     deadline = time.monotonic() + grace
     for p in procs.values():
@@ -295,12 +295,17 @@ def run_training(
             # each role reports once more as it stops: a job that reached its target before a
             # role's first report still counts that role's work in its last row
             _shutdown(client, keys, procs, grace=15)
-            with contextlib.suppress(redis.RedisError):
+            with contextlib.suppress(redis.RedisError, RedisUnavailable):
                 for msg in reader.read():
                     progress.fold(msg)
             runlog.write(progress, force=True)
     except KeyboardInterrupt:
         console.print("interrupted")
+        failed = True
+    except RedisUnavailable as e:  # stopped while Redis is away: end now (else: exit 3)
+        if stop is None or not stop.local.is_set():
+            raise
+        console.print(f"interrupted; {e}")
         failed = True
     finally:
         _shutdown(client, keys, procs, grace=15)

@@ -35,7 +35,7 @@ from qrl.runtime.control import clear_stop, on_stop_signals, request_stop
 from qrl.runtime.files import open_appending, write_json
 from qrl.runtime.runs import create_run
 from qrl.server.embedded import EmbeddedRedis, die_with_parent
-from qrl.wire.connection import connect, disconnect, redact
+from qrl.wire.connection import RedisUnavailable, connect, disconnect, redact
 from qrl.wire.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -197,9 +197,14 @@ def run_population(
                 break
     except KeyboardInterrupt:
         code = 2
+    except RedisUnavailable as e:  # stopped while Redis is away: end now (else: exit 3)
+        if not interrupted.is_set():
+            raise
+        console.print(f"interrupted; {e}")
+        code = 2
     finally:
         if client is not None:
-            with contextlib.suppress(redis.RedisError):
+            with contextlib.suppress(redis.RedisError, RedisUnavailable):  # slots stop anyway
                 request_stop(client, RunKeys(pcfg.name))
         stop_slots(procs)
         if server is not None:

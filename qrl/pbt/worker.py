@@ -11,6 +11,7 @@ and the next worker to take the trial goes on from there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -34,7 +35,7 @@ from qrl.rl.envs import check_env_id
 from qrl.runtime.control import StopFlag
 from qrl.runtime.roles import EVAL_RETURN
 from qrl.runtime.runs import load_run_config
-from qrl.wire.connection import connect, disconnect
+from qrl.wire.connection import RedisUnavailable, connect, disconnect
 from qrl.wire.faults import warn_once
 from qrl.wire.keys import RunKeys
 
@@ -118,7 +119,8 @@ def slot(url: str, name: str, run_root: Path, device: str = "auto") -> int:
                 continue
             finish(pop, pcfg, trial, result, rng)
         finally:
-            pop.release(trial, me)
+            with contextlib.suppress(redis.RedisError, RedisUnavailable):  # else it runs out
+                pop.release(trial, me)
     return done
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from qrl.wire.connection import stop_waiting
 from qrl.wire.faults import repaired
 from qrl.wire.keys import RunKeys
 
@@ -19,9 +20,16 @@ if TYPE_CHECKING:
 
 def on_stop_signals(handler: Callable[[], None]) -> None:
     """Call ``handler`` on SIGINT and SIGTERM: the one place qrl installs signal handlers
-    (main thread only)."""
+    (main thread only). From the signal on, a lost Redis is not waited for
+    (:func:`~qrl.wire.connection.stop_waiting`): a process asked to stop while Redis is away
+    finishes what it can and ends, instead of retrying each command until the deadline."""
+
+    def on_signal(*_: object) -> None:
+        stop_waiting()
+        handler()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: handler())
+        signal.signal(sig, on_signal)
 
 
 class StopFlag:
