@@ -21,7 +21,7 @@ from qrl.algos import ALGOS
 from qrl.pbt.config import Explore, PBTConfig
 from qrl.pbt.controller import Follower, setup
 from qrl.pbt.exploit import choose, current, exploit, explore
-from qrl.pbt.population import MAX_LEASE_MS
+from qrl.pbt.population import MAX_LEASE_MS, Population
 from qrl.pbt.worker import Renewal, finish
 from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.live import set_live
@@ -145,6 +145,20 @@ def test_a_snapshot_that_does_not_fit_is_not_loaded(r, keys):
     assert _learner(r, trial).updates == 0
     SnapshotStore(r, RunKeys(trial)).save(good)
     assert _learner(r, trial).updates == 5
+
+
+def test_a_segment_is_scored_by_its_training_returns_unless_told_its_evaluation(r, keys):
+    # a greedy evaluation stuck on one action (-89.8) must not outrank the training returns
+    result = {"episodic_return": -150.0, "eval_return": -89.8}
+    for score, want in (("train", -150.0), ("eval", -89.8)):
+        pcfg = _pcfg(keys, score=score, exploit=False)
+        pop = Population(r, pcfg.name)
+        t0 = pcfg.trials()[0]
+        assert finish(pop, pcfg, t0, result, random.Random(0)) is None
+        assert pop.scores(pcfg.trials()) == {t0: want}
+        pop.forget(t0)
+        assert finish(pop, pcfg, t0, {**result, "episodic_return": None}, random.Random(0)) is None
+        assert pop.scores(pcfg.trials()) == ({} if score == "train" else {t0: want})
 
 
 def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, tmp_path):

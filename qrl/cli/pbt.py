@@ -48,6 +48,9 @@ _options = stack(
                  help="Bottom/top quantile of truncation selection (default 0.25)."),
     click.option("--resample", type=click.FloatRange(0, 1), default=None,
                  help="Chance an explored value is redrawn instead of perturbed (default 0.25)."),
+    click.option("--score", type=click.Choice(["train", "eval"]), default=None,
+                 help="What ranks trials: the recent mean return of their training episodes "
+                 "(default, as the paper does for RL) or their greedy evaluation."),
     click.option("--random-search", "random_search", is_flag=True,
                  help="No exploit and explore: the same trials, each on its own draw (the "
                  "baseline PBT is measured against)."),

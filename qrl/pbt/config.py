@@ -106,6 +106,11 @@ class PBTConfig(BaseModel):
     resample: float = Field(0.25, ge=0, le=1, description="Chance an explored value is redrawn.")
     perturb: tuple[float, float] = (0.8, 1.2)
     target_return: float | None = None
+    score: Literal["train", "eval"] = Field(
+        "train",
+        description="What ranks trials: their training episodes' recent mean return (the "
+        "paper's choice for RL), or the greedy evaluation (eval_episodes each).",
+    )
     eval_episodes: int = Field(10, ge=1, le=1000)
     confirm_episodes: int = Field(100, ge=0, le=10_000)
     lease_s: float = Field(60.0, ge=5, le=86_400, description="Past a segment: a dead worker's.")

@@ -5,7 +5,7 @@ slot): its config, the trials' leases, the scoreboard, the lineage and the first
 - ``pbt:leases``: sorted set, trial -> the time (ms, Redis's clock) it may next be taken: when
   its lease runs out, or when it was given back (so the trial waiting longest goes first and
   more trials than slots take turns); ``pbt:owners`` says which worker holds each lease.
-- ``pbt:scores``: hash, trial -> JSON ``{score, time}``, the trial's last evaluation.
+- ``pbt:scores``: hash, trial -> JSON ``{score, time}``, the trial's last segment's score.
 - ``pbt:lineage``: stream of exploit/explore events (who copied whom, which values).
 - ``pbt:solved``: JSON, the first trial whose evaluation was confirmed at the target.
 

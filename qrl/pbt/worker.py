@@ -1,6 +1,6 @@
 """A PBT worker slot (``qrl pbt worker``): takes a trial from the population's leases, trains
 it for one segment (``ready_s`` seconds, as a ``qrl train`` job on the population's Redis
-whose learner resumes from and saves to the trial's Redis snapshot), posts its evaluation to
+whose learner resumes from and saves to the trial's Redis snapshot), posts its score to
 the scoreboard, exploits and explores if it ranks low, and gives the trial back: more trials
 than slots take turns, and a worker on any machine can take any trial.
 
@@ -33,7 +33,7 @@ from qrl.pbt.exploit import choose, exploit
 from qrl.pbt.population import Population
 from qrl.rl.envs import check_env_id
 from qrl.runtime.control import StopFlag
-from qrl.runtime.roles import EVAL_RETURN
+from qrl.runtime.roles import EPISODIC_RETURN, EVAL_RETURN
 from qrl.runtime.runs import load_run_config
 from qrl.wire.connection import RedisUnavailable, connect, disconnect
 from qrl.wire.faults import warn_once
@@ -131,9 +131,9 @@ def finish(
     if result.get("reached"):
         pop.solve(trial, float(result.get("confirm_return") or result[EVAL_RETURN.name]))
         return None
-    score = result.get(EVAL_RETURN.name)
+    score = result.get((EPISODIC_RETURN if pcfg.score == "train" else EVAL_RETURN).name)
     if not isinstance(score, (int, float)) or not math.isfinite(score):
-        return None  # no evaluation in the segment
+        return None  # no episode ended (or no evaluation) in the segment
     pop.post(trial, float(score))
     if not pcfg.exploit:
         return None
