@@ -108,6 +108,23 @@ def test_train_takes_the_redis_url_from_the_environment(r, redis_server, tmp_pat
 
 
 @pytest.mark.slow
+def test_a_rerun_of_a_run_counts_only_its_own_work(r, redis_server, tmp_path):
+    # what an earlier job of the run left in its metrics stream (a PBT trial's last segment)
+    from qrl.runtime.metrics import report
+    from qrl.wire.keys import RunKeys
+
+    run = "rerun"
+    report(r, RunKeys(run), "actor", 7, steps=10**9, episode_returns=[12345.0] * 1000)
+    out = qrl(
+        "train", "ppo", "--redis", redis_server.url, "--run", run, "--run-dir",
+        str(tmp_path / run), "--max-time", "3", "--target-return", "1e9", timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr[-2000:]
+    result = json.loads((tmp_path / run / "result.json").read_text())
+    assert 0 < result["env_steps"] < 10**9 and 0 < result["episodic_return"] <= 500, result
+
+
+@pytest.mark.slow
 def test_a_run_config_json_reproduces_the_run(tmp_path):
     first = tmp_path / "a"
     out = qrl(

@@ -219,7 +219,9 @@ def run_training(
         # its stop polls also record each live config change in the run dir
         live = LiveConfig(client, keys, cfg, run_dir / "config_changes.jsonl")
         stop = StopFlag(client, keys, live=live, local=interrupted)
-        reader = MetricsReader(client, keys, from_start=True)
+        # from now, before any role starts: a rerun of a run (a PBT trial's next segment)
+        # counts its own work, not what earlier jobs of the run reported
+        reader = MetricsReader(client, keys)
         disconnect(client)  # forked roles inherit no open connection
         for role, i in algo.processes(cfg):
             name = f"{role.name}{i}" if role.count else role.name
