@@ -175,7 +175,7 @@ def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, 
     })  # fmt: skip
     r.hset(pop.scores_key, "x" * 10, "y" * 2_000_000)
     assert pop.scores(pcfg.trials()) == {t0: 10.0}
-    assert finish(pop, pcfg, t0, {"eval_return": 10.0}, random.Random(0)) is None
+    assert finish(pop, pcfg, t0, {"episodic_return": 10.0}, random.Random(0)) is None  # posts
     for value in ('"text"', "[1]", "{}", '{"score": true}', '{"score": "1"}', "\xff"):
         r.hset(pop.scores_key, t1, value)
         assert pop.scores(pcfg.trials()) == {t0: 10.0}
@@ -184,7 +184,7 @@ def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, 
     r.delete(pop.scores_key)
     r.rpush(pop.scores_key, "not a hash")
     assert pop.scores(pcfg.trials()) == {}
-    assert finish(pop, pcfg, t0, {"eval_return": float("nan")}, random.Random(0)) is None
+    assert finish(pop, pcfg, t0, {"episodic_return": float("nan")}, random.Random(0)) is None
     r.xadd(pop.lineage_key, {"event": "not json"})
     r.xadd(pop.lineage_key, {"other": "x"})
     Follower(pcfg, tmp_path)(r, pop)  # what the controller does every second
