@@ -22,7 +22,7 @@ from qrl.pbt.config import Explore, PBTConfig
 from qrl.pbt.controller import Follower, setup
 from qrl.pbt.exploit import choose, current, exploit, explore
 from qrl.pbt.population import MAX_LEASE_MS, Population
-from qrl.pbt.worker import Renewal, finish
+from qrl.pbt.worker import Renewal, finish, take_better
 from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.live import set_live
 from qrl.runtime.snapshot import SnapshotStore, capture
@@ -154,10 +154,10 @@ def test_a_segment_is_scored_by_its_training_returns_unless_told_its_evaluation(
         pcfg = _pcfg(keys, score=score, exploit=False)
         pop = Population(r, pcfg.name)
         t0 = pcfg.trials()[0]
-        assert finish(pop, pcfg, t0, result, random.Random(0)) is None
+        finish(pop, pcfg, t0, result)
         assert pop.scores(pcfg.trials()) == {t0: want}
         pop.forget(t0)
-        assert finish(pop, pcfg, t0, {**result, "episodic_return": None}, random.Random(0)) is None
+        finish(pop, pcfg, t0, {**result, "episodic_return": None})
         assert pop.scores(pcfg.trials()) == ({} if score == "train" else {t0: want})
 
 
@@ -175,7 +175,8 @@ def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, 
     })  # fmt: skip
     r.hset(pop.scores_key, "x" * 10, "y" * 2_000_000)
     assert pop.scores(pcfg.trials()) == {t0: 10.0}
-    assert finish(pop, pcfg, t0, {"episodic_return": 10.0}, random.Random(0)) is None  # posts
+    finish(pop, pcfg, t0, {"episodic_return": 10.0})  # posts
+    assert take_better(pop, pcfg, t0, random.Random(0)) is None
     for value in ('"text"', "[1]", "{}", '{"score": true}', '{"score": "1"}', "\xff"):
         r.hset(pop.scores_key, t1, value)
         assert pop.scores(pcfg.trials()) == {t0: 10.0}
@@ -184,13 +185,31 @@ def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, 
     r.delete(pop.scores_key)
     r.rpush(pop.scores_key, "not a hash")
     assert pop.scores(pcfg.trials()) == {}
-    assert finish(pop, pcfg, t0, {"episodic_return": float("nan")}, random.Random(0)) is None
+    finish(pop, pcfg, t0, {"episodic_return": float("nan")})
+    assert take_better(pop, pcfg, t0, random.Random(0)) is None
     r.xadd(pop.lineage_key, {"event": "not json"})
     r.xadd(pop.lineage_key, {"other": "x"})
     Follower(pcfg, tmp_path)(r, pop)  # what the controller does every second
     assert qrl("status", "--run", keys.run).returncode == 0
     assert pop.lineage() == []
     assert r.xlen(pop.lineage_key) == 2  # nothing of ours was recorded: no exploit
+
+
+def test_a_low_trial_takes_the_top_trials_latest_state_as_a_slot_takes_it(r, keys):
+    pcfg = _pcfg(keys)
+    pop = setup(r, pcfg)
+    low, top = pcfg.trials()
+    learner = _learner(r, top)
+    SnapshotStore(r, RunKeys(low)).save(capture(learner.net, learner.opt, 3))
+    SnapshotStore(r, RunKeys(top)).save(capture(learner.net, learner.opt, 8))
+    pop.post(low, 1.0)
+    pop.post(top, 5.0)
+    assert take_better(pop, pcfg, top, random.Random(0)) is None  # the top trial trains on
+    SnapshotStore(r, RunKeys(top)).save(capture(learner.net, learner.opt, 20))  # it trained on
+    event = take_better(pop, pcfg, low, random.Random(0))
+    assert (event["trial"], event["source"]) == (low, top)
+    assert SnapshotStore(r, RunKeys(low)).fetch().updates == event["version"] == 21  # the latest
+    assert pop.scores(pcfg.trials()) == {top: 5.0}  # unranked until its own segment is scored
 
 
 def test_scores_csv_gets_a_row_when_a_score_or_a_value_changes(r, keys, tmp_path):
@@ -297,7 +316,10 @@ def _slot_pids(proc: subprocess.Popen) -> list[int]:
 @pytest.mark.timeout(240)
 def test_a_sigkilled_workers_trial_goes_on_from_its_last_state(redis_server, keys, tmp_path):
     client = connect(redis_server.url)
-    pcfg = _pcfg(keys, ready_s=6.0, lease_s=5.0, target_return=10_000.0, confirm_episodes=0)
+    # no exploit: a slot taking a low trial would copy the other one's state (this test
+    # follows one trial's own state through its worker's death)
+    pcfg = _pcfg(keys, ready_s=6.0, lease_s=5.0, target_return=10_000.0, confirm_episodes=0,
+                 exploit=False)  # fmt: skip
     pop = setup(client, pcfg)
     env = {**os.environ, "QRL_REDIS_URL": redis_server.url}
     a = subprocess.Popen(

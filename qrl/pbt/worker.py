@@ -1,7 +1,10 @@
-"""A PBT worker slot (``qrl pbt worker``): takes a trial from the population's leases, trains
-it for one segment (``ready_s`` seconds, as a ``qrl train`` job on the population's Redis
-whose learner resumes from and saves to the trial's Redis snapshot), posts its score to
-the scoreboard, exploits and explores if it ranks low, and gives the trial back: more trials
+"""A PBT worker slot (``qrl pbt worker``): takes a trial from the population's leases; if the
+trial ranks low on the scoreboard, exploits and explores first (it takes a top trial's state
+as that trial's last segment left it: the freshest copy there is, where copying as the low
+trial's own segment ended would leave the copy a segment behind by the time it runs again,
+with more trials than slots); trains it for one segment (``ready_s`` seconds, as a ``qrl
+train`` job on the population's Redis whose learner resumes from and saves to the trial's
+Redis snapshot), posts its score to the scoreboard, and gives the trial back: more trials
 than slots take turns, and a worker on any machine can take any trial.
 
 A worker that dies holds its trial until the lease runs out (``ready_s + lease_s``); its role
@@ -110,6 +113,7 @@ def slot(url: str, name: str, run_root: Path, device: str = "auto") -> int:
             continue
         log.info("%s: segment of %s", me, trial)
         try:
+            take_better(pop, pcfg, trial, rng)
             renew = Renewal(pop, trial, me, pcfg.ready_s + pcfg.lease_s)
             result = segment(client, url, pcfg, trial, run_root / trial, device, stop.local, renew)
             if stop.local.is_set():  # cut short: no score, no exploit
@@ -117,24 +121,18 @@ def slot(url: str, name: str, run_root: Path, device: str = "auto") -> int:
             done += 1
             if renew.lost:  # another worker holds the trial now: it is not ours to change
                 continue
-            finish(pop, pcfg, trial, result, rng)
+            finish(pop, pcfg, trial, result)
         finally:
             with contextlib.suppress(redis.RedisError, RedisUnavailable):  # else it runs out
                 pop.release(trial, me)
     return done
 
 
-def finish(
-    pop: Population, pcfg: PBTConfig, trial: str, result: dict[str, Any], rng: random.Random
+def take_better(
+    pop: Population, pcfg: PBTConfig, trial: str, rng: random.Random
 ) -> dict[str, Any] | None:
-    """After a segment: the solve, or the score and (if the trial ranks low) the exploit."""
-    if result.get("reached"):
-        pop.solve(trial, float(result.get("confirm_return") or result[EVAL_RETURN.name]))
-        return None
-    score = result.get((EPISODIC_RETURN if pcfg.score == "train" else EVAL_RETURN).name)
-    if not isinstance(score, (int, float)) or not math.isfinite(score):
-        return None  # no episode ended (or no evaluation) in the segment
-    pop.post(trial, float(score))
+    """Before a segment: if ``trial`` ranks low, it takes a top trial's state and explored
+    hyperparameters (the lineage event), else None."""
     if not pcfg.exploit:
         return None
     scores = pop.scores(pcfg.trials())
@@ -142,3 +140,13 @@ def finish(
     if source is None:
         return None
     return exploit(pop.client, pop, pcfg, trial, source, rng, scores)
+
+
+def finish(pop: Population, pcfg: PBTConfig, trial: str, result: dict[str, Any]) -> None:
+    """After a segment: the solve, or the score (none if no episode ended, or no evaluation)."""
+    if result.get("reached"):
+        pop.solve(trial, float(result.get("confirm_return") or result[EVAL_RETURN.name]))
+        return
+    score = result.get((EPISODIC_RETURN if pcfg.score == "train" else EVAL_RETURN).name)
+    if isinstance(score, (int, float)) and math.isfinite(score):
+        pop.post(trial, float(score))
