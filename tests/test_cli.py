@@ -180,6 +180,6 @@ def test_an_env_without_a_threshold_says_so_and_runs_its_budget(tmp_path):
         "train", "es", "--env", env_id, "--max-time", "2", "--run-dir", str(tmp_path / "r"),
         env=env, timeout=120,
     )  # fmt: skip
-    assert out.returncode == 1, out.stderr[-2000:]  # the budget ran out: no target to reach
+    assert out.returncode == 0, out.stderr[-2000:]  # no target to reach: the budget ran, done
     assert f"{env_id} has no reward threshold" in out.stderr and "--target-return" in out.stderr
     assert json.loads((tmp_path / "r" / "result.json").read_text())["target"] is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import click
 
@@ -21,7 +21,7 @@ from qrl.cli.options import (
     run_keys,
     stack,
 )
-from qrl.pbt.config import PBT_ALGOS, PBTConfig
+from qrl.pbt.config import PBT_ALGOS, PBTConfig, Score
 
 # what a --pbt-config file may set: the population's settings but those the command sets
 _PBT_FIELDS = sorted(
@@ -48,7 +48,7 @@ _options = stack(
                  help="Bottom/top quantile of truncation selection (default 0.25)."),
     click.option("--resample", type=click.FloatRange(0, 1), default=None,
                  help="Chance an explored value is redrawn instead of perturbed (default 0.25)."),
-    click.option("--score", type=click.Choice(["train", "eval"]), default=None,
+    click.option("--score", type=click.Choice(get_args(Score)), default=None,
                  help="What ranks trials: the recent mean return of their training episodes "
                  "(default, as the paper does for RL) or their greedy evaluation."),
     click.option("--random-search", "random_search", is_flag=True,

@@ -185,12 +185,13 @@ def run_training(
     interrupted: threading.Event | None = None,
     on_tick: Callable[[], None] | None = None,
 ) -> int:
-    """Run a whole job; returns the exit code: 0 if the target return was reached, 1 if the
-    budget ran out first, 2 if a role failed or the job was interrupted. A job that reached
-    its target leaves the weights that reached it in its checkpoint. The processes of the
-    roles that declare ``nice`` (actors) run ``nice`` steps nicer than the rest (the learner
-    first on a shared machine). ``snapshot``: the learner resumes from the run's snapshot in
-    Redis and saves its state there as it stops (population-based training's trials);
+    """Run a whole job; returns the exit code: 0 if the target return was reached (with no
+    target: if the whole budget ran), 1 if the budget ran out first, 2 if a role failed or the
+    job was interrupted. A job that reached its target leaves the weights that reached it in
+    its checkpoint. The processes of the roles that declare ``nice`` (actors) run ``nice`` steps
+    nicer than the rest (the learner first on a shared machine). ``snapshot``: the learner
+    resumes from the run's snapshot in Redis and saves its state there as it stops
+    (population-based training's trials);
     ``interrupted``: the event SIGINT/SIGTERM set (the caller's, to see them too);
     ``on_tick``: called about every half second while the job runs (a PBT slot's lease)."""
     console = console or Console(stderr=True)
@@ -324,7 +325,7 @@ def run_training(
     )
     if stop is not None and stop.local.is_set() and not reached:
         failed = True  # Ctrl-C / SIGTERM
-    code = 0 if reached else 2 if failed else 1
+    code = 0 if reached else 2 if failed else 0 if budget.target_return is None else 1
     result = {
         **row,
         "reached": reached,

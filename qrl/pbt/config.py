@@ -87,6 +87,9 @@ class Explore(BaseModel):
         return min(max(value * rng.choice(factors), self.low), self.high)
 
 
+Score = Literal["train", "eval"]  # what ranks trials
+
+
 class PBTConfig(BaseModel):
     """A population (stored in Redis as JSON; a worker validates it before it uses it)."""
 
@@ -106,7 +109,7 @@ class PBTConfig(BaseModel):
     resample: float = Field(0.25, ge=0, le=1, description="Chance an explored value is redrawn.")
     perturb: tuple[float, float] = (0.8, 1.2)
     target_return: float | None = None
-    score: Literal["train", "eval"] = Field(
+    score: Score = Field(
         "train",
         description="What ranks trials: their training episodes' recent mean return (the "
         "paper's choice for RL), or the greedy evaluation (eval_episodes each).",
