@@ -231,6 +231,24 @@ def test_scores_csv_gets_a_row_when_a_score_or_a_value_changes(r, keys, tmp_path
     assert rows[-1][2] == "0.005"
 
 
+def test_the_lineage_plot_says_what_ranked_the_trials(r, keys, tmp_path):
+    from qrl.runtime.plot import draw_population
+
+    pcfg = _pcfg(keys)
+    pop = setup(r, pcfg)
+    t0, t1 = pcfg.trials()
+    pop.post(t0, 1.0)
+    pop.post(t1, 2.0)
+    Follower(pcfg, tmp_path)(r, pop)
+    for score, label in (("train", "score (training return)"), ("eval", "score (evaluation)")):
+        (tmp_path / "pbt.json").write_text(
+            pcfg.model_copy(update={"score": score}).model_dump_json()
+        )
+        fig = draw_population(tmp_path)
+        assert fig.axes[0].get_ylabel() == label
+        assert [line.get_label() for line in fig.axes[0].get_lines()][:2] == [t0, t1]
+
+
 def test_qrl_pbt_refuses_bad_settings_before_it_starts(tmp_path):
     for args, why in (
         (["--explore", "hidden=1..2"], "cannot change while the run runs"),

@@ -127,7 +127,9 @@ def draw_population(run_dir: Path) -> Any:
     target = settings.get("target_return")
     if target is not None:
         axes[0][0].axhline(target, linestyle="--", color="grey", label=f"target {target:g}")
-    axes[0][0].set(ylabel="score (evaluation)", title=f"{run_dir.name}: population "
+    # pbt.json files from before the score setting ranked by evaluation
+    scored = "training return" if settings.get("score", "eval") == "train" else "evaluation"
+    axes[0][0].set(ylabel=f"score ({scored})", title=f"{run_dir.name}: population "
                    f"({len(events)} exploits)")  # fmt: skip
     axes[0][0].legend(loc="lower right", fontsize="small")
     for ax, spec in zip((a[0] for a in axes[1:]), explored, strict=True):
