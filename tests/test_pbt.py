@@ -48,6 +48,16 @@ def _learner(r, trial: str):
     return algo.role("learner").make(ctx)
 
 
+def _scored(r, keys: RunKeys) -> tuple[PBTConfig, Population, str, str]:
+    """A population of two trials on the scoreboard: the first at 1.0, the second at 2.0."""
+    pcfg = _pcfg(keys)
+    pop = setup(r, pcfg)
+    t0, t1 = pcfg.trials()
+    pop.post(t0, 1.0)
+    pop.post(t1, 2.0)
+    return pcfg, pop, t0, t1
+
+
 def test_explore_specs_parse_sample_and_perturb_within_range():
     rng = random.Random(0)
     e = Explore.parse("lr=1e-5..1e-1:log")
@@ -196,28 +206,20 @@ def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, 
 
 
 def test_a_low_trial_takes_the_top_trials_latest_state_as_a_slot_takes_it(r, keys):
-    pcfg = _pcfg(keys)
-    pop = setup(r, pcfg)
-    low, top = pcfg.trials()
+    pcfg, pop, low, top = _scored(r, keys)
     learner = _learner(r, top)
     SnapshotStore(r, RunKeys(low)).save(capture(learner.net, learner.opt, 3))
     SnapshotStore(r, RunKeys(top)).save(capture(learner.net, learner.opt, 8))
-    pop.post(low, 1.0)
-    pop.post(top, 5.0)
     assert take_better(pop, pcfg, top, random.Random(0)) is None  # the top trial trains on
     SnapshotStore(r, RunKeys(top)).save(capture(learner.net, learner.opt, 20))  # it trained on
     event = take_better(pop, pcfg, low, random.Random(0))
     assert (event["trial"], event["source"]) == (low, top)
     assert SnapshotStore(r, RunKeys(low)).fetch().updates == event["version"] == 21  # the latest
-    assert pop.scores(pcfg.trials()) == {top: 5.0}  # unranked until its own segment is scored
+    assert pop.scores(pcfg.trials()) == {top: 2.0}  # unranked until its own segment is scored
 
 
 def test_scores_csv_gets_a_row_when_a_score_or_a_value_changes(r, keys, tmp_path):
-    pcfg = _pcfg(keys)
-    pop = setup(r, pcfg)
-    t0, t1 = pcfg.trials()
-    pop.post(t0, 1.0)
-    pop.post(t1, 2.0)
+    pcfg, pop, t0, t1 = _scored(r, keys)
     follow = Follower(pcfg, tmp_path, every=0.0)
     for _ in range(3):  # nothing new: no new rows
         follow(r, pop)
@@ -234,11 +236,7 @@ def test_scores_csv_gets_a_row_when_a_score_or_a_value_changes(r, keys, tmp_path
 def test_the_lineage_plot_says_what_ranked_the_trials(r, keys, tmp_path):
     from qrl.runtime.plot import draw_population
 
-    pcfg = _pcfg(keys)
-    pop = setup(r, pcfg)
-    t0, t1 = pcfg.trials()
-    pop.post(t0, 1.0)
-    pop.post(t1, 2.0)
+    pcfg, pop, t0, t1 = _scored(r, keys)
     Follower(pcfg, tmp_path)(r, pop)
     for score, label in (("train", "score (training return)"), ("eval", "score (evaluation)")):
         (tmp_path / "pbt.json").write_text(
