@@ -116,7 +116,7 @@ def slot(url: str, name: str, run_root: Path, device: str = "auto") -> int:
             take_better(pop, pcfg, trial, rng)
             renew = Renewal(pop, trial, me, pcfg.ready_s + pcfg.lease_s)
             result = segment(client, url, pcfg, trial, run_root / trial, device, stop.local, renew)
-            if stop.local.is_set():  # cut short: no score, no exploit
+            if stop.local.is_set():  # cut short: no score
                 break
             done += 1
             if renew.lost:  # another worker holds the trial now: it is not ours to change
