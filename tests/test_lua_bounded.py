@@ -217,6 +217,7 @@ COVERED = {
     ("wire/streams.py", "lua.ADD_IF_ROOM"),
     ("wire/streams.py", "lua.ADOPT"),
     ("wire/streams.py", "lua.DEAD_LETTER"),
+    ("wire/stream_scripts.py", "DEAD_LETTER"),
     ("wire/streams.py", "lua.ENSURE_GROUP"),
     ("wire/streams.py", "lua.LEAVE"),
     ("wire/streams.py", "lua.READ"),

@@ -192,7 +192,7 @@ def test_producer_counts_every_entry_it_added_in_the_run_stats(r, keys):
 
 
 def test_dead_letters_keep_a_bounded_prefix_of_the_payload(r, keys):
-    from qrl.wire.streams import DEADLETTER_MAX_PAYLOAD, dead_letter
+    from qrl.wire.stream_scripts import DEADLETTER_MAX_PAYLOAD, dead_letter
 
     big = b"x" * (1 << 20)
     dead_letter(r, keys, "experience", "too big to keep", big, "1-0")

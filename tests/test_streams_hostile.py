@@ -88,6 +88,34 @@ def test_junk_filling_the_stream_does_not_block_producers_forever(r, keys, caplo
     assert drain(c, rounds=2) == [1]
 
 
+def test_a_flood_of_junk_costs_a_few_reads_not_one_per_entry(r, keys, caplog):
+    """A writer's pipelined junk (2,000 entries, then 5 good ones) is rejected a batch at a
+    time: a consumer asked for one entry at a time reaches the good ones in a few reads
+    (before, a read and two more round trips per junk entry: slower than the writer adds
+    them on a busy machine, so producers found the stream full for good), gets them one per
+    read, in order, none lost; each is dead-lettered, the log says so once per reason."""
+    s = keys.experience
+    pipe = r.pipeline(transaction=False)
+    for _ in range(2000):
+        pipe.xadd(s, {"d": b"junk"})
+    for i in range(5):
+        pipe.xadd(s, {"d": item(i)})
+    pipe.execute()
+    c = StreamConsumer(r, keys, s, ITEM, count=1, block_ms=0)
+    got, reads = [], 0
+    with caplog.at_level(logging.WARNING, logger="qrl.wire.streams"):
+        while len(got) < 5 and reads < 2100:
+            entries = c.read()
+            reads += 1
+            assert len(entries) <= 1
+            c.ack(entries)
+            got += [e.data["seq"] for e in entries]
+    assert got == [0, 1, 2, 3, 4] and reads < 40, (got, reads)
+    assert c.rejected == 2000 and r.xlen(keys.deadletter) == 2000
+    assert r.xlen(s) == 0 and r.xpending(s, GROUP)["pending"] == 0
+    assert caplog.text.count("rejected experience entry") <= 1
+
+
 def test_producers_wait_is_bounded_by_default():
     wait = inspect.signature(StreamProducer).parameters["max_wait"].default
     assert wait is not None and 0 < wait <= 600

@@ -33,8 +33,7 @@ from qrl.runtime.loop import Role, StopCheck
 from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.faults import warn_once
 from qrl.wire.keys import RunKeys
-from qrl.wire.stream_scripts import stored_cap
-from qrl.wire.streams import dead_letter
+from qrl.wire.stream_scripts import dead_letter, stored_cap
 from qrl.wire.weights import WeightStore, wait_for_weights
 
 

@@ -37,8 +37,8 @@ from qrl.runtime.loop import Role, StopCheck
 from qrl.runtime.snapshot import state_names
 from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.keys import RunKeys
-from qrl.wire.stream_scripts import optional
-from qrl.wire.streams import Entry, StreamConsumer, dead_letter
+from qrl.wire.stream_scripts import dead_letter, optional
+from qrl.wire.streams import Entry, StreamConsumer
 from qrl.wire.weights import WeightStore
 
 log = logging.getLogger(__name__)

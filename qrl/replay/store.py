@@ -47,7 +47,7 @@ import redis
 
 from qrl.replay import scripts
 from qrl.wire.keys import RunKeys
-from qrl.wire.streams import dead_letter
+from qrl.wire.stream_scripts import dead_letter
 
 log = logging.getLogger(__name__)
 

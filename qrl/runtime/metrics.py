@@ -15,7 +15,8 @@ from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.faults import repaired, skip_if_full
 from qrl.wire.keys import RunKeys
 from qrl.wire.schema import Field, Schema
-from qrl.wire.streams import FIELD, dead_letter
+from qrl.wire.stream_scripts import dead_letter
+from qrl.wire.streams import FIELD
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import torch
 from qrl.wire.codec import CodecError, Field, Schema, decode, encode
 from qrl.wire.keys import RunKeys
 from qrl.wire.schema import DEFAULT_MAX_BYTES
-from qrl.wire.streams import dead_letter
+from qrl.wire.stream_scripts import dead_letter
 from qrl.wire.weights import MAX_VERSION, load_arrays, module_arrays
 
 log = logging.getLogger(__name__)

@@ -7,6 +7,7 @@ batch count, a list of names), never by stored state.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -14,10 +15,15 @@ import redis
 
 from qrl.wire import faults
 from qrl.wire.faults import out_of_memory, skip_if_full
+from qrl.wire.keys import RunKeys
 
 log = logging.getLogger("qrl.wire.streams")  # what the scripts repair is the streams' business
 
 T = TypeVar("T")
+
+DEADLETTER_MAXLEN = 10_000
+DEADLETTER_MAX_PAYLOAD = 4096  # bytes of a rejected payload kept (its full size is recorded):
+# 10,000 entries x 4 KiB bounds the dead-letter stream to ~40 MiB
 
 
 def warn_once(*messages: str | bytes) -> None:
@@ -110,6 +116,46 @@ return fixed
 """
 )
 
+
+def dead_letter_call(
+    keys: RunKeys, source: str, reason: str, payload: bytes | None, entry_id: str = "",
+    size: int | None = None,
+) -> tuple[list[str], list[Any]]:  # fmt: skip
+    """The keys and arguments of :data:`DEAD_LETTER` for one rejected payload."""
+    payload = payload or b""
+    fields = {
+        "source": source,
+        "id": entry_id,
+        "reason": reason[:1000],
+        "time": f"{time.time():.3f}",
+        "size": str(len(payload) if size is None else size),
+        "payload": payload[:DEADLETTER_MAX_PAYLOAD],
+    }
+    args = [DEADLETTER_MAXLEN, source, *(x for kv in fields.items() for x in kv)]
+    return [keys.deadletter, keys.stats], args
+
+
+def dead_letter(
+    client: redis.Redis | redis.client.Pipeline,
+    keys: RunKeys,
+    source: str,
+    reason: str,
+    payload: bytes | None,
+    entry_id: str = "",
+    size: int | None = None,
+) -> bool:
+    """Record a rejected payload with its reason in the run's dead-letter stream (capped)
+    and count it in the run's stats hash under ``rejected`` and ``rejected:SOURCE``;
+    ``size`` (default: the payload's) is recorded too. ``client`` may be a pipeline. Best
+    effort: returns False, with one warning, when Redis refused the write (out of memory)."""
+    script = client.register_script(DEAD_LETTER)
+    dl_keys, args = dead_letter_call(keys, source, reason, payload, entry_id, size)
+    notes = optional(f"dead letters of {keys.prefix}{source}", lambda: script(dl_keys, args))
+    if isinstance(notes, list):  # not on a pipeline (queued: its caller executes it)
+        warn_once(*notes)
+    return notes is not None
+
+
 ENSURE_GROUP = (
     FIX
     + """
@@ -123,7 +169,7 @@ return fixed
 READ = """
 -- Up to ARGV[4] entries for consumer ARGV[1], one at a time, each measured here: one over
 -- ARGV[5] bytes (fields and values) is acknowledged and deleted unread and only its size
--- returned. Stops once ARGV[4] x ARGV[5] bytes were examined. ARGV[2] is the mode: '>' new
+-- returned. Stops once ARGV[7] bytes were examined. ARGV[2] is the mode: '>' new
 -- entries, 'own' this consumer's pending entries after id ARGV[3], 'claim' entries idle
 -- for ARGV[6] ms (XAUTOCLAIM from cursor ARGV[3]). Returns {next cursor or false,
 -- {id, fields or false (deleted) or size (oversized), times delivered (not for '>')}...}.
@@ -160,7 +206,7 @@ for i = 1, count do
     e[3] = p and p[4] or 0
   end
   out[#out + 1] = e
-  if seen >= count * cap then break end
+  if seen >= tonumber(ARGV[7]) then break end
 end
 return {cursor, out}
 """

@@ -14,7 +14,10 @@ Delivery contract (README.md, "The contracts", says the same for users):
 * A Lua script reads entries one at a time and measures each inside Redis: one larger than
   a payload under the schema's cap can be is acknowledged and deleted there, unread, and
   dead-lettered by its size. A read examines at most ``count`` entries and stops after
-  about ``count`` x cap bytes: bounded work for Redis and for the consumer.
+  about ``count`` x cap bytes: bounded work for Redis and for the consumer. After a read
+  that found only entries to reject it examines more (up to ``SCAN_MAX``, in the same bytes)
+  and keeps good entries past ``count`` for the next: a flood of junk is rejected a batch
+  at a time, its dead letters and acknowledgements in one round trip.
 * Entries left pending by a dead consumer are claimed (XAUTOCLAIM) once idle for
   ``claim_idle_ms``; a restarted consumer with the same name first re-reads its own pending
   entries, once each. Entries a consumer still holds are never handed to it a second time.
@@ -43,20 +46,21 @@ from typing import Any
 
 import redis
 
+from qrl.wire import faults
 from qrl.wire import stream_scripts as lua
+from qrl.wire.cluster import run_scripts
 from qrl.wire.codec import CodecError, Schema, decode
 from qrl.wire.keys import RunKeys
-from qrl.wire.stream_scripts import optional, stored_cap, text, warn_once
+from qrl.wire.stream_scripts import dead_letter_call, optional, stored_cap, text, warn_once
 
 log = logging.getLogger(__name__)
 
 GROUP = "qrl"
 FIELD = b"d"  # an entry's one field: the encoded payload
-DEADLETTER_MAXLEN = 10_000
-DEADLETTER_MAX_PAYLOAD = 4096  # bytes of a rejected payload kept (its full size is recorded):
-# 10,000 entries x 4 KiB bounds the dead-letter stream to ~40 MiB
 PRUNE_MAX = 10_000  # idle consumers removed per claim cycle (each is O(1) in Redis)
+SCAN_MAX = 256  # entries one read examines after reads that found only entries to reject
 MAX_WAIT = 60.0  # seconds a producer waits for room before it drops the payload
+Rejected = tuple[str, str, bytes | None, int | None]  # an entry's id, why, payload, size
 
 
 def _consumer_name() -> str:
@@ -141,39 +145,6 @@ class Entry:
     data: dict[str, Any]
 
 
-def dead_letter(
-    client: redis.Redis | redis.client.Pipeline,
-    keys: RunKeys,
-    source: str,
-    reason: str,
-    payload: bytes | None,
-    entry_id: str = "",
-    size: int | None = None,
-) -> bool:
-    """Record a rejected payload with its reason in the run's dead-letter stream (capped)
-    and count it in the run's stats hash under ``rejected`` and ``rejected:SOURCE``;
-    ``size`` (default: the payload's) is recorded too. ``client`` may be a pipeline. Best
-    effort: returns False, with one warning, when Redis refused the write (out of memory)."""
-    payload = payload or b""
-    fields = {
-        "source": source,
-        "id": entry_id,
-        "reason": reason[:1000],
-        "time": f"{time.time():.3f}",
-        "size": str(len(payload) if size is None else size),
-        "payload": payload[:DEADLETTER_MAX_PAYLOAD],
-    }
-    args = [DEADLETTER_MAXLEN, source, *(x for kv in fields.items() for x in kv)]
-    script = client.register_script(lua.DEAD_LETTER)
-    notes = optional(
-        f"dead letters of {keys.prefix}{source}",
-        lambda: script([keys.deadletter, keys.stats], args),
-    )
-    if isinstance(notes, list):  # not on a pipeline (queued: its caller executes it)
-        warn_once(*notes)
-    return notes is not None
-
-
 class StreamConsumer:
     """Reads ``stream`` through the consumer group ``qrl`` and decodes with ``schema``.
 
@@ -214,21 +185,43 @@ class StreamConsumer:
         self._claim_cursor = "0-0"
         self._orphan_cursor = "-"
         self._next_claim = 0.0
+        self._widen = 1  # reads that found nothing but rejects examine more entries at once
+        self._ahead: list[Entry] = []  # good entries such a read found past the count asked
         self._adopt = client.register_script(lua.ADOPT)
+        self._dead = client.register_script(lua.DEAD_LETTER)
         self._read = client.register_script(lua.READ)
         self._leave = client.register_script(lua.LEAVE)
         self._ack = client.register_script(lua.ACK)
         ensure_group(client, stream)
 
-    def _reject(
-        self, eid: str, reason: str, payload: bytes | None, size: int | None = None
-    ) -> None:
-        log.warning("rejected %s entry %s: %s", self.source, eid, reason)
-        dead_letter(self.client, self.keys, self.source, reason, payload, eid, size)
-        self.rejected += 1
+    def _reject(self, rejected: list[Rejected], ack: list[str]) -> None:
+        """Dead-letter the ``(id, reason, payload, size)`` of ``rejected`` and acknowledge (and
+        delete) the entries ``ack``, in one round trip for them all, not one per entry;
+        acknowledged whether or not the dead letters could be written. Logged once per
+        reason: the dead letters keep every one."""
+        calls = [(self._ack, [self.stream], ack)] if ack else []
+        for eid, reason, payload, size in rejected:
+            faults.warn_once(
+                f"{self.source}: {reason}", "rejected %s entry %s: %s", self.source, eid, reason,
+                kind="rejected entries", logger=log,
+            )  # fmt: skip
+            calls.append(
+                (self._dead, *dead_letter_call(self.keys, self.source, reason, payload, eid, size))
+            )
+        self.rejected += len(rejected)
+        replies = optional(
+            f"dead letters of {self.stream}", lambda: run_scripts(self.client, calls)
+        )
+        for notes in (replies or [])[1 if ack else 0 :]:
+            warn_once(*notes)
 
-    def _decode(self, raw: Sequence[tuple[str, dict[bytes, bytes] | None, int]]) -> list[Entry]:
+    def _decode(
+        self, raw: Sequence[tuple[str, dict[bytes, bytes] | None, int]]
+    ) -> tuple[list[Entry], list[Rejected], list[str]]:
+        """The entries of ``raw`` that decode; those that do not, with why; the ids of both
+        those and the entries deleted while pending (to acknowledge)."""
         good: list[Entry] = []
+        rejected: list[Rejected] = []
         bad: list[str] = []
         for eid, fields, delivered in raw:
             if not fields:  # deleted while pending: nothing to deliver
@@ -245,34 +238,35 @@ class StreamConsumer:
                     raise CodecError(f"entry fields must be exactly [{FIELD.decode()}]")
                 good.append(Entry(eid, decode(payload, self.schema, max_bytes=self.max_bytes)))
             except CodecError as e:
-                self._reject(eid, str(e), payload)
+                rejected.append((eid, str(e), payload, None))
                 bad.append(eid)
-        if bad:  # acknowledged whether or not the dead letter could be written
-            self._ack(keys=[self.stream], args=bad)
-        return good
+        return good, rejected, bad
 
     @property
     def _cap(self) -> int:
         return stored_cap(self.schema.max_bytes if self.max_bytes is None else self.max_bytes)
 
     def _fetch(
-        self, mode: str, cursor: str = "", count: int | None = None
+        self, mode: str, cursor: str = "", count: int | None = None, scan: int | None = None
     ) -> tuple[str | None, list[Entry], bool]:
-        """One call of the read script (see ``qrl/wire/stream_scripts.py``): the next cursor,
+        """One call of the read script (see ``qrl/wire/stream_scripts.py``), examining up to
+        ``scan`` (default ``count``) entries and about ``count`` x cap bytes: the next cursor,
         the good entries newly delivered to us (skipping any we already hold), and whether
         any entry came at all."""
-        cap = self._cap
-        args = [self.consumer, mode, cursor, count or self.count, cap, self.claim_idle_ms]
+        cap, count = self._cap, count or self.count
+        args = [self.consumer, mode, cursor, scan or count, cap, self.claim_idle_ms, count * cap]
         nxt, rows = self._read(keys=[self.stream], args=args)
-        raw = []
+        raw, oversized = [], []
         for eid, body, *delivered in ((text(row[0]), *row[1:]) for row in rows):
             if isinstance(body, int):  # acknowledged and deleted unread by the script
                 reason = f"entry of {body} bytes is over the {cap} bytes a payload may take"
-                self._reject(eid, reason, None, body)
+                oversized.append((eid, reason, None, body))
             elif eid not in self._held:
                 fields = dict(zip(body[::2], body[1::2], strict=True)) if body else None
                 raw.append((eid, fields, delivered[0] if delivered else 1))
-        good = self._decode(raw)
+        good, rejected, bad = self._decode(raw)
+        if oversized or bad:
+            self._reject(oversized + rejected, bad)
         self._held.update(e.id for e in good)
         return (None if nxt is None else text(nxt)), good, bool(rows)
 
@@ -281,6 +275,10 @@ class StreamConsumer:
         own pending entries (after a restart), then entries claimed from dead consumers, then
         new ones (waiting up to ``block_ms``). Returns an empty list when there is nothing
         to do."""
+        if self._ahead:
+            n = count or self.count
+            out, self._ahead = self._ahead[:n], self._ahead[n:]
+            return out
         try:
             return self._read_once(self.block_ms if block_ms is None else block_ms, count)
         except redis.ResponseError as e:  # the stream or group replaced or destroyed
@@ -311,14 +309,20 @@ class StreamConsumer:
                 log.info("claimed %d pending %s entries", len(good), self.source)
                 return good
         # scripts cannot block: poll, backing off up to 20 ms, until block_ms has passed
-        deadline, delay = now + block_ms / 1000, 0.002
+        deadline, delay, want = now + block_ms / 1000, 0.002, count or self.count
         while True:
-            _, good, came = self._fetch(">", count=count)
+            scan = max(want, min(want * self._widen, SCAN_MAX))
+            _, good, came = self._fetch(">", count=want, scan=scan)
+            self._widen = min(self._widen * 4, SCAN_MAX) if came and not good else 1
+            if good:
+                self._ahead = good[want:]
+                return good[:want]
             left = deadline - time.monotonic()
-            if came or left <= 0:
-                return good
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, 0.02)
+            if left <= 0:
+                return []
+            if not came:
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 0.02)
 
     def ack(self, entries: Sequence[Entry]) -> None:
         """Acknowledge and delete ``entries`` (in one step)."""

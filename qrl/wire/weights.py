@@ -37,7 +37,7 @@ import torch
 
 from qrl.wire.codec import CodecError, Field, Schema, decode, encode
 from qrl.wire.keys import RunKeys
-from qrl.wire.streams import dead_letter
+from qrl.wire.stream_scripts import dead_letter
 
 log = logging.getLogger(__name__)
 
