@@ -1,13 +1,11 @@
 """What the bounded-work tests of qrl's Lua scripts share (tests/test_lua_bounded.py: the
 replay's scripts; tests/test_lua_scripts.py: streams, leases, weights, live config): a
 private redis-server per module, hostile stored values, and :func:`bounded`, which fails
-unless a call returns within :data:`LIMIT` while another client's PINGs answer."""
+when one command of a call holds the server for :data:`LIMIT` or the call never returns."""
 
 from __future__ import annotations
 
 import itertools
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,8 +17,8 @@ from redis.retry import Retry
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.keys import RunKeys
 
-LIMIT = 1.0  # seconds a call may take (the unbounded loops take seconds to forever)
-PING_LIMIT = LIMIT  # seconds another client's PING may wait meanwhile (a noisy machine)
+LIMIT = 1.0  # seconds one command may hold the server (the unbounded loops take seconds to forever)
+TIMEOUT = 10.0  # seconds a call may take in all, on a loaded machine
 CAP = 100
 HOSTILE = [
     "4000000",
@@ -92,44 +90,28 @@ def fresh_keys() -> RunKeys:
 
 
 def bounded(private: Private, call: Callable[[redis.Redis], Any]) -> Any:
-    """``call(client)``'s result or the Redis error it raised; fails unless it came within
-    :data:`LIMIT` while PINGs from another client answered within :data:`PING_LIMIT`."""
-    client = private.client(timeout=LIMIT)
-    pinger = private.client(timeout=PING_LIMIT)
-    pinger.ping()
-    pings: list[Any] = []
-    stop = threading.Event()
-
-    def ping() -> None:
-        while not stop.is_set():
-            t = time.monotonic()
-            try:
-                pinger.ping()
-                pings.append(time.monotonic() - t)
-            except redis.RedisError as e:
-                pings.append(e)
-            stop.wait(0.02)
-
-    thread = threading.Thread(target=ping, daemon=True)
-    thread.start()
-    start = time.monotonic()
+    """``call(client)``'s result or the Redis error it raised; fails unless no command of it
+    held the server for :data:`LIMIT` (by Redis's own SLOWLOG, so a loaded machine's slow
+    client does not count) and it returned within :data:`TIMEOUT` (a script that never ends
+    leaves no SLOWLOG entry)."""
+    admin = private.client(timeout=TIMEOUT)
+    admin.config_set("slowlog-log-slower-than", int(LIMIT * 1e6))
+    admin.slowlog_reset()
+    client = private.client(timeout=TIMEOUT)
     try:
         out = call(client)
     except (redis.TimeoutError, redis.ConnectionError) as e:
         out = e
     except redis.ResponseError as e:  # a clean error, not counted as wedging
         out = e
-    elapsed = time.monotonic() - start
-    stop.set()
-    thread.join()
-    slow = [p for p in pings if not isinstance(p, float) or p > PING_LIMIT]
-    wedged = elapsed > LIMIT or isinstance(out, (redis.TimeoutError, redis.ConnectionError))
+    hung = isinstance(out, (redis.TimeoutError, redis.ConnectionError))
+    held = [] if hung else [e["duration"] / 1e6 for e in admin.slowlog_get(16)]
     client.close()
-    pinger.close()
-    if wedged or slow:
+    admin.close()
+    if hung or held:
         private.restart()
-    assert not wedged, f"the call took {elapsed:.2f}s ({out!r})"
-    assert not slow, f"another client's PING: {slow[:3]}"
+    assert not hung, f"the call did not return within {TIMEOUT:.0f}s ({out!r})"
+    assert not held, f"commands held the server for {held} s"
     return out
 
 

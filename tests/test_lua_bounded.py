@@ -4,7 +4,8 @@ A Lua script blocks the whole redis-server while it runs (every client, every ru
 that wrote before it looped cannot be killed (``SCRIPT KILL`` answers ``UNKILLABLE``). So
 each script is driven here with hostile stored state (meta fields, counters, priorities,
 lease keys, keys of the wrong type: huge, negative, non-numeric) and each call must return,
-or raise a clean Redis error, within :data:`LIMIT` while another client's PINGs answer.
+or raise a clean Redis error, with no command holding the server for :data:`LIMIT` (Redis's
+own SLOWLOG says how long each held it; a call that never returns fails too).
 The replay's scripts must not even raise: they repair what they find and carry on.
 
 The scripts run on a private redis-server (one per module): an unbounded one would wedge
