@@ -83,16 +83,26 @@ def _no_traceback(out) -> None:
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
 
 
+def _spoil_each(r, shift: int, targets: list[str]) -> None:
+    """Key ``i`` of ``targets`` made the ``i + shift``-th wrong type, all at once: the shifts
+    0, 1, 2 give every key every type."""
+    order = sorted(WRONG)
+    pipe = r.pipeline()
+    for i, key in enumerate(targets):
+        WRONG[order[(i + shift) % len(order)]](pipe, key)
+    pipe.execute()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("write", sorted(WRONG))
 @pytest.mark.parametrize("algo", sorted(ROLES))
-def test_roles_and_commands_ride_out_keys_of_the_wrong_type(r, keys, tmp_path, algo, write):
-    """Every key a role reads made the wrong type before the roles start and again while they
-    run: each role repairs it and runs on until ``qrl run stop``; ``qrl status``, ``qrl run
-    list``, ``stop`` and ``delete`` answer without a traceback."""
+def test_roles_and_commands_ride_out_keys_of_the_wrong_type(r, keys, tmp_path, algo):
+    """Every key a role reads made a wrong type before the roles start and twice more while
+    they run (each key each type once): each role repairs it and runs on until ``qrl run
+    stop``; ``qrl status``, ``qrl run list``, ``stop`` and ``delete`` answer without a
+    traceback."""
     create_run(r, keys, algo, ALGOS[algo].config())
     targets = _role_keys(keys, algo)
-    _spoil(r, write, *targets)
+    _spoil_each(r, 0, targets)
     logs = [tmp_path / f"{i}.log" for i in range(len(ROLES[algo]))]
     procs = [
         role(*command, "--run", keys.run, stderr=log.open("w"))
@@ -110,11 +120,13 @@ def test_roles_and_commands_ride_out_keys_of_the_wrong_type(r, keys, tmp_path, a
     try:
         wait_until(running, "all of them to run", until=lambda n: n >= len(procs))
         time.sleep(1.0)
-        _spoil(r, write, *targets)  # while they run
-        _no_traceback(qrl("status", "--run", keys.run, timeout=60))
-        _no_traceback(qrl("run", "list", timeout=60))
-        time.sleep(1.5)
-        _spoil(r, write, keys.control)
+        for shift in (1, 2):  # while they run (the control key, first of targets, too)
+            _spoil_each(r, shift, targets)
+            _no_traceback(qrl("status", "--run", keys.run, timeout=60))
+            _no_traceback(qrl("run", "list", timeout=60))
+            time.sleep(1.5)
+            assert running() >= len(procs)
+        _spoil_each(r, 0, targets[:1])  # the control key as ``run stop`` writes it
         _no_traceback(qrl("run", "stop", "--run", keys.run, timeout=60))
         codes = [p.wait(timeout=60) for p in procs]
     finally:
