@@ -194,11 +194,11 @@ def test_atari_smoke_uint8_frames_end_to_end(tmp_path):
         "--actors",
         "1",
         "--max-time",
-        "40",
+        "20",  # ~400 updates here, at least one evaluation
         "--target-return",
         "21",
         "--eval-every",
-        "15",
+        "10",
         "--eval-episodes",
         "1",
         "--set",
