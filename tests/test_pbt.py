@@ -392,7 +392,8 @@ def test_a_sigkilled_workers_trial_goes_on_from_its_last_state(redis_server, key
 def test_qrl_pbt_cli_runs_a_population_and_writes_its_lineage(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
     proc = qrl("pbt", "ppo", "--env", "CartPole-v1", "--population", "3", "--slots", "2",
-               "--explore", "lr=1e-4..3e-3:log", "--ready", "6", "--max-time", "200",
+               "--explore", "lr=1e-4..3e-3:log", "--ready-steps", "20000", "--ready", "60",
+               "--max-time", "200",
                "--name", "cli-pbt", "--run-dir", str(tmp_path), timeout=280, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())

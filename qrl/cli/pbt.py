@@ -44,6 +44,9 @@ _options = stack(
                  "FIELD=A,B,C (repeat for more)."),
     click.option("--ready", "ready_s", type=click.FloatRange(min=1), default=None,
                  help="Seconds a trial trains between exploit/explore points (default 30)."),
+    click.option("--ready-steps", "ready_steps", type=click.IntRange(min=1), default=None,
+                 help="Env steps a trial trains between them (the same on any machine); "
+                 "--ready then caps a segment's seconds."),
     click.option("--quantile", type=click.FloatRange(0.01, 0.5), default=None,
                  help="Bottom/top quantile of truncation selection (default 0.25)."),
     click.option("--resample", type=click.FloatRange(0, 1), default=None,

@@ -105,6 +105,11 @@ class PBTConfig(BaseModel):
         30.0, gt=0, le=86_400,
         description="Seconds a trial trains between two exploit/explore points (its segment).",
     )  # fmt: skip
+    ready_steps: int | None = Field(
+        None, ge=1, le=10**12,
+        description="Env steps a segment trains (the paper's ready rule; the same on any "
+        "machine); ready_s is then the most it may take.",
+    )  # fmt: skip
     quantile: float = Field(0.25, gt=0, le=0.5, description="Truncation selection's quantile.")
     resample: float = Field(0.25, ge=0, le=1, description="Chance an explored value is redrawn.")
     perturb: tuple[float, float] = (0.8, 1.2)

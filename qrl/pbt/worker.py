@@ -2,10 +2,11 @@
 trial ranks low on the scoreboard, exploits and explores first (it takes a top trial's state
 as that trial's last segment left it: the freshest copy there is, where copying as the low
 trial's own segment ended would leave the copy a segment behind by the time it runs again,
-with more trials than slots); trains it for one segment (``ready_s`` seconds, as a ``qrl
-train`` job on the population's Redis whose learner resumes from and saves to the trial's
-Redis snapshot), posts its score to the scoreboard, and gives the trial back: more trials
-than slots take turns, and a worker on any machine can take any trial.
+with more trials than slots); trains it for one segment (``ready_s`` seconds, or
+``ready_steps`` env steps within them, as a ``qrl train`` job on the population's Redis
+whose learner resumes from and saves to the trial's Redis snapshot), posts its score to the
+scoreboard, and gives the trial back: more trials than slots take turns, and a worker on
+any machine can take any trial.
 
 A worker that dies holds its trial until the lease runs out (``ready_s + lease_s``); its role
 processes are stopped as their parent dies, the learner saving the trial's state as it stops,
@@ -59,10 +60,12 @@ def segment(
 
     algo = ALGOS[pcfg.algo]
     cfg = load_run_config(client, RunKeys(trial), algo.name, algo.config)
+    # a segment of ready_steps has no known length: evaluate as often as the job allows
+    # (it keeps evaluation under a fifth of the time), so a short one is evaluated too
+    every = max(1.0, pcfg.ready_s / 4) if pcfg.ready_steps is None else 1.0
     budget = Budget(
-        target_return=pcfg.target_return, max_time=pcfg.ready_s,
-        eval_every=max(1.0, pcfg.ready_s / 4), eval_episodes=pcfg.eval_episodes,
-        confirm_episodes=pcfg.confirm_episodes,
+        target_return=pcfg.target_return, max_time=pcfg.ready_s, max_steps=pcfg.ready_steps,
+        eval_every=every, eval_episodes=pcfg.eval_episodes, confirm_episodes=pcfg.confirm_episodes,
     )  # fmt: skip
     disconnect(client)  # the segment's roles are forked: they inherit no connection
     with open(os.devnull, "w") as quiet:  # its progress: the trial's run dir and logs
