@@ -33,6 +33,8 @@ def run(args: argparse.Namespace, seed: int, pbt: bool, root: Path) -> tuple[flo
            str(seed), "--population", str(args.population), "--slots", str(args.slots),
            "--ready", str(args.ready), "--max-time", str(args.max_time), "--name", name,
            "--run-dir", str(root / name)]  # fmt: skip
+    if args.ready_steps:
+        cmd += ["--ready-steps", str(args.ready_steps)]
     for e in EXPLORE:
         cmd += ["--explore", e]
     if not pbt:
@@ -59,6 +61,8 @@ def main() -> None:
     p.add_argument("--population", type=int, default=4)
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--ready", type=float, default=15.0)
+    p.add_argument("--ready-steps", type=int, default=None,
+                   help="End a segment after this many env steps (--ready caps its seconds).")
     p.add_argument("--max-time", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=None, help="Keep the run dirs here.")
     args = p.parse_args()
