@@ -61,8 +61,12 @@ def main() -> None:
     p.add_argument("--population", type=int, default=4)
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--ready", type=float, default=15.0)
-    p.add_argument("--ready-steps", type=int, default=None,
-                   help="End a segment after this many env steps (--ready caps its seconds).")
+    p.add_argument(
+        "--ready-steps",
+        type=int,
+        default=None,
+        help="End a segment after this many env steps (--ready caps its seconds).",
+    )
     p.add_argument("--max-time", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=None, help="Keep the run dirs here.")
     args = p.parse_args()
