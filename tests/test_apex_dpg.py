@@ -195,6 +195,11 @@ def test_apex_dpg_takes_box_actions_only(tmp_path):
     assert out.returncode != 0 and "continuous" in out.stderr
 
 
+# the Pendulum run's budget: seeds 0-1 reach -400 in ~3,600 env steps (20 s here); steps, not
+# seconds, so a slow or loaded machine has the same budget
+PENDULUM_STEPS = 20_000
+
+
 @pytest.fixture(scope="module")
 def pendulum_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("apex-dpg") / "run"
@@ -207,8 +212,8 @@ def pendulum_run(tmp_path_factory):
         "0",
         "--target-return",
         "-400",  # random play: about -1200
-        "--max-steps",  # seeds 0-1 reach it in ~3,600 (20 s here): steps, not seconds, so a
-        "20000",  # slow or loaded machine has the same budget
+        "--max-steps",
+        str(PENDULUM_STEPS),
         "--eval-every",
         "5",
     )
@@ -219,7 +224,7 @@ def pendulum_run(tmp_path_factory):
 def test_train_apex_dpg_learns_pendulum(pendulum_run):
     result, run_dir = pendulum_run
     assert result["reached"] and result["eval_return"] >= -400, result
-    assert result["updates"] > 0 and result["env_steps"] < 20000  # it stopped on reaching
+    assert result["updates"] > 0 and result["env_steps"] < PENDULUM_STEPS  # stopped on reaching
     eval_confirmation(run_dir)
 
 
