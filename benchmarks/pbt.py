@@ -35,6 +35,8 @@ def run(args: argparse.Namespace, seed: int, pbt: bool, root: Path) -> tuple[flo
            "--run-dir", str(root / name)]  # fmt: skip
     if args.ready_steps:
         cmd += ["--ready-steps", str(args.ready_steps)]
+    if args.quantile:
+        cmd += ["--quantile", str(args.quantile)]
     for e in EXPLORE:
         cmd += ["--explore", e]
     if not pbt:
@@ -66,6 +68,9 @@ def main() -> None:
         type=int,
         default=None,
         help="End a segment after this many env steps (--ready caps its seconds).",
+    )
+    p.add_argument(
+        "--quantile", type=float, default=None, help="Truncation selection's (qrl's default 0.25)."
     )
     p.add_argument("--max-time", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=None, help="Keep the run dirs here.")
