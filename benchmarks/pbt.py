@@ -70,7 +70,10 @@ def main() -> None:
         help="End a segment after this many env steps (--ready caps its seconds).",
     )
     p.add_argument(
-        "--quantile", type=float, default=None, help="Truncation selection's (qrl's default 0.25)."
+        "--quantile",
+        type=float,
+        default=None,
+        help="Truncation selection's quantile (default 0.25).",
     )
     p.add_argument("--max-time", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=None, help="Keep the run dirs here.")
