@@ -1,7 +1,7 @@
 """Population-based training against random search: time to the population's first solve.
 
-    python benchmarks/pbt.py --seeds 0 1 2                       # PPO on Acrobot-v1
-    python benchmarks/pbt.py --algo impala --env LunarLander-v3 --max-time 1800
+    python benchmarks/pbt.py --seeds 0 1 2              # PPO on LunarLander-v3 (issue 34's run)
+    python benchmarks/pbt.py --env Acrobot-v1 --slots 2 --max-time 600
 
 For each seed, the same `qrl pbt` population twice, one after the other (whole processes,
 each with its embedded Redis): with exploit and explore (PBT), and with `--random-search`
@@ -11,6 +11,11 @@ fresh episodes, or at the time budget; total env steps are what the slots manage
 time, equal for equal time. A population that does not solve counts as its budget (medians
 stay honest). Prints each time, each seed's ratio and the ratio of medians PBT / random
 search (issue 34's goal: <= 0.6); each PBT run's lineage plot is left in its run dir.
+
+The defaults put four trials on one slot (a PPO segment's actors and learner fill this
+2-core machine): random search then trains each trial a quarter of the time, while PBT's
+exploits move the slot's turns to copies of the best lineage. The more trials per slot, the
+more wall time PBT can save; with as many slots as trials it saves none.
 """
 
 from __future__ import annotations
@@ -58,16 +63,17 @@ def run(args: argparse.Namespace, seed: int, pbt: bool, root: Path) -> tuple[flo
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--algo", default="ppo")
-    p.add_argument("--env", default="Acrobot-v1")
+    p.add_argument("--env", default="LunarLander-v3")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--population", type=int, default=4)
-    p.add_argument("--slots", type=int, default=2)
-    p.add_argument("--ready", type=float, default=15.0)
+    p.add_argument("--slots", type=int, default=1)
+    p.add_argument("--ready", type=float, default=30.0)
     p.add_argument(
         "--ready-steps",
         type=int,
-        default=None,
-        help="End a segment after this many env steps (--ready caps its seconds).",
+        default=20_000,
+        help="End a segment after this many env steps (--ready caps its seconds; 0: by "
+        "--ready alone).",
     )
     p.add_argument(
         "--quantile",
@@ -75,7 +81,7 @@ def main() -> None:
         default=None,
         help="Truncation selection's quantile (default 0.25).",
     )
-    p.add_argument("--max-time", type=float, default=600.0)
+    p.add_argument("--max-time", type=float, default=900.0)
     p.add_argument("--out", type=Path, default=None, help="Keep the run dirs here.")
     args = p.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="qrl-pbt-"))
