@@ -15,7 +15,8 @@ search (issue 34's goal: <= 0.6); each PBT run's lineage plot is left in its run
 The defaults put four trials on one slot (a PPO segment's actors and learner fill this
 2-core machine): random search then trains each trial a quarter of the time, while PBT's
 exploits move the slot's turns to copies of the best lineage. The more trials per slot, the
-more wall time PBT can save; with as many slots as trials it saves none.
+more wall time PBT can save; with as many slots as trials only better explored values
+can save any.
 """
 
 from __future__ import annotations
