@@ -9,7 +9,8 @@ each with its embedded Redis): with exploit and explore (PBT), and with `--rando
 and segments, never a copy). Both stop at the first trial confirmed at the target over 100
 fresh episodes, or at the time budget; total env steps are what the slots manage in that
 time, equal for equal time. A population that does not solve counts as its budget (medians
-stay honest). Prints each time, each seed's ratio and the ratio of medians PBT / random
+stay honest). Prints each time, each seed's ratio (and in segments begun, which a
+change in the machine's speed during the run leaves alone) and the ratio of medians PBT / random
 search (issue 34's goal: <= 0.6); each PBT run's lineage plot is left in its run dir.
 
 The defaults put four trials on one slot (a PPO segment's actors and learner fill this
@@ -58,6 +59,10 @@ def run(args: argparse.Namespace, seed: int, pbt: bool, root: Path) -> tuple[flo
                        capture_output=True)  # fmt: skip
     lineage = root / name / "lineage.jsonl"
     result["exploits"] = len(lineage.read_text().splitlines()) if lineage.exists() else 0
+    # segments begun (the slots' logs): the run's length in the unit its schedule works in,
+    # whatever the machine's speed at that hour
+    logs = (root / name / "logs").glob("slot*.log")
+    result["segments"] = sum(f.read_text().count(": segment of ") for f in logs)
     return wall, result
 
 
@@ -87,15 +92,19 @@ def main() -> None:
     args = p.parse_args()
     root = args.out or Path(tempfile.mkdtemp(prefix="qrl-pbt-"))
     times: dict[bool, list[float]] = {True: [], False: []}
+    segments: dict[bool, int] = {}
     for seed in args.seeds:
         for pbt in (True, False):
             wall, result = run(args, seed, pbt, root)
             times[pbt].append(wall)
+            segments[pbt] = result["segments"]
             solved = result.get("solved") or {}
             print(f"seed {seed} {'pbt   ' if pbt else 'random'}: {wall:7.1f} s, solved by "
                   f"{solved.get('trial', '-')} ({solved.get('return', '-')}), "
-                  f"{result['exploits']} exploits", flush=True)  # fmt: skip
-        print(f"seed {seed} ratio pbt/random {times[True][-1] / times[False][-1]:.2f}", flush=True)
+                  f"{result['exploits']} exploits, {result['segments']} segments",
+                  flush=True)  # fmt: skip
+        print(f"seed {seed} ratio pbt/random {times[True][-1] / times[False][-1]:.2f} (in "
+              f"segments {segments[True] / max(segments[False], 1):.2f})", flush=True)  # fmt: skip
     a, b = statistics.median(times[True]), statistics.median(times[False])
     print(
         f"median pbt {a:.1f} s, random search {b:.1f} s: ratio {a / b:.2f} (goal <= 0.6); "
