@@ -44,6 +44,8 @@ def run(args: argparse.Namespace, seed: int, pbt: bool, root: Path) -> tuple[flo
         cmd += ["--ready-steps", str(args.ready_steps)]
     if args.quantile:
         cmd += ["--quantile", str(args.quantile)]
+    if args.burn_in:
+        cmd += ["--burn-in", str(args.burn_in)]
     for e in EXPLORE:
         cmd += ["--explore", e]
     if not pbt:
@@ -86,6 +88,12 @@ def main() -> None:
         type=float,
         default=None,
         help="Truncation selection's quantile (default 0.25).",
+    )
+    p.add_argument(
+        "--burn-in",
+        type=int,
+        default=0,
+        help="Segments a trial trains before it ranks (PBT only; random search never copies).",
     )
     p.add_argument("--max-time", type=float, default=900.0)
     p.add_argument("--out", type=Path, default=None, help="Keep the run dirs here.")

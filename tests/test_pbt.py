@@ -277,6 +277,31 @@ def test_a_worker_meets_lease_keys_of_another_type(r, keys, tmp_path, caplog):
     assert "cannot take a lease" in caplog.text
 
 
+def test_burn_in_keeps_trials_from_copying_or_being_copied_until_trained(r, keys):
+    pcfg, pop, low, top = _scored(r, keys)
+    pcfg = pcfg.model_copy(update={"burn_in": 2})
+    learner = _learner(r, top)
+    SnapshotStore(r, RunKeys(top)).save(capture(learner.net, learner.opt, 8))
+    result = {"episodic_return": 1.0}
+    finish(pop, pcfg, low, result)
+    finish(pop, pcfg, top, {"episodic_return": 2.0})
+    assert pop.segments(pcfg.trials()) == {low: 1, top: 1}
+    assert take_better(pop, pcfg, low, random.Random(0)) is None  # neither is past it
+    finish(pop, pcfg, low, result)
+    assert take_better(pop, pcfg, low, random.Random(0)) is None  # the top one is not
+    r.hset(pop.segments_key, top, "2e9")  # a writer's: not a count, so none
+    assert pop.segments(pcfg.trials())[top] == 0
+    assert take_better(pop, pcfg, low, random.Random(0)) is None
+    r.hset(pop.segments_key, top, 1)
+    finish(pop, pcfg, top, {"episodic_return": 2.0})
+    event = take_better(pop, pcfg, low, random.Random(0))
+    assert (event["trial"], event["source"]) == (low, top)
+    r.delete(pop.segments_key)
+    r.rpush(pop.segments_key, "x")  # not a hash: nothing is counted, nothing crashes
+    finish(pop, pcfg, top, {"episodic_return": 2.0})
+    assert pop.segments(pcfg.trials()) == {low: 0, top: 0}
+
+
 def test_choose_takes_the_top_for_the_bottom_only():
     scores = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}
     rng = random.Random(0)

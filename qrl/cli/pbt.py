@@ -49,6 +49,9 @@ _options = stack(
                  "--ready then caps a segment's seconds."),
     click.option("--quantile", type=click.FloatRange(0.01, 0.5), default=None,
                  help="Bottom/top quantile of truncation selection (default 0.25)."),
+    click.option("--burn-in", "burn_in", type=click.IntRange(0, 10_000), default=None,
+                 help="Segments a trial trains on its own before it may copy or be copied "
+                 "(default 0)."),
     click.option("--resample", type=click.FloatRange(0, 1), default=None,
                  help="Chance an explored value is redrawn instead of perturbed (default 0.25)."),
     click.option("--score", type=click.Choice(get_args(Score)), default=None,

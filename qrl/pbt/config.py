@@ -111,6 +111,12 @@ class PBTConfig(BaseModel):
         "machine); ready_s is then the most it may take.",
     )  # fmt: skip
     quantile: float = Field(0.25, gt=0, le=0.5, description="Truncation selection's quantile.")
+    burn_in: int = Field(
+        0, ge=0, le=10_000,
+        description="Segments a trial trains on its own before it may copy or be copied (Ray "
+        "Tune's burn-in): a first ranking can put a policy that collapsed at once above one "
+        "still learning.",
+    )  # fmt: skip
     resample: float = Field(0.25, ge=0, le=1, description="Chance an explored value is redrawn.")
     perturb: tuple[float, float] = (0.8, 1.2)
     target_return: float | None = None

@@ -6,6 +6,7 @@ slot): its config, the trials' leases, the scoreboard, the lineage and the first
   its lease runs out, or when it was given back (so the trial waiting longest goes first and
   more trials than slots take turns); ``pbt:owners`` says which worker holds each lease.
 - ``pbt:scores``: hash, trial -> JSON ``{score, time}``, the trial's last segment's score.
+- ``pbt:segments``: hash, trial -> the segments it has trained (its burn-in's count).
 - ``pbt:lineage``: stream of exploit/explore events (who copied whom, which values).
 - ``pbt:solved``: JSON, the first trial whose evaluation was confirmed at the target.
 
@@ -106,8 +107,8 @@ class Population:
         self.config_key, self.leases, self.owners = (
             k("pbt:config"), k("pbt:leases"), k("pbt:owners"),
         )  # fmt: skip
-        self.scores_key, self.lineage_key, self.solved_key = (
-            k("pbt:scores"), k("pbt:lineage"), k("pbt:solved"),
+        self.scores_key, self.lineage_key, self.solved_key, self.segments_key = (
+            k("pbt:scores"), k("pbt:lineage"), k("pbt:solved"), k("pbt:segments"),
         )  # fmt: skip
         self._claim = client.register_script(_CLAIM)
         self._hold = client.register_script(_HOLD)
@@ -185,6 +186,25 @@ class Population:
             entry = _json(raw)
             if isinstance(entry, dict) and _finite(entry.get("score")):
                 out[trial] = float(entry["score"])
+        return out
+
+    def trained(self, trial: str) -> None:
+        """Count one more segment of ``trial``'s."""
+        try:
+            self.client.hincrby(self.segments_key, trial, 1)
+        except redis.ResponseError as e:  # not a hash, or a field no count: a writer's
+            log.warning("%s: cannot count %s's segment (%s)", self.segments_key, trial, e)
+
+    def segments(self, trials: list[str]) -> dict[str, int]:
+        """Each trial's segments trained (0 where the count is missing or not a count)."""
+        try:
+            got = self._bounded(keys=[self.segments_key], args=[*trials, 32])
+        except redis.ResponseError:  # not a hash: a writer's
+            got = [None] * len(trials)
+        out = {}
+        for trial, raw in zip(trials, got, strict=True):
+            text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else ""
+            out[trial] = int(text) if text.isdigit() else 0
         return out
 
     # -- lineage and the end

@@ -139,6 +139,9 @@ def take_better(
     if not pcfg.exploit:
         return None
     scores = pop.scores(pcfg.trials())
+    if pcfg.burn_in:  # only trials past their burn-in rank, this one included
+        trained = pop.segments(pcfg.trials())
+        scores = {t: s for t, s in scores.items() if trained[t] >= pcfg.burn_in}
     source = choose(trial, scores, pcfg.quantile, rng)
     if source is None:
         return None
@@ -147,6 +150,7 @@ def take_better(
 
 def finish(pop: Population, pcfg: PBTConfig, trial: str, result: dict[str, Any]) -> None:
     """After a segment: the solve, or the score (none if no episode ended, or no evaluation)."""
+    pop.trained(trial)
     if result.get("reached"):
         pop.solve(trial, float(result.get("confirm_return") or result[EVAL_RETURN.name]))
         return
