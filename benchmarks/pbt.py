@@ -9,8 +9,8 @@ each with its embedded Redis): with exploit and explore (PBT), and with `--rando
 and segments, never a copy). Both stop at the first trial confirmed at the target over 100
 fresh episodes, or at the time budget; total env steps are what the slots manage in that
 time, equal for equal time. A population that does not solve counts as its budget (medians
-stay honest). Prints each time, each seed's ratio (and in segments begun, which a
-change in the machine's speed during the run leaves alone) and the ratio of medians PBT / random
+stay honest). Prints each time, each seed's ratio (also in segments begun, a unit the
+machine's speed drifting during the run leaves alone) and the ratio of medians PBT / random
 search (issue 34's goal: <= 0.6); each PBT run's lineage plot is left in its run dir.
 
 The defaults put four trials on one slot (a PPO segment's actors and learner fill this
