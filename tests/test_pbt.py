@@ -309,6 +309,11 @@ def test_choose_takes_the_top_for_the_bottom_only():
     assert all(choose(t, scores, 0.25, rng) is None for t in "bcd")
     assert choose("a", {"a": 1.0, "b": 1.0}, 0.5, rng) is None  # no better trial
     assert choose("z", scores, 0.25, rng) is None and choose("a", {"a": 1.0}, 0.5, rng) is None
+    # past 0.5: every trial below the top 1 - quantile copies one of the top
+    assert [choose(t, scores, 0.75, rng) for t in "abcd"] == ["d", "d", "d", None]
+    assert {choose("a", scores, 0.5, rng) for _ in range(50)} == {"c", "d"}
+    assert choose("c", scores, 0.5, rng) is None
+    assert [choose(t, scores, 0.99, rng) for t in "abcd"] == ["d", "d", "d", None]
 
 
 def test_leases_time_share_and_a_dead_holders_trial_is_taken_back(r, keys):

@@ -47,8 +47,9 @@ _options = stack(
     click.option("--ready-steps", "ready_steps", type=click.IntRange(min=1), default=None,
                  help="Env steps a trial trains between them (the same on any machine); "
                  "--ready then caps a segment's seconds."),
-    click.option("--quantile", type=click.FloatRange(0.01, 0.5), default=None,
-                 help="Bottom/top quantile of truncation selection (default 0.25)."),
+    click.option("--quantile", type=click.FloatRange(0.01, 0.99), default=None,
+                 help="Truncation selection: the bottom quantile copies the top one; past "
+                 "0.5, the top 1 - quantile (default 0.25)."),
     click.option("--burn-in", "burn_in", type=click.IntRange(0, 10_000), default=None,
                  help="Segments a trial trains on its own before it may copy or be copied "
                  "(default 0)."),

@@ -110,7 +110,11 @@ class PBTConfig(BaseModel):
         description="Env steps a segment trains (the paper's ready rule; the same on any "
         "machine); ready_s is then the most it may take.",
     )  # fmt: skip
-    quantile: float = Field(0.25, gt=0, le=0.5, description="Truncation selection's quantile.")
+    quantile: float = Field(
+        0.25, gt=0, lt=1,
+        description="Truncation selection: the bottom quantile copies the top one (past 0.5, "
+        "the top 1 - quantile).",
+    )  # fmt: skip
     burn_in: int = Field(
         0, ge=0, le=10_000,
         description="Segments a trial trains on its own before it may copy or be copied (Ray "
