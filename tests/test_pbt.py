@@ -114,12 +114,14 @@ def test_exploit_copies_state_and_hyperparameters_exactly(r, keys, tmp_path):
     for i in ours:
         assert all(torch.equal(ours[i][n].cpu(), theirs[i][n].cpu()) for n in ours[i])
     assert taken.opt.param_groups[0]["lr"] == want["lr"]
+    pop.trained(src)
     shown = qrl("status", "--run", keys.run)  # the population: trials, values, lineage
     assert shown.returncode == 0, shown.stderr
     assert dst in shown.stdout and "exploit/explore" in shown.stdout
     status = json.loads(qrl("status", "--run", keys.run, "--json").stdout)
     assert status["lineage"][-1]["source"] == src
     assert status["trials"][1]["values"]["lr"] == want["lr"]
+    assert [t["segments"] for t in status["trials"]] == [1, 0]  # the burn-in's count
 
 
 def test_es_exploit_copies_the_published_parameters_and_master_state(r, keys):

@@ -158,12 +158,19 @@ class Population:
     def release(self, trial: str, worker: str) -> bool:
         return bool(self._hold(keys=[self.leases, self.owners], args=[trial, worker, 0]))
 
-    def holders(self, trials: list[str]) -> dict[str, str]:
+    def _fields(self, key: str, trials: list[str], cap: int) -> dict[str, bytes]:
+        """``trials``' fields of hash ``key``, those at most ``cap`` bytes long; none if ``key``
+        is not a hash (a writer's)."""
         try:
-            got = self._bounded(keys=[self.owners], args=[*trials, 256])
-        except redis.ResponseError:  # not a hash: a writer's
+            got = self._bounded(keys=[key], args=[*trials, cap])
+        except redis.ResponseError as e:
+            log.warning("%s unreadable (%s)", key, e)
             return {}
-        return {t: v.decode("utf-8", "replace") for t, v in zip(trials, got, strict=True) if v}
+        return {t: v for t, v in zip(trials, got, strict=True) if isinstance(v, bytes)}
+
+    def holders(self, trials: list[str]) -> dict[str, str]:
+        got = self._fields(self.owners, trials, 256)
+        return {t: v.decode("utf-8", "replace") for t, v in got.items() if v}
 
     # -- the scoreboard
     def post(self, trial: str, score: float) -> None:
@@ -176,13 +183,8 @@ class Population:
 
     def scores(self, trials: list[str]) -> dict[str, float]:
         """The known trials' last scores; whatever is not a finite score is left out."""
-        try:
-            got = self._bounded(keys=[self.scores_key], args=[*trials, 1024])
-        except redis.ResponseError as e:  # not a hash: a writer's
-            log.warning("%s unreadable (%s): no scores", self.scores_key, e)
-            return {}
         out = {}
-        for trial, raw in zip(trials, got, strict=True):
+        for trial, raw in self._fields(self.scores_key, trials, 1024).items():
             entry = _json(raw)
             if isinstance(entry, dict) and _finite(entry.get("score")):
                 out[trial] = float(entry["score"])
@@ -197,13 +199,10 @@ class Population:
 
     def segments(self, trials: list[str]) -> dict[str, int]:
         """Each trial's segments trained (0 where the count is missing or not a count)."""
-        try:
-            got = self._bounded(keys=[self.segments_key], args=[*trials, 32])
-        except redis.ResponseError:  # not a hash: a writer's
-            got = [None] * len(trials)
+        got = self._fields(self.segments_key, trials, 32)
         out = {}
-        for trial, raw in zip(trials, got, strict=True):
-            text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else ""
+        for trial in trials:
+            text = got.get(trial, b"").decode("ascii", "replace")
             out[trial] = int(text) if text.isdigit() else 0
         return out
 

@@ -1,5 +1,5 @@
-"""``qrl status --run POPULATION``: a population's trials (who trains each, its last score, its
-explored values now), its latest exploit/explore events and its solve."""
+"""``qrl status --run POPULATION``: a population's trials (who trains each, its segments trained,
+its last score, its explored values now), its latest exploit/explore events and its solve."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def collect(client: redis.Redis, name: str, events: int = 10) -> dict[str, Any]:
     pop = Population(client, name)
     pcfg = pop.config()
     trials = pcfg.trials()
-    holders, scores = pop.holders(trials), pop.scores(trials)
+    holders, scores, segments = pop.holders(trials), pop.scores(trials), pop.segments(trials)
     rows = []
     for trial in trials:
         try:
@@ -31,8 +31,8 @@ def collect(client: redis.Redis, name: str, events: int = 10) -> dict[str, Any]:
             values = {e.field: getattr(cfg, e.field) for e in pcfg.explore}
         except (RunNotFound, CodecError, redis.ResponseError):
             values = {}
-        rows.append({"trial": trial, "worker": holders.get(trial), "score": scores.get(trial),
-                     "values": values})  # fmt: skip
+        rows.append({"trial": trial, "worker": holders.get(trial), "segments": segments[trial],
+                     "score": scores.get(trial), "values": values})  # fmt: skip
     return {
         "population": name, "algo": pcfg.algo, "env": pcfg.env, "trials": rows,
         "lineage": pop.lineage()[-events:], "solved": pop.solved(),
@@ -49,10 +49,11 @@ def render(status: dict[str, Any]) -> Group:
              f"target {status['target_return']}")  # fmt: skip
     trials = Table(title=title)
     fields = list(status["trials"][0]["values"]) if status["trials"] else []
-    for col in ("trial", "worker", "score", *fields):
+    for col in ("trial", "worker", "segments", "score", *fields):
         trials.add_column(col)
     for row in status["trials"]:
-        trials.add_row(row["trial"], row["worker"] or "-", _num(row["score"]),
+        trials.add_row(row["trial"], row["worker"] or "-", _num(row["segments"]),
+                       _num(row["score"]),
                        *(_num(row["values"].get(f)) for f in fields))  # fmt: skip
     lineage = Table(title="exploit/explore (latest last)")
     for col in ("when", "trial", "took", "its score", "score", "values"):
