@@ -9,7 +9,7 @@ each with its embedded Redis): with exploit and explore (PBT), and with `--rando
 and segments, never a copy). Both stop at the first trial confirmed at the target over 100
 fresh episodes, or at the time budget; total env steps are what the slots manage in that
 time, equal for equal time. A population that does not solve counts as its budget (medians
-stay honest). Prints each time, each seed's ratio (also in segments begun, a unit the
+stay honest). Prints each time, each seed's ratio (also in segments trained, a unit the
 machine's speed drifting during the run leaves alone) and the ratio of medians PBT / random
 search (issue 34's goal: <= 0.6); each PBT run's lineage plot is left in its run dir.
 
@@ -17,9 +17,13 @@ The defaults put four trials on one slot (a PPO segment's actors and learner fil
 2-core machine): random search then trains each trial a quarter of the time, while PBT's
 exploits move the slot's turns to copies of the best lineage. The more trials per slot, the
 more wall time PBT can save; with as many slots as trials only better explored values
-can save any. A trial ranks only after a burn-in of six segments of its own: the first
-ranking of draws this wide can put a policy that collapsed at once (a steady -130) above the
-one draw still learning, and every trial then descends from the collapsed one.
+can save any. So PBT here copies as hard as truncation selection goes: every trial below
+the top quarter (quantile 0.75) takes a copy of the best before its turn, each turn then
+deepens the best lineage, and explores by perturbing only (a value redrawn from ranges this
+wide wrecks most copies it touches). A trial ranks only after a burn-in of six segments of
+its own: the first ranking of draws this wide can put a policy that collapsed at once (a
+steady -130) above the one draw still learning, and every trial then descends from the
+collapsed one.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ def run(args: argparse.Namespace, seed: int, pbt: bool, root: Path) -> tuple[flo
         cmd += ["--quantile", str(args.quantile)]
     if args.burn_in:
         cmd += ["--burn-in", str(args.burn_in)]
+    if args.resample is not None:
+        cmd += ["--resample", str(args.resample)]
     for e in EXPLORE:
         cmd += ["--explore", e]
     if not pbt:
@@ -63,10 +69,9 @@ def run(args: argparse.Namespace, seed: int, pbt: bool, root: Path) -> tuple[flo
                        capture_output=True)  # fmt: skip
     lineage = root / name / "lineage.jsonl"
     result["exploits"] = len(lineage.read_text().splitlines()) if lineage.exists() else 0
-    # segments begun (the slots' logs): the run's length in the unit its schedule works in,
-    # whatever the machine's speed at that hour
-    logs = (root / name / "logs").glob("slot*.log")
-    result["segments"] = sum(f.read_text().count(": segment of ") for f in logs)
+    # segments trained (cut-short ones left out): the run's length in the unit its schedule
+    # works in, whatever the machine's speed at that hour
+    result["segments"] = sum(result.get("segments", {}).values())
     return wall, result
 
 
@@ -88,8 +93,14 @@ def main() -> None:
     p.add_argument(
         "--quantile",
         type=float,
-        default=None,
-        help="Truncation selection's quantile (default 0.25).",
+        default=0.75,
+        help="Truncation selection's quantile (past 0.5: the rest copy the top 1 - quantile).",
+    )
+    p.add_argument(
+        "--resample",
+        type=float,
+        default=0.0,
+        help="Chance an explored value is redrawn instead of perturbed.",
     )
     p.add_argument(
         "--burn-in",

@@ -430,6 +430,8 @@ def test_qrl_pbt_cli_runs_a_population_and_writes_its_lineage(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["solved"]["return"] >= 475
+    counts = result["segments"]  # each trial's segments trained, read before Redis stopped
+    assert set(counts) == {f"cli-pbt-t{i}" for i in range(3)} and sum(counts.values()) >= 1
     assert (tmp_path / "scores.csv").read_text().startswith("time,trial,score,lr")
     assert (tmp_path / result["solved"]["trial"] / "checkpoint.pt").exists()
     assert (tmp_path / "lineage.jsonl").exists()

@@ -154,7 +154,7 @@ def run_population(
     server = None if redis_url else EmbeddedRedis(password=secrets.token_urlsafe(16)).start()
     url = redis_url or server.url  # type: ignore[union-attr]
     procs: list[Any] = []
-    client, solved, code = None, None, 1
+    client, pop, solved, code, segments = None, None, None, 1, {}
     start = time.monotonic()
     interrupted = threading.Event()  # SIGINT/SIGTERM: stop the slots in order, then Redis
     on_stop_signals(interrupted.set)
@@ -207,8 +207,12 @@ def run_population(
             with contextlib.suppress(redis.RedisError, RedisUnavailable):  # slots stop anyway
                 request_stop(client, RunKeys(pcfg.name))
         stop_slots(procs)
+        if pop is not None:  # each trial's segments trained, for the record
+            with contextlib.suppress(redis.RedisError, RedisUnavailable):
+                segments = pop.segments(pcfg.trials())
         if server is not None:
             server.stop()
-    result = {"solved": solved, "elapsed": time.monotonic() - start, "exit_code": code}
+    elapsed = time.monotonic() - start
+    result = {"solved": solved, "elapsed": elapsed, "exit_code": code, "segments": segments}
     write_json(run_root / "result.json", result)
     return code
