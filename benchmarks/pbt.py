@@ -17,13 +17,12 @@ The defaults put four trials on one slot (a PPO segment's actors and learner fil
 2-core machine): random search then trains each trial a quarter of the time, while PBT's
 exploits move the slot's turns to copies of the best lineage. The more trials per slot, the
 more wall time PBT can save; with as many slots as trials only better explored values
-can save any. So PBT here copies as hard as truncation selection goes: every trial below
-the top quarter (quantile 0.75) takes a copy of the best before its turn, each turn then
-deepens the best lineage, and explores by perturbing only (a value redrawn from ranges this
-wide wrecks most copies it touches). A trial ranks only after a burn-in of six segments of
-its own: the first ranking of draws this wide can put a policy that collapsed at once (a
-steady -130) above the one draw still learning, and every trial then descends from the
-collapsed one.
+can save any. A trial ranks only after a burn-in of six segments of its own: the first
+ranking of draws this wide can put a policy that collapsed at once (a steady -130) above the
+one draw still learning, and every trial then descends from the collapsed one. `--quantile
+0.75 --resample 0` (every trial below the top copies it, perturbing only) moves more turns
+to the best lineage, but leaves nothing to fall back on when that lineage diverges
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -93,14 +92,15 @@ def main() -> None:
     p.add_argument(
         "--quantile",
         type=float,
-        default=0.75,
-        help="Truncation selection's quantile (past 0.5: the rest copy the top 1 - quantile).",
+        default=None,
+        help="Truncation selection's quantile (default 0.25; past 0.5 the rest copy the top "
+        "1 - quantile).",
     )
     p.add_argument(
         "--resample",
         type=float,
-        default=0.0,
-        help="Chance an explored value is redrawn instead of perturbed.",
+        default=None,
+        help="Chance an explored value is redrawn instead of perturbed (default 0.25).",
     )
     p.add_argument(
         "--burn-in",
