@@ -272,7 +272,12 @@ def test_corrupt_or_missing_chunks_are_dropped_removed_and_counted(r, keys, pong
     chunks = {int(k): v for k, v in r.hgetall(keys.replay_frames).items()}
     starts = sorted(chunks)
     flipped = bytearray(chunks[starts[0]])
-    flipped[-20] ^= 0xFF  # inside the last LZ4 block: caught by the CRC
+    flipped[-20] ^= 0xFF  # inside the last LZ4 block: caught by its CRC
+    recs0, _, g, blocks0 = layout.parse(chunks[starts[0]])
+    last = len(blocks0) - 1  # the transitions that need it are dropped; the rest are not
+    flipped_out = {starts[0] + i for i, r in enumerate(recs0) if last in r["refs"] // g}
+    kept = set(range(starts[0], starts[1])) - flipped_out
+    assert flipped_out and kept
     recs, f, _, _ = layout.parse(chunks[starts[1]])
     bad_refs = recs.copy()
     bad_refs["refs"][0, 0] = f  # beyond the chunk's frames, with a valid CRC
@@ -284,15 +289,19 @@ def test_corrupt_or_missing_chunks_are_dropped_removed_and_counted(r, keys, pong
     r.hset(keys.replay_frames, starts[2], encode_chunk(frames, bad_action))
     r.hset(keys.replay_frames, starts[3], chunks[starts[3]][:30])
     r.hdel(keys.replay_frames, starts[4])
-    bad = {i for k in (0, 2, 3, 4) for i in range(starts[k], starts[k + 1])} | {starts[1]}
+    bad = {i for k in (2, 3, 4) for i in range(starts[k], starts[k + 1])} | {starts[1]}
+    bad |= flipped_out
+    seen = set()
     for _ in range(200):
         s = replay.sample(32)
         if s is None:
             continue
+        seen |= {int(i) for i in s.ids}
         assert not bad & {int(i) for i in s.ids}
         assert s.batch["ok"].all() and s.weights.max() == 1
         for i, row in zip(s.ids, s.batch, strict=True):
             np.testing.assert_array_equal(row["obs"], by_id[int(i)][0])
+    assert kept & seen
     present = {int(m) for m in r.zrange(keys.replay_priorities, 0, -1)}
     removed = bad - present
     assert removed and present | removed == set(range(len(by_id)))

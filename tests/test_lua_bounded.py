@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import re
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -204,6 +205,33 @@ def test_sampling_over_hostile_priorities(private, r, kind, mode):
         bounded(private, lambda c: make(c, keys, mode).mass())
     assert r.zcard(keys.replay_priorities) < 30 + len(BOGUS_MEMBERS)
     still_works(r, keys, make)
+
+
+def test_sampling_over_chunks_of_a_hostile_shape(private, r):
+    """Chunks whose header claims as many LZ4 blocks as a u16 frame count allows, each with a
+    row in the block table, under the size limit of Atari-sized frames: sampling 512 of them
+    holds the server no longer than the limit, and what it drew is removed."""
+    keys = fresh_keys()
+    atari = FrameLayout((4, 84, 84), "uint8", 6)
+    replay = FrameReplay(r, keys, atari, CAP, seed=0)
+    n, blocks = 256, 2**16 - 1  # records, and blocks of one frame each (all empty)
+    hostile = struct.pack("<BBHHI", 2, 1, n, blocks, 0) + bytes(n * atari.rec.itemsize)
+    hostile += bytes(8 * blocks)
+    assert len(hostile) <= atari.max_chunk()
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 255, (30, 8, 84, 84), dtype=np.uint8)
+    fields = pack_frames(frames[:, :4], frames[:, 4:], np.zeros(30, int))
+    ones = np.ones(30, np.float32)
+    batch = FrameBatch(fields["frames"], fields["counts"], fields["refs"],
+                       np.zeros(30, np.int32), ones, ones)  # fmt: skip
+    replay.insert(batch, np.ones(30))
+    for chunk in r.hkeys(keys.replay_frames):
+        r.hset(keys.replay_frames, chunk, hostile)
+    for _ in range(3):
+        assert (
+            bounded(private, lambda c: FrameReplay(c, keys, atari, CAP, seed=0).sample(512)) is None
+        )
+    assert r.zcard(keys.replay_priorities) < 30
 
 
 # -- every script has its cases

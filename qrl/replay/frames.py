@@ -11,21 +11,27 @@ frames twice, and consecutive transitions share ``stack - 1`` of them. Instead:
   id of its first transition (:func:`encode_chunk`): a header, the fixed-size records of
   its transitions (action, n-step return, discount, references), then its frames in LZ4
   blocks of ``FRAMES_PER_BLOCK`` consecutive frames (LZ4 finds the next frame in the
-  previous one, so a block costs far less than its frames compressed one by one).
+  previous one, so a block costs far less than its frames compressed one by one), each with
+  its size and CRC-32 in a table before them.
   ``replay:index`` is a ring of ``capacity`` u32: slot ``id % capacity`` holds the distance
   from transition ``id`` to the first transition of its chunk.
 * Priorities and FIFO eviction are the plain replay's (``replay:prio``, consecutive ids).
   Evicting transitions ``[lo, new_lo)`` deletes the chunks that start before the chunk of
   ``new_lo``: exactly those with no transition left.
 * Sampling is the plain replay's scripts with another ``records`` function: each sampled
-  id comes with its chunk (one Lua call). The sampler decodes and checks every chunk
-  (sizes, a CRC-32, references, LZ4 blocks decompressed to their exact expected size); a
-  transition whose chunk is missing or corrupt is dropped from the batch and removed from
-  the replay (dead-lettered and counted, as :meth:`PrioritizedReplay.reject` does).
+  id comes with its chunk (one Lua call). The sampler checks what the transition needs of
+  it (the header and sizes, the record's values and references, the CRC-32 of each LZ4
+  block its frames are in, those blocks decompressed to their exact expected size) and
+  decompresses only those blocks (a CRC over the whole chunk cost every transition its
+  chunk's bytes again; trimming the chunk in Lua cost Redis more CPU than it saved the
+  sampler: docs/benchmarks.md). A transition whose chunk is missing or corrupt is dropped
+  from the batch and removed from the replay (dead-lettered and counted, as
+  :meth:`PrioritizedReplay.reject` does).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -47,8 +53,10 @@ FRAMES_PER_BLOCK = 8
 # transitions per chunk at most: a sampled transition fetches its whole chunk, and the
 # references and counts are u16
 CHUNK_MAX = 256
-_HEAD = struct.Struct("<BBHHI")  # version, frames per block, transitions, frames, CRC-32
-_VERSION = 1
+# version, frames per block, transitions, frames, CRC-32 of the records and block table
+_HEAD = struct.Struct("<BBHHI")
+_VERSION = 2
+_TABLE = np.dtype([("size", "<u4"), ("crc", "<u4")])  # per LZ4 block
 
 
 def is_frame_stack(obs_shape: tuple[int, ...], obs_dtype: str) -> bool:
@@ -126,17 +134,24 @@ def _record_dtype(stack: int) -> np.dtype:
     )
 
 
+@functools.cache
+def _record_struct(stack: int) -> struct.Struct:
+    """One record of :func:`_record_dtype`, read without numpy's per-field overhead."""
+    return struct.Struct(f"<iff{2 * stack}H")
+
+
 def encode_chunk(frames: np.ndarray, records: np.ndarray) -> bytes:
-    """One chunk as stored: header (with the CRC-32 of the rest), records, LZ4 block sizes
-    (u32), LZ4 blocks."""
+    """One chunk as stored: header (with the CRC-32 of the records and table), records, the
+    table of LZ4 block sizes and CRC-32s, LZ4 blocks."""
     g = FRAMES_PER_BLOCK
     blocks = [
         lz4.block.compress(frames[i : i + g].tobytes(), store_size=False)
         for i in range(0, len(frames), g)
     ]
-    sizes = np.asarray([len(b) for b in blocks], "<u4")
-    body = b"".join([records.tobytes(), sizes.tobytes(), *blocks])
-    return _HEAD.pack(_VERSION, g, len(records), len(frames), zlib.crc32(body)) + body
+    table = np.asarray([(len(b), zlib.crc32(b)) for b in blocks], _TABLE)
+    meta = records.tobytes() + table.tobytes()
+    head = _HEAD.pack(_VERSION, g, len(records), len(frames), zlib.crc32(meta))
+    return b"".join([head, meta, *blocks])
 
 
 @dataclass
@@ -163,82 +178,84 @@ class FrameLayout(RecordLayout):
         out[ok] = batch
         return out
 
-    def _gather(
-        self, records: list[Any]
-    ) -> tuple[list[int], list[np.ndarray], np.ndarray, np.ndarray]:
-        """Per transition that passes every check: ``(its row, the frames of the LZ4 blocks
-        its references fall in, its 2 x stack frame indices into them, its record)``. The
-        frames are a view of its one block, or its few blocks joined: joining every
-        transition's blocks into one array first copied (and page-faulted) the whole batch's
-        decompressed frames once more."""
-        rows, recs, frames, idx = [], [], [], []
-        for i, item in enumerate(records):
-            try:
-                r, g, blocks = self._transition(item)
-            except (ValueError, TypeError, IndexError, struct.error, lz4.block.LZ4BlockError):
-                continue
-            first, at = {}, 0
-            for b, raw in blocks.items():
-                first[b], at = at, at + len(raw) // self.frame_bytes
-            raw = b"".join(blocks.values()) if len(blocks) > 1 else next(iter(blocks.values()))
-            frames.append(np.frombuffer(raw, np.uint8).reshape(-1, *self.obs_shape[1:]))
-            idx.append([first[j // g] + j % g for j in r["refs"].tolist()])
-            rows.append(i)
-            recs.append(r)
-        return rows, frames, np.asarray(idx, np.intp), np.asarray(recs, self.rec)
-
     def max_chunk(self) -> int:
         """The most bytes a chunk can take: ``CHUNK_MAX`` records and as many distinct
         frames as they can reference, in LZ4 blocks that did not compress at all."""
         frames = 2 * self.obs_shape[0] * CHUNK_MAX
         raw = FRAMES_PER_BLOCK * self.frame_bytes
         blocks = -(-frames // FRAMES_PER_BLOCK)
-        return _HEAD.size + CHUNK_MAX * self.rec.itemsize + blocks * (4 + raw + raw // 255 + 16)
+        per_block = _TABLE.itemsize + raw + raw // 255 + 16
+        return _HEAD.size + CHUNK_MAX * self.rec.itemsize + blocks * per_block
 
     def decode(self, records: list[Any], out: Columns | None = None) -> tuple[Rows, np.ndarray]:
-        """The transitions whose chunk passed every check, and which did: their stacks
-        gathered from the decompressed frames straight into ``out`` (a ring slot's columns)
-        if given, else into a new batch of records."""
-        rows, frames, idx, rec = self._gather(records)
-        ok, k, s = np.zeros(len(records), bool), len(rows), self.obs_shape[0]
-        ok[rows] = True
+        """The transitions whose chunk passed every check, and which did: their stacks copied
+        frame by frame from the decompressed LZ4 blocks straight into ``out`` (a ring slot's
+        columns) if given, else into a new batch of records. (Joining a transition's blocks
+        to gather from them copied its frames once more, into fresh, page-faulted memory.)"""
         batch = None
         if out is None:
-            batch = np.zeros(k, self.dtype)
-            batch["ok"] = True
+            batch = np.zeros(len(records), self.dtype)
             out = {n: batch[n] for n in self.dtype.names or ()}
-        obs, next_obs = out["obs"], out["next_obs"]
-        for t, (f, ix) in enumerate(zip(frames, idx, strict=True)):
-            np.take(f, ix[:s], axis=0, out=obs[t])
-            np.take(f, ix[s:], axis=0, out=next_obs[t])
-        if k:
-            for name in ("action", "ret", "disc"):
-                out[name][:k] = rec[name]
+        obs, next_obs, s = out["obs"], out["next_obs"], self.obs_shape[0]
+        ok, recs = np.zeros(len(records), bool), []
+        for i, item in enumerate(records):
+            try:
+                r, refs, g, blocks = self._transition(item)
+            except (ValueError, TypeError, IndexError, struct.error, lz4.block.LZ4BlockError):
+                continue
+            frames = {
+                b: np.frombuffer(raw, np.uint8).reshape(-1, *self.obs_shape[1:])
+                for b, raw in blocks.items()
+            }
+            o, n = obs[len(recs)], next_obs[len(recs)]
+            for k, j in enumerate(refs):
+                (o if k < s else n)[k % s] = frames[j // g][j % g]
+            ok[i] = True
+            recs.append(r)
+        k = len(recs)
+        for name, column in zip(("action", "ret", "disc"), zip(*recs, strict=True), strict=False):
+            out[name][:k] = column  # (nothing when no transition passed)
         if batch is not None:
+            batch = batch[:k]
+            batch["ok"] = True
             return batch, ok
         return {n: out[n][:k] for n in ("obs", "action", "ret", "disc", "next_obs")}, ok
 
-    def parse(self, blob: Any) -> tuple[np.ndarray, int, int, list[bytes]]:
-        """A stored chunk's records, frame count, frames per block and LZ4 blocks; raises
-        ``ValueError`` unless its header and sizes are consistent and its CRC matches."""
+    def parse(self, blob: Any) -> tuple[np.ndarray, int, int, list[memoryview]]:
+        """A whole stored chunk's records, frame count, frames per block and LZ4 blocks;
+        raises ``ValueError`` unless its header, sizes and CRCs hold together."""
+        g, n, f, crc, at, end = self._header(blob)
+        view = memoryview(blob)
+        if zlib.crc32(view[_HEAD.size : end]) != crc:
+            raise ValueError("chunk CRC")
+        table = np.frombuffer(blob, _TABLE, (end - at) // _TABLE.itemsize, at)
+        ends = list(itertools.accumulate(table["size"].tolist(), initial=end))
+        if ends[-1] != len(blob):
+            raise ValueError("chunk size")
+        blocks = [view[a:b] for a, b in itertools.pairwise(ends)]
+        if any(zlib.crc32(b) != c for b, c in zip(blocks, table["crc"].tolist(), strict=True)):
+            raise ValueError("LZ4 block CRC")
+        return np.frombuffer(blob, self.rec, n, _HEAD.size), f, g, blocks
+
+    def _header(self, blob: Any) -> tuple[int, int, int, int, int, int]:
+        """A stored chunk's frames per block, transitions, frames, CRC of its records and
+        table, and where its table and its blocks start; raises ``ValueError`` unless the
+        header is of this version and the chunk is long enough for its records and table."""
         if not isinstance(blob, bytes) or len(blob) < _HEAD.size:
             raise ValueError("chunk missing")
         version, g, n, f, crc = _HEAD.unpack_from(blob)
         n_blocks = -(-f // g) if g else 0
         at = _HEAD.size + n * self.rec.itemsize
-        if version != _VERSION or n < 1 or n_blocks < 1 or len(blob) < at + 4 * n_blocks:
+        end = at + _TABLE.itemsize * n_blocks
+        if version != _VERSION or n < 1 or n_blocks < 1 or len(blob) < end:
             raise ValueError("chunk header")
-        sizes = struct.unpack_from(f"<{n_blocks}I", blob, at)
-        ends = list(itertools.accumulate(sizes, initial=at + 4 * n_blocks))
-        if ends[-1] != len(blob) or zlib.crc32(memoryview(blob)[_HEAD.size :]) != crc:
-            raise ValueError("chunk size or CRC")
-        blocks = [blob[a:b] for a, b in itertools.pairwise(ends)]
-        return np.frombuffer(blob, self.rec, n, _HEAD.size), f, g, blocks
+        return g, n, f, crc, at, end
 
-    def _block(self, blocks: list[bytes], b: int, f: int, g: int) -> bytes:
-        """Frames ``b*g ..`` of a chunk, decompressed to exactly their expected size."""
+    def _block(self, block: Any, b: int, f: int, g: int) -> bytes:
+        """LZ4 block ``b`` (frames ``b*g ..``) of a chunk of ``f`` frames, decompressed to
+        exactly their expected size."""
         want = (min(f, (b + 1) * g) - b * g) * self.frame_bytes
-        raw = lz4.block.decompress(blocks[b], uncompressed_size=want)
+        raw = lz4.block.decompress(block, uncompressed_size=want)
         if len(raw) != want:
             raise ValueError("LZ4 block size")
         return raw
@@ -246,21 +263,33 @@ class FrameLayout(RecordLayout):
     def chunk_frames(self, blob: bytes) -> np.ndarray:
         """Every frame of a stored chunk, in order."""
         _, f, g, blocks = self.parse(blob)
-        raw = b"".join(self._block(blocks, b, f, g) for b in range(len(blocks)))
+        raw = b"".join(self._block(block, b, f, g) for b, block in enumerate(blocks))
         return np.frombuffer(raw, np.uint8).reshape(-1, *self.obs_shape[1:])
 
-    def _transition(self, item: Any) -> tuple[np.void, int, dict[int, bytes]]:
-        """A sampled transition's record, its chunk's frames per block and the blocks its
-        frames are in (decompressed); raises unless every check passes."""
+    def _transition(self, item: Any) -> tuple[tuple[int, float, float], list[int], int, dict]:
+        """A sampled transition's action, return and discount, its 2 x stack frame
+        references, its chunk's frames per block, and the blocks its frames are in
+        (decompressed); raises unless every check passes."""
         rel_b, blob = item
-        recs, f, g, blocks = self.parse(blob)
+        g, n, f, _, at, end = self._header(blob)
         (rel,) = struct.unpack("<I", rel_b)
-        r = recs[rel]  # IndexError past the chunk's transitions
-        refs = r["refs"].tolist()
-        ok = 0 <= r["action"] < self.n_actions and np.isfinite(r["ret"]) and 0 <= r["disc"] <= 1
-        if not ok or abs(r["ret"]) > 1e6 or max(refs) >= f:
+        if rel >= n:
+            raise ValueError("chunk record missing")
+        here = _HEAD.size + rel * self.rec.itemsize
+        action, ret, disc, *refs = _record_struct(self.obs_shape[0]).unpack_from(blob, here)
+        ok = 0 <= action < self.n_actions and math.isfinite(ret) and abs(ret) <= 1e6
+        if not ok or not 0 <= disc <= 1 or max(refs) >= f:
             raise ValueError("chunk record out of bounds")
-        return r, g, {b: self._block(blocks, b, f, g) for b in sorted({j // g for j in refs})}
+        need = sorted({j // g for j in refs})
+        table = np.frombuffer(blob, _TABLE, need[-1] + 1, at).tolist()
+        starts = list(itertools.accumulate((size for size, _ in table), initial=end))
+        view, blocks = memoryview(blob), {}
+        for b in need:  # a block cut short by the chunk's end fails its CRC
+            block = view[starts[b] : starts[b + 1]]
+            if zlib.crc32(block) != table[b][1]:
+                raise ValueError("LZ4 block CRC")
+            blocks[b] = self._block(block, b, f, g)
+        return (action, ret, disc), refs, g, blocks
 
 
 class FrameReplay(PrioritizedReplay):
