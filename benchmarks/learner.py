@@ -195,9 +195,18 @@ def rounds(lrn, pool: list, updates: int, samplers: int, blocks: int, gpu: GpuUs
     return ours, mem
 
 
-def feed_round(lrn, samplers: int, seconds: float, unrolls: Unrolls | None = None) -> float:
+def redis_cpu(client) -> float:
+    """CPU seconds the Redis server has used (user and system)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def feed_round(
+    lrn, client, samplers: int, seconds: float, unrolls: Unrolls | None = None
+) -> tuple[float, float]:
     """Transitions/s (IMPALA: env steps) taken from the ring by a consumer that only gives
-    the slots back."""
+    the slots back, and the Redis server's CPU microseconds per transition meanwhile (with
+    one server, the rate many samplers can reach is at most a million over it)."""
     if unrolls is not None:  # what the loader can read in ``seconds`` at 200k steps/s
         unrolls.stock(int(seconds * 200_000) // (lrn.cfg.batch_unrolls * lrn.cfg.unroll))
         source = Loader(lrn.loader_spec(), lrn.loader_slots())
@@ -211,13 +220,13 @@ def feed_round(lrn, samplers: int, seconds: float, unrolls: Unrolls | None = Non
         while (s := take(30)) is None:
             pass
         give(s.slot)
-        n, t = 0, time.perf_counter()
+        n, t, cpu = 0, time.perf_counter(), redis_cpu(client)
         while time.perf_counter() - t < seconds:
             if (s := take(1.0)) is None:
                 break  # (IMPALA) the stream is read to its end
             n += size(s)
             give(s.slot)
-        return n / (time.perf_counter() - t)
+        return n / (time.perf_counter() - t), (redis_cpu(client) - cpu) * 1e6 / max(n, 1)
     finally:
         source.stop()
 
@@ -282,12 +291,16 @@ def main() -> None:
     ap.add_argument("--prefetch", type=int, default=4, help="ring slots (replay learners)")
     ap.add_argument("--feed-only", action="store_true", help="the data path alone")
     ap.add_argument("--seconds", type=float, default=10.0, help="per --feed-only round")
+    ap.add_argument(
+        "--io-threads", type=int, default=1,
+        help="the Redis server's io-threads (replies written by that many threads)",
+    )  # fmt: skip
     args = ap.parse_args()
     if args.algo == "impala":
         args.samplers = [1]  # its one loader process
     if args.transitions is None:
         args.transitions = 5_000 if args.algo == "r2d2" else 100_000
-    with EmbeddedRedis() as server:
+    with EmbeddedRedis(args=("--io-threads", str(args.io_threads))) as server:
         keys = RunKeys(f"bench-learner-{args.algo}")
         client = connect(server.url)
         lrn, pool, unrolls, what = setup(args, client, keys, server.url)
@@ -297,10 +310,12 @@ def main() -> None:
             feeds = {k: [] for k in args.samplers}
             for _ in range(args.rounds):
                 for k in args.samplers:
-                    feeds[k].append(feed_round(lrn, k, args.seconds, unrolls))
-            print(f"{'samplers':<10} {'transitions/s':>14}  (rounds)")
+                    feeds[k].append(feed_round(lrn, client, k, args.seconds, unrolls))
+            print(f"{'samplers':<10} {'transitions/s':>14} {'Redis us/tr':>12}  (rounds)")
             for k, f in feeds.items():
-                print(f"{k:<10} {statistics.median(f):>14,.0f}  {' '.join(f'{x:,.0f}' for x in f)}")
+                rate, cpu = (statistics.median(x[i] for x in f) for i in (0, 1))
+                each = " ".join(f"{x:,.0f}" for x, _ in f)
+                print(f"{k:<10} {rate:>14,.0f} {cpu:>12.1f}  {each}")
             return
         print(
             f"{'fed from':<20} {'updates/s':>10} {'ratio':>6}   ms per update: "

@@ -160,12 +160,8 @@ def measure(
         updates = [(replay.parts[0].keys.replay_priorities, drawn.ids, new_prio)]
     else:
         updates = [
-            (
-                replay.parts[s].keys.replay_priorities,
-                [drawn.ids[k].partition(b":")[2] for k in at],
-                new_prio[at],
-            )
-            for s, at in replay._by_shard(drawn.ids).items()
+            (replay.parts[s].keys.replay_priorities, own, new_prio[at])
+            for s, (at, own) in replay._by_shard(drawn.ids).items()
         ]
 
     def q_prio(i: int) -> int:
