@@ -47,10 +47,10 @@ FRAMES = FrameLayout((4, 6, 6), "uint8", 6)
 
 
 # what a hostile writer stores in a number's place
-def frame_batch(n: int, seed: int = 0) -> FrameBatch:
-    """``n`` transitions of two env slots over small distinct frames."""
+def frame_batch(n: int, seed: int = 0, size: int = 6) -> FrameBatch:
+    """``n`` transitions of two env slots over distinct ``size`` x ``size`` frames."""
     rng = np.random.default_rng(seed)
-    frames = rng.integers(0, 255, (n, 2 * 4, 6, 6), dtype=np.uint8)
+    frames = rng.integers(0, 255, (n, 2 * 4, size, size), dtype=np.uint8)
     slots = np.arange(n) % 2
     fields = pack_frames(frames[:, :4], frames[:, 4:], slots)
     return FrameBatch(
@@ -218,13 +218,7 @@ def test_sampling_over_chunks_of_a_hostile_shape(private, r):
     hostile = struct.pack("<BBHHI", 2, 1, n, blocks, 0) + bytes(n * atari.rec.itemsize)
     hostile += bytes(8 * blocks)
     assert len(hostile) <= atari.max_chunk()
-    rng = np.random.default_rng(0)
-    frames = rng.integers(0, 255, (30, 8, 84, 84), dtype=np.uint8)
-    fields = pack_frames(frames[:, :4], frames[:, 4:], np.zeros(30, int))
-    ones = np.ones(30, np.float32)
-    batch = FrameBatch(fields["frames"], fields["counts"], fields["refs"],
-                       np.zeros(30, np.int32), ones, ones)  # fmt: skip
-    replay.insert(batch, np.ones(30))
+    replay.insert(frame_batch(30, size=84), np.ones(30))
     for chunk in r.hkeys(keys.replay_frames):
         r.hset(keys.replay_frames, chunk, hostile)
     for _ in range(3):

@@ -37,6 +37,7 @@ import logging
 import math
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -225,16 +226,11 @@ class FrameLayout(RecordLayout):
         """A whole stored chunk's records, frame count, frames per block and LZ4 blocks;
         raises ``ValueError`` unless its header, sizes and CRCs hold together."""
         g, n, f, crc, at, end = self._header(blob)
-        view = memoryview(blob)
-        if zlib.crc32(view[_HEAD.size : end]) != crc:
+        if zlib.crc32(memoryview(blob)[_HEAD.size : end]) != crc:
             raise ValueError("chunk CRC")
-        table = np.frombuffer(blob, _TABLE, (end - at) // _TABLE.itemsize, at)
-        ends = list(itertools.accumulate(table["size"].tolist(), initial=end))
-        if ends[-1] != len(blob):
+        blocks, stop = _checked_blocks(blob, at, end, range((end - at) // _TABLE.itemsize))
+        if stop != len(blob):
             raise ValueError("chunk size")
-        blocks = [view[a:b] for a, b in itertools.pairwise(ends)]
-        if any(zlib.crc32(b) != c for b, c in zip(blocks, table["crc"].tolist(), strict=True)):
-            raise ValueError("LZ4 block CRC")
         return np.frombuffer(blob, self.rec, n, _HEAD.size), f, g, blocks
 
     def _header(self, blob: Any) -> tuple[int, int, int, int, int, int]:
@@ -281,15 +277,27 @@ class FrameLayout(RecordLayout):
         if not ok or not 0 <= disc <= 1 or max(refs) >= f:
             raise ValueError("chunk record out of bounds")
         need = sorted({j // g for j in refs})
-        table = np.frombuffer(blob, _TABLE, need[-1] + 1, at).tolist()
-        starts = list(itertools.accumulate((size for size, _ in table), initial=end))
-        view, blocks = memoryview(blob), {}
-        for b in need:  # a block cut short by the chunk's end fails its CRC
-            block = view[starts[b] : starts[b + 1]]
-            if zlib.crc32(block) != table[b][1]:
-                raise ValueError("LZ4 block CRC")
-            blocks[b] = self._block(block, b, f, g)
-        return (action, ret, disc), refs, g, blocks
+        blocks, _ = _checked_blocks(blob, at, end, need)
+        return (action, ret, disc), refs, g, {
+            b: self._block(block, b, f, g) for b, block in zip(need, blocks, strict=True)
+        }  # fmt: skip
+
+
+def _checked_blocks(
+    blob: bytes, at: int, end: int, which: Sequence[int]
+) -> tuple[list[memoryview], int]:
+    """LZ4 blocks ``which`` (increasing) of a chunk whose block table starts at ``at`` and
+    blocks at ``end``, each checked against its CRC-32 (a block cut short by the chunk's end
+    fails it), and where the last of them ends; raises ``ValueError`` on a mismatch."""
+    table = np.frombuffer(blob, _TABLE, which[-1] + 1, at).tolist()
+    starts = list(itertools.accumulate((size for size, _ in table), initial=end))
+    view, blocks = memoryview(blob), []
+    for b in which:
+        block = view[starts[b] : starts[b + 1]]
+        if zlib.crc32(block) != table[b][1]:
+            raise ValueError("LZ4 block CRC")
+        blocks.append(block)
+    return blocks, starts[which[-1] + 1]
 
 
 class FrameReplay(PrioritizedReplay):
