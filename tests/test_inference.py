@@ -230,6 +230,15 @@ def test_killed_actors_and_servers_lose_only_half_built_unrolls(r, keys, tmp_pat
         _physical(u)
 
 
+def test_a_wait_shorter_than_a_millisecond_is_not_a_wait_forever(r, keys, redis_server):
+    """The last slice of an actor's wait for its reply can be a few microseconds; Redis 6.2
+    truncates BLPOP's timeout to whole milliseconds and blocks forever on 0 (the client's
+    socket timeout then kills the actor's loop: CI, 2026-11-30)."""
+    actor = EnvStepper(r, keys, _setup(r, keys), 0)
+    for timeout in (0.0, 1e-5, 9e-4):
+        assert actor._exchange(None, timeout) is None  # no server: nothing to wait for
+
+
 def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, redis_server):
     cfg = _setup(r, keys, stream_maxlen=100_000)  # no learner: room for every unroll
     server = _server(r, keys, cfg)

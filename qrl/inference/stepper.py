@@ -26,6 +26,9 @@ from qrl.wire.faults import warn_once
 from qrl.wire.keys import RunKeys
 
 WAIT_S = 0.25  # one blocking pop: the stop flag is checked between two
+# Redis takes BLPOP's timeout in whole milliseconds and, before 7.0, waits forever on one
+# that truncates to 0: the last slice of a wait is never shorter than this.
+MIN_WAIT_S = 0.01
 
 
 class EnvStepper(EnvActor):
@@ -116,7 +119,7 @@ class EnvStepper(EnvActor):
         pipe = self.client.pipeline(transaction=False)
         if payload is not None:
             pipe.rpush(self.requests, payload)
-        pipe.blpop([self.replies], timeout=timeout)
+        pipe.blpop([self.replies], timeout=max(timeout, MIN_WAIT_S))
         *sent, got = pipe.execute(raise_on_error=False)
         for e in sent:
             if isinstance(e, redis.ResponseError):
