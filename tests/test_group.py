@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from qrl.learners.group import GroupLost, LearnerGroup, _enter, _key
+from qrl.learners.group import GroupLost, LearnerGroup, _enter, _key, _read_addr
 from qrl.wire.keys import RunKeys
 
 CPU = torch.device("cpu")
@@ -257,6 +257,20 @@ def test_a_hostile_address_is_rejected_at_once(r, keys, value):
     with pytest.raises(RuntimeError, match="learners:addr:"):
         LearnerGroup.join(r, keys, 2, CPU, timeout_s=20)
     assert time.monotonic() - start < 2 and not dist.is_initialized()
+
+
+def test_an_address_written_between_the_two_reads_is_read(redis_server, keys):
+    """Rank 0 publishing its address just after a waiting learner found none there but
+    before it asked whether the key exists (CI, 2026-12-01: the learner raised)."""
+    key = _key(keys, "addr", "ab.2")
+
+    class RankZeroWritesBetween(redis.Redis):
+        def exists(self, *names):
+            self.set(key, "127.0.0.1:5")
+            return super().exists(*names)
+
+    client = RankZeroWritesBetween.from_url(redis_server.url)
+    assert _read_addr(client, key) == ("127.0.0.1", 5)
 
 
 @pytest.mark.timeout(120)

@@ -137,8 +137,10 @@ def _read_addr(client, key: str) -> tuple[str, int] | None:
     anything else (another type, garbage, a huge value: GETRANGE never reads it whole)."""
     try:
         raw = client.getrange(key, 0, _MAX_ADDR)
-        if not raw and not client.exists(key):
-            return None
+        if not raw:
+            if not client.exists(key):
+                return None
+            raw = client.getrange(key, 0, _MAX_ADDR)  # rank 0 wrote it between the two reads
         if not raw or len(raw) > _MAX_ADDR:
             raise ValueError(f"{len(raw)} bytes")
         return check_address(raw.decode("ascii"), "the address")
