@@ -309,6 +309,35 @@ def test_corrupt_or_missing_chunks_are_dropped_removed_and_counted(r, keys, pong
     assert r.xlen(keys.deadletter) == len(removed)
 
 
+def test_ring_entries_out_of_range_fetch_no_chunk(r, keys, pong):
+    """A transition's ring entry (how far back its chunk's first transition is) that points
+    before id 0 (the top bit set, too), to an id where no chunk starts, or lies past the end
+    of a ring cut short fetches no chunk: those transitions are dropped, every other one
+    samples as stored."""
+    replay = FrameReplay(r, keys, FrameLayout(SHAPE, "uint8", 6), 10_000, seed=0)
+    by_id = insert(replay, pong, 60)
+    starts = sorted(int(k) for k in r.hkeys(keys.replay_frames))
+    ring = bytearray(r.get(keys.replay_index))
+    assert len(ring) == 4 * len(by_id)
+    mid = starts[1] + 1  # not a chunk's first transition
+    bad = {1: 0xFFFFFFFF, 5: 6, mid: 1 + int.from_bytes(ring[4 * mid : 4 * mid + 4], "little")}
+    for i, rel in bad.items():
+        ring[4 * i : 4 * i + 4] = rel.to_bytes(4, "little")
+    r.set(keys.replay_index, bytes(ring[: 4 * (len(by_id) - 3)]))
+    dropped = set(bad) | set(range(len(by_id) - 3, len(by_id)))
+    seen = set()
+    for _ in range(100):
+        s = replay.sample(32)
+        if s is None:
+            continue
+        got = {int(i) for i in s.ids}
+        assert not got & dropped and s.batch["ok"].all()
+        for i, row in zip(s.ids, s.batch, strict=True):
+            np.testing.assert_array_equal(row["next_obs"], by_id[int(i)][4])
+        seen |= got
+    assert seen == set(range(len(by_id))) - dropped
+
+
 @pytest.mark.slow
 def test_a_pong_transition_costs_at_most_1_5_frames(r, keys):
     """8 envs, batches of 256 as the actor sends them by default; the replay full."""
