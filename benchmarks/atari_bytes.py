@@ -71,18 +71,21 @@ def fill_from_actor(
     actor_type: type = DQNActor,
     filler_type: type = ReplayFiller,
 ) -> DQNActor:
-    """A real actor (with the initial weights, published) and replay filler on the run;
-    they play until ``n`` items (transitions; R2D2's sequences) were inserted."""
+    """A real actor (with the initial weights, published) and a replay filler for each replay
+    shard on the run; they play until ``n`` items (transitions; R2D2's sequences) were
+    inserted."""
     actor = actor_type(client, keys, cfg, actor_id=0)
-    filler = filler_type(client, keys, cfg)
+    shards = getattr(cfg, "replay_shards", 1)
+    fillers = [filler_type(client, keys, cfg, ident) for ident in range(shards)]
     WeightStore(client, keys).publish(actor.net, version=0)
     never = lambda: False  # noqa: E731
     actor.start(never)
-    while filler.inserted < n:
+    while sum(f.inserted for f in fillers) < n:
         actor.step(never)
         if actor.units % 32 == 0:
-            while filler.consumer.process(filler.handle, block_ms=1):
-                pass
+            for f in fillers:
+                while f.consumer.process(f.handle, block_ms=1):
+                    pass
     return actor
 
 

@@ -4,6 +4,7 @@ time goes, and what the data path alone delivers.
     python benchmarks/learner.py [--updates 2000] [--rounds 3] [--samplers 1 2] [--device cpu]
     python benchmarks/learner.py --atari [--updates 100] [--transitions 20000] [--device cuda]
     python benchmarks/learner.py --feed-only [--atari] --batch-size 512 --samplers 1 2 4
+    python benchmarks/learner.py --atari --device cuda --samplers 12 [--cluster 3] [--pin]
     python benchmarks/learner.py --algo r2d2 [--updates 300]
     python benchmarks/learner.py --algo impala [--updates 1000] [--feed-only]
 
@@ -31,11 +32,19 @@ back, so the rate is the data path's alone (transitions/s), for each ``--sampler
 ``--atari``: ALE/Pong-v5 (84x84x4 uint8 stacks, the Nature CNN), the replay filled by a real
 actor and replay filler (benchmarks/atari_bytes.py) in the frame layout
 (qrl/replay/frames.py): the samplers fetch chunks and decompress frames.
+
+``--cluster N`` (Ape-X): the replay in N shards (``replay_shards``) on a local Redis Cluster
+of N nodes, so that no one ``redis-server`` serves every sampler (the Redis column sums
+the nodes). ``--pin`` (Linux): once the data processes run, the learner process keeps one
+CPU and the SMT siblings of that CPU to itself, and the data processes and Redis servers
+get the rest (``os.sched_setaffinity``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import threading
 import time
@@ -45,6 +54,7 @@ from functools import partial
 import numpy as np
 import torch
 from atari_bytes import ENV, fill_from_actor
+from redis.cluster import RedisCluster
 
 from qrl.actors.impala import ImpalaActor
 from qrl.actors.r2d2 import R2D2Actor
@@ -63,6 +73,7 @@ from qrl.replay.sequences import SequenceFiller, sequence_spec
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.runs import create_run
 from qrl.server.embedded import EmbeddedRedis
+from qrl.server.embedded_cluster import EmbeddedCluster
 from qrl.wire.codec import encode
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
@@ -147,7 +158,9 @@ class Unrolls:
         ]
 
 
-def rounds(lrn, pool: list, updates: int, samplers: int, blocks: int, gpu: GpuUse, stock=None):
+def rounds(
+    lrn, pool: list, updates: int, samplers: int, blocks: int, gpu: GpuUse, stock=None, pinned=None
+):
     """``blocks`` pairs of rounds in one start of the learner: ``updates`` updates fed
     through Redis, then as many fed from ``pool`` (while the data processes wait on a full
     ring), alternating, so both sides of a pair share the machine's speed of the moment
@@ -171,6 +184,8 @@ def rounds(lrn, pool: list, updates: int, samplers: int, blocks: int, gpu: GpuUs
 
     lrn.start(never)
     try:
+        if pinned is not None:
+            pin(lrn, pinned)
         steps(WARMUP)
         for _ in range(blocks):
             steps(ahead)
@@ -196,9 +211,34 @@ def rounds(lrn, pool: list, updates: int, samplers: int, blocks: int, gpu: GpuUs
 
 
 def redis_cpu(client) -> float:
-    """CPU seconds the Redis server has used (user and system)."""
-    info = client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    """CPU seconds the Redis servers have used (user and system; a cluster's nodes summed)."""
+    if isinstance(client, RedisCluster):
+        nodes = client.info("cpu", target_nodes=RedisCluster.PRIMARIES).values()
+    else:
+        nodes = [client.info("cpu")]
+    return sum(float(i["used_cpu_user"]) + float(i["used_cpu_sys"]) for i in nodes)
+
+
+def pin(lrn, servers: list) -> None:
+    """The learner on the last CPU this process may use, alone with that CPU's SMT
+    siblings (which nothing else is given); its data processes and ``servers`` (their
+    ``proc``) on the other CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    mine = cpus[-1]
+    with open(f"/sys/devices/system/cpu/cpu{mine}/topology/thread_siblings_list") as f:
+        siblings = set()
+        for part in f.read().strip().split(","):
+            lo, _, hi = part.partition("-")
+            siblings |= set(range(int(lo), int(hi or lo) + 1))
+    rest = set(cpus) - siblings - {mine}
+    if not rest:
+        raise SystemExit("--pin: no CPU is left for the data processes")
+    for pid in [*lrn.feed.pids, *(s.proc.pid for s in servers)]:
+        if pid is not None:
+            os.sched_setaffinity(pid, rest)
+    os.sched_setaffinity(0, {mine})
+    print(f"pinned: learner on CPU {mine} (siblings {sorted(siblings - {mine})} idle), "
+          f"the rest on {len(rest)} CPUs")  # fmt: skip
 
 
 def feed_round(
@@ -260,17 +300,20 @@ def setup(args, client, keys: RunKeys, url: str):
         lrn = R2D2Learner(partial(connect, url), keys, cfg, device=args.device)
     else:
         atari = {"env": ENV, "steps_per_update": 0, "stream_maxlen": 100_000} if args.atari else {}
+        shards = {"replay_shards": args.cluster} if args.cluster else {}
         cfg = ApexConfig(
             replay_mode=args.mode, learning_starts=1000, batch_size=args.batch_size, **prefetch,
-            **atari,
+            **atari, **shards,
         )  # fmt: skip
         create_run(client, keys, "apex", cfg)
-        replay = make_replay(client, keys, cfg, seed=0)
         if args.atari:
             fill_from_actor(client, keys, cfg, args.transitions)
         else:
-            fill(replay, args.transitions, rng)
+            for shard in range(cfg.replay_shards):
+                part = make_replay(client, keys, cfg, seed=0, shard=shard)
+                fill(part, args.transitions // cfg.replay_shards, rng)
         lrn = ApexLearner(partial(connect, url), keys, cfg, device=args.device)
+        replay = lrn.sampler_spec().replay(seed=0)  # every shard, as the samplers draw
     pool = [lrn.batch_type(replay.sample(cfg.batch_size, cfg.beta), lrn.device) for _ in range(64)]
     return lrn, pool, None, f"batch {cfg.batch_size}, replay of {replay.size()}"
 
@@ -295,12 +338,22 @@ def main() -> None:
         "--io-threads", type=int, default=1,
         help="the Redis server's io-threads (replies written by that many threads)",
     )  # fmt: skip
+    ap.add_argument("--cluster", type=int, default=0, help="(Ape-X) N shards on N nodes")
+    ap.add_argument("--pin", action="store_true", help="the learner alone on one CPU")
     args = ap.parse_args()
+    if args.cluster and args.algo != "apex":
+        ap.error("--cluster shards Ape-X's replay only")
     if args.algo == "impala":
         args.samplers = [1]  # its one loader process
     if args.transitions is None:
         args.transitions = 5_000 if args.algo == "r2d2" else 100_000
-    with EmbeddedRedis(args=("--io-threads", str(args.io_threads))) as server:
+    with contextlib.ExitStack() as stack:
+        if args.cluster:
+            server = stack.enter_context(EmbeddedCluster(args.cluster))
+            servers = server.nodes
+        else:
+            server = stack.enter_context(EmbeddedRedis(args=("--io-threads", str(args.io_threads))))
+            servers = [server]
         keys = RunKeys(f"bench-learner-{args.algo}")
         client = connect(server.url)
         lrn, pool, unrolls, what = setup(args, client, keys, server.url)
@@ -324,7 +377,8 @@ def main() -> None:
         data = "loader" if args.algo == "impala" else "sampler"
         gpu = GpuUse(lrn.device)
         for k in args.samplers:
-            ours, mem = rounds(lrn, pool, args.updates, k, args.rounds, gpu, stock)
+            pinned = servers if args.pin else None
+            ours, mem = rounds(lrn, pool, args.updates, k, args.rounds, gpu, stock, pinned)
             pairs = [o.rate / m.rate for o, m in zip(ours, mem, strict=True)]
             ratio = statistics.median(pairs)
             for name, r, x in ((f"redis, {k} {data}{'s' * (k > 1)}", med(ours), ratio),
