@@ -136,11 +136,9 @@ def _read_addr(client, key: str) -> tuple[str, int] | None:
     """Rank 0's store address, None while there is none; a clear error if ``key`` holds
     anything else (another type, garbage, a huge value: GETRANGE never reads it whole)."""
     try:
+        if not client.exists(key):  # (first: rank 0 may write it after an empty GETRANGE)
+            return None
         raw = client.getrange(key, 0, _MAX_ADDR)
-        if not raw:
-            if not client.exists(key):
-                return None
-            raw = client.getrange(key, 0, _MAX_ADDR)  # rank 0 wrote it between the two reads
         if not raw or len(raw) > _MAX_ADDR:
             raise ValueError(f"{len(raw)} bytes")
         return check_address(raw.decode("ascii"), "the address")
