@@ -33,11 +33,10 @@ back, so the rate is the data path's alone (transitions/s), for each ``--sampler
 actor and replay filler (benchmarks/atari_bytes.py) in the frame layout
 (qrl/replay/frames.py): the samplers fetch chunks and decompress frames.
 
-``--cluster N`` (Ape-X): the replay in N shards (``replay_shards``) on a local Redis Cluster
-of N nodes, so that no one ``redis-server`` serves every sampler (the Redis column sums
-the nodes). ``--pin`` (Linux): once the data processes run, the learner process keeps one
-CPU and the SMT siblings of that CPU to itself, and the data processes and Redis servers
-get the rest (``os.sched_setaffinity``).
+``--cluster N`` (Ape-X): the replay in N shards on a local N-node Redis Cluster, so that no
+one ``redis-server`` serves every sampler (the Redis column sums the nodes). ``--pin``
+(Linux): the learner keeps one CPU and its SMT siblings to itself, the data processes and
+Redis servers get the rest (``os.sched_setaffinity``, once the data processes run).
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 
 import numpy as np
 import torch
@@ -219,11 +218,16 @@ def redis_cpu(client) -> float:
     return sum(float(i["used_cpu_user"]) + float(i["used_cpu_sys"]) for i in nodes)
 
 
+@cache
+def _cpus() -> list[int]:  # the CPUs this process could use before pin() narrowed them
+    return sorted(os.sched_getaffinity(0))
+
+
 def pin(lrn, servers: list) -> None:
     """The learner on the last CPU this process may use, alone with that CPU's SMT
     siblings (which nothing else is given); its data processes and ``servers`` (their
     ``proc``) on the other CPUs."""
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = _cpus()
     mine = cpus[-1]
     with open(f"/sys/devices/system/cpu/cpu{mine}/topology/thread_siblings_list") as f:
         siblings = set()
@@ -376,8 +380,8 @@ def main() -> None:
         )
         data = "loader" if args.algo == "impala" else "sampler"
         gpu = GpuUse(lrn.device)
+        pinned = servers if args.pin else None
         for k in args.samplers:
-            pinned = servers if args.pin else None
             ours, mem = rounds(lrn, pool, args.updates, k, args.rounds, gpu, stock, pinned)
             pairs = [o.rate / m.rate for o, m in zip(ours, mem, strict=True)]
             ratio = statistics.median(pairs)
