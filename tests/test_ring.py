@@ -8,14 +8,16 @@ import functools
 import multiprocessing
 import os
 import struct
+import time
 
 import numpy as np
+import pytest
 import redis
 import torch
 
 from qrl.learners.replay import Batch
 from qrl.replay.frames import layout_for
-from qrl.replay.ring import BatchRing, Channel
+from qrl.replay.ring import NAP_S, BatchRing, Channel
 from qrl.replay.sampler import Sampler, SamplerSpec
 from qrl.replay.store import PrioritizedReplay, Sample
 from tests.helpers import LAYOUT, check_records, int_ids, make_records
@@ -124,7 +126,8 @@ def _write_big_then_die(ch: Channel, blob: bytes) -> None:
     os._exit(0)  # as if killed in the middle of writing the rest
 
 
-def test_a_message_cut_by_a_dying_writer_never_blocks_the_reader():
+@pytest.mark.parametrize("nap", [0.0, NAP_S], ids=["waits", "naps"])
+def test_a_message_cut_by_a_dying_writer_never_blocks_the_reader(nap):
     """A message longer than the pipe's atomic write (4 KiB) can be cut by a writer killed
     while writing it. The reader returns only whole messages and, for the part, ``None``
     after its timeout as for no message (reading it as a message had the learner block for
@@ -132,7 +135,7 @@ def test_a_message_cut_by_a_dying_writer_never_blocks_the_reader():
     import threading
 
     ctx = multiprocessing.get_context("spawn")
-    ch = Channel(ctx)
+    ch = Channel(ctx, nap=nap)
     blob = bytes(range(256)) * 1024  # 256 KiB: four times the pipe's 64 KiB
     child = ctx.Process(target=_write_big_then_die, args=(ch, blob))
     child.start()
@@ -144,3 +147,55 @@ def test_a_message_cut_by_a_dying_writer_never_blocks_the_reader():
     assert not reader.is_alive(), "the reader blocked on the cut message"
     assert got == [["whole", blob], None]
     assert not ch.ready()
+
+
+def _put_after(ch: Channel, delay: float) -> None:
+    time.sleep(delay)
+    ch.put("back")
+
+
+def test_a_napping_reader_takes_what_comes_and_gives_up_on_time():
+    """A reader that naps (a slot's owner) gets a message another process puts while it
+    sleeps, and returns ``None`` once its timeout is up, not a nap's length later."""
+    ch = Channel(multiprocessing.get_context("spawn"), nap=NAP_S)
+    t = time.monotonic()
+    assert ch.get(0.05) is None
+    assert 0.05 <= time.monotonic() - t < 0.5
+    child = multiprocessing.get_context("spawn").Process(target=_put_after, args=(ch, 0.3))
+    child.start()
+    try:
+        assert ch.get(30) == "back"
+    finally:
+        child.join(10)
+
+
+def _wchan(pid: int) -> str:
+    with open(f"/proc/{pid}/wchan") as f:
+        return f.read().strip()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/wchan"), reason="no /proc/PID/wchan")
+def test_a_sampler_waiting_for_a_slot_sleeps_outside_the_pipe(r, keys, redis_server):
+    """A sampler whose slots are all with the learner waits for one by napping
+    (``hrtimer_nanosleep``), never in the pipe's wait queue (``poll``): the learner's give-back
+    then has no process to wake, the dearer part of it (docs/benchmarks.md, "The owners nap")."""
+    replay = PrioritizedReplay(r, keys, LAYOUT, 1000)
+    replay.insert(make_records(range(200)), np.ones(200))
+    sampler = Sampler(spec_of(redis_server.url, keys), samplers=1, prefetch=2)
+    try:
+        held = [sampler.get(timeout=30), sampler.get(timeout=30)]
+        assert all(s is not None for s in held)
+        (pid,) = sampler.pids
+        seen = set()
+        for _ in range(200):
+            seen.add(_wchan(pid))
+            time.sleep(0.002)
+        if seen <= {"0", ""}:
+            pytest.skip("the kernel hides wchan here")
+        assert not any("poll" in w or "select" in w for w in seen), seen
+        assert any("sleep" in w for w in seen), seen
+        for s in held:
+            sampler.release(s.slot)
+        assert sampler.get(timeout=30) is not None  # a slot given back is filled again
+    finally:
+        sampler.stop()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import select
 import struct
 import time
 from typing import Any
@@ -32,6 +33,8 @@ from qrl.replay.store import Sample
 
 ALIGN = 64  # each column starts on a cache line
 _HEAD = struct.Struct("!I")  # a message's length
+NAP_S = 0.0005  # the longest an owner sleeps between looks for a slot given back
+NAP_FIRST = 0.00005  # its first sleep (then each twice the one before)
 
 
 class Channel:
@@ -47,12 +50,22 @@ class Channel:
     whole, so a writer killed in the middle of one (a write of more than 4 KiB, the pipe's
     atomic size, can be cut) leaves a part that ``get`` never blocks on: it still returns
     ``None`` after ``timeout``, and the reader's side learns that the writer died
-    (:class:`qrl.replay.feed.Feed`)."""
+    (:class:`qrl.replay.feed.Feed`).
 
-    def __init__(self, ctx: Any) -> None:
+    ``nap`` > 0: the reader waits by sleeping (up to ``nap`` seconds at a time) between looks
+    at the pipe, never in its wait queue, so a ``put`` has no process to wake: waking one on
+    the other CPU cost the learner's give-back of a slot ~20 us of its ~30 here
+    (docs/benchmarks.md, "The owners nap"). Its price is up to ``nap`` more latency."""
+
+    def __init__(self, ctx: Any, nap: float = 0.0) -> None:
         self._r, self._w = ctx.Pipe(duplex=False)  # (its ends travel to spawned children)
         self._lock = ctx.Lock()
         self._buf = bytearray()  # the reader's: bytes of messages not yet whole
+        self.nap = nap
+        self._poll: select.poll | None = None  # the reader's, made where it reads
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_poll": None}
 
     def put(self, msg: Any) -> None:
         data = msgpack.packb(msg)
@@ -65,7 +78,7 @@ class Channel:
         """The next whole message, ``None`` if none is whole within ``timeout``."""
         end = time.monotonic() + timeout
         while (n := self._whole()) is None:
-            if not self._r.poll(max(0.0, end - time.monotonic())):
+            if not self._wait(end):
                 return None
             self._read()
         msg = msgpack.unpackb(self._buf[_HEAD.size : n])
@@ -74,9 +87,27 @@ class Channel:
 
     def ready(self) -> bool:
         """Whether a whole message waits."""
-        while self._r.poll(0):
+        while self._readable(0.0):
             self._read()
         return self._whole() is not None
+
+    def _readable(self, timeout: float) -> bool:
+        if self._poll is None:  # (a Connection's poll makes a selector on every call)
+            self._poll = select.poll()
+            self._poll.register(self._r.fileno(), select.POLLIN)
+        return bool(self._poll.poll(timeout * 1e3))
+
+    def _wait(self, end: float) -> bool:
+        """Whether the pipe holds bytes to read before ``end`` (``time.monotonic``)."""
+        if not self.nap:
+            return self._readable(max(0.0, end - time.monotonic()))
+        nap = NAP_FIRST
+        while not self._readable(0.0):
+            if (left := end - time.monotonic()) <= 0:
+                return False
+            time.sleep(min(nap, left))
+            nap = min(2 * nap, self.nap)
+        return True
 
     def _read(self) -> None:
         self._buf += os.read(self._r.fileno(), 1 << 16)
@@ -104,7 +135,8 @@ class SlotRing:
         self.slot_bytes = int(sum(sizes))
         self.mem = ctx.RawArray(ctypes.c_uint8, slots * self.slot_bytes)
         self.full = Channel(ctx)  # owners -> learner: (slot, message) or last words
-        self.free = [Channel(ctx) for _ in range(owners)]  # learner -> a slot's owner
+        # learner -> a slot's owner, which naps: giving a slot back wakes no process
+        self.free = [Channel(ctx, nap=NAP_S) for _ in range(owners)]
         for i in range(slots):
             self.free[i % owners].put((i, None))
         self._base: np.ndarray | None = None
