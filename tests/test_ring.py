@@ -174,28 +174,37 @@ def _wchan(pid: int) -> str:
         return f.read().strip()
 
 
+def _read_one(ch: Channel, reading) -> None:
+    reading.set()
+    assert ch.get(60) == "done"
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/wchan"), reason="no /proc/PID/wchan")
-def test_a_sampler_waiting_for_a_slot_sleeps_outside_the_pipe(r, keys, redis_server):
-    """A sampler whose slots are all with the learner waits for one by napping
-    (``hrtimer_nanosleep``), never in the pipe's wait queue (``poll``): the learner's give-back
-    then has no process to wake, the dearer part of it (docs/benchmarks.md, "The owners nap")."""
-    replay = PrioritizedReplay(r, keys, LAYOUT, 1000)
-    replay.insert(make_records(range(200)), np.ones(200))
-    sampler = Sampler(spec_of(redis_server.url, keys), samplers=1, prefetch=2)
+@pytest.mark.parametrize("naps, where", [(60.0, "sleep"), (0.003, "poll")])
+def test_a_napping_reader_sleeps_outside_the_pipe_then_waits_in_it(naps, where):
+    """A slot's owner waiting for it naps (``hrtimer_nanosleep``), not in the pipe's wait
+    queue, so a give-back meanwhile has no process to wake, the dearer part of it
+    (docs/benchmarks.md, "The owners nap"); after ``naps`` seconds it waits in ``poll``,
+    burning nothing while the learner is quiet."""
+    ctx = multiprocessing.get_context("spawn")
+    ch, reading = Channel(ctx, nap=NAP_S, naps=naps), ctx.Event()
+    child = ctx.Process(target=_read_one, args=(ch, reading))
+    child.start()
     try:
-        held = [sampler.get(timeout=30), sampler.get(timeout=30)]
-        assert all(s is not None for s in held)
-        (pid,) = sampler.pids
+        assert reading.wait(30)
+        time.sleep(0.1)
         seen = set()
-        for _ in range(200):
-            seen.add(_wchan(pid))
+        for _ in range(100):
+            seen.add(_wchan(child.pid))
             time.sleep(0.002)
         if seen <= {"0", ""}:
             pytest.skip("the kernel hides wchan here")
-        assert not any("poll" in w or "select" in w for w in seen), seen
-        assert any("sleep" in w for w in seen), seen
-        for s in held:
-            sampler.release(s.slot)
-        assert sampler.get(timeout=30) is not None  # a slot given back is filled again
+        polled = any("poll" in w or "select" in w for w in seen)
+        slept = any("sleep" in w for w in seen)
+        assert (slept and not polled) if where == "sleep" else (polled and not slept), seen
+        ch.put("done")
+        child.join(30)
+        assert child.exitcode == 0
     finally:
-        sampler.stop()
+        if child.is_alive():
+            child.kill()

@@ -35,6 +35,7 @@ ALIGN = 64  # each column starts on a cache line
 _HEAD = struct.Struct("!I")  # a message's length
 NAP_S = 0.0005  # the longest an owner sleeps between looks for a slot given back
 NAP_FIRST = 0.00005  # its first sleep (then each twice the one before)
+NAPS_S = 0.003  # how long it naps before it waits in the pipe's poll (a learner gone quiet)
 
 
 class Channel:
@@ -52,16 +53,18 @@ class Channel:
     ``None`` after ``timeout``, and the reader's side learns that the writer died
     (:class:`qrl.replay.feed.Feed`).
 
-    ``nap`` > 0: the reader waits by sleeping (up to ``nap`` seconds at a time) between looks
-    at the pipe, never in its wait queue, so a ``put`` has no process to wake: waking one on
-    the other CPU cost the learner's give-back of a slot ~20 us of its ~30 here
-    (docs/benchmarks.md, "The owners nap"). Its price is up to ``nap`` more latency."""
+    ``nap`` > 0: for its first ``naps`` seconds the reader waits by sleeping (up to ``nap`` seconds
+    at a time) between looks at the pipe, outside its wait queue, so a ``put`` meanwhile has
+    no process to wake: waking one on the other CPU cost the learner's give-back of a slot
+    ~20 us of its ~30 here (docs/benchmarks.md, "The owners nap"). Then it waits in the
+    pipe's poll: a reader napping on while the writer is quiet would burn CPU for nothing
+    (~7% of a core at 0.5 ms naps here)."""
 
-    def __init__(self, ctx: Any, nap: float = 0.0) -> None:
+    def __init__(self, ctx: Any, nap: float = 0.0, naps: float = NAPS_S) -> None:
         self._r, self._w = ctx.Pipe(duplex=False)  # (its ends travel to spawned children)
         self._lock = ctx.Lock()
         self._buf = bytearray()  # the reader's: bytes of messages not yet whole
-        self.nap = nap
+        self.nap, self.naps = nap, naps
         self._poll: select.poll | None = None  # the reader's, made where it reads
 
     def __getstate__(self) -> dict[str, Any]:
@@ -99,15 +102,16 @@ class Channel:
 
     def _wait(self, end: float) -> bool:
         """Whether the pipe holds bytes to read before ``end`` (``time.monotonic``)."""
-        if not self.nap:
-            return self._readable(max(0.0, end - time.monotonic()))
-        nap = NAP_FIRST
-        while not self._readable(0.0):
-            if (left := end - time.monotonic()) <= 0:
-                return False
-            time.sleep(min(nap, left))
-            nap = min(2 * nap, self.nap)
-        return True
+        if self.nap:
+            naps_end, nap = min(end, time.monotonic() + self.naps), NAP_FIRST
+            while not self._readable(0.0):
+                if (left := naps_end - time.monotonic()) <= 0:
+                    break
+                time.sleep(min(nap, left))
+                nap = min(2 * nap, self.nap)
+            else:
+                return True
+        return self._readable(max(0.0, end - time.monotonic()))
 
     def _read(self) -> None:
         self._buf += os.read(self._r.fileno(), 1 << 16)
