@@ -53,12 +53,12 @@ class Channel:
     ``None`` after ``timeout``, and the reader's side learns that the writer died
     (:class:`qrl.replay.feed.Feed`).
 
-    ``nap`` > 0: for its first ``naps`` seconds the reader waits by sleeping (up to ``nap`` seconds
-    at a time) between looks at the pipe, outside its wait queue, so a ``put`` meanwhile has
-    no process to wake: waking one on the other CPU cost the learner's give-back of a slot
-    ~20 us of its ~30 here (docs/benchmarks.md, "The owners nap"). Then it waits in the
-    pipe's poll: a reader napping on while the writer is quiet would burn CPU for nothing
-    (~7% of a core at 0.5 ms naps here)."""
+    ``nap`` > 0: for its first ``naps`` seconds of waiting the reader sleeps (up to ``nap``
+    seconds at a time) between looks at the pipe, outside its wait queue, so a ``put``
+    meanwhile has no process to wake: waking one on the other CPU cost the learner's
+    give-back of a slot ~20 us of its ~30 here (docs/benchmarks.md, "The owners nap"). Then
+    it waits in the pipe's poll: napping on while the writer is quiet would burn CPU for
+    nothing (~7% of a core at 0.5 ms naps here)."""
 
     def __init__(self, ctx: Any, nap: float = 0.0, naps: float = NAPS_S) -> None:
         self._r, self._w = ctx.Pipe(duplex=False)  # (its ends travel to spawned children)
