@@ -157,11 +157,12 @@ def _put_after(ch: Channel, delay: float) -> None:
 def test_a_napping_reader_takes_what_comes_and_gives_up_on_time():
     """A reader that naps (a slot's owner) gets a message another process puts while it
     sleeps, and returns ``None`` once its timeout is up, not a nap's length later."""
-    ch = Channel(multiprocessing.get_context("spawn"), nap=NAP_S)
+    ctx = multiprocessing.get_context("spawn")
+    ch = Channel(ctx, nap=NAP_S)
     t = time.monotonic()
     assert ch.get(0.05) is None
     assert 0.05 <= time.monotonic() - t < 0.5
-    child = multiprocessing.get_context("spawn").Process(target=_put_after, args=(ch, 0.3))
+    child = ctx.Process(target=_put_after, args=(ch, 0.3))
     child.start()
     try:
         assert ch.get(30) == "back"
