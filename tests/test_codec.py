@@ -413,8 +413,8 @@ def test_a_flat_schema_refuses_nested_containers_it_does_not_count():
 
 
 def test_a_decompression_context_left_mid_frame_is_not_reused():
-    """Contexts are pooled: after truncated, lying and trailing-data frames (in any order)
-    every valid payload still decodes, from several threads at once."""
+    """Each thread reuses its context: after truncated, lying and trailing-data frames (in
+    any order) every valid payload still decodes, from several threads at once."""
     import threading
 
     good = encode("x", {"a": np.arange(5000, dtype=np.int32)})

@@ -126,7 +126,7 @@ def encode(kind: str, data: Mapping[str, Any]) -> bytes:
 
 _LZ4_MAGIC = 0x184D2204
 _LZ4_HEADER = struct.Struct("<IBxQ")  # magic, FLG, (BD), content size when FLG bit 3 is set
-_CONTEXTS: list[Any] = []  # LZ4 decompression contexts at a frame's start, ready for reuse
+_contexts = threading.local()  # each thread's LZ4 decompression context, at a frame's start
 
 
 def _decompress(payload: bytes, max_bytes: int) -> bytes:
@@ -146,31 +146,31 @@ def _decompress(payload: bytes, max_bytes: int) -> bytes:
         raise CodecError("LZ4 frame does not record its content size")
     if size > max_bytes:
         raise CodecError(f"decompressed payload would be {size} bytes, over the {max_bytes} cap")
-    # decompression contexts are reused: a context goes back to the pool only when its frame
-    # ended (LZ4F makes it ready for the next frame there); any other outcome leaves it
-    # mid-frame, and it is dropped. list.pop and append are atomic: threads share the pool.
+    # a thread reuses its context while each frame it reads ends (LZ4F makes it ready for
+    # the next frame there); any other outcome leaves it mid-frame, and it is dropped
     try:
-        ctx = _CONTEXTS.pop()
-    except IndexError:
-        ctx = lz4.frame.create_decompression_context()
+        ctx = _contexts.ctx
+    except AttributeError:
+        ctx = _contexts.ctx = lz4.frame.create_decompression_context()
     try:
         # LZ4F checks the recorded size only at the frame's end, and lz4.frame.decompress
         # grows its buffer until then: a frame lying about its size would inflate in full.
         # Output stops one byte past the recorded size, so such a frame is caught there.
         out, used, end = lz4.frame.decompress_chunk(ctx, payload, size + 1)  # max_length
     except RuntimeError as e:
+        del _contexts.ctx
         raise CodecError(f"corrupt or truncated LZ4 frame: {e}") from e
-    if end and len(_CONTEXTS) < 64:
-        _CONTEXTS.append(ctx)
+    if end and used == len(payload) and len(out) == size:  # a whole frame, nothing after it
+        return out
+    if not end:
+        del _contexts.ctx
     if len(out) > size:
         raise CodecError(f"LZ4 frame inflates past the {size} bytes its header records")
     if not end:
         raise CodecError("corrupt or truncated LZ4 frame: it ends before its end mark")
     if used != len(payload):
         raise CodecError(f"{len(payload) - used} bytes of trailing data after the LZ4 frame")
-    if len(out) != size:
-        raise CodecError(f"LZ4 frame inflated to {len(out)} bytes, header says {size}")
-    return out
+    raise CodecError(f"LZ4 frame inflated to {len(out)} bytes, header says {size}")
 
 
 def _envelope_error(msg: Any, schema: Schema) -> CodecError:
@@ -207,10 +207,10 @@ def _container_counter() -> Callable[[Any], Any]:
 def decode(payload: bytes, schema: Schema, *, max_bytes: int | None = None) -> dict[str, Any]:
     """Decode a payload and validate it against ``schema`` (at most ``max_bytes``
     decompressed, default the schema's). Raises only :class:`CodecError`."""
-    raw = _decompress(payload, schema.max_bytes if max_bytes is None else max_bytes)
-    strs, items, bins = schema.limit_values  # keywords spelled out: a ** expansion costs
-    try:
-        if len(raw) <= schema.uncounted_bytes:
+    cap, strs, items, bins, uncounted, want, names, plan, check = schema.decoding
+    raw = _decompress(payload, cap if max_bytes is None else max_bytes)
+    try:  # the limits as keywords spelled out: a ** expansion costs
+        if len(raw) <= uncounted:
             msg = msgpack.unpackb(
                 raw, max_str_len=strs, max_array_len=items, max_map_len=items,
                 max_bin_len=bins, max_ext_len=0,
@@ -223,35 +223,32 @@ def decode(payload: bytes, schema: Schema, *, max_bytes: int | None = None) -> d
             )  # fmt: skip
     except Exception as e:  # msgpack raises several types for malformed input
         raise CodecError(f"malformed msgpack: {type(e).__name__}: {e}") from e
-    fields = schema.fields
-    try:
-        version, kind, data = msg
-        ok = (
-            type(version) is int
-            and version == SCHEMA_VERSION
-            and type(kind) is str
-            and kind == schema.kind
-            and type(data) is dict
-            and type(msg) is list
-            and data.keys() <= fields.keys()
-        )
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
+    if type(msg) is not list or len(msg) != 3:
+        raise _envelope_error(msg, schema)
+    version, kind, data = msg
+    if not (
+        version == SCHEMA_VERSION
+        and type(version) is int
+        and kind == want
+        and type(kind) is str
+        and type(data) is dict
+        and data.keys() <= names
+    ):
         raise _envelope_error(msg, schema)
     out: dict[str, Any] = {}
     try:
-        for name, spec in fields.items():
+        for name, spec, array, optional in plan:
             value = data.get(name)
-            if value is None and name not in data and not spec.optional:
-                raise CodecError(f"missing field {name!r} in {kind!r}")
-            # arrays, the bulk of every batch, skip one call
-            if spec.type is np.ndarray and value is not None:
+            if value is None:
+                if not optional and name not in data:
+                    raise CodecError(f"missing field {name!r} in {kind!r}")
+                out[name] = spec.check(name, None)
+            elif array:  # arrays, the bulk of every batch, skip one call
                 out[name] = spec._array(name, value)
             else:
                 out[name] = spec.check(name, value)
-        if schema.check is not None:
-            schema.check(out)
+        if check is not None:
+            check(out)
     except CodecError:
         raise
     except (ValueError, TypeError, KeyError, IndexError, OverflowError) as e:

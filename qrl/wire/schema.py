@@ -192,10 +192,17 @@ class Schema:
         return max(FLAT_UNCOUNTED, MAX_CONTAINERS) if flat else MAX_CONTAINERS
 
     @cached_property
-    def limit_values(self) -> tuple[int, int, int]:
-        """:attr:`limits` as (longest string, longest list or map, longest binary)."""
+    def decoding(self) -> tuple:
+        """What :func:`qrl.wire.codec.decode` reads of this schema, in one lookup (a small
+        payload's decode is mostly such lookups): ``max_bytes``; msgpack's longest string,
+        list or map and binary (:attr:`limits`); :attr:`uncounted_bytes`; the kind; the
+        field names; each field as (name, field, is an array, optional); ``check``."""
         lim = self.limits
-        return lim["max_str_len"], lim["max_array_len"], lim["max_bin_len"]
+        plan = tuple((n, f, f.type is np.ndarray, f.optional) for n, f in self.fields.items())
+        return (
+            self.max_bytes, lim["max_str_len"], lim["max_array_len"], lim["max_bin_len"],
+            self.uncounted_bytes, self.kind, self.fields.keys(), plan, self.check,
+        )  # fmt: skip
 
     @cached_property
     def limits(self) -> dict[str, int]:
