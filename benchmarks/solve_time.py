@@ -262,13 +262,14 @@ def baseline_worker(
     print(json.dumps({"solved": solved, "steps": model.num_timesteps, "best": best}))
 
 
-def timed(cmd: list[str], budget: float) -> tuple[float, int, str]:
+def timed(cmd: list[str], budget: float) -> tuple[float, int, str, str]:
+    """(seconds, exit code, stdout, stderr) of ``cmd``; exit code -1 past ``budget`` + 60 s."""
     t = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=budget + 60)
-        return time.perf_counter() - t, p.returncode, p.stdout
+        return time.perf_counter() - t, p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired:
-        return time.perf_counter() - t, -1, "timeout"
+        return time.perf_counter() - t, -1, "timeout", ""
 
 
 def main() -> None:
@@ -318,17 +319,23 @@ def main() -> None:
                 "--run-dir",
                 str(Path(tmp) / f"{args.algo}-{seed}"),
             ]
-            secs, code, _ = timed(cmd, budget)
+            secs, code, _, _ = timed(cmd, budget)
             ours.append(secs if code == 0 else max(secs, budget))
             verdict = "solved" if code == 0 else "FAILED"
             print(f"seed {seed}: qrl {args.algo} {verdict} in {secs:.1f}s", flush=True)
             if args.skip_baseline:
                 continue
             cmd = [sys.executable, __file__, "--algo", args.algo, "--worker", str(seed), str(steps)]
-            secs, code, out = timed(cmd, task.baseline_limit)
+            secs, code, out, err = timed(cmd, task.baseline_limit)
             try:
                 res = json.loads(out.strip().splitlines()[-1])
             except (json.JSONDecodeError, IndexError):
+                if code > 0:  # a crash is no result (it would count as unsolved, infinite)
+                    why = (err.strip().splitlines() or ["no output"])[-1]
+                    raise SystemExit(
+                        f"{task.baseline} worker failed (exit {code}): {why}\n"
+                        'the baselines need: pip install -e ".[bench]"'
+                    ) from None
                 res = {"solved": False, "steps": None, "best": None}
             theirs.append(secs if res["solved"] else float("inf"))
             verdict = "solved" if res["solved"] else "FAILED"
