@@ -14,7 +14,7 @@ import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -170,6 +170,21 @@ def _parse_header(name: str, head: bytes) -> tuple[np.dtype, str, tuple[int, ...
     return parsed
 
 
+class Decoding(NamedTuple):
+    """What :func:`qrl.wire.codec.decode` reads of a schema, in one lookup (a small payload's
+    decode is mostly such lookups); decode unpacks it in this order."""
+
+    max_bytes: int
+    max_str_len: int  # msgpack's limits (:attr:`Schema.limits`)
+    max_items: int  # longest list or map
+    max_bin_len: int
+    uncounted_bytes: int
+    kind: str
+    names: Any  # the field names (a keys view)
+    plan: tuple[tuple[str, Field, bool, bool], ...]  # (name, field, is an array, optional)
+    check: Callable[[dict[str, Any]], None] | None
+
+
 @dataclass(frozen=True)
 class Schema:
     """A message kind and its fields. ``check`` may add cross-field validation; it raises
@@ -192,14 +207,11 @@ class Schema:
         return max(FLAT_UNCOUNTED, MAX_CONTAINERS) if flat else MAX_CONTAINERS
 
     @cached_property
-    def decoding(self) -> tuple:
-        """What :func:`qrl.wire.codec.decode` reads of this schema, in one lookup (a small
-        payload's decode is mostly such lookups): ``max_bytes``; msgpack's longest string,
-        list or map and binary (:attr:`limits`); :attr:`uncounted_bytes`; the kind; the
-        field names; each field as (name, field, is an array, optional); ``check``."""
+    def decoding(self) -> Decoding:
+        """This schema as :func:`qrl.wire.codec.decode` reads it (:class:`Decoding`)."""
         lim = self.limits
         plan = tuple((n, f, f.type is np.ndarray, f.optional) for n, f in self.fields.items())
-        return (
+        return Decoding(
             self.max_bytes, lim["max_str_len"], lim["max_array_len"], lim["max_bin_len"],
             self.uncounted_bytes, self.kind, self.fields.keys(), plan, self.check,
         )  # fmt: skip
