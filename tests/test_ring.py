@@ -15,12 +15,16 @@ import pytest
 import redis
 import torch
 
+from qrl.algos.impala.config import ImpalaConfig
+from qrl.learners.impala import ImpalaLearner
 from qrl.learners.replay import Batch
 from qrl.replay.frames import layout_for
 from qrl.replay.ring import NAP_S, BatchRing, Channel
 from qrl.replay.sampler import Sampler, SamplerSpec
 from qrl.replay.store import PrioritizedReplay, Sample
-from tests.helpers import LAYOUT, check_records, int_ids, make_records
+from qrl.runtime.runs import create_run
+from qrl.wire.connection import connect
+from tests.helpers import LAYOUT, check_records, int_ids, make_records, wait_until
 
 
 def spec_of(url: str, keys, batch_size: int = 16) -> SamplerSpec:
@@ -118,6 +122,27 @@ def test_two_sampler_processes_fill_one_ring_and_one_writes_priorities(r, keys, 
     finally:
         sampler.stop()  # writes the priorities given back
     assert set(r.zmscore(keys.replay_priorities, s.ids)) == {500.0}
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux's scheduling policies")
+def test_feed_processes_run_as_batch_processes(r, keys, redis_server):
+    """The samplers and the unroll learners' loader never preempt the learner as they wake
+    (SCHED_BATCH, qrl.replay.feed); the loader keeps its added niceness."""
+    sampler = Sampler(spec_of(redis_server.url, keys), samplers=2)
+    cfg = ImpalaConfig()
+    create_run(r, keys, "impala", cfg)
+    loader = ImpalaLearner(functools.partial(connect, redis_server.url), keys, cfg).start_feed()
+    try:
+        pids = [*sampler.pids, *loader.pids]
+        assert len(pids) == 3
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        wait_until(lambda: [os.sched_getscheduler(p) for p in pids], "batch policy", 30,
+                   until=lambda got: got == [os.SCHED_BATCH] * 3)  # fmt: skip
+        wait_until(lambda: os.getpriority(os.PRIO_PROCESS, loader.pids[0]), "niceness", 30,
+                   until=lambda n: n == min(mine + ImpalaLearner.loader_nice, 19))  # fmt: skip
+    finally:
+        sampler.stop()
+        loader.stop()
 
 
 def _write_big_then_die(ch: Channel, blob: bytes) -> None:
