@@ -4,6 +4,7 @@ gave it back; several sampler processes share the ring."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import multiprocessing
 import os
@@ -128,11 +129,13 @@ def test_two_sampler_processes_fill_one_ring_and_one_writes_priorities(r, keys, 
 def test_feed_processes_run_as_batch_processes(r, keys, redis_server):
     """The samplers and the unroll learners' loader never preempt the learner as they wake
     (SCHED_BATCH, qrl.replay.feed); the loader keeps its added niceness."""
-    sampler = Sampler(spec_of(redis_server.url, keys), samplers=2)
-    cfg = ImpalaConfig()
-    create_run(r, keys, "impala", cfg)
-    loader = ImpalaLearner(functools.partial(connect, redis_server.url), keys, cfg).start_feed()
-    try:
+    with contextlib.ExitStack() as started:  # each feed stopped, whatever fails after it
+        sampler = Sampler(spec_of(redis_server.url, keys), samplers=2)
+        started.callback(sampler.stop)
+        cfg = ImpalaConfig()
+        create_run(r, keys, "impala", cfg)
+        loader = ImpalaLearner(functools.partial(connect, redis_server.url), keys, cfg).start_feed()
+        started.callback(loader.stop)
         pids = [*sampler.pids, *loader.pids]
         assert len(pids) == 3
         mine = os.getpriority(os.PRIO_PROCESS, 0)
@@ -140,9 +143,6 @@ def test_feed_processes_run_as_batch_processes(r, keys, redis_server):
                    until=lambda got: got == [os.SCHED_BATCH] * 3)  # fmt: skip
         wait_until(lambda: os.getpriority(os.PRIO_PROCESS, loader.pids[0]), "niceness", 30,
                    until=lambda n: n == min(mine + ImpalaLearner.loader_nice, 19))  # fmt: skip
-    finally:
-        sampler.stop()
-        loader.stop()
 
 
 def _write_big_then_die(ch: Channel, blob: bytes) -> None:
