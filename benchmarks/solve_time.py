@@ -262,14 +262,15 @@ def baseline_worker(
     print(json.dumps({"solved": solved, "steps": model.num_timesteps, "best": best}))
 
 
-def timed(cmd: list[str], budget: float) -> tuple[float, int, str, str]:
-    """(seconds, exit code, stdout, stderr) of ``cmd``; exit code -1 past ``budget`` + 60 s."""
+def timed(cmd: list[str], budget: float) -> tuple[float, int | None, str, str]:
+    """(seconds, exit code, stdout, stderr) of ``cmd``; exit code None past ``budget`` + 60 s
+    (a negative code: killed by that signal)."""
     t = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=budget + 60)
         return time.perf_counter() - t, p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired:
-        return time.perf_counter() - t, -1, "timeout", ""
+        return time.perf_counter() - t, None, "timeout", ""
 
 
 def main() -> None:
@@ -330,7 +331,7 @@ def main() -> None:
             try:
                 res = json.loads(out.strip().splitlines()[-1])
             except (json.JSONDecodeError, IndexError):
-                if code > 0:  # a crash is no result (it would count as unsolved, infinite)
+                if code is not None:  # a crash or a kill is no result (not unsolved: infinite)
                     why = (err.strip().splitlines() or ["no output"])[-1]
                     raise SystemExit(
                         f"{task.baseline} worker failed (exit {code}): {why}\n"
