@@ -331,7 +331,7 @@ def main() -> None:
             try:
                 res = json.loads(out.strip().splitlines()[-1])
             except (json.JSONDecodeError, IndexError):
-                if code is not None:  # a crash or a kill is no result (not unsolved: infinite)
+                if code is not None:  # a crash or a kill is no result, not an infinite time
                     why = (err.strip().splitlines() or ["no output"])[-1]
                     raise SystemExit(
                         f"{task.baseline} worker failed (exit {code}): {why}\n"
