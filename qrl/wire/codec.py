@@ -162,11 +162,11 @@ def _decompress(payload: bytes, max_bytes: int) -> bytes:
         raise CodecError(f"corrupt or truncated LZ4 frame: {e}") from e
     if end and used == len(payload) and len(out) == size:  # a whole frame, nothing after it
         return out
-    if len(out) > size:  # (cut at size + 1 bytes, so mid-frame)
+    if not end:
         del _contexts.ctx
+    if len(out) > size:
         raise CodecError(f"LZ4 frame inflates past the {size} bytes its header records")
-    if not end:  # mid-frame, the context is not ready for another frame
-        del _contexts.ctx
+    if not end:
         raise CodecError("corrupt or truncated LZ4 frame: it ends before its end mark")
     if used != len(payload):
         raise CodecError(f"{len(payload) - used} bytes of trailing data after the LZ4 frame")
