@@ -231,6 +231,18 @@ def test_encode_refuses_unsupported_values():
         encode("x", {"a": np.zeros((1,) * 9)})
 
 
+def test_encode_refuses_a_message_no_reader_would_take():
+    # every schema's cap is at most DEFAULT_MAX_BYTES: a bigger message would be written,
+    # then rejected by every reader (weights of too big a network: actors waited for ever).
+    # Zeros compress best: encode sizes only payloads LZ4 could have packed that far
+    with pytest.raises(CodecError, match="'weights' message of .* over the .* cap"):
+        encode("weights", {"a": np.zeros(DEFAULT_MAX_BYTES, np.uint8)})
+    with pytest.raises(ValueError, match="max_bytes"):
+        Schema("x", {}, max_bytes=DEFAULT_MAX_BYTES + 1)
+    near = np.ones(DEFAULT_MAX_BYTES - 64, np.uint8)  # the header and the map fit beside it
+    assert decode(encode("x", {"a": near}), ANY)["a"].nbytes == near.nbytes
+
+
 def test_no_pickle_anywhere_in_the_package():
     import pathlib
 

@@ -92,12 +92,16 @@ def _default(obj: Any) -> Any:
     raise CodecError(f"cannot encode a value of type {type(obj).__name__}")
 
 
+# LZ4 packs at most ~243 bytes into one (64 MiB of zeros: 276,500 bytes), so a payload of
+# at most this many bytes holds less than DEFAULT_MAX_BYTES: encode sizes only larger ones
+_SIZED = DEFAULT_MAX_BYTES >> 8
 _local = threading.local()  # one reusable Packer per thread (a Packer is not thread-safe)
 
 
 def encode(kind: str, data: Mapping[str, Any]) -> bytes:
     """Encode ``data`` (str keys; values: None, bool, int, float, str, bytes, lists, dicts,
-    numpy arrays) as one compressed payload of the given kind."""
+    numpy arrays) as one compressed payload of the given kind; CodecError if no reader
+    could take it (over ``DEFAULT_MAX_BYTES``)."""
     try:
         packer = _local.packer
     except AttributeError:
@@ -112,7 +116,15 @@ def encode(kind: str, data: Mapping[str, Any]) -> bytes:
         packer.pack((SCHEMA_VERSION, kind, fields))
         # compress straight from the packer's buffer (the view is released on return, before
         # the reset): no copy of the packed bytes. Defaults: fast mode (level 0), size stored.
-        return lz4.frame.compress(packer.getbuffer())
+        out = lz4.frame.compress(packer.getbuffer())
+        # no schema's cap is above DEFAULT_MAX_BYTES, so no reader would take a larger
+        # message; only a payload of over _SIZED bytes can be (see _SIZED)
+        if len(out) > _SIZED and len(packer.getbuffer()) > DEFAULT_MAX_BYTES:
+            raise CodecError(
+                f"a {kind!r} message of {len(packer.getbuffer())} bytes is over the "
+                f"{DEFAULT_MAX_BYTES}-byte cap of every reader"
+            )
+        return out
     except CodecError:
         raise
     except (TypeError, ValueError, OverflowError) as e:

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # decompressed size cap
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # the decompressed size cap: no schema's is higher
 MAX_NDIM = 8
 MAX_ARRAY_EXTENT = 1 << 32  # bytes a shape may describe, with its zero dimensions taken as 1
 MAX_STR = 256  # default longest str field, map key or plain string
@@ -195,6 +195,12 @@ class Schema:
     fields: Mapping[str, Field]
     check: Callable[[dict[str, Any]], None] | None = field(default=None, compare=False)
     max_bytes: int = DEFAULT_MAX_BYTES
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_bytes <= DEFAULT_MAX_BYTES:  # encode refuses anything larger
+            raise ValueError(
+                f"{self.kind}: max_bytes {self.max_bytes} not in 1..{DEFAULT_MAX_BYTES}"
+            )
 
     @cached_property
     def uncounted_bytes(self) -> int:
