@@ -66,6 +66,21 @@ def test_an_eval_env_that_does_not_fit_fails_fast_with_one_line(eval_env, words,
     assert not run_dir.exists()
 
 
+def test_a_network_too_big_to_publish_ends_the_job_at_once_saying_why(tmp_path):
+    # 2 x 4200 x 4200 float32 parameters: weights over the codec's 64 MiB cap, which every
+    # actor rejected while the job ran out its budget
+    start = time.monotonic()
+    out = qrl(
+        "train", "apex", "--set", "hidden=4200,4200", "--run-dir", str(tmp_path / "run"),
+        "--max-time", "120", timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert time.monotonic() - start < 60
+    said = " ".join(out.stderr.split())  # the console wraps long lines
+    assert "learner failed: qrl.wire.schema.CodecError: a 'weights' message of" in said, said
+    assert "over the 67108864-byte cap" in said
+
+
 def test_default_targets_come_from_the_registration_or_qrls_table():
     from qrl.jobs.train import default_target
 

@@ -27,6 +27,7 @@ import redis
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from qrl.algos import Algorithm
 from qrl.jobs.launch import RoleSpec, start_process
@@ -149,6 +150,18 @@ def default_target(env: str) -> float | None:
     except (gym.error.Error, ImportError):
         return None
     return threshold if threshold is not None else TARGETS.get(env)
+
+
+def _last_line(path: Path, tail: int = 4096) -> str:
+    """The last line of a role's log that is not blank ('' if there is none)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, 2) - tail))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+    return "".join(c if c.isprintable() else "?" for c in last)  # printed as text, not markup
 
 
 def _shutdown(
@@ -286,7 +299,12 @@ def run_training(
                     next_line = now + 5
                 dead = [n for n, p in procs.items() if p.exitcode is not None]  # none may end
                 if dead:
-                    console.print(f"[red]{', '.join(dead)} failed; see {run_dir / 'logs'}[/]")
+                    for name in dead:  # a crash's last line is its exception: say why here
+                        last = _last_line(run_dir / "logs" / f"{name}.log")
+                        console.print(
+                            Text.assemble((f"{name} failed", "red"), f": {last}" if last else "")
+                        )
+                    console.print(f"[red]see {run_dir / 'logs'}[/]")
                     failed = True
                     break
                 if reached:
