@@ -79,6 +79,8 @@ def test_a_network_too_big_to_publish_ends_the_job_at_once_saying_why(tmp_path):
     said = " ".join(out.stderr.split())  # the console wraps long lines
     assert "learner failed: qrl.wire.schema.CodecError: a 'weights' message of" in said, said
     assert "over the 67108864-byte cap" in said
+    failed = json.loads((tmp_path / "run" / "result.json").read_text())["failed"]
+    assert list(failed) == ["learner"] and "CodecError" in failed["learner"]  # what PBT logs
 
 
 def test_default_targets_come_from_the_registration_or_qrls_table():

@@ -223,6 +223,7 @@ def run_training(
     client = None
     reached = False
     failed = False
+    why: dict[str, str] = {}  # a failed role: the last line of its log
     confirmed: float | None = None  # the last confirmation's mean return
     progress = Progress(algo.reports)
     stop = None
@@ -300,7 +301,7 @@ def run_training(
                 dead = [n for n, p in procs.items() if p.exitcode is not None]  # none may end
                 if dead:
                     for name in dead:  # a crash's last line is its exception: say why here
-                        last = _last_line(run_dir / "logs" / f"{name}.log")
+                        why[name] = last = _last_line(run_dir / "logs" / f"{name}.log")
                         console.print(
                             Text.assemble((f"{name} failed", "red"), f": {last}" if last else "")
                         )
@@ -351,6 +352,7 @@ def run_training(
         "confirm_episodes": budget.confirm_episodes,
         "confirm_return": confirmed,
         "exit_code": code,
+        "failed": why,  # each role that failed: its log's last line
     }
     write_json(run_dir / "result.json", result)
     if reached and evaluator.last is not None and checkpoint.exists():

@@ -122,6 +122,8 @@ def slot(url: str, name: str, run_root: Path, device: str = "auto") -> int:
             if stop.local.is_set():  # cut short: no score
                 break
             done += 1
+            for role, why in (result.get("failed") or {}).items():  # e.g. a snapshot too big
+                log.error("%s: a segment of %s ended: %s failed: %s", me, trial, role, why)
             if renew.lost:  # another worker holds the trial now: it is not ours to change
                 continue
             finish(pop, pcfg, trial, result)
