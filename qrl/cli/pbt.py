@@ -106,7 +106,7 @@ def pbt_command(algo: Algorithm) -> click.Command:
         from qrl.jobs.train import default_run_name, default_target
         from qrl.pbt.config import Explore, PBTConfig
         from qrl.pbt.controller import run_population
-        from qrl.runtime.config import ConfigError
+        from qrl.runtime.config import ConfigError, one_line
         from qrl.runtime.live import check_fields
 
         base = build_config(algo, config_file, overrides, env=env, seed=seed)
@@ -114,6 +114,8 @@ def pbt_command(algo: Algorithm) -> click.Command:
         try:
             values["explore"] = [Explore.parse(e) if isinstance(e, str) else e
                                  for e in values.get("explore", [])]  # fmt: skip
+            if not values["explore"]:
+                raise ValueError("pass at least one --explore FIELD=LOW..HIGH (what PBT varies)")
             check_fields(algo.config, [e.field for e in values["explore"]])
             name = name or default_run_name(algo.name, base.env, base.seed)
             run_keys(name, "--name")
@@ -122,7 +124,9 @@ def pbt_command(algo: Algorithm) -> click.Command:
             pcfg = PBTConfig(name=name, algo=algo.name, env=base.env, seed=base.seed,
                              overrides=base.to_dict(), exploit=not random_search,
                              **values)  # fmt: skip
-        except (ValueError, ConfigError, ValidationError) as e:
+        except ValidationError as e:  # (a ValueError too: first)
+            raise ConfigProblem(one_line(e, PBTConfig)) from None
+        except (ValueError, ConfigError) as e:
             raise ConfigProblem(str(e)) from None
         if pcfg.target_return is None:
             raise ConfigProblem(f"{base.env} has no reward threshold: pass --target-return")

@@ -237,7 +237,8 @@ class Config(BaseModel):
         return parse_config(type(self), {**self.to_dict(), **changes})
 
 
-def _one_line(e: ValidationError, cls: type[Config]) -> str:
+def one_line(e: ValidationError, cls: type[BaseModel]) -> str:
+    """``e`` as one line naming each bad field of ``cls`` (a close name for an unknown one)."""
     problems = []
     for err in e.errors():
         name = ".".join(str(p) for p in err["loc"])
@@ -258,7 +259,7 @@ def parse_config(cls: type[C], data: dict[str, Any]) -> C:
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_one_line(e, cls)) from None
+        raise ConfigError(one_line(e, cls)) from None
 
 
 def parse_value(raw: str) -> Any:
