@@ -117,12 +117,11 @@ def encode(kind: str, data: Mapping[str, Any]) -> bytes:
         # compress straight from the packer's buffer (the view is released on return, before
         # the reset): no copy of the packed bytes. Defaults: fast mode (level 0), size stored.
         out = lz4.frame.compress(packer.getbuffer())
-        # no schema's cap is above DEFAULT_MAX_BYTES, so no reader would take a larger
-        # message; only a payload of over _SIZED bytes can be (see _SIZED)
-        if len(out) > _SIZED and len(packer.getbuffer()) > DEFAULT_MAX_BYTES:
+        # no schema's cap is above DEFAULT_MAX_BYTES: no reader would take a larger message
+        if len(out) > _SIZED and (size := len(packer.getbuffer())) > DEFAULT_MAX_BYTES:
             raise CodecError(
-                f"a {kind!r} message of {len(packer.getbuffer())} bytes is over the "
-                f"{DEFAULT_MAX_BYTES}-byte cap of every reader"
+                f"a {kind!r} message of {size} bytes is over the {DEFAULT_MAX_BYTES}-byte cap "
+                "of every reader"
             )
         return out
     except CodecError:
