@@ -10,6 +10,10 @@ Each role of an algorithm (from the registry, :mod:`qrl.algos`) gets the user ``
   and writes the stream it feeds; the replay filler drains those streams into the replay
   (``replay:*``); a learner writes the weights and drains the replay or the streams.
 
+A machine of a role that runs many processes may get a user of its own instead,
+``RUN.ROLE.N`` (``qrl run join``, :func:`join_user`; :func:`revoke_user` ends it): the role's
+access, but of the keys of one process (heartbeats, lease, ``Access.mine``) only process N's.
+
 Redis 7 makes the read-only keys read-only per key (``%R~``). Redis 6.2 has no such
 selector: there a role declared with :data:`ACTOR_COMMANDS` gets no write command but the few
 an actor needs (XADD, SET, DEL, HINCRBY), so HSET, HDEL, ZADD or FLUSH on the weights are
