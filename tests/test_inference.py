@@ -244,7 +244,7 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
     server = _server(r, keys, cfg)
     actor = EnvStepper(r, keys, cfg, 0)
     stop, threads = _threads(_loop(server), _loop(actor))
-    lst = protocol.requests(keys)
+    lst = protocol.requests(keys, 1)  # actor 1's: nobody runs it
     good = {
         "actor": 1, "life": 5, "seq": 0, "obs": np.zeros((B, 4), np.float32),
         "reward": np.zeros(B, np.float32), "terminated": np.zeros(B, bool),
@@ -269,6 +269,7 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
         encode(
             protocol.REPLY, {"life": 1, "seq": 0, "action": np.zeros(B, np.int32), "version": 0}
         ),  # fmt: skip
+        encode(protocol.REQUEST, {**good, "actor": 0}),  # posing as actor 0 from 1's list
     ]
     try:
         wait_until(lambda: actor.steps >= 100, "the actor to step", 60)
@@ -280,8 +281,8 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
         wait_until(lambda: r.type(lst) != b"string", "the server to repair its list")
         for h in hostile:
             r.rpush(lst, h)
-        for i in range(3 * server.keep):  # well-formed, from actors nobody runs
-            r.rpush(lst, encode(protocol.REQUEST, {**good, "actor": 1000 + i}))
+        for a in list(server.lists)[1:]:  # well-formed, from actors nobody runs
+            r.rpush(protocol.requests(keys, a), encode(protocol.REQUEST, {**good, "actor": a}))
         steps = actor.steps
         wait_until(lambda: actor.steps >= steps + 200, "the actor to go on", 60)
         assert len(server.tracks) <= server.keep and 0 in server.tracks

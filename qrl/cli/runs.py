@@ -108,6 +108,86 @@ def _create_users(client: Any, algo: str, keys: Any, folder: Path, cfg: Any) -> 
         click.echo(f"ACL user {user} for {role}: password in {path}")
 
 
+@run_group.command("join")
+@click.argument("run")
+@click.argument("role")
+@click.option(
+    "--id",
+    "ident",
+    type=click.IntRange(min=0),
+    default=None,
+    help="The process number the user is for (default: the smallest without a user).",
+)
+@click.option(
+    "--acl",
+    "acl_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="The folder of the password file, ACL_DIR/ROLE.N (always a new password).",
+)
+@redis_option()
+def run_join(run: str, role: str, ident: int | None, acl_dir: Path, redis_url: str | None) -> None:
+    """Issue one machine its own ACL user for one process of ROLE in RUN, RUN.ROLE.N: what
+    the role's user may do, but of the keys of one process (heartbeats, lease, a stepper's
+    request and reply lists) only its own, so a machine that is taken cannot pose as another.
+    A process connecting as that user is process N. Needs the admin and Redis 7.
+
+    \b
+      qrl run join lunar actor --acl ~/.qrl/lunar      # prints the user and password file
+      QRL_REDIS_URL=redis://lunar.actor.0@redis-host:6379/0 \\
+        QRL_REDIS_PASSWORD_FILE=~/.qrl/lunar/actor.0 qrl actor impala --run lunar
+    """
+    from qrl.jobs.acl import join_user
+    from qrl.runtime.runs import RunNotFound, RunUnreadable, load_run_config
+    from qrl.wire.codec import CodecError
+    from qrl.wire.connection import RedisUnavailable
+
+    keys = run_keys(run, "RUN")
+    _check_admin_password(redis_url)
+    client = connect_or_fail(redis_url)
+    try:
+        algo = ALGOS[_run_algo(client, keys)]
+        cfg = load_run_config(client, keys, algo.name, algo.config)
+        user, n, path = join_user(client, algo, keys, cfg, role, ident, acl_dir)
+    except (RunNotFound, RunUnreadable, CodecError, KeyError, ValueError, OSError) as e:
+        raise click.ClickException(str(e).strip("'\"")) from None
+    except RedisUnavailable as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"ACL user {user} for {role} {n}: password in {path}")
+
+
+@run_group.command("revoke")
+@click.argument("run")
+@click.argument("role")
+@click.argument("ident", metavar="N", type=click.IntRange(min=0))
+@redis_option()
+def run_revoke(run: str, role: str, ident: int, redis_url: str | None) -> None:
+    """Delete the ACL user of process N of ROLE in RUN (qrl run join) on every node, which
+    drops its connections, and the keys of that process (heartbeats, lease, reply list)."""
+    from qrl.jobs.acl import revoke_user
+    from qrl.runtime.ids import instance_user
+    from qrl.runtime.runs import RunNotFound, RunUnreadable
+    from qrl.wire.connection import RedisUnavailable
+
+    keys = run_keys(run, "RUN")
+    client = connect_or_fail(redis_url)
+    try:
+        gone = revoke_user(client, ALGOS[_run_algo(client, keys)], keys, role, ident)
+    except (RunNotFound, RunUnreadable, KeyError, RedisUnavailable) as e:
+        raise click.ClickException(str(e).strip("'\"")) from None
+    click.echo(f"revoked {instance_user(run, role, ident)} ({gone} keys of it deleted)")
+
+
+def _run_algo(client: Any, keys: Any) -> str:
+    """The algorithm of run ``keys``, one this qrl has."""
+    from qrl.runtime.runs import load_run
+
+    algo, _ = load_run(client, keys)
+    if algo not in ALGOS:
+        raise click.ClickException(f"run {keys.run!r} is of an algorithm this qrl lacks: {algo!r}")
+    return algo
+
+
 @run_group.command("list")
 @redis_option()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -152,16 +232,14 @@ def run_set(run: str, pairs: tuple[str, ...], redis_url: str | None) -> None:
     """
     from qrl.runtime.config import ConfigError, parse_overrides
     from qrl.runtime.live import MAX_VERSION, set_live
-    from qrl.runtime.runs import RunNotFound, RunUnreadable, load_run
+    from qrl.runtime.runs import RunNotFound, RunUnreadable
     from qrl.runtime.status import collect
 
     keys = run_keys(run, "RUN")
     client = connect_or_fail(redis_url)
     try:
         changes = parse_overrides(pairs)
-        algo, _ = load_run(client, keys)
-        if algo not in ALGOS:
-            raise click.ClickException(f"run {run!r} is of an algorithm this qrl lacks: {algo!r}")
+        algo = _run_algo(client, keys)
         # roles take only versions above the one they run: count on from the highest any
         # reports, should the stored one have gone (deleted, or overwritten by someone)
         taken = [p["values"].get("config_version") for p in collect(client, keys)["processes"]]

@@ -1,10 +1,12 @@
 """The wire of central inference, on Redis lists (no torch here: the actors import it).
 
-* Actor ``a`` sends each request to server ``a % inference_servers``'s list
-  (:func:`requests`, RPUSH) and waits on its own reply list (:func:`reply`, BLPOP). Both
-  lists have the server's hash tag (:func:`server_keys`): on a Redis Cluster each server's
-  traffic is on a slot of its own, and an actor's request and wait are one round trip to
-  one node.
+* Actor ``a`` sends each request to its own request list (:func:`requests`, RPUSH), which
+  server ``a % inference_servers`` pops, and waits on its own reply list (:func:`reply`,
+  BLPOP). Both lists have the server's hash tag (:func:`server_keys`): on a Redis Cluster
+  each server's traffic is on a slot of its own, and an actor's request and wait are one
+  round trip to one node. Each list is one actor's, so its key names the sender: a
+  per-instance user (``qrl run join``) reaches its own two lists only, and a server takes a
+  request only as from the actor whose list it came from.
 * A request carries the actor's id, a random ``life`` drawn when the actor process starts,
   a sequence number, the observations to act on, and what the previous action gave
   (rewards, terminations, truncations and the final observation of each episode that
@@ -15,9 +17,10 @@
   from its last reply, so nothing is stepped twice). A server that does not know an
   actor's ``life``, or sees a gap in its ``seq``, starts that actor's unroll afresh: a
   half-built unroll is dropped, never joined to another's steps.
-* The server pops requests with :data:`POP`, which hands back at most ``count`` of them and
-  drops (returning only the size of) any bigger than the cap, so a planted huge value
-  costs the server nothing but its size.
+* The server pops requests with :data:`POP` from the lists of the actors it has heard from
+  and a turning window of the others it may have, at most :data:`EACH` from each list and
+  ``count`` in all, and drops (returning only the size of) any bigger than the cap, so a
+  planted huge value costs the server nothing but its size.
 """
 
 from __future__ import annotations
@@ -44,9 +47,9 @@ def server_keys(keys: RunKeys, servers: int, server: int) -> RunKeys:
     return keys.shards(servers)[server]
 
 
-def requests(keys: RunKeys) -> str:
-    """The request list of the server whose keys are ``keys`` (:func:`server_keys`)."""
-    return keys.key("inference:requests")
+def requests(keys: RunKeys, actor: int) -> str:
+    """Actor ``actor``'s request list, among its server's keys ``keys``."""
+    return keys.key(f"inference:requests:{actor}")
 
 
 def reply(keys: RunKeys, actor: int) -> str:
@@ -114,30 +117,39 @@ def reply_schema(n_actions: int, envs: int) -> Schema:
     )
 
 
+EACH = 2  # requests popped from one actor's list at a time: its request and a resent copy
+
 POP = (
     FIX
     + """
--- pop up to ARGV[1] requests from list KEYS[1]; one bigger than ARGV[2] bytes is dropped
--- and only its size returned. Stops once ARGV[1] x ARGV[2] bytes were examined.
--- Returns {{request or size}...}, then what was repaired.
-fix(KEYS[1], 'list')
-local count, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
-local out, seen = {}, 0
-for i = 1, count do
-  local v = redis.call('LPOP', KEYS[1])
-  if not v then break end
-  seen = seen + #v
-  if #v > cap then out[#out + 1] = #v else out[#out + 1] = v end
-  if seen >= count * cap then break end
+-- pop up to ARGV[1] requests from the lists KEYS (one per actor), at most ARGV[3] from each;
+-- one bigger than ARGV[2] bytes is dropped and only its size returned. Stops once ARGV[1] x
+-- ARGV[2] bytes were examined. Returns {{list index, request or size, ...}}, then what was
+-- repaired. An empty list costs one LPOP: the type is looked at only when that fails.
+local count, cap, each = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local out, seen, n = {}, 0, 0
+for i, key in ipairs(KEYS) do
+  for _ = 1, each do
+    local v = redis.pcall('LPOP', key)
+    if type(v) == 'table' then fix(key, 'list') break end
+    if not v then break end
+    seen, n = seen + #v, n + 1
+    out[#out + 1] = i - 1
+    if #v > cap then out[#out + 1] = #v else out[#out + 1] = v end
+    if n >= count or seen >= count * cap then return {out, unpack(fixed)} end
+  end
 end
 return {out, unpack(fixed)}
 """
 )
 
 
-def pop(client: redis.Redis, key: str, count: int, cap: int) -> list[bytes | int]:
-    """Up to ``count`` requests from list ``key``: each the request, or the size of one over
-    ``cap`` bytes (popped and dropped). A key of another type is deleted (one warning)."""
-    out, *notes = client.register_script(POP)([key], [count, cap])
+def pop(
+    client: redis.Redis, lists: list[str], count: int, cap: int
+) -> list[tuple[int, bytes | int]]:
+    """Up to ``count`` requests from ``lists`` (:data:`EACH` at most from each): ``(the
+    index of its list, the request or the size of one over cap bytes, popped and dropped)``.
+    A key of another type is deleted (one warning)."""
+    out, *notes = client.register_script(POP)(lists, [count, cap, EACH])
     warn_once(*notes)
-    return list(out)
+    return list(zip(out[::2], out[1::2], strict=True))

@@ -12,6 +12,9 @@ from qrl.runtime.roles import ACTOR_COMMANDS, Access, Reports, shown_only
 
 # an env stepper sends requests and pops its replies; nothing else of the run it writes
 STEPPER_COMMANDS = ACTOR_COMMANDS + " +rpush +blpop"
+# its own request and reply lists, under its server's keys (qrl.inference.protocol): a
+# per-instance user (qrl run join) reaches no other stepper's
+STEPPER_LISTS = ("inference:requests:{id}", "inference:reply:{id}")
 
 
 def _stepper(ctx: RoleContext) -> Any:
@@ -29,11 +32,11 @@ def stepper_role(algo: str) -> RoleDef:
         f"An actor of an {algo} run with central inference (inference=central): steps its "
         "envs and asks an inference server for every action; imports no torch.",
         reads=(),
-        writes=("inference:*",),
+        writes=(),
         count="actors",
         when=central,
         shown=("version", "rtt_p50_ms", "rtt_p99_ms", "resent"),
-        access=Access((), ("inference:*",), STEPPER_COMMANDS),
+        access=Access((), (), STEPPER_COMMANDS, mine=STEPPER_LISTS),
     )
 
 

@@ -29,12 +29,15 @@ import torch
 from qrl.inference import protocol
 from qrl.learners.base import pick_device
 from qrl.rl.envspec import EnvSpec
+from qrl.runtime.ids import id_limit
 from qrl.runtime.loop import Role, StopCheck
 from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.faults import warn_once
 from qrl.wire.keys import RunKeys
 from qrl.wire.stream_scripts import dead_letter, stored_cap
 from qrl.wire.weights import WeightStore, wait_for_weights
+
+SWEEP = 16  # lists of actors it has not heard from that each pop looks at
 
 
 @dataclass
@@ -122,7 +125,10 @@ class InferenceServer(Role):
         self.version = -1
         k = cfg.inference_servers
         self.mine = protocol.server_keys(keys, k, server_id)
-        self.list = protocol.requests(self.mine)
+        # every number one of its actors may have (claim_id's) and its request list
+        actors = range(server_id, id_limit(cfg.actors), k)
+        self.lists = {a: protocol.requests(self.mine, a) for a in actors}
+        self.turn = 0  # where the window over the actors it has not heard from starts
         self.expect = max(1, len(range(server_id, cfg.actors, k)))  # actors it serves
         b = cfg.envs_per_actor
         self.schema = protocol.request_schema(self.env.obs_shape, self.env.obs_dtype, b)
@@ -172,7 +178,7 @@ class InferenceServer(Role):
         self.answer(tracks + again)
         return self.agent.push(tracks, self.version, self.progress, should_stop)
 
-    def gather(self) -> list[bytes | int]:
+    def gather(self) -> list[tuple[int, bytes | int]]:
         """Popped requests: what is there, and if that is not one from each of its actors,
         what comes within ``inference_wait_ms``."""
         got = self._popped(4 * self.expect)
@@ -184,17 +190,27 @@ class InferenceServer(Role):
             got += self._popped(4 * self.expect - len(got))
         return got
 
-    def _popped(self, count: int) -> list[bytes | int]:
-        return protocol.pop(self.client, self.list, count, self.cap)
+    def _popped(self, count: int) -> list[tuple[int, bytes | int]]:
+        """Requests from the lists of the actors it talks to and of :data:`SWEEP` others in
+        turn (so a new actor is heard within a few batches, whatever the number of actors):
+        ``(the actor whose list it came from, the request or its size)``."""
+        numbers = list(self.lists)
+        window = [numbers[(self.turn + i) % len(numbers)] for i in range(SWEEP)]
+        self.turn = (self.turn + SWEEP) % len(numbers)
+        actors = list(dict.fromkeys([*self.tracks, *window]))
+        got = protocol.pop(self.client, [self.lists[a] for a in actors], count, self.cap)
+        return [(actors[i], payload) for i, payload in got]
 
-    def admit(self, raw: list[bytes | int]) -> tuple[list[tuple[Track, dict]], list[Track]]:
+    def admit(
+        self, raw: list[tuple[int, bytes | int]]
+    ) -> tuple[list[tuple[Track, dict]], list[Track]]:
         """Validate each request and file it under its actor: the requests to act on, and
         the tracks whose last reply is answered again (a resent request)."""
         todo: list[tuple[Track, dict]] = []
         again: list[Track] = []
         now = time.time()
-        for payload in raw:
-            req = self._valid(payload)
+        for sender, payload in raw:
+            req = self._valid(sender, payload)
             if req is None:
                 continue
             self.requests += 1
@@ -220,14 +236,15 @@ class InferenceServer(Role):
             todo.append((tr, req))
         return todo, again
 
-    def _valid(self, payload: bytes | int) -> dict[str, Any] | None:
+    def _valid(self, sender: int, payload: bytes | int) -> dict[str, Any] | None:
+        """The request ``payload`` from ``sender``'s list, decoded; ``None`` if it is not a
+        valid one of that actor's (a writer posing as another actor included)."""
         try:
             if isinstance(payload, int):
                 raise CodecError(f"request of {payload} bytes is over the {self.cap} allowed")
             req = decode(payload, self.schema)
-            k = self.cfg.inference_servers
-            if req["actor"] % k != self.server_id:
-                raise CodecError(f"actor {req['actor']} is not served by server {self.server_id}")
+            if req["actor"] != sender:
+                raise CodecError(f"a request of actor {req['actor']} on actor {sender}'s list")
             return req
         except CodecError as e:
             self.rejected += 1

@@ -47,7 +47,8 @@ class EnvStepper(EnvActor):
         b = cfg.envs_per_actor
         n = cfg.inference_servers
         mine = protocol.server_keys(keys, n, actor_id % n)
-        self.requests, self.replies = protocol.requests(mine), protocol.reply(mine, actor_id)
+        self.requests = protocol.requests(mine, actor_id)
+        self.replies = protocol.reply(mine, actor_id)
         self.schema = protocol.reply_schema(self.env.discrete_actions(), b)
         self.life = secrets.randbelow(2**53)  # this process's requests, told from a dead one's
         self.seq = 0

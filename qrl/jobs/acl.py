@@ -10,6 +10,10 @@ Each role of an algorithm (from the registry, :mod:`qrl.algos`) gets the user ``
   and writes the stream it feeds; the replay filler drains those streams into the replay
   (``replay:*``); a learner writes the weights and drains the replay or the streams.
 
+A machine of a role that runs many processes may get a user of its own instead,
+``RUN.ROLE.N`` (``qrl run join``, :func:`join_user`; :func:`revoke_user` ends it): the role's
+access, but of the keys of one process (heartbeats, lease, ``Access.mine``) only process N's.
+
 Redis 7 makes the read-only keys read-only per key (``%R~``). Redis 6.2 has no such
 selector: there a role declared with :data:`ACTOR_COMMANDS` gets no write command but the few
 an actor needs (XADD, SET, DEL, HINCRBY), so HSET, HDEL, ZADD or FLUSH on the weights are
@@ -30,6 +34,7 @@ from typing import Any
 from redis.cluster import RedisCluster
 
 from qrl.algos import Algorithm, RoleDef
+from qrl.runtime.ids import id_limit, instance_user
 from qrl.runtime.roles import ACTOR_COMMANDS, RUN_COMMANDS, Access
 from qrl.wire.cluster import ClusterClient
 from qrl.wire.connection import read_password_file
@@ -37,7 +42,15 @@ from qrl.wire.keys import RunKeys
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ACTOR_COMMANDS", "RUN_COMMANDS", "create_users", "role_access", "user_name"]
+__all__ = [
+    "ACTOR_COMMANDS",
+    "RUN_COMMANDS",
+    "create_users",
+    "join_user",
+    "revoke_user",
+    "role_access",
+    "user_name",
+]
 
 EXAMPLE_PASSWORD = "change-me"  # .env.example's passwords begin so: never accepted
 
@@ -47,17 +60,25 @@ def user_name(run: str, role: str) -> str:
     return f"{run}.{role}"
 
 
-def role_access(role: RoleDef) -> Access:
+def role_access(role: RoleDef, ident: int | None = None) -> Access:
     """The keys and commands ``role`` needs: what every role needs (the run's config, its
     live changes and control flags, which only an admin changes; its own heartbeats and
-    leases, the metrics, stats and dead letters) and what it declares."""
-    own = (f"proc:{role.name}.*", f"lease:{role.name}.*", "metrics", "stats", "deadletter")
+    leases, the metrics, stats and dead letters) and what it declares. ``ident``: process
+    ``ident`` only (a per-instance user), which reaches no other process's keys."""
     declared = role.access
     return Access(
         ("config", "config:live", "control", *declared.reads),
-        (*own, *declared.writes),
+        (*_own(role, ident), "metrics", "stats", "deadletter", *declared.writes),
         declared.commands,
     )
+
+
+def _own(role: RoleDef, ident: int | None) -> tuple[str, ...]:
+    """The keys of process ``ident`` of ``role`` (``None``: of every process): its
+    heartbeats, its lease and what the role marks as one process's (``Access.mine``)."""
+    n = "*" if ident is None else str(ident)
+    mine = (pattern.replace("{id}", n) for pattern in role.access.mine)
+    return (f"proc:{role.name}.{n}@*", f"lease:{role.name}.{n}", *mine)
 
 
 def setuser_args(
@@ -150,3 +171,59 @@ def create_users(
         _on_every_node(client, "ACL", "SETUSER", *args)
         users[role.name] = (user, files[role.name])
     return users
+
+
+def join_user(
+    client: Any,
+    algo: Algorithm,
+    keys: RunKeys,
+    cfg: Any,
+    role: str,
+    ident: int | None,
+    folder: Path,
+) -> tuple[str, int, Path]:
+    """Issue one machine its own user for process ``ident`` of ``role`` (``None``: the
+    smallest number without one), ``RUN.ROLE.N``: the role's reads and writes, but of the
+    keys of one process (heartbeats, lease, ``Access.mine``) only its own. Its password,
+    always a fresh one (a revoked machine's is void), goes in ``folder/ROLE.N``. Needs Redis
+    7: without read-only key patterns any user of the role could rewrite the config and the
+    weights. Returns (user, number, password file)."""
+    if not has_selectors(client):
+        raise ValueError(
+            "Redis before 7.0 has no read-only key patterns, so a joined user could still "
+            "SET or DEL the run's config and weights: run Redis 7 (e.g. /usr/bin/redis-server "
+            "of Debian 12, or docker's redis:7) for per-instance users"
+        )
+    roledef = algo.role(role)
+    if roledef.when is not None and not roledef.when(cfg):
+        raise ValueError(f"run {keys.run!r} has no {role} processes with its config")
+    limit = id_limit(sum(1 for r, _ in algo.processes(cfg) if r is roledef))
+    if ident is None:  # the smallest number nobody joined as
+        users = (instance_user(keys.run, role, i) for i in range(limit))
+        ident = next((i for i, u in enumerate(users) if not client.acl_getuser(u)), limit)
+    if not 0 <= ident < limit:
+        raise ValueError(
+            f"{role} numbers of run {keys.run!r} go from 0 to {limit - 1} (twice the "
+            "configured count, plus 8): revoke one to join another"
+        )
+    user = instance_user(keys.run, role, ident)
+    (folder / f"{role}.{ident}").unlink(missing_ok=True)
+    path = role_passwords(folder, [f"{role}.{ident}"])[f"{role}.{ident}"]
+    access = role_access(roledef, ident)
+    args = setuser_args(keys, access, user, read_password_file(path), True)
+    _on_every_node(client, "ACL", "SETUSER", *args)
+    return user, ident, path
+
+
+def revoke_user(client: Any, algo: Algorithm, keys: RunKeys, role: str, ident: int) -> int:
+    """End process ``ident`` of ``role``'s per-instance user on every node (Redis drops its
+    connections) and delete the keys of that process (heartbeats, lease, ``Access.mine``),
+    so a new holder of the number starts clean; returns how many keys went."""
+    roledef = algo.role(role)
+    _on_every_node(client, "ACL", "DELUSER", instance_user(keys.run, role, ident))
+    prefixes = [p.removesuffix("*") for p in keys.acl_patterns()]
+    gone = 0
+    for pattern in (prefix + name for prefix in prefixes for name in _own(roledef, ident)):
+        names = list(client.scan_iter(match=pattern, count=1000))
+        gone += client.delete(*names) if names else 0
+    return gone

@@ -38,14 +38,14 @@ from qrl.runtime import loop
 from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.control import StopFlag, on_stop_signals
 from qrl.runtime.files import open_appending
-from qrl.runtime.ids import claim_id, hold_id
+from qrl.runtime.ids import claim_id, hold_id, user_ident
 from qrl.runtime.live import LiveConfig
 from qrl.runtime.loop import RoleFailed
 from qrl.runtime.runs import RunNotFound, load_run, load_run_config
 from qrl.runtime.tracking import Tracking
 from qrl.server.embedded import die_with_parent
 from qrl.wire.codec import CodecError
-from qrl.wire.connection import RedisUnavailable, connect, failure_exit
+from qrl.wire.connection import RedisUnavailable, connect, failure_exit, url_user
 from qrl.wire.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -143,9 +143,14 @@ def run_role(spec: RoleSpec) -> int:
         raise LaunchError(
             f"run {spec.run!r} has no {roledef.name} processes with its config: {roledef.help}"
         )
-    if spec.ident == "auto":
+    # a per-instance user (qrl run join) reaches its own number's keys only
+    user = url_user(spec.redis_url)
+    mine = user_ident(user, spec.run, roledef.name)
+    if mine is not None and spec.ident not in ("auto", mine):
+        raise LaunchError(f"user {user} is {roledef.name} {mine}: --id {spec.ident} is not its")
+    if spec.ident == "auto" or mine is not None:
         count = sum(1 for r, _ in algo.processes(cfg) if r is roledef)
-        lease = claim_id(client, keys, roledef.name, count)
+        lease = claim_id(client, keys, roledef.name, count, only=mine)
     else:
         lease = hold_id(client, keys, roledef.name, int(spec.ident))
     try:

@@ -16,6 +16,10 @@ lease each, or one bounded chunk of them.
 Processes that share a host name must share a process-id namespace (as the containers of
 one compose project and the processes of ``qrl train`` do): a holder on this host whose pid
 is not running here is taken to be dead.
+
+A process that connects as a per-instance ACL user, ``RUN.ROLE.N`` (``qrl run join``,
+:func:`instance_user`), may reach lease ``N`` of its role only: it takes that number and no
+other (:func:`user_ident`, ``only`` of :func:`claim_id`).
 """
 
 from __future__ import annotations
@@ -174,15 +178,33 @@ class Lease:
             self.client.eval(_KEEP, 1, self.key, self.me, LEASE_TTL, "release")
 
 
-def claim_id(client: redis.Redis, keys: RunKeys, role: str, count: int) -> Lease:
+def instance_user(run: str, role: str, ident: int) -> str:
+    """The per-instance ACL user of process ``ident`` of ``role`` in ``run``: ``RUN.ROLE.N``."""
+    return f"{run}.{role}.{ident}"
+
+
+def user_ident(user: str | None, run: str, role: str) -> int | None:
+    """The process number a per-instance user (:func:`instance_user`) of ``role`` in ``run``
+    stands for; ``None`` for any other user (a role's shared one, the admin)."""
+    head, _, number = (user or "").rpartition(".")
+    if head != f"{run}.{role}" or not number.isdigit() or number != str(int(number)):
+        return None
+    return int(number)
+
+
+def claim_id(
+    client: redis.Redis, keys: RunKeys, role: str, count: int, only: int | None = None
+) -> Lease:
     """The smallest free number of ``role`` in the run, taken for this process, below
-    :func:`id_limit` of the ``count`` of such processes the run is configured for; while
-    every one of them is held, it waits (one warning)."""
+    :func:`id_limit` of the ``count`` of such processes the run is configured for (``only``:
+    that number, a per-instance user's); while every one of them is held, it waits (one
+    warning)."""
     look, take = client.register_script(_LOOK), client.register_script(_TAKE)
     me, limit, waiting = holder(), id_limit(count), False
+    numbers = range(limit) if only is None else range(only, only + 1)
     while True:
-        for start in range(0, limit, _SCAN):
-            names = [keys.lease(role, i) for i in range(start, min(start + _SCAN, limit))]
+        for start in range(numbers.start, numbers.stop, _SCAN):
+            names = [keys.lease(role, i) for i in range(start, min(start + _SCAN, numbers.stop))]
             for n, cur in enumerate(look(keys=names, args=[LEASE_TTL])):
                 current = cur.decode() if isinstance(cur, bytes) else str(cur)
                 if current and not _dead_here(current):
@@ -195,8 +217,8 @@ def claim_id(client: redis.Redis, keys: RunKeys, role: str, count: int) -> Lease
         if not waiting:
             waiting = True
             log.warning(
-                "every number of %s up to %d is held (the run is configured for %d): waiting "
-                "for one to be free", role, limit - 1, count,
+                "every number of %s from %d to %d is held (the run is configured for %d): "
+                "waiting for one to be free", role, numbers.start, numbers.stop - 1, count,
             )  # fmt: skip
         time.sleep(_FULL_WAIT)
 

@@ -158,6 +158,11 @@ def default_url() -> str:
     return os.environ.get(ENV_URL) or DEFAULT_URL
 
 
+def url_user(url: str | None) -> str | None:
+    """The ACL user ``url`` (``None``: :func:`default_url`) names; ``None``: the default."""
+    return parse_url(url or default_url()).get("username")
+
+
 # a query parameter that carries a secret: password=, ssl_password=, ...
 _QUERY_SECRET = re.compile(r"(?i)([?&;][^=&#;]*password=)[^&;]*")  # to the next parameter
 
