@@ -95,6 +95,13 @@ _job_options = stack(
         help="Evaluate on this env id instead of the training env (same observation and "
         "action spaces), e.g. an unslowed or unwrapped twin.",
     ),
+    click.option(
+        "--acl",
+        is_flag=True,
+        help="Run every process as a Redis ACL user of its own, which reaches only what its "
+        "role needs (each actor, stepper or worker its own number's keys); passwords in "
+        "RUN_DIR/acl. Needs Redis 7 or later (--redis, or QRL_REDIS_SERVER for the embedded one).",
+    ),
     track_options,
 )
 
@@ -119,6 +126,7 @@ def train_command(algo: Algorithm) -> click.Command:
         confirm_episodes: int,
         actor_nice: int,
         eval_env: str | None,
+        acl: bool,
         track: bool,
         wandb_project: str,
         wandb_entity: str | None,
@@ -155,6 +163,7 @@ def train_command(algo: Algorithm) -> click.Command:
                 "whole budget; pass --target-return R to stop when the evaluation reaches R",
                 err=True,
             )
+        from qrl.jobs.acl import AclRefused
         from qrl.runtime.runs import RunExists, RunUnreadable
 
         try:
@@ -168,8 +177,9 @@ def train_command(algo: Algorithm) -> click.Command:
                 device=device,
                 tracking=track_to,
                 nice=actor_nice,
+                acl=acl,
             )
-        except (RunExists, RunUnreadable) as e:  # --run names a run that is not this one
+        except (RunExists, RunUnreadable, AclRefused) as e:  # e.g. --run names another run
             raise ConfigProblem(str(e)) from None
         sys.exit(code)
 

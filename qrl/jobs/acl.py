@@ -52,6 +52,10 @@ __all__ = [
     "user_name",
 ]
 
+class AclRefused(ValueError):
+    """This Redis cannot hold the users asked for (no read-only key patterns before 7.0)."""
+
+
 EXAMPLE_PASSWORD = "change-me"  # .env.example's passwords begin so: never accepted
 
 
@@ -189,7 +193,7 @@ def join_user(
     7: without read-only key patterns any user of the role could rewrite the config and the
     weights. Returns (user, number, password file)."""
     if not has_selectors(client):
-        raise ValueError(
+        raise AclRefused(
             "Redis before 7.0 has no read-only key patterns, so a joined user could still "
             "SET or DEL the run's config and weights: run Redis 7 (e.g. /usr/bin/redis-server "
             "of Debian 12, or docker's redis:7) for per-instance users"
@@ -227,3 +231,21 @@ def revoke_user(client: Any, algo: Algorithm, keys: RunKeys, role: str, ident: i
         names = list(client.scan_iter(match=pattern, count=1000))
         gone += client.delete(*names) if names else 0
     return gone
+
+
+def process_users(
+    client: Any, algo: Algorithm, keys: RunKeys, cfg: Any, folder: Path
+) -> dict[tuple[str, int], tuple[str, Path]]:
+    """A user for every process of a run of ``cfg`` (``qrl train --acl``): a role that runs
+    many processes gets one per process (:func:`join_user`: none of them can pass for
+    another), the others their role's (:func:`create_users`); (role, number) -> (user,
+    password file)."""
+    shared = create_users(client, algo, keys, folder, cfg)
+    users = {}
+    for role, i in algo.processes(cfg):
+        if role.count:
+            user, _, path = join_user(client, algo, keys, cfg, role.name, i, folder)
+            users[(role.name, i)] = (user, path)
+        else:
+            users[(role.name, i)] = shared[role.name]
+    return users

@@ -30,6 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from qrl.algos import Algorithm
+from qrl.jobs.acl import process_users
 from qrl.jobs.launch import RoleSpec, start_process
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.checkpoint import replace_model
@@ -42,7 +43,14 @@ from qrl.runtime.runlog import Progress, RunLog
 from qrl.runtime.runs import create_run
 from qrl.runtime.tracking import Tracking
 from qrl.server.embedded import EmbeddedRedis
-from qrl.wire.connection import RedisUnavailable, connect, disconnect, redact
+from qrl.wire.connection import (
+    RedisUnavailable,
+    connect,
+    disconnect,
+    read_password_file,
+    redact,
+    with_user,
+)
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import Weights, WeightStore
 
@@ -197,6 +205,7 @@ def run_training(
     snapshot: bool = False,
     interrupted: threading.Event | None = None,
     on_tick: Callable[[], None] | None = None,
+    acl: bool = False,
 ) -> int:
     """Run a whole job; returns the exit code: 0 if the target return was reached (with no
     target: if the whole budget ran), 1 if the budget ran out first, 2 if a role failed or the
@@ -206,7 +215,9 @@ def run_training(
     resumes from the run's snapshot in Redis and saves its state there as it stops
     (population-based training's trials);
     ``interrupted``: the event SIGINT/SIGTERM set (the caller's, to see them too);
-    ``on_tick``: called about every half second while the job runs (a PBT slot's lease)."""
+    ``on_tick``: called about every half second while the job runs (a PBT slot's lease);
+    ``acl``: every process connects as a Redis ACL user of its own (passwords in
+    ``run_dir/acl``), the job itself as the user of ``redis_url``."""
     console = console or Console(stderr=True)
     evaluator = Evaluator(algo, cfg, budget.eval_episodes, budget.eval_env)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -237,14 +248,16 @@ def run_training(
         # from now, before any role starts: a rerun of a run (a PBT trial's next segment)
         # counts its own work, not what earlier jobs of the run reported
         reader = MetricsReader(client, keys)
+        users = process_users(client, algo, keys, cfg, run_dir / "acl") if acl else {}
         disconnect(client)  # forked roles inherit no open connection
         for role, i in algo.processes(cfg):
             name = f"{role.name}{i}" if role.count else role.name
+            user = users.get((role.name, i))
             spec = RoleSpec(
                 algo.name,
                 role.name,
                 run,
-                url,
+                url if user is None else with_user(url, user[0], read_password_file(user[1])),
                 ident=i,
                 device=device,
                 checkpoint=checkpoint if role.checkpoints else None,

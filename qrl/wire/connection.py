@@ -10,7 +10,7 @@ import re
 import sys
 import threading
 import time
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import redis
 from redis.backoff import AbstractBackoff, ExponentialBackoff
@@ -161,6 +161,14 @@ def default_url() -> str:
 def url_user(url: str | None) -> str | None:
     """The ACL user ``url`` (``None``: :func:`default_url`) names; ``None``: the default."""
     return parse_url(url or default_url()).get("username")
+
+
+def with_user(url: str, user: str, password: str) -> str:
+    """``url`` connecting as ``user`` with ``password`` (both percent-encoded), in place of
+    whatever userinfo it had."""
+    scheme, sep, rest = url.partition("://")
+    host = rest.rpartition("@")[2]
+    return f"{scheme}{sep}{quote(user, safe='')}:{quote(password, safe='')}@{host}"
 
 
 # a query parameter that carries a secret: password=, ssl_password=, ...
