@@ -52,6 +52,7 @@ __all__ = [
     "user_name",
 ]
 
+
 class AclRefused(ValueError):
     """This Redis cannot hold the users asked for (no read-only key patterns before 7.0)."""
 
