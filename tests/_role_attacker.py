@@ -1,0 +1,135 @@
+"""Until killed: issue 68's attacks, made in turn with ONE role's own credentials (a joined
+actor, stepper or worker: ``qrl run join``), as the holder of one compromised machine would
+make them. ``python tests/_role_attacker.py URL RUN ALGO ROLE EVERY`` (the URL names the
+attacker's user, the password comes from ``QRL_REDIS_PASSWORD_FILE``); prints one line per
+attack: its name, a colon, then ``refused`` (Redis said no) or ``made`` (it went in: the
+honest roles must ride it out).
+
+Where ``tests/_key_attacker.py`` attacks with the run's whole key space, this has only what
+one role's user has: Lua of its own, exhausted stream ids, a counter at the int64 edge,
+oversized metrics entries, the weights, config and control, other processes' leases,
+heartbeats and reply lists, the parameter server's state and a flood of in-bounds
+gradients, a poisoned ES statistics message."""
+
+import os
+import sys
+import time
+
+import numpy as np
+import redis
+
+from qrl.algos.es.keys import es_results
+from qrl.algos.impala.keys import trajectories
+from qrl.inference import protocol as inference
+from qrl.ps import protocol as ps
+from qrl.wire.codec import encode
+from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
+from qrl.wire.weights import WeightStore
+
+url, run, algo, role, every = sys.argv[1:5] + [float(sys.argv[5])]
+r = connect(url, deadline=5.0)
+keys = RunKeys(run)
+rng = np.random.default_rng(68)
+TOP = "18446744073709551615-18446744073709551615"  # the last stream id there is
+LOOP = "redis.call('SET', KEYS[1], 'x') local i = 0 while true do i = i + 1 end"
+FEEDS = {  # the stream a role of each algorithm feeds
+    "apex": keys.experience,
+    "impala": trajectories(keys),
+    "es": es_results(keys),
+    "a3c": ps.gradients(ps.shard_keys(keys, 1, 0)),
+}
+FEED = FEEDS.get(algo, keys.experience)
+other = keys.lease(role, 0)  # another process's key (the attacker is never number 0)
+
+
+def counter_edge() -> None:
+    """Finding 3: the next HINCRBY of the stats overflows."""
+    now = int(r.hget(keys.stats, "env_steps") or 0)
+    r.hincrby(keys.stats, "env_steps", 2**63 - 1 - now)
+
+
+def big_metrics() -> None:
+    """Finding 8: entries a reader would fetch whole."""
+    for _ in range(5):
+        r.xadd(keys.metrics, {"d": b"x" * (30 << 20)})
+
+
+def poisoned_stats() -> None:
+    """Finding 4: one well-formed ES message of huge weight and near-zero variance."""
+    n = 4
+    msg = {
+        "generation": 0, "job": np.arange(n, dtype=np.int64), "index": np.arange(n),
+        "return_pos": np.zeros(n, np.float32), "return_neg": np.zeros(n, np.float32),
+        "length_pos": np.ones(n, np.int32), "length_neg": np.ones(n, np.int32),
+        "obs_sum": np.full(4, 1e6 * 2**40), "obs_sumsq": np.full(4, 1e12 * 2**40),
+        "obs_count": float(2**40), "worker": 0, "batch": os.urandom(8).hex(),
+    }  # fmt: skip
+    r.xadd(es_results(keys), {"d": encode("es.results", msg)})
+
+
+def _block() -> tuple[RunKeys, int]:
+    """Shard 0 of 1 and the length of its block (0 before its server published one)."""
+    sk = ps.shard_keys(keys, 1, 0)
+    w = WeightStore(r, keys, ps.params(sk)).fetch()
+    return sk, 0 if w is None else sum(a.size for a in w.params.values())
+
+
+def ps_state() -> None:
+    """Finding 5: a saved state that a restarted shard would resume from, every parameter
+    1e30 at version 2^50."""
+    sk, length = _block()
+    msg = {"version": 2**50, "last_id": "0-0", "params": np.full(length, 1e30, np.float32),
+           "opt": {}, "loss": []}  # fmt: skip
+    r.set(ps.state(sk), encode(ps.STATE, msg))
+
+
+def gradient_flood() -> None:
+    """Finding 10: as many in-bounds gradients as one worker can push."""
+    sk, length = _block()
+    pipe = r.pipeline(transaction=False)
+    for _ in range(200):
+        grad = rng.normal(0, 1e-2, length).astype(np.float32)
+        msg = {"shard": 0, "version": 0, "worker": 0, "loss": 0.0, "grad": grad}
+        pipe.xadd(ps.gradients(sk), {"d": encode(ps.GRADIENT, msg)})
+    pipe.execute()
+
+
+SK = inference.server_keys(keys, 1, 0)
+ATTACKS = [  # name, one command each: one refused does not spare the next
+    ("lua_loop", lambda: r.eval(LOOP, 1, other)),  # finding 1: every client of Redis BUSY
+    ("lua_load", lambda: r.script_load(LOOP)),
+    ("function_load", lambda: r.function_load(f"#!lua name=evil\n{LOOP}")),
+    *[(f"exhaust {s.rsplit(':', 1)[-1]}", lambda s=s: r.xadd(s, {"d": b"x"}, id=TOP))
+      for s in (keys.metrics, keys.deadletter, FEED)],  # finding 2
+    ("counter_edge", counter_edge),  # finding 3
+    ("big_metrics", big_metrics),  # finding 8
+    ("set weights", lambda: r.set(keys.weights, b"x")),  # finding 7
+    ("del config", lambda: r.delete(keys.config)),
+    ("set control", lambda: r.set(keys.control, b"x")),
+    ("take lease 0", lambda: r.set(other, "evil:1:x")),  # finding 12
+    ("heartbeat as 0", lambda: r.set(keys.proc(f"{role}.0@evil:1"), b"x")),
+]  # fmt: skip
+ATTACKS += {
+    "es": [("poisoned_stats", poisoned_stats)],  # finding 4
+    "a3c": [("ps_state", ps_state), ("gradient_flood", gradient_flood)],  # findings 5, 10
+    "impala": [  # finding 6
+        ("steal replies", lambda: r.blpop([inference.reply(SK, 0)], timeout=0.05)),
+        ("read requests", lambda: r.lrange(inference.requests(SK, 0), 0, -1)),
+        ("drop requests", lambda: r.delete(inference.requests(SK, 0))),
+    ],
+}.get(algo, [])
+
+made = 0
+while True:
+    name, attack = ATTACKS[made % len(ATTACKS)]
+    try:
+        attack()
+        outcome = "made"
+    except redis.exceptions.NoPermissionError:
+        outcome = "refused"
+    except redis.ResponseError as e:  # e.g. the id is exhausted already: it went in before
+        outcome = f"answered {str(e)[:60]!r}"
+    made += 1
+    print(f"{name}: {outcome}", flush=True)
+    time.sleep(every)

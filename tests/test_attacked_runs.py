@@ -1,0 +1,98 @@
+"""Live: a run whose every process is a Redis ACL user of its own (``qrl train --acl`` on Redis
+7) reaches its target while one more process of the role that comes in many, joined with
+``qrl run join`` (the holder of one compromised machine, with that machine's credentials
+only), keeps making every attack its user allows (``tests/_role_attacker.py``: Lua of its
+own, exhausted stream ids, a counter at the int64 edge, 30 MB metrics entries, the weights,
+config and control, other processes' leases, heartbeats and reply lists, parameter-server
+state and a gradient flood, poisoned ES statistics). What Redis refuses must be refused;
+what goes in, every honest role rides out."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import redis
+
+from qrl.server.embedded import EmbeddedRedis
+from tests.cli import ROOT, qrl
+from tests.helpers import kill_all, redis_binaries, skip_or_fail, wait_until
+
+ADMIN = "admin-pw-for-attacked-runs"
+CASES = {  # case -> algorithm, the role the attacker joins as, settings
+    "apex": ("apex", "actor", ()),
+    "impala-central": ("impala", "stepper", ("--set", "inference=central")),
+    "a3c": ("a3c", "worker", ()),
+    "es": ("es", "worker", ()),
+}
+# what no role's user may do, whatever the algorithm (the rest is algorithm-specific)
+REFUSED = {
+    "lua_loop", "lua_load", "function_load", "set weights", "del config", "set control",
+    "take lease 0", "heartbeat as 0",
+}  # fmt: skip
+REFUSED_TOO = {
+    "impala-central": {"steal replies", "read requests", "drop requests"},
+    "a3c": {"ps_state"},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("case", CASES)
+def test_a_run_solves_while_one_of_its_own_users_attacks_it(case, tmp_path):
+    binary = redis_binaries().get((7,))
+    if binary is None:
+        skip_or_fail("no Redis 7 here (apt-get install redis-server): per-instance users need it")
+    algo, role, settings = CASES[case]
+    run = f"attacked-{case}"
+    env = {**os.environ, "QRL_REDIS_PASSWORD": "", "PYTHONPATH": str(ROOT)}
+    procs: list[subprocess.Popen] = []
+    with EmbeddedRedis(password=ADMIN, binary=binary) as server:
+        admin = redis.Redis.from_url(server.url)
+        log = (tmp_path / "train.log").open("w")
+        train = subprocess.Popen(
+            [sys.executable, "-m", "qrl.cli", "train", algo, "--redis", server.url, "--acl",
+             "--run", run, "--run-dir", str(tmp_path / "run"), "--seed", "0",
+             "--max-time", "240", *settings],
+            cwd=ROOT, env={**env, "QRL_REDIS_URL": ""}, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        procs.append(train)
+        try:
+            # the honest processes' users exist: join one more, the attacker's machine
+            wait_until(
+                lambda: train.poll() is not None or admin.acl_getuser(f"{run}.{role}.0"),
+                "the run's users", timeout=120,
+            )  # fmt: skip
+            assert train.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
+            joined = qrl(
+                "run", "join", run, role, "--acl", str(tmp_path / "taken"),
+                env={**env, "QRL_REDIS_URL": server.url},
+            )  # fmt: skip
+            assert joined.returncode == 0, joined.stderr
+            user = joined.stdout.split()[2]  # "ACL user RUN.ROLE.N for ROLE N: password in P"
+            attacker = subprocess.Popen(
+                [sys.executable, str(ROOT / "tests" / "_role_attacker.py"),
+                 f"redis://{user}@127.0.0.1:{server.port}/0", run, algo, role, "0.25"],
+                cwd=ROOT, env={**env, "QRL_REDIS_PASSWORD_FILE": joined.stdout.split()[-1]},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )  # fmt: skip
+            procs.append(attacker)
+            code = train.wait(360)
+            assert attacker.poll() is None, attacker.communicate()[0][-3000:]
+        finally:
+            kill_all(procs)
+        lines = attacker.communicate()[0].splitlines() if procs[1:] else []
+    train_log = (tmp_path / "train.log").read_text()
+    assert code == 0, train_log[-3000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["reached"] and not result.get("failed"), result
+    made = [tuple(line.split(": ", 1)) for line in lines if ": " in line]
+    print(case, "attacks:", Counter(made), "time_s:", result["time_s"])
+    for name, outcome in made:
+        if name in REFUSED | REFUSED_TOO.get(case, set()):
+            assert outcome == "refused", (name, outcome)
+    assert len({name for name, _ in made}) >= len(REFUSED), made  # every kind made
