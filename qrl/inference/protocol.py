@@ -30,6 +30,7 @@ import redis
 from qrl.rl.fields import NATURAL, floats, obs_bytes, obs_field
 from qrl.wire.keys import RunKeys
 from qrl.wire.schema import CodecError, Field, Schema, size_cap
+from qrl.wire.scripts import Lua
 from qrl.wire.stream_scripts import FIX, warn_once
 
 REQUEST = "inference.request"
@@ -133,11 +134,12 @@ end
 return {out, unpack(fixed)}
 """
 )
+POP_LUA = Lua("inference.pop", POP)
 
 
 def pop(client: redis.Redis, key: str, count: int, cap: int) -> list[bytes | int]:
     """Up to ``count`` requests from list ``key``: each the request, or the size of one over
     ``cap`` bytes (popped and dropped). A key of another type is deleted (one warning)."""
-    out, *notes = client.register_script(POP)([key], [count, cap])
+    out, *notes = POP_LUA(client, [key], [count, cap])
     warn_once(*notes)
     return list(out)
