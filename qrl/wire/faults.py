@@ -30,7 +30,7 @@ class ScriptsMissing(ResponseError):
     flushed its scripts, and the admin loads them again. Waited out like a lost Redis."""
 
     def __str__(self) -> str:
-        return "NOSCRIPT: it lacks qrl's Lua scripts; run `qrl run scripts` as its admin"
+        return "NOSCRIPT; its admin loads them with `qrl run scripts`"
 
 
 @contextlib.contextmanager
