@@ -346,12 +346,16 @@ def url_of(r) -> str:
 
 # -- access
 
-# the one-line rule the README documents for a run named RUN
-ACL_RULE = (
-    "ACL SETUSER {user} on >{password} resetkeys resetchannels ~qrl:{{{run}}}:* "
-    "~qrl:{{{run}~*}}:* +@all -@admin -@dangerous -@scripting +eval +evalsha +script|load "
-    "+script|exists -scan -select +cluster|info +cluster|slots"
-)
+
+def make_runner(admin: Any, run: str, user: str = "runner", password: str = "runner-pw") -> None:
+    """Make ``user`` the one ACL user of every role of ``run`` (the README's per-run rule,
+    ``qrl run rule``) and load qrl's scripts, which it may run but not load (``qrl run
+    scripts``), as ``admin``."""
+    from qrl.jobs.acl import run_rule
+    from qrl.wire.scripts import load_scripts
+
+    assert admin.execute_command(*run_rule(run, user, password).split()) == b"OK"
+    load_scripts(admin)
 
 
 # where a system's redis-server is, when a venv's PATH leaves it out (Debian: /usr/bin)

@@ -4,6 +4,7 @@ TLS (``rediss://``) with a self-signed certificate. Real redis-server, real ``qr
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -11,11 +12,12 @@ import pytest
 import redis
 
 from qrl.algos.es.keys import es_params
+from qrl.jobs.acl import run_rule
 from qrl.server.embedded import EmbeddedRedis, find_redis_server, free_port, supports_tls
 from qrl.wire.connection import RedisUnavailable, connect
 from qrl.wire.keys import RunKeys
 from tests.cli import ROOT, qrl
-from tests.helpers import ACL_RULE, SYSTEM_BINARIES, skip_or_fail
+from tests.helpers import SYSTEM_BINARIES, make_runner, skip_or_fail
 
 
 def _es_job(url: str, run: str, tmp_path) -> subprocess.CompletedProcess[str]:
@@ -31,8 +33,7 @@ def test_a_run_works_as_an_acl_user_limited_to_its_prefix(tmp_path):
     run = "acl-run"
     with EmbeddedRedis(password="admin-pw") as server:
         admin = redis.Redis.from_url(server.url)
-        rule = ACL_RULE.format(user="runner", password="runner-pw", run=run)
-        assert admin.execute_command(*rule.split()) == b"OK"
+        make_runner(admin, run)  # the README's per-run rule, and the scripts loaded
         admin.set("qrl:{other}:config", b"not yours")
         url = f"redis://runner:runner-pw@127.0.0.1:{server.port}/0"
 
@@ -137,6 +138,11 @@ def test_tls_checks_the_host_name_unless_the_url_says_not_to(tmp_path):
         assert off.connection_pool.connection_kwargs["ssl_check_hostname"] is False
 
 
-def test_the_documented_acl_rule_is_in_the_readme():
+def test_the_readme_names_the_commands_that_print_the_rule_and_load_the_scripts():
+    """The per-run rule holds the SHA of each of qrl's scripts: the README gives the command
+    that prints it, and the one that loads the scripts, not the rule."""
     text = (ROOT / "README.md").read_text()
-    assert ACL_RULE.format(user="runner", password="SECRET", run="RUN") in text
+    assert "qrl run rule RUN" in text and "qrl run scripts" in text
+    assert not re.search(r"\+evalsha\|[0-9a-f]{40}|\+eval ", text)
+    printed = qrl("run", "rule", "RUN")
+    assert printed.returncode == 0 and printed.stdout.strip() == run_rule("RUN")

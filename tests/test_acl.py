@@ -4,6 +4,7 @@ both are here), real ``qrl`` roles."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -15,13 +16,14 @@ import redis
 
 from qrl.algos import ALGOS
 from qrl.algos.apex.config import ApexConfig
-from qrl.jobs.acl import RUN_COMMANDS, user_name
+from qrl.jobs.acl import RUN_COMMANDS, run_rule, user_name
 from qrl.runtime.config import parse_config
 from qrl.runtime.live import LiveConfig
 from qrl.server.embedded import EmbeddedRedis, server_version
 from qrl.wire.keys import RunKeys
+from qrl.wire.scripts import every_script
 from tests.cli import ROOT, qrl
-from tests.helpers import ACL_RULE, kill_all, redis_binaries
+from tests.helpers import kill_all, make_runner, redis_binaries
 
 ADMIN = "admin-pw-for-acl-tests"
 BINARIES = redis_binaries()
@@ -97,19 +99,21 @@ def test_an_actors_user_cannot_touch_weights_replay_or_other_runs(binary, tmp_pa
 
 
 @pytest.mark.parametrize("binary", BINARIES.values(), ids=[f"redis{v}" for v in BINARIES])
-def test_the_readmes_per_run_rule_leaves_out_scan_select_and_flushing_scripts(binary):
-    assert ACL_RULE.endswith(RUN_COMMANDS)  # one rule: the README's is qrl/jobs/acl.py's
-    assert (
-        ACL_RULE.format(user="runner", password="SECRET", run="RUN")
-        in (ROOT / "README.md").read_text()
-    )
+def test_the_per_run_rule_leaves_out_scan_select_and_every_script_but_qrls(binary):
+    assert f" {RUN_COMMANDS} +evalsha|" in run_rule("RUN")  # `qrl run rule`'s is acl.py's
     with EmbeddedRedis(password=ADMIN, binary=binary) as server:
         admin = redis.Redis.from_url(server.url)
-        rule = ACL_RULE.format(user="runner", password="runner-pw", run="r1")
-        assert admin.execute_command(*rule.split()) == b"OK"
+        make_runner(admin, "r1")
         runner = redis.Redis(server.host, server.port, username="runner", password="runner-pw")
-        script = runner.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
-        assert script(keys=["qrl:{r1}:x"], args=[1]) == b"OK"  # EVALSHA, SCRIPT LOAD
+        own = "return redis.call('SET', KEYS[1], ARGV[1])"
+        assert admin.script_load(own)  # loaded, but not one of qrl's: refused too
+        for attempt in (
+            lambda: runner.eval(own, 1, "qrl:{r1}:x", 1),
+            lambda: runner.evalsha(hashlib.sha1(own.encode()).hexdigest(), 1, "qrl:{r1}:x", 1),
+            lambda: runner.script_load(own),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attempt()
         assert runner.xadd("qrl:{r1~0.1}:experience", {"d": b"x"})  # its shards' keys too
         live = LiveConfig(runner, RunKeys("r1"), ApexConfig())  # follows qrl run set
         assert live.following and live.poll() is False
@@ -208,9 +212,14 @@ def test_acl_users_are_set_on_every_node_of_a_cluster(redis_cluster, tmp_path):
     from qrl.wire.connection import connect
 
     keys = RunKeys("acl-cluster")
+    for node in range(len(redis_cluster.nodes)):
+        with redis_cluster.client(node) as client:
+            client.script_flush()
     users = create_users(connect(redis_cluster.url), ALGOS["es"], keys, tmp_path / "pw")
     assert set(users) == {"master", "worker"}
+    shas = [s.sha for s in every_script().values()]
     for node in range(len(redis_cluster.nodes)):  # a cluster's ACLs are per node
         with redis_cluster.client(node) as client:
             rules = client.acl_getuser(user_name(keys.run, "worker"))
             assert rules["enabled"] and f"qrl:{{{keys.run}}}:es:results" in str(rules["keys"])
+            assert all(client.script_exists(*shas))  # loaded everywhere: users cannot load

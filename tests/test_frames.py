@@ -98,7 +98,8 @@ def fetch_all(replay: FrameReplay) -> dict[int, np.void]:
     """Every transition present, decoded as the sampler decodes (the sampling script's
     fetch, every rank)."""
     n = replay.size()
-    _, flat = replay._fetch(keys=replay.sample_keys(), args=["desc", " ".join(map(str, range(n)))])
+    args = ["desc", " ".join(map(str, range(n))), *replay.record_args()]
+    _, flat = replay._fetch(keys=replay.sample_keys(), args=args)
     rows = replay.layout.unpack(list(flat[2::3]))
     return {int(i): row for i, row in zip(flat[0::3], rows, strict=True)}
 

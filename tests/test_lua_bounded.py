@@ -16,12 +16,8 @@ without a case here or in tests/test_lua_scripts.py (the scripts outside the rep
 
 from __future__ import annotations
 
-import functools
-import importlib
-import re
 import struct
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +28,7 @@ from hypothesis import strategies as st
 from qrl.replay.frames import FrameBatch, FrameLayout, FrameReplay, pack_frames
 from qrl.replay.store import PrioritizedReplay
 from qrl.wire.keys import RunKeys
+from qrl.wire.scripts import every_script
 from tests.helpers import LAYOUT, make_records
 from tests.lua_bounds import (  # the fixtures private and r: a redis-server of this module's own
     HOSTILE,
@@ -231,54 +228,43 @@ def test_sampling_over_chunks_of_a_hostile_shape(private, r):
 # -- every script has its cases
 
 
+# every script qrl runs, by its name in the registry (qrl/wire/scripts.py)
 COVERED = {
-    ("replay/store.py", "scripts.INSERT"),
-    ("replay/store.py", "scripts.FETCH_RANKS"),
-    ("replay/store.py", "scripts.SAMPLE_PROPORTIONAL"),
-    ("replay/frames.py", "FRAME_INSERT"),
-    ("wire/streams.py", "lua.ACK"),
-    ("wire/streams.py", "lua.ADD_IF_ROOM"),
-    ("wire/streams.py", "lua.ADOPT"),
-    ("wire/streams.py", "lua.DEAD_LETTER"),
-    ("wire/stream_scripts.py", "DEAD_LETTER"),
-    ("wire/streams.py", "lua.ENSURE_GROUP"),
-    ("wire/streams.py", "lua.LEAVE"),
-    ("wire/streams.py", "lua.READ"),
-    ("runtime/ids.py", "_KEEP"),
-    ("runtime/ids.py", "_LOOK"),
-    ("runtime/ids.py", "_TAKE"),
-    ("runtime/live.py", "_SET"),
-    ("learners/group.py", "_CURRENT"),
-    ("learners/group.py", "_JOIN"),
-    ("learners/group.py", "_ABANDON"),
-    ("wire/weights.py", "_PUBLISH"),
-    ("wire/weights.py", "_KEPT"),
-    ("inference/protocol.py", "POP"),
-    ("pbt/population.py", "_CLAIM"),
-    ("pbt/population.py", "_HOLD"),
-    ("pbt/population.py", "_BOUNDED"),
+    "streams.add_if_room",
+    "streams.adopt",
+    "streams.read",
+    "streams.leave",
+    "streams.ack",
+    "streams.ensure_group",
+    "streams.dead_letter",
+    "replay.insert",
+    "replay.fetch_ranks",
+    "replay.sample_proportional",
+    "frames.insert",
+    "frames.fetch_ranks",
+    "frames.sample_proportional",
+    "ids.look",
+    "ids.take",
+    "ids.keep",
+    "live.read",
+    "live.set",
+    "group.join",
+    "group.look",
+    "group.abandon",
+    "weights.publish",
+    "weights.kept",
+    "inference.pop",
+    "pbt.claim",
+    "pbt.hold",
+    "pbt.bounded",
 }
-_SCRIPT_CALL = re.compile(r"(?:register_script|\.eval)\(([^)]*(?:\)[^)]*)?)\)")
 
 
 def test_every_script_is_covered():
-    """Each Lua script qrl registers or evals (a module constant holding Lua) has cases
-    above; a new one fails here until it gets some. The shared prelude of the replay's
-    scripts runs in every one of them."""
-    root = Path(__file__).resolve().parents[1] / "qrl"
-    found = set()
-    for path in root.rglob("*.py"):
-        if path.name == "__main__.py":  # runs the CLI when imported
-            continue
-        module = importlib.import_module(
-            ".".join(("qrl", *path.relative_to(root).with_suffix("").parts))
-        )
-        for call in _SCRIPT_CALL.findall(path.read_text()):
-            for name in re.findall(r"\b[\w.]*[A-Z][A-Z_]+\b", call):
-                value = functools.reduce(getattr, name.split("."), module)
-                if isinstance(value, str) and "redis.call" in value and "PRELUDE" not in name:
-                    found.add((path.relative_to(root).as_posix(), name))
-    assert found == COVERED
+    """Each Lua script qrl runs (each is declared once, in the registry) has cases above; a
+    new one fails here until it gets some. The shared prelude of the replay's scripts runs
+    in every one of them."""
+    assert set(every_script()) == COVERED
 
 
 @pytest.mark.parametrize("kind", REPLAYS)

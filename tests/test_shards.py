@@ -15,6 +15,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 from qrl.actors.dqn import DQNActor
 from qrl.algos import ALGOS
 from qrl.algos.apex.config import ApexConfig
+from qrl.jobs.acl import run_rule
 from qrl.replay.role import ReplayFiller, make_replay
 from qrl.replay.shards import ShardedReplay, shard_of_slots
 from qrl.replay.store import BUCKETS_PER_OCTAVE, P_LO, PrioritizedReplay
@@ -27,13 +28,13 @@ from qrl.wire.streams import ensure_group
 from qrl.wire.weights import WeightStore
 from tests.cli import qrl
 from tests.helpers import (
-    ACL_RULE,
     LAYOUT,
     bucket_of,
     check_records,
     chi2_critical,
     chi2_stat,
     make_records,
+    make_runner,
 )
 
 ALPHA, BATCH, BATCHES, BETA = 0.6, 64, 500, 0.5
@@ -92,9 +93,8 @@ def test_the_documented_acl_rule_covers_the_shards():
     keys = RunKeys(run)
     with EmbeddedRedis(password="admin-pw") as server:
         admin = redis.Redis.from_url(server.url)
-        rule = ACL_RULE.format(user="runner", password="pw", run=run)  # the README's
-        assert f"resetchannels ~{' ~'.join(keys.acl_patterns())} +@all" in rule
-        assert admin.execute_command(*rule.split()) == b"OK"
+        assert f"resetchannels ~{' ~'.join(keys.acl_patterns())} +@all" in run_rule(run)
+        make_runner(admin, run, password="pw")  # the README's per-run rule
         runner = redis.Redis.from_url(f"redis://runner:pw@127.0.0.1:{server.port}/0")
         for k in keys.shards(3):
             replay = PrioritizedReplay(runner, k, LAYOUT, 10)

@@ -39,8 +39,9 @@ def run_group() -> None:
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="Also create an ACL user per role (RUN.ROLE) limited to what that role needs, "
-    "with the password in the file ACL_DIR/ROLE (made, random, where missing). Needs an "
-    "admin connection; roles then connect as redis://RUN.ROLE@HOST:PORT/0 with "
+    "with the password in the file ACL_DIR/ROLE (made, random, where missing), and load "
+    "qrl's Lua scripts, which those users may run but not load. Needs an admin "
+    "connection; roles then connect as redis://RUN.ROLE@HOST:PORT/0 with "
     "QRL_REDIS_PASSWORD_FILE=ACL_DIR/ROLE.",
 )
 def run_create(
@@ -186,6 +187,41 @@ def _run_algo(client: Any, keys: Any) -> str:
     if algo not in ALGOS:
         raise click.ClickException(f"run {keys.run!r} is of an algorithm this qrl lacks: {algo!r}")
     return algo
+
+
+@run_group.command("rule")
+@click.argument("run")
+@click.option("--user", default="runner", show_default=True, help="The user's name.")
+def run_rule_command(run: str, user: str) -> None:
+    """Print the ACL rule of one user for every role of RUN (instead of per-role users, `run
+    create --acl`): its keys, the commands a run needs, and qrl's Lua scripts by SHA, the only
+    ones it may run. Replace SECRET with its password and run it as the admin, e.g. in
+    redis-cli; then load the scripts with `qrl run scripts`.
+
+    \b
+      qrl run rule demo --user runner
+    """
+    from qrl.jobs.acl import run_rule
+
+    click.echo(run_rule(run_keys(run, "RUN").run, user))
+
+
+@run_group.command("scripts")
+@redis_option()
+def run_scripts_command(redis_url: str | None) -> None:
+    """Load qrl's Lua scripts into every node of the Redis (a cluster's replicas too). ACL
+    users may run them but not load them: run this as the admin after a Redis restart or
+    failover lost them (roles wait for them, one log line each, meanwhile). `run create
+    --acl` loads them too."""
+    from redis.exceptions import NoPermissionError
+
+    from qrl.wire.scripts import load_scripts
+
+    try:
+        n = load_scripts(connect_or_fail(redis_url))
+    except NoPermissionError as e:
+        raise click.ClickException(f"Redis refused: NOPERM {e} (run this as the admin)") from None
+    click.echo(f"loaded {n} scripts")
 
 
 @run_group.command("list")

@@ -33,6 +33,7 @@ import redis
 from qrl.rl.fields import NATURAL, floats, obs_bytes, obs_field
 from qrl.wire.keys import RunKeys
 from qrl.wire.schema import CodecError, Field, Schema, size_cap
+from qrl.wire.scripts import Lua
 from qrl.wire.stream_scripts import FIX, warn_once
 
 REQUEST = "inference.request"
@@ -142,6 +143,7 @@ end
 return {out, unpack(fixed)}
 """
 )
+POP_LUA = Lua("inference.pop", POP)
 
 
 def pop(
@@ -150,6 +152,6 @@ def pop(
     """Up to ``count`` requests from ``lists`` (:data:`EACH` at most from each): ``(the
     index of its list, the request or the size of one over cap bytes, popped and dropped)``.
     A key of another type is deleted (one warning)."""
-    out, *notes = client.register_script(POP)(lists, [count, cap, EACH])
+    out, *notes = POP_LUA(client, lists, [count, cap, EACH])
     warn_once(*notes)
     return list(zip(out[::2], out[1::2], strict=True))

@@ -19,8 +19,12 @@ selector: there a role declared with :data:`ACTOR_COMMANDS` gets no write comman
 an actor needs (XADD, SET, DEL, HINCRBY), so HSET, HDEL, ZADD or FLUSH on the weights are
 refused, but SET, DEL or HINCRBY on a key it may read are not (use Redis 7 where actors are
 not trusted). Every user also lacks what a run never needs: admin and dangerous commands,
-SCAN (it lists other runs' key names), SELECT, SCRIPT FLUSH/KILL and FUNCTION (only EVAL,
-EVALSHA, SCRIPT LOAD/EXISTS), pub/sub.
+SCAN (it lists other runs' key names), SELECT, pub/sub, and every scripting command but
+EVALSHA of qrl's own scripts (:func:`script_rules`; EVALSHA_RO of the read-only ones on
+Redis 7): no EVAL, SCRIPT or FUNCTION, so no Lua of its own, which could stall the whole
+Redis. The users cannot load those scripts: :func:`create_users` does, on every node
+(:func:`qrl.wire.scripts.load_scripts`; ``qrl run scripts`` again after a restart or
+failover).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from qrl.runtime.roles import ACTOR_COMMANDS, RUN_COMMANDS, Access
 from qrl.wire.cluster import ClusterClient
 from qrl.wire.connection import read_password_file
 from qrl.wire.keys import RunKeys
+from qrl.wire.scripts import every_script, load_scripts
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,7 @@ __all__ = [
     "join_user",
     "revoke_user",
     "role_access",
+    "run_rule",
     "user_name",
 ]
 
@@ -86,6 +92,26 @@ def _own(role: RoleDef, ident: int | None) -> tuple[str, ...]:
     return (f"proc:{role.name}.{n}@*", f"lease:{role.name}.{n}", *mine)
 
 
+def script_rules(selectors: bool) -> list[str]:
+    """The scripts a user may run: qrl's, by SHA (Redis's first-argument rules), and where
+    the server has ``%R~`` (``selectors``, Redis 7) the read-only ones with EVALSHA_RO too."""
+    scripts = every_script().values()
+    return [
+        *(f"+evalsha|{s.sha}" for s in scripts),
+        *(f"+evalsha_ro|{s.sha}" for s in scripts if s.read_only and selectors),
+    ]
+
+
+def run_rule(run: str, user: str = "runner", password: str = "SECRET") -> str:
+    """The ``ACL SETUSER`` command of one user for every role of ``run`` (no per-role
+    users): its key prefixes, :data:`RUN_COMMANDS` and qrl's scripts (``qrl run rule``)."""
+    patterns = " ".join(f"~{p}" for p in RunKeys(run).acl_patterns())
+    return (
+        f"ACL SETUSER {user} on >{password} resetkeys resetchannels {patterns} "
+        f"{RUN_COMMANDS} {' '.join(script_rules(selectors=False))}"
+    )
+
+
 def setuser_args(
     keys: RunKeys, access: Access, user: str, password: str, selectors: bool
 ) -> list[str]:
@@ -106,7 +132,7 @@ def setuser_args(
         *patterns(access.reads, read_mark),
         *patterns(access.writes, "~"),
         *access.commands.split(),
-        *(["+eval_ro", "+evalsha_ro"] if selectors else []),  # scripts on %R~ keys
+        *script_rules(selectors),
     ]
 
 
@@ -158,7 +184,8 @@ def create_users(
 ) -> dict[str, tuple[str, Path]]:
     """Create (or reset) the ACL user of every role of ``algo`` that a run of config ``cfg``
     runs (every role without one) for run ``keys``, with the passwords in ``folder`` (made
-    where missing); returns role -> (user, password file)."""
+    where missing), and load qrl's scripts, which the users may run but not load; returns
+    role -> (user, password file)."""
     roles = [r for r in algo.roles if cfg is None or r.when is None or r.when(cfg)]
     files = role_passwords(folder, [r.name for r in roles])
     selectors = has_selectors(client)
@@ -175,6 +202,7 @@ def create_users(
         args = setuser_args(keys, access, user, password, selectors)
         _on_every_node(client, "ACL", "SETUSER", *args)
         users[role.name] = (user, files[role.name])
+    load_scripts(client)
     return users
 
 

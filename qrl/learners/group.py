@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from qrl.wire.keys import RunKeys
+from qrl.wire.scripts import Lua
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ local n = count(2)
 if n and n >= tonumber(ARGV[3]) then return 0 end
 return redis.call('UNLINK', KEYS[2], KEYS[3])  -- O(1) whatever a writer planted
 """
+JOIN, LOOK = Lua("group.join", _CURRENT + _JOIN), Lua("group.look", _CURRENT + "return current()")
+ABANDON = Lua("group.abandon", _CURRENT + _ABANDON)
 
 
 class GroupLost(RuntimeError):
@@ -119,8 +122,7 @@ def local_host(client, keys: RunKeys) -> str:
 
 def _enter(client, keys: RunKeys, world: int, ttl: int) -> tuple[str, int]:
     """Join the forming generation (or start one): ``(gen, rank)``."""
-    join = client.register_script(_CURRENT + _JOIN)
-    look = client.register_script(_CURRENT + "return current()")
+    join, look = JOIN.on(client), LOOK.on(client)
     for _ in range(100):  # another learner joined between look and join: look again
         seen = look(keys=[_key(keys, "gen")], args=["", "", world])
         seen = seen.decode() if isinstance(seen, bytes) else ""
@@ -268,7 +270,7 @@ class LearnerGroup:
             if not formed:  # stopped, timed out or failed: nobody may wait for this one
                 names = [_key(keys, "gen"), _key(keys, "joined", gen), _key(keys, "addr", gen)]
                 with contextlib.suppress(redis.RedisError):
-                    client.register_script(_CURRENT + _ABANDON)(keys=names, args=["", "", world])
+                    ABANDON(client, names, ["", "", world])
 
     def _do(self, what: str, fn: Callable, *args) -> None:
         """``fn(*args)``, a collective: its failure (a peer gone, a timeout) is GroupLost."""

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from qrl.pbt.config import PBTConfig
 from qrl.wire.keys import RunKeys
+from qrl.wire.scripts import Lua
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,8 @@ for i = 1, #ARGV - 1 do
 end
 return out
 """
+CLAIM, HOLD = Lua("pbt.claim", _CLAIM), Lua("pbt.hold", _HOLD)
+BOUNDED = Lua("pbt.bounded", _BOUNDED)
 
 
 class PopulationError(RuntimeError):
@@ -110,9 +113,9 @@ class Population:
         self.scores_key, self.lineage_key, self.solved_key, self.segments_key = (
             k("pbt:scores"), k("pbt:lineage"), k("pbt:solved"), k("pbt:segments"),
         )  # fmt: skip
-        self._claim = client.register_script(_CLAIM)
-        self._hold = client.register_script(_HOLD)
-        self._bounded = client.register_script(_BOUNDED)
+        self._claim = CLAIM.on(client)
+        self._hold = HOLD.on(client)
+        self._bounded = BOUNDED.on(client)
 
     # -- the config
     def create(self, cfg: PBTConfig) -> bool:

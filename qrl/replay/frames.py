@@ -46,7 +46,16 @@ import numpy as np
 
 from qrl.algos.apex_family.messages import check_chunks
 from qrl.replay.scripts import FRAME_CHUNKS, FRAME_INSERT, PRELUDE
-from qrl.replay.store import P_HI, P_LO, Columns, PrioritizedReplay, RecordLayout, Rows
+from qrl.replay.store import (
+    P_HI,
+    P_LO,
+    Columns,
+    PrioritizedReplay,
+    RecordLayout,
+    Rows,
+    sampling_scripts,
+)
+from qrl.wire.scripts import Lua
 
 log = logging.getLogger(__name__)
 
@@ -305,17 +314,11 @@ class FrameReplay(PrioritizedReplay):
     eviction as :class:`PrioritizedReplay`); ``layout`` is a :class:`FrameLayout`."""
 
     layout: FrameLayout
+    INSERT = Lua("frames.insert", f"{PRELUDE}local CHUNK_MAX = {CHUNK_MAX}{FRAME_INSERT}")
+    FETCH, PROPORTIONAL = sampling_scripts("frames", FRAME_CHUNKS)
 
-    def __init__(
-        self, client: Any, keys: Any, layout: FrameLayout, capacity: int, **kw: Any
-    ) -> None:
-        super().__init__(client, keys, layout, capacity, **kw)
-        self._insert = client.register_script(
-            f"{PRELUDE}local CHUNK_MAX = {CHUNK_MAX}{FRAME_INSERT}"
-        )
-
-    def records_lua(self) -> str:
-        return FRAME_CHUNKS % (self.capacity, self.layout.max_chunk())
+    def record_args(self) -> list[int]:
+        return [self.capacity, self.layout.max_chunk()]
 
     def sample_keys(self) -> list[str]:
         k = self.keys

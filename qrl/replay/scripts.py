@@ -1,6 +1,8 @@
 """The Lua scripts of the prioritized replay (:mod:`qrl.replay.store`): the insert with
 its FIFO eviction, and the two samplings. Each is one atomic step, so readers never see half
-an insert or an eviction. The frame replay's (:mod:`qrl.replay.frames`) come last.
+an insert or an eviction. The frame replay's (:mod:`qrl.replay.frames`) come last. Each
+text is fixed (a role's ACL user may run only qrl's scripts, by SHA: :mod:`qrl.wire.scripts`),
+so what differs per replay (record size, capacity) comes in ARGV.
 
 A writer with the run's keys can store anything in the replay's keys, so nothing stored
 decides how much a script does: :data:`PRELUDE` checks every stored number and repairs what
@@ -112,10 +114,12 @@ return {evicted, repaired}
 """
 
 # how the sampling scripts fetch the records of ids[s..e] (a subclass may fetch otherwise)
-# and the types its keys must have (a key of another type is deleted)
+# and the types its keys must have (a key of another type is deleted); what it needs of the
+# layout comes last in ARGV (PrioritizedReplay.record_args)
 RECORDS = """
 local TYPES = {'zset', 'hash'}
--- (SIZE is set before it) a record of another size comes back as nil: never sent whole
+local SIZE = tonumber(ARGV[#ARGV])  -- the record size
+-- a record of another size comes back as nil: never sent whole
 local function records(ids, s, e)
   local out = redis.call('HMGET', KEYS[2], unpack(ids, s, e))
   for i = 1, #out do
@@ -126,7 +130,7 @@ end
 """
 
 FETCH_RANKS = """
--- KEYS: prio, data; ARGV: 'desc'|'asc', the ranks (0-based, space-separated)
+-- KEYS: prio, data; ARGV: 'desc'|'asc', the ranks (0-based, space-separated), RECORDS' own
 -- returns {n_present, {id, score, record}...}
 -- each rank goes on to ZRANGE as the string it came as (a Lua number would be formatted
 -- with %.17g per call), a repeated rank reuses the last lookup, and one HMGET fetches
@@ -155,7 +159,7 @@ return {redis.call('ZCARD', KEYS[1]), out}
 
 SAMPLE_PROPORTIONAL = """
 -- KEYS: prio, data; ARGV: alpha, lo, ratio, n_buckets, u (increasing, in [0, 1): float64
--- little-endian, concatenated)
+-- little-endian, concatenated), RECORDS' own
 -- returns {n_present, {id, score, record, prob}...}, total mass (%.17g)
 fix_types(TYPES)
 local alpha, lo = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -213,19 +217,20 @@ return {rank, out, fmt('%.17g', total)}
 
 # the chunks of ids[s..e], with each id's distance to its chunk's start (ring slot id % CAP);
 # a member that is no id, or a ring entry pointing before id 0, fetches no chunk, and a
-# chunk longer than any chunk can be (the second %d) comes back as nil: never sent whole
+# chunk longer than any chunk can be (MAX_CHUNK) comes back as nil: never sent whole
 FRAME_CHUNKS = """
 local TYPES = {'zset', 'hash', 'string', 'hash'}
+local CAP, MAX_CHUNK = tonumber(ARGV[#ARGV - 1]), tonumber(ARGV[#ARGV])
 local function records(ids, s, e)
   local out = {}
   for i = s, e do
     local id, rel, chunk = whole(ids[i]), '', false
     if id then
-      local at = (id %% %d) * 4
+      local at = (id % CAP) * 4
       rel = redis.call('GETRANGE', KEYS[3], at, at + 3)
       if #rel == 4 and struct.unpack('<I4', rel) <= id then
-        chunk = redis.call('HGET', KEYS[4], fmt('%%d', id - struct.unpack('<I4', rel)))
-        if chunk and #chunk > %d then chunk = false end
+        chunk = redis.call('HGET', KEYS[4], fmt('%d', id - struct.unpack('<I4', rel)))
+        if chunk and #chunk > MAX_CHUNK then chunk = false end
       end
     end
     out[#out + 1] = {rel, chunk}

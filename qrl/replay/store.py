@@ -46,8 +46,10 @@ import numpy as np
 import redis
 
 from qrl.replay import scripts
+from qrl.wire.cluster import run_scripts
 from qrl.wire.keys import RunKeys
-from qrl.wire.stream_scripts import dead_letter
+from qrl.wire.scripts import Lua
+from qrl.wire.stream_scripts import DEAD_LETTER_LUA, dead_letter_call
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +159,21 @@ class Sample:
     slot: int | None = None  # the ring slot its arrays are in (qrl.replay.ring)
 
 
+def sampling_scripts(name: str, records: str) -> tuple[Lua, Lua]:
+    """The two sampling scripts of a replay whose records ``records`` fetches."""
+    sampling = scripts.PRELUDE + records
+    return (
+        Lua(f"{name}.fetch_ranks", sampling + scripts.FETCH_RANKS),
+        Lua(f"{name}.sample_proportional", sampling + scripts.SAMPLE_PROPORTIONAL),
+    )
+
+
 class PrioritizedReplay:
     """The replay of one run. ``mode`` is ``rank`` or ``proportional``."""
+
+    # its scripts: the insert, the two samplings (a subclass stores records otherwise)
+    INSERT = Lua("replay.insert", scripts.PRELUDE + scripts.INSERT)
+    FETCH, PROPORTIONAL = sampling_scripts("replay", scripts.RECORDS)
 
     def __init__(
         self,
@@ -176,17 +191,14 @@ class PrioritizedReplay:
         self.client, self.keys, self.layout = client, keys, layout
         self.capacity, self.mode, self.alpha = int(capacity), mode, float(alpha)
         self.rng = np.random.default_rng(seed)
-        self._insert = client.register_script(scripts.PRELUDE + scripts.INSERT)
-        sampling = scripts.PRELUDE + self.records_lua()
-        self._fetch = client.register_script(sampling + scripts.FETCH_RANKS)
-        self._proportional = client.register_script(sampling + scripts.SAMPLE_PROPORTIONAL)
+        self._insert = self.INSERT.on(client)
+        self._fetch, self._proportional = self.FETCH.on(client), self.PROPORTIONAL.on(client)
         self._rank_cdf: np.ndarray | None = None
         self.last_size = 0  # transitions present at the last call (the replay never shrinks)
 
-    def records_lua(self) -> str:
-        """The Lua function ``records(ids, s, e)`` the sampling scripts fetch records with,
-        and ``TYPES``, the types of their keys."""
-        return f"local SIZE = {self.layout.size}\n{scripts.RECORDS}"
+    def record_args(self) -> list[int]:
+        """What the sampling scripts' ``records`` needs of the layout, last in their ARGV."""
+        return [self.layout.size]
 
     def sample_keys(self) -> list[str]:
         return [self.keys.replay_priorities, self.keys.replay_data]
@@ -299,12 +311,17 @@ class PrioritizedReplay:
         pipe = self.client.pipeline(transaction=False)
         pipe.zrem(self.keys.replay_priorities, *ids)
         pipe.hdel(self.keys.replay_data, *ids)  # a frame replay's chunks stay: shared
+        reason = "replay item missing, of the wrong size or out of bounds"
+        letter, letters = DEAD_LETTER_LUA.on(self.client), []
         for i, rec in zip(ids, records, strict=True):
             payload = rec if isinstance(rec, bytes) else None
-            reason = "replay item missing, of the wrong size or out of bounds"
-            dead_letter(pipe, self.keys, "replay", reason, payload, i.decode(errors="replace"))
+            call = dead_letter_call(
+                self.keys, "replay", reason, payload, i.decode(errors="replace")
+            )
+            letters.append((letter, *call))
         try:
             pipe.execute()
+            run_scripts(self.client, letters)  # loads the script where it is missing
         except redis.ResponseError as e:  # e.g. a stats key of another type: removed anyway
             log.warning("replay rejection: %s", e)
 
@@ -323,7 +340,7 @@ class PrioritizedReplay:
         return int(n), float(total)
 
     def _bucket_args(self, u: bytes) -> list[object]:
-        return [self.alpha, P_LO, 2 ** (1 / BUCKETS_PER_OCTAVE), N_BUCKETS, u]
+        return [self.alpha, P_LO, 2 ** (1 / BUCKETS_PER_OCTAVE), N_BUCKETS, u, *self.record_args()]
 
     def draw(self, u: np.ndarray) -> tuple[int, list[bytes], list[bytes], np.ndarray]:
         """The transitions at the increasing positions ``u`` (in [0, 1)) of the sampling
@@ -343,7 +360,7 @@ class PrioritizedReplay:
                 return None
             cdf = self._cdf()[: min(n, self.capacity)]
             ranks = np.minimum(np.searchsorted(cdf, u * cdf[-1], side="right"), len(cdf) - 1)
-            args = ["desc", " ".join(map(str, ranks.tolist()))]
+            args = ["desc", " ".join(map(str, ranks.tolist())), *self.record_args()]
             return self._fetch, self.sample_keys(), args, (n, ranks, cdf[-1])
         args = self._bucket_args(u.astype("<f8").tobytes())
         return self._proportional, self.sample_keys(), args, None

@@ -38,6 +38,7 @@ import redis
 
 from qrl.wire.connection import RedisUnavailable
 from qrl.wire.keys import RunKeys
+from qrl.wire.scripts import Lua
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return 1
 """
 )
+LOOK, TAKE, KEEP = Lua("ids.look", _LOOK), Lua("ids.take", _TAKE), Lua("ids.keep", _KEEP)
 
 
 def id_limit(count: int) -> int:
@@ -163,7 +165,7 @@ class Lease:
         lost = False
         while not self._done.wait(LEASE_TTL / 3):
             try:
-                kept = self.client.eval(_KEEP, 1, self.key, self.me, LEASE_TTL, "keep")
+                kept = KEEP(self.client, [self.key], [self.me, LEASE_TTL, "keep"])
             except (redis.RedisError, RedisUnavailable):
                 continue  # Redis away: the roles report it; the lease is taken again after
             if not kept and not lost:
@@ -175,7 +177,7 @@ class Lease:
         self._done.set()
         self._thread.join(timeout=5)
         with contextlib.suppress(redis.RedisError, RedisUnavailable):  # else it runs out
-            self.client.eval(_KEEP, 1, self.key, self.me, LEASE_TTL, "release")
+            KEEP(self.client, [self.key], [self.me, LEASE_TTL, "release"])
 
 
 def instance_user(run: str, role: str, ident: int) -> str:
@@ -199,7 +201,7 @@ def claim_id(
     :func:`id_limit` of the ``count`` of such processes the run is configured for (``only``:
     that number, a per-instance user's); while every one of them is held, it waits (one
     warning)."""
-    look, take = client.register_script(_LOOK), client.register_script(_TAKE)
+    look, take = LOOK.on(client), TAKE.on(client)
     me, limit, waiting = holder(), id_limit(count), False
     numbers = range(limit) if only is None else range(only, only + 1)
     while True:

@@ -21,7 +21,6 @@ has and warns once.
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
 import logging
 import math
@@ -40,6 +39,7 @@ from qrl.runtime.files import open_appending
 from qrl.runtime.runs import load_run
 from qrl.wire.faults import warn_once
 from qrl.wire.keys import RunKeys
+from qrl.wire.scripts import Lua
 
 log = logging.getLogger(__name__)
 C = TypeVar("C", bound=Config)
@@ -96,6 +96,7 @@ redis.call('HSET', KEYS[1], 'version', ARGV[2], 'values', ARGV[3], 'changed', AR
   'time', ARGV[5])
 return 1
 """
+READ, SET = Lua("live.read", _READ, read_only=True), Lua("live.set", _SET)
 
 
 class _ReadOnly:
@@ -104,27 +105,19 @@ class _ReadOnly:
     has no EVALSHA_RO (Redis 6.2, whose users read with plain ``~`` patterns) or the user
     may not run it (the README's per-run rule, which may write every key of its run)."""
 
-    sha = hashlib.sha1(_READ.encode()).hexdigest()
-
     def __init__(self, client: redis.Redis) -> None:
         self.client, self.ro = client, True
 
     def __call__(self, keys: list[str], args: list[Any]) -> Any:
-        for _ in range(3):
-            run = self.client.evalsha_ro if self.ro else self.client.evalsha
-            try:
-                return run(self.sha, len(keys), *keys, *args)
-            except redis.exceptions.NoScriptError:
-                self.client.script_load(_READ)
-            except redis.RedisError as e:  # the server's refusal, or the cluster client's
-                text = str(e)
-                unknown = "unknown command" in text or "doesn't exist" in text
-                if not self.ro or not (
-                    unknown or isinstance(e, redis.exceptions.NoPermissionError)
-                ):
-                    raise
-                self.ro = False
-        raise redis.exceptions.NoScriptError(f"{keys[-1]}: the read script was not kept")
+        try:
+            return READ(self.client, keys, args, ro=self.ro)
+        except redis.RedisError as e:  # the server's refusal, or the cluster client's
+            text = str(e)
+            unknown = "unknown command" in text or "doesn't exist" in text
+            if not self.ro or not (unknown or isinstance(e, redis.exceptions.NoPermissionError)):
+                raise
+        self.ro = False
+        return READ(self.client, keys, args)
 
 
 class LiveUnreadable(ValueError):
@@ -230,7 +223,7 @@ def set_live(
         raise ConfigError("no change given (KEY=VALUE)")
     check_fields(cls, changes)
     _, base = load_run(client, keys)
-    read, write = _ReadOnly(client), client.register_script(_SET)
+    read, write = _ReadOnly(client), SET.on(client)
     for _ in range(100):  # another setter wrote in between: read again
         got = _read(read, keys, b"")
         current = got.state.values if got.state else {}

@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-# what a run needs of Redis, whatever the role: the per-run rule the README documents
-RUN_COMMANDS = (
-    "+@all -@admin -@dangerous -@scripting +eval +evalsha +script|load +script|exists "
-    "-scan -select +cluster|info +cluster|slots"
-)
+# what a run needs of Redis, whatever the role: the per-run rule (`qrl run rule`). No
+# scripting: a user's own Lua could stall the whole Redis; qrl.jobs.acl adds qrl's scripts,
+# by SHA, to every rule
+RUN_COMMANDS = "+@all -@admin -@dangerous -@scripting -scan -select +cluster|info +cluster|slots"
 # a role that only feeds the run (an actor): reads, plus the writes of its streams,
 # heartbeats, leases and counters
 ACTOR_COMMANDS = RUN_COMMANDS + " -@write +xadd +set +del +hincrby"

@@ -23,7 +23,6 @@ from typing import Any
 
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterPipeline, RedisCluster
-from redis.commands.core import Script
 from redis.exceptions import (
     ClusterDownError,
     NoScriptError,
@@ -89,16 +88,16 @@ def _execute(pipe: ClusterPipeline, retry: Retry, raise_on_error: bool = True) -
     return retry.call_with_retry(attempt, _ignore, is_retryable=_lost)
 
 
-def run_scripts(client: Any, calls: list[tuple[Script, list[str], list[Any]]]) -> list[Any]:
-    """Each ``(script, keys, args)`` of ``calls`` run in one pipeline: one round trip to a
-    node, or to each node of a cluster at once. A cluster pipeline loads no scripts, so each
-    goes as EVALSHA, and one that a node does not hold yet (NOSCRIPT: new, or a node that
-    restarted or failed over) runs again on its own through its ``Script``, which loads it.
+def run_scripts(client: Any, calls: list[tuple[Any, list[str], list[Any]]]) -> list[Any]:
+    """Each ``(script, keys, args)`` of ``calls`` (a :class:`qrl.wire.scripts.Bound`) run
+    in one pipeline: one round trip to a node, or to each node of a cluster at once. A
+    pipeline loads no scripts, so each goes as EVALSHA, and one that a node does not hold
+    yet (NOSCRIPT: new, or a node that restarted or failed over) runs again on its own,
+    which loads it or waits for the admin to (:mod:`qrl.wire.scripts`).
     Returns the replies in order; raises the first error any other call met."""
     pipe = client.pipeline(transaction=False)
-    # a cluster pipeline blocks its evalsha method, not the command
     for script, keys, args in calls:
-        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        script.queue(pipe, keys, args)
     out = []
     for (script, keys, args), reply in zip(calls, pipe.execute(raise_on_error=False), strict=True):
         if isinstance(reply, NoScriptError):

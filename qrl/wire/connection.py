@@ -26,7 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from qrl.wire.cluster import RETRY_ON, ClusterClient
-from qrl.wire.faults import OutageRetry, out_of_memory
+from qrl.wire.faults import OutageRetry, ScriptsMissing, out_of_memory
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,11 @@ class DeadlineBackoff(AbstractBackoff):
             raise error
         what = redact_text(str(error), self._full_url)
         state = "is out of memory" if out_of_memory(error) else "not answering"
+        # only the admin ends this one (it loads the scripts), so no deadline: every role
+        # of the run waits for it instead of exiting
+        missing = isinstance(error, ScriptsMissing)
+        if missing:
+            state = "lacks qrl's Lua scripts"
         now = time.monotonic()
         self._local.armed = False
         if failures == 1 or getattr(self._local, "since", None) is None:
@@ -119,11 +124,11 @@ class DeadlineBackoff(AbstractBackoff):
                 if self.url not in _outages:
                     _outages[self.url] = now
                     log.warning(
-                        "Redis at %s %s (%s); retrying with backoff for up to %.0fs",
+                        "Redis at %s %s (%s); retrying with backoff %s",
                         self.url,
                         state,
                         what,
-                        self.deadline,
+                        "until it has them" if missing else f"for up to {self.deadline:.0f}s",
                     )
         if _stopping.is_set():
             self._local.since = None
@@ -131,7 +136,7 @@ class DeadlineBackoff(AbstractBackoff):
                 f"Redis at {self.url} {state} ({what}) and this process is stopping: "
                 "not waiting for it"
             ) from error
-        if now - self._local.since > self.deadline:
+        if now - self._local.since > self.deadline and not missing:
             self._local.since = None
             raise RedisUnavailable(
                 f"Redis at {self.url} has not answered for {self.deadline:.0f}s "

@@ -1,6 +1,8 @@
 """Redis faults a role rides out or repairs instead of dying of: Redis out of memory
 (waited out like a lost connection, see :func:`qrl.wire.connection.connect`, or skipped for a
-write that can be lost) and a key of the wrong Redis type (deleted and written afresh)."""
+write that can be lost), a Redis that lacks qrl's Lua scripts (waited out until the admin
+loads them, :class:`ScriptsMissing`) and a key of the wrong Redis type (deleted and written
+afresh)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from redis.exceptions import NoPermissionError, OutOfMemoryError, ResponseError
+from redis.exceptions import NoPermissionError, NoScriptError, OutOfMemoryError, ResponseError
 from redis.retry import Retry
 
 log = logging.getLogger(__name__)
@@ -19,6 +21,26 @@ log = logging.getLogger(__name__)
 # wraps it in a script's error ("Error running script ... -OOM command not allowed ...")
 _OOM = "command not allowed when used memory"
 _skip_oom = threading.local()  # set while a write that may be skipped runs (skip_if_full)
+_await_scripts = threading.local()  # set while a script is run again after loading it
+
+
+class ScriptsMissing(ResponseError):
+    """NOSCRIPT once a script was loaded, or this user may not load it (a role's ACL user
+    may run only qrl's scripts, :mod:`qrl.wire.scripts`): Redis restarted, failed over or
+    flushed its scripts, and the admin loads them again. Waited out like a lost Redis."""
+
+    def __str__(self) -> str:
+        return "NOSCRIPT; its admin loads them with `qrl run scripts`"
+
+
+@contextlib.contextmanager
+def awaiting_scripts() -> Iterator[None]:
+    """Run the block's commands waiting out a NOSCRIPT (:class:`ScriptsMissing`)."""
+    _await_scripts.on = True
+    try:
+        yield
+    finally:
+        _await_scripts.on = False
 
 
 # distinct warnings remembered, and so logged, per kind: where ``what`` comes from data (the
@@ -53,7 +75,10 @@ class OutageRetry(Retry):
     """redis-py's ``Retry`` that also waits out Redis out of memory, as it waits out a lost
     connection: an OOM refusal, in a script's error too, is raised as ``OutOfMemoryError``
     (one of the retried errors), except inside :func:`skip_if_full`, where it is not
-    retried."""
+    retried. Inside :func:`awaiting_scripts` a NOSCRIPT is waited out too."""
+
+    def __init__(self, backoff: Any, retries: int, supported_errors: tuple) -> None:
+        super().__init__(backoff, retries, (*supported_errors, ScriptsMissing))
 
     def call_with_retry(
         self,
@@ -68,6 +93,8 @@ class OutageRetry(Retry):
             except ResponseError as e:
                 if out_of_memory(e) and not isinstance(e, OutOfMemoryError):
                     raise OutOfMemoryError(str(e)) from e
+                if isinstance(e, NoScriptError) and getattr(_await_scripts, "on", False):
+                    raise ScriptsMissing() from e
                 raise
 
         def retryable(error: Exception) -> bool:

@@ -16,6 +16,7 @@ import redis
 from qrl.wire import faults
 from qrl.wire.faults import out_of_memory, skip_if_full
 from qrl.wire.keys import RunKeys
+from qrl.wire.scripts import Lua
 
 log = logging.getLogger("qrl.wire.streams")  # what the scripts repair is the streams' business
 
@@ -115,6 +116,7 @@ end
 return fixed
 """
 )
+DEAD_LETTER_LUA = Lua("streams.dead_letter", DEAD_LETTER)
 
 
 def dead_letter_call(
@@ -148,9 +150,10 @@ def dead_letter(
     and count it in the run's stats hash under ``rejected`` and ``rejected:SOURCE``;
     ``size`` (default: the payload's) is recorded too. ``client`` may be a pipeline. Best
     effort: returns False, with one warning, when Redis refused the write (out of memory)."""
-    script = client.register_script(DEAD_LETTER)
     dl_keys, args = dead_letter_call(keys, source, reason, payload, entry_id, size)
-    notes = optional(f"dead letters of {keys.prefix}{source}", lambda: script(dl_keys, args))
+    notes = optional(
+        f"dead letters of {keys.prefix}{source}", lambda: DEAD_LETTER_LUA(client, dl_keys, args)
+    )
     if isinstance(notes, list):  # not on a pipeline (queued: its caller executes it)
         warn_once(*notes)
     return notes is not None

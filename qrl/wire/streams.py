@@ -51,6 +51,7 @@ from qrl.wire import stream_scripts as lua
 from qrl.wire.cluster import run_scripts
 from qrl.wire.codec import CodecError, Schema, decode
 from qrl.wire.keys import RunKeys
+from qrl.wire.scripts import Lua
 from qrl.wire.stream_scripts import dead_letter_call, optional, stored_cap, text, warn_once
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,14 @@ FIELD = b"d"  # an entry's one field: the encoded payload
 PRUNE_MAX = 10_000  # idle consumers removed per claim cycle (each is O(1) in Redis)
 SCAN_MAX = 256  # entries one read examines after reads that found only entries to reject
 MAX_WAIT = 60.0  # seconds a producer waits for room before it drops the payload
+
+ADD_IF_ROOM = Lua("streams.add_if_room", lua.ADD_IF_ROOM)
+ADOPT = Lua("streams.adopt", lua.ADOPT)
+READ = Lua("streams.read", lua.READ)
+LEAVE = Lua("streams.leave", lua.LEAVE)
+ACK = Lua("streams.ack", lua.ACK)
+ENSURE_GROUP = Lua("streams.ensure_group", lua.ENSURE_GROUP)
+
 Rejected = tuple[str, str, bytes | None, int | None]  # an entry's id, why, payload, size
 
 
@@ -93,7 +102,7 @@ class StreamProducer:
         self.max_delay = max_delay
         self.waited_s = 0.0
         self.dropped = 0
-        self._script = client.register_script(lua.ADD_IF_ROOM)
+        self._script = ADD_IF_ROOM.on(client)
         self._keys = [stream] if keys is None else [stream, keys.stats]
         self._source = stream if keys is None else stream.removeprefix(keys.prefix)
         self._counter = [] if keys is None else [f"produced:{self._source}"]
@@ -187,11 +196,11 @@ class StreamConsumer:
         self._next_claim = 0.0
         self._widen = 1  # reads that found nothing but rejects examine more entries at once
         self._ahead: list[Entry] = []  # good entries such a read found past the count asked
-        self._adopt = client.register_script(lua.ADOPT)
-        self._dead = client.register_script(lua.DEAD_LETTER)
-        self._read = client.register_script(lua.READ)
-        self._leave = client.register_script(lua.LEAVE)
-        self._ack = client.register_script(lua.ACK)
+        self._adopt = ADOPT.on(client)
+        self._dead = lua.DEAD_LETTER_LUA.on(client)
+        self._read = READ.on(client)
+        self._leave = LEAVE.on(client)
+        self._ack = ACK.on(client)
         ensure_group(client, stream)
 
     def _reject(self, rejected: list[Rejected], ack: list[str]) -> None:
@@ -389,4 +398,4 @@ class StreamConsumer:
 def ensure_group(client: redis.Redis, stream: str) -> None:
     """Create the consumer group ``qrl`` on ``stream`` (and the stream) if missing; a key
     of another type in the stream's place is deleted first (one warning)."""
-    warn_once(*client.register_script(lua.ENSURE_GROUP)(keys=[stream]))
+    warn_once(*ENSURE_GROUP(client, [stream]))

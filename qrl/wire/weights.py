@@ -37,6 +37,7 @@ import torch
 
 from qrl.wire.codec import CodecError, Field, Schema, decode, encode
 from qrl.wire.keys import RunKeys
+from qrl.wire.scripts import Lua
 from qrl.wire.stream_scripts import dead_letter
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,8 @@ if redis.sha1hex(redis.call('HGET', KEYS[1], 'blob')) ~= ARGV[2] then
 end
 return 1
 """
+
+PUBLISH, KEPT = Lua("weights.publish", _PUBLISH), Lua("weights.kept", _KEPT)
 
 MAX_VERSION = 2**53 - 1  # stored versions this large or larger are garbage (Lua's doubles)
 # how far ahead of a learner's own version another writer's may be for the learner to count
@@ -165,8 +168,7 @@ class WeightStore:
         self.client = client
         self.keys = keys
         self.key = key or keys.weights
-        self._publish = client.register_script(_PUBLISH)
-        self._kept = client.register_script(_KEPT)
+        self._publish, self._kept = PUBLISH.on(client), KEPT.on(client)
         self._mine: tuple[int, str, int] | None = None  # version, SHA1, length: its last blob
         self._checked = 0.0  # monotonic time of the last publish or kept() check
         self._rejected: bytes | None = None  # version whose blob failed, not fetched again
