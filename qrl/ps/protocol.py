@@ -34,6 +34,9 @@ GRAD_DTYPES = ("float32", "float16")
 MAX_WORKER = 1 << 31
 MAX_LOSS = 1e15  # |loss| a gradient may claim (a real one is far below; squares stay finite)
 MAX_STATE_VERSION = 1 << 50  # a saved version (the weight store's versions stop at 2^53)
+# the key names under a shard's prefix: workers push to the first and read the second; only
+# the servers write the second and third (the roles' Access say so: qrl/ps/roles.py)
+GRADIENTS_KEY, PARAMS_KEY, STATE_KEY = "ps:gradients", "ps:params", "ps:state"
 
 
 def shard_keys(keys: RunKeys, n: int, k: int) -> RunKeys:
@@ -42,15 +45,15 @@ def shard_keys(keys: RunKeys, n: int, k: int) -> RunKeys:
 
 
 def gradients(sk: RunKeys) -> str:
-    return sk.key("ps:gradients")
+    return sk.key(GRADIENTS_KEY)
 
 
 def params(sk: RunKeys) -> str:
-    return sk.key("ps:params")
+    return sk.key(PARAMS_KEY)
 
 
 def state(sk: RunKeys) -> str:
-    return sk.key("ps:state")
+    return sk.key(STATE_KEY)
 
 
 def bounds(total: int, n: int) -> list[int]:

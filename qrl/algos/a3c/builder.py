@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from qrl.algos.a3c.config import A3CConfig
-from qrl.ps.roles import gradient_streams, ps_role
+from qrl.ps.roles import PS_WORKER, gradient_streams, ps_role
 from qrl.runtime.algorithm import Algorithm, RoleContext, actor_role, torch_policy
 
 if TYPE_CHECKING:
@@ -55,8 +55,8 @@ ALGORITHM = Algorithm(
             _worker,
             "An A3C actor-learner: steps its envs, pushes gradients to the parameter server "
             "and pulls the parameters it publishes.",
-            reads=("ps:*",),
-            writes=("ps:*",),
+            reads=PS_WORKER.reads,
+            writes=PS_WORKER.writes,
             count="workers",
             shown=("version", "gradients", "skipped"),
         ),
