@@ -9,16 +9,20 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 
+from qrl.algos.a3c.config import A3CConfig
 from qrl.jobs.acl import user_name
 from qrl.ps import protocol
 from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
 from qrl.wire.streams import FIELD
 from tests.cli import qrl
 from tests.helpers import redis_binaries, skip_or_fail
+from tests.test_ps import _block, _grad, _send, _server, never
 
 ADMIN = "admin-pw-for-ps-tests"
 
@@ -66,3 +70,28 @@ def test_a_workers_user_cannot_write_the_blocks_or_a_servers_state(algo, role, t
             # what a worker does is allowed
             assert worker.hget(protocol.params(sk), "version") == b"1"
             worker.xadd(protocol.gradients(sk), {FIELD: b"g"})
+
+
+@pytest.mark.parametrize("hostile", ["probe", "negative square", "negative step count"])
+def test_a_restarted_shard_refuses_a_state_its_server_could_not_have_saved(r, keys, hostile):
+    cfg = A3CConfig()
+    ps = _server(r, keys, cfg)
+    for i in range(3):
+        _send(r, keys, cfg, _grad(ps, i), version=i)
+    ps.step(never)
+    assert ps.updates == 3
+    s = ps.state()
+    if hostile == "probe":  # the issue's: every parameter 1e30 (finite) at version 2^50
+        s["params"], s["version"] = np.full(ps.length, 1e30, np.float32), 2**50
+    elif hostile == "negative square":  # its square root would make the next step NaN
+        s["opt"]["square_avg"] = np.full(ps.length, -1.0, np.float32)
+    else:
+        s["opt"]["step"] = np.array(-5.0, np.float32)
+    r.set(protocol.state(keys), encode(protocol.STATE, s))
+    again = _server(r, keys, cfg)  # refused, dead-lettered: the initial parameters
+    assert int(r.hget(keys.stats, "rejected") or 0) == 1
+    assert again.updates == 4  # published above the block the run had (version 3)
+    assert np.array_equal(_block(again), _block(_server(r, RunKeys(keys.run + "-b"), cfg)))
+    _send(r, keys, cfg, _grad(ps, 9), version=4)  # and it learns on
+    again.step(never)
+    assert again.updates == 5 and np.isfinite(_block(again)).all()

@@ -153,7 +153,9 @@ class ParameterServer(Role):
             raw, why = None, str(e)
         if raw is not None:
             try:
-                self.load_state(decode(raw, protocol.state_schema(self.length)))
+                msg = decode(raw, protocol.state_schema(self.length))
+                self._version_reachable(msg["version"])
+                self.load_state(msg)
                 self._last_id_at_most_the_streams()
                 return f"resumed from Redis at version {self.updates}"
             except (CodecError, ValueError) as e:
@@ -163,6 +165,19 @@ class ParameterServer(Role):
         if self.checkpoint is not None and self.checkpoint.exists():
             return self._from_checkpoint(self.checkpoint)
         return "started from the initial parameters"
+
+    def _version_reachable(self, version: int) -> None:
+        """A saved version this server could not have reached is not its own save: each
+        cycle it saves its state, then publishes its block at the same version, having
+        applied at most ``ps_batch`` gradients (one version more when it republishes a
+        replaced block), so a save is never more than that past the published block (a key
+        only the servers write)."""
+        published = max(self.store.version(), 0)
+        if version > published + self.cfg.ps_batch + 1:
+            raise CodecError(
+                f"saved version {version} is past what a cycle could reach from the published "
+                f"block's {published}"
+            )
 
     def _last_id_at_most_the_streams(self) -> None:
         """A saved last entry past the newest the stream ever made (a writer's) would have
