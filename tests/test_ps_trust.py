@@ -16,6 +16,7 @@ import redis
 from qrl.algos.a3c.config import A3CConfig
 from qrl.jobs.acl import user_name
 from qrl.ps import protocol
+from qrl.runtime.checkpoint import load_checkpoint
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
@@ -95,3 +96,21 @@ def test_a_restarted_shard_refuses_a_state_its_server_could_not_have_saved(r, ke
     _send(r, keys, cfg, _grad(ps, 9), version=4)  # and it learns on
     again.step(never)
     assert again.updates == 5 and np.isfinite(_block(again)).all()
+
+
+def test_shard_0s_checkpoint_holds_its_own_state_only(r, keys, tmp_path):
+    cfg = A3CConfig(ps_shards=2)
+    path = tmp_path / "checkpoint.pt"
+    shards = [_server(r, keys, cfg, k, checkpoint=path) for k in range(2)]
+    for k, ps in enumerate(shards):
+        _send(r, keys, cfg, _grad(ps, k), version=0, to=k)
+        ps.step(never)
+    other = protocol.state(protocol.shard_keys(keys, 2, 1))
+    s = shards[1].state()  # what another writer of shard 1's state might have put there
+    s["params"] = np.full(shards[1].length, 1e3, np.float32)
+    r.set(other, encode(protocol.STATE, s))
+    shards[0].save()
+    saved = load_checkpoint(path, "a3c", cfg)["extra"]["ps"]
+    assert saved["shards"] == 2 and saved["states"][1] is None
+    assert saved["states"][0]["version"] == 1
+    assert np.array_equal(saved["states"][0]["params"].numpy(), _block(shards[0]))

@@ -13,8 +13,9 @@ state (block, optimizer state, version, last entry applied, loss statistics) is 
 SET, the block is published, the gradients are acknowledged. A server killed anywhere in
 that resumes from the saved state, skips the entries it already applied and re-reads the
 rest (its consumer name is its shard's). Shard 0 also publishes the whole network to the
-run's weights key every ``ps_publish_s`` and writes the run's checkpoint, with every shard's
-state, from which shards with nothing in Redis start.
+run's weights key every ``ps_publish_s`` and writes the run's checkpoint, with its own
+state, from which shards with nothing in Redis start (the others with their block of the
+network and a fresh optimizer).
 """
 
 from __future__ import annotations
@@ -322,38 +323,26 @@ class ParameterServer(Role):
         self.run_from = version
 
     def save(self) -> None:
-        """Shard 0: the run's checkpoint, the whole network and every shard's saved state."""
+        """Shard 0: the run's checkpoint, the whole network (the blocks as published) and its
+        own saved state. Not the other shards' saved states: a state it did not make is
+        not its to vouch for; a shard without one in the checkpoint takes its block from
+        the network, with a fresh optimizer."""
         if self.checkpoint is None or self.shard != 0:
             return
         version = self._whole()
         if version is None:
             return
         self.flat.load(self.whole)
-        states: list[dict[str, Any] | None] = []
-        for k in range(self.cfg.ps_shards):
-            states.append(self._saved(k))
-        extra = {"ps": {"shards": self.cfg.ps_shards, "states": states}}
-        save_checkpoint(self.checkpoint, self.algo, self.cfg, self.net, None, version, extra)
-
-    def _saved(self, k: int) -> dict[str, Any] | None:
-        if k == self.shard:
-            s: dict[str, Any] | None = self.state()
-        else:
-            sk = protocol.shard_keys(self.keys, self.cfg.ps_shards, k)
-            sl = self.flat.block(k)
-            try:
-                raw = self.client.get(protocol.state(sk))
-                s = None if raw is None else decode(raw, protocol.state_schema(sl.stop - sl.start))
-            except (redis.ResponseError, CodecError):
-                s = None
-        if s is None:
-            return None
-        return {
+        s = self.state()
+        own = {
             "version": s["version"],
-            "params": torch.from_numpy(np.array(s["params"])),
-            "opt": {n: torch.from_numpy(np.array(v)) for n, v in s["opt"].items()},
+            "params": torch.from_numpy(s["params"]),
+            "opt": {n: torch.from_numpy(v) for n, v in s["opt"].items()},
             "loss": torch.tensor(s["loss"], dtype=torch.float64),
         }
+        states = [own if k == self.shard else None for k in range(self.cfg.ps_shards)]
+        extra = {"ps": {"shards": self.cfg.ps_shards, "states": states}}
+        save_checkpoint(self.checkpoint, self.algo, self.cfg, self.net, None, version, extra)
 
     def reconfigure(self, cfg: Any) -> None:
         super().reconfigure(cfg)
