@@ -116,7 +116,7 @@ def test_stale_future_and_outlier_gradients_are_dropped_and_counted(r, keys):
     _send(r, keys, cfg, _grad(ps, 101), version=31)  # not reached
     _send(r, keys, cfg, _grad(ps, 102), version=30, loss=50.0)  # far off the mean
     ps.step(never)
-    assert ps.drops == {"stale": 1, "future": 1, "outlier": 1, "norm": 0}
+    assert ps.drops == {"stale": 1, "future": 1, "outlier": 1, "norm": 0, "flood": 0}
     assert ps.updates == 30 and np.array_equal(_block(ps), before)
     _send(r, keys, cfg, _grad(ps, 103), version=28)  # 2 behind: within the bound
     ps.step(never)

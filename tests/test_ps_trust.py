@@ -6,6 +6,7 @@ and one worker pushing as fast as it can gets no more than its share of what is 
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -13,9 +14,11 @@ import numpy as np
 import pytest
 import redis
 
+from qrl.algos.a3c.builder import _optimizer
 from qrl.algos.a3c.config import A3CConfig
 from qrl.jobs.acl import user_name
 from qrl.ps import protocol
+from qrl.ps.server import SHARE_WINDOW, ParameterServer
 from qrl.runtime.checkpoint import load_checkpoint
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.codec import encode
@@ -23,7 +26,7 @@ from qrl.wire.keys import RunKeys
 from qrl.wire.streams import FIELD
 from tests.cli import qrl
 from tests.helpers import redis_binaries, skip_or_fail
-from tests.test_ps import _block, _grad, _send, _server, never
+from tests.test_ps import _block, _grad, _net, _send, _server, never
 
 ADMIN = "admin-pw-for-ps-tests"
 
@@ -114,3 +117,33 @@ def test_shard_0s_checkpoint_holds_its_own_state_only(r, keys, tmp_path):
     assert saved["shards"] == 2 and saved["states"][1] is None
     assert saved["states"][0]["version"] == 1
     assert np.array_equal(saved["states"][0]["params"].numpy(), _block(shards[0]))
+
+
+def _pushed(r, keys, cfg: A3CConfig, order: list[int]) -> ParameterServer:
+    """A server of a run with two workers that applied the gradients of ``order`` (worker
+    ids, in the order pushed), all computed on version 0 (none is stale: no limit here)."""
+    ps = ParameterServer(r, keys, cfg, 0, _net(cfg), _optimizer, algo="a3c", workers=2)
+    assert ps.start(never)
+    for i, worker in enumerate(order):
+        _send(r, keys, cfg, _grad(ps, i), version=0, worker=worker)
+    for _ in range(len(order)):  # each step applies (or drops) and deletes up to ps_batch
+        if not r.xlen(protocol.gradients(keys)):
+            break
+        ps.step(never)
+    return ps
+
+
+def test_a_flooding_worker_gets_no_more_than_its_share_and_the_others_go_in(r, keys):
+    cfg = A3CConfig(workers=2, ps_max_staleness=10**6)  # the default share: 1.5 / 2
+    ps = _pushed(r, keys, cfg, [0, *[1] * 10] * 40)  # worker 1 pushes ten to worker 0's one
+    flooded = 400 - ps.drops["flood"]
+    assert ps.updates == 40 + flooded  # every one of worker 0's went in
+    cap = math.ceil(0.75 * SHARE_WINDOW)
+    assert flooded <= 3 * 40 + cap and ps.held[1] <= cap  # at most 3/4 of any 128 in a row
+    assert ps.metrics()["flood"] == ps.drops["flood"] >= 400 - (3 * 40 + cap)
+
+
+def test_a_worker_left_alone_is_not_held_back(r, keys):
+    cfg = A3CConfig(workers=2, ps_max_staleness=10**6)
+    ps = _pushed(r, keys, cfg, [1] * 300)  # worker 0 stopped (or never came)
+    assert ps.updates == 300 and ps.drops["flood"] == 0

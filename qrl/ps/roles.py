@@ -11,7 +11,7 @@ from qrl.runtime.roles import LEARNER_PROGRESS, Access, Reports
 
 SHOWN = (
     "staleness_p50", "staleness_max", "lag_0", "lag_1_3", "lag_4_15", "lag_16_up",
-    "stale", "future", "outlier", "norm", "rejected",
+    "stale", "future", "outlier", "norm", "flood", "rejected",
 )  # fmt: skip
 # what a worker (A3C's actor-learner, Gorila's learner) needs of the servers' keys: it reads
 # the blocks and appends gradients; it never writes a block or a server's saved state, so
@@ -22,11 +22,15 @@ PS_SERVER = Access(reads=(), writes=(GRADIENTS_KEY, PARAMS_KEY, STATE_KEY, "weig
 
 
 def ps_role(
-    algo: str, build: Callable[[Any, Any], Any], optimizer: Callable[[list[Any], Any], Any]
+    algo: str,
+    build: Callable[[Any, Any], Any],
+    optimizer: Callable[[list[Any], Any], Any],
+    pushers: str,
 ) -> RoleDef:
     """``ps_shards`` server processes (``--id K``: shard K) of the network ``build(cfg, env)``
-    makes, stepping it with ``optimizer(params, cfg)``; shard 0 writes the checkpoint and
-    follows the run's metrics into the run dir."""
+    makes, stepping it with ``optimizer(params, cfg)``, for the config field ``pushers``'s
+    number of workers; shard 0 writes the checkpoint and follows the run's metrics into the
+    run dir."""
 
     def make(ctx: RoleContext) -> Any:
         import torch
@@ -39,6 +43,7 @@ def ps_role(
         return ParameterServer(
             ctx.client, ctx.keys, ctx.cfg, ctx.ident, net, optimizer, algo=algo,
             checkpoint=ctx.checkpoint,
+            workers=getattr(ctx.cfg, pushers),
         )  # fmt: skip
 
     return RoleDef(

@@ -7,7 +7,9 @@ dropping (and counting) a gradient computed on a block more than ``ps_max_stalen
 versions old (``stale``), on a version it has not reached (``future``: a writer's invention,
 or a server that lost state), or, with ``ps_loss_sigmas``, whose loss is that many standard
 deviations off the running mean (``outlier``, Gorila's rule), and rejecting one whose block
-norm is over the workers' gradient clip (``norm``: no worker of ours sends one). Malformed
+norm is over the workers' gradient clip (``norm``: no worker of ours sends one), and dropping
+one from a worker that already has its share (``ps_max_share``) of the last gradients applied
+(``flood``). Malformed
 entries never reach it (the stream consumer dead-letters them). Then, in this order: its
 state (block, optimizer state, version, last entry applied, loss statistics) is saved in one
 SET, the block is published, the gradients are acknowledged. A server killed anywhere in
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,7 +49,9 @@ log = logging.getLogger(__name__)
 
 MakeOptimizer = Callable[[list[torch.nn.Parameter], Any], torch.optim.Optimizer]
 WARMUP = 20  # gradients before the outlier rule applies (the running statistics settle)
-DROPS = ("stale", "future", "outlier", "norm")
+DROPS = ("stale", "future", "outlier", "norm", "flood")
+SHARE_WINDOW = 128  # ps_max_share counts a worker's gradients among this many applied in a row
+ALONE_S = 5.0  # a worker no other one pushed beside for this long crowds no one out: no share
 # the staleness histogram qrl status shows: gradients (applied or not) by how many versions
 # behind the block they were computed on, since the server started
 LAGS = (("lag_0", 1), ("lag_1_3", 4), ("lag_4_15", 16), ("lag_16_up", None))
@@ -67,6 +72,7 @@ class ParameterServer(Role):
         *,
         algo: str,
         checkpoint: Path | None = None,
+        workers: int = 1,
     ) -> None:
         torch.set_num_threads(1)
         n = cfg.ps_shards
@@ -87,6 +93,10 @@ class ParameterServer(Role):
         self.staleness: list[int] = []
         self.lags = dict.fromkeys((name for name, _ in LAGS), 0)
         self.losses: list[float] = []
+        self.workers = workers  # the run's pushers: ps_max_share's default is relative to them
+        self.applied: deque[int] = deque()  # the workers of the last SHARE_WINDOW - 1 applied
+        self.held: Counter[int] = Counter()  # ... how many each of them has there
+        self.pushed: dict[int, float] = {}  # the last two workers that pushed: when
         self.store = WeightStore(client, keys, protocol.params(self.sk))
         self.consumer = StreamConsumer(  # the shard's dead letters and stats: its slot
             client,
@@ -269,10 +279,43 @@ class ParameterServer(Role):
         if float(grad.norm()) > self.cfg.grad_clip * 1.001 + 1e-6:
             self.drops["norm"] += 1
             return
+        if not self.admit(m["worker"]):
+            self.drops["flood"] += 1
+            return
         self.param.grad = grad.to(self.param.device)
         self.opt.step()
         self.updates += 1
         self.losses.append(m["loss"])
+
+    def admit(self, worker: int) -> bool:
+        """Whether a gradient of ``worker`` may be applied (then counted as applied): not if,
+        with it, the worker would have more than ``ps_max_share`` of the last
+        :data:`SHARE_WINDOW` applied while another worker pushed in the last
+        :data:`ALONE_S` seconds. Pushing faster than the others then wins a worker no more
+        than its share, and the others' gradients still go in; a worker left alone (the
+        others stopped or died) is not held back.
+
+        ``worker`` is the id its message claims: a user with the workers' password may claim
+        any, and many ids get many shares. With per-instance users (each machine its own
+        user and its own ids) the share bounds what one machine applies once the server can
+        tell which user pushed (a gradient stream per worker id, writable by its user only);
+        until then it bounds one process that keeps to its id."""
+        now = time.monotonic()
+        self.pushed[worker] = now
+        if len(self.pushed) > 2:  # the latest other pusher is always one of the last two
+            del self.pushed[min(self.pushed, key=self.pushed.__getitem__)]
+        share = self.cfg.ps_max_share or min(1.0, 1.5 / self.workers)
+        crowded = any(w != worker and now - t < ALONE_S for w, t in self.pushed.items())
+        if crowded and self.held[worker] >= math.ceil(share * SHARE_WINDOW):
+            return False
+        self.applied.append(worker)
+        self.held[worker] += 1
+        if len(self.applied) >= SHARE_WINDOW:
+            gone = self.applied.popleft()
+            self.held[gone] -= 1
+            if not self.held[gone]:
+                del self.held[gone]
+        return True
 
     def typical(self, loss: float) -> bool:
         """Gorila's rule: whether ``loss`` is within ``ps_loss_sigmas`` standard deviations

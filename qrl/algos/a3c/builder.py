@@ -48,7 +48,7 @@ ALGORITHM = Algorithm(
     qrl train a3c --env Acrobot-v1 --max-time 300 --workers 2
     """,
     roles=(
-        ps_role("a3c", _policy_value_net, _optimizer),
+        ps_role("a3c", _policy_value_net, _optimizer, "workers"),
         actor_role(
             "worker",
             ("worker", "a3c"),

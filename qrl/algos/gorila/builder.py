@@ -60,7 +60,7 @@ ALGORITHM = Algorithm(
     """,
     roles=(
         replay_role(transition_filler),
-        ps_role("gorila", _q_network, _optimizer),
+        ps_role("gorila", _q_network, _optimizer, "learners"),
         learner_role(
             "learner",
             ("learner", "gorila"),
