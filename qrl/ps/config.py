@@ -35,6 +35,16 @@ class ParameterServerConfig(BaseModel):
         "standard deviations from the running mean is dropped (0: off).",
         json_schema_extra=LIVE,
     )
+    ps_max_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="The most of any 128 gradients in a row a server applies that may come "
+        "from one worker while another pushes too (its others are dropped, counted as flood): "
+        "one worker cannot steer the model by pushing faster. 0: 1.5 / the run's workers "
+        "(1: no bound, with one worker).",
+        json_schema_extra=LIVE,
+    )
     ps_batch: int = Field(
         16, ge=1, le=1024, description="Gradients a server reads (and applies) per cycle."
     )

@@ -34,6 +34,12 @@ GRAD_DTYPES = ("float32", "float16")
 MAX_WORKER = 1 << 31
 MAX_LOSS = 1e15  # |loss| a gradient may claim (a real one is far below; squares stay finite)
 MAX_STATE_VERSION = 1 << 50  # a saved version (the weight store's versions stop at 2^53)
+# |parameter| a saved state may hold: an honest one is a few units (each optimizer step moves
+# a parameter by about lr, at most 1, from a clipped gradient); a 1e30 (a writer's) is refused
+MAX_PARAM = 1e4
+# the key names under a shard's prefix: workers push to the first and read the second; only
+# the servers write the second and third (the roles' Access say so: qrl/ps/roles.py)
+GRADIENTS_KEY, PARAMS_KEY, STATE_KEY = "ps:gradients", "ps:params", "ps:state"
 
 
 def shard_keys(keys: RunKeys, n: int, k: int) -> RunKeys:
@@ -42,15 +48,15 @@ def shard_keys(keys: RunKeys, n: int, k: int) -> RunKeys:
 
 
 def gradients(sk: RunKeys) -> str:
-    return sk.key("ps:gradients")
+    return sk.key(GRADIENTS_KEY)
 
 
 def params(sk: RunKeys) -> str:
-    return sk.key("ps:params")
+    return sk.key(PARAMS_KEY)
 
 
 def state(sk: RunKeys) -> str:
-    return sk.key("ps:state")
+    return sk.key(STATE_KEY)
 
 
 def bounds(total: int, n: int) -> list[int]:
@@ -90,13 +96,22 @@ def state_schema(length: int) -> Schema:
         for name, arr in msg["opt"].items():
             if arr.shape not in ((length,), ()):
                 raise CodecError(f"optimizer state {name} of shape {arr.shape}")
+            if arr.shape == () and not 0 <= arr <= np.float32(msg["version"]):
+                # a scalar counts the optimizer's steps: each of them made a version
+                raise CodecError(f"optimizer step count {name}={arr} is not within 0..version")
+            if "sq" in name and arr.size and arr.min() < 0:
+                # a running average of squares (Adam's exp_avg_sq, RMSProp's square_avg): its
+                # square root divides the step
+                raise CodecError(f"optimizer state {name} holds a negative square")
 
     return Schema(
         STATE,
         {
             "version": Field(int, bounds=(0, MAX_STATE_VERSION)),
             "last_id": Field(str, max_len=64),
-            "params": Field(np.ndarray, dtypes=("float32",), ndim=1, finite=True),
+            "params": Field(
+                np.ndarray, dtypes=("float32",), ndim=1, finite=True, bounds=(-MAX_PARAM, MAX_PARAM)
+            ),
             "opt": Field(dict, values=Field(np.ndarray, dtypes=("float32",), finite=True)),
             "loss": Field(list, max_len=3),
         },

@@ -5,21 +5,32 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from qrl.ps.protocol import GRADIENTS_KEY, PARAMS_KEY, STATE_KEY
 from qrl.runtime.algorithm import RoleContext, RoleDef
 from qrl.runtime.roles import LEARNER_PROGRESS, Access, Reports
 
 SHOWN = (
     "staleness_p50", "staleness_max", "lag_0", "lag_1_3", "lag_4_15", "lag_16_up",
-    "stale", "future", "outlier", "norm", "rejected",
+    "stale", "future", "outlier", "norm", "flood", "rejected",
 )  # fmt: skip
+# what a worker (A3C's actor-learner, Gorila's learner) needs of the servers' keys: it reads
+# the blocks and appends gradients; it never writes a block or a server's saved state, so
+# (on Redis 7, whose read-only key patterns this takes) one worker's user cannot set the
+# parameters a restarted server resumes from. The servers write the three.
+PS_WORKER = Access(reads=(PARAMS_KEY,), writes=(GRADIENTS_KEY,))
+PS_SERVER = Access(reads=(), writes=(GRADIENTS_KEY, PARAMS_KEY, STATE_KEY, "weights"))
 
 
 def ps_role(
-    algo: str, build: Callable[[Any, Any], Any], optimizer: Callable[[list[Any], Any], Any]
+    algo: str,
+    build: Callable[[Any, Any], Any],
+    optimizer: Callable[[list[Any], Any], Any],
+    pushers: str,
 ) -> RoleDef:
     """``ps_shards`` server processes (``--id K``: shard K) of the network ``build(cfg, env)``
-    makes, stepping it with ``optimizer(params, cfg)``; shard 0 writes the checkpoint and
-    follows the run's metrics into the run dir."""
+    makes, stepping it with ``optimizer(params, cfg)``, for the config field ``pushers``'s
+    number of workers; shard 0 writes the checkpoint and follows the run's metrics into the
+    run dir."""
 
     def make(ctx: RoleContext) -> Any:
         import torch
@@ -32,6 +43,7 @@ def ps_role(
         return ParameterServer(
             ctx.client, ctx.keys, ctx.cfg, ctx.ident, net, optimizer, algo=algo,
             checkpoint=ctx.checkpoint,
+            workers=getattr(ctx.cfg, pushers),
         )  # fmt: skip
 
     return RoleDef(
@@ -41,7 +53,7 @@ def ps_role(
         f"A parameter-server shard of an {algo} run: applies its block's gradients as they "
         "come, publishes the block (shard 0 also the whole network, and the checkpoint); "
         "resumes from Redis after a restart.",
-        Access(reads=("ps:*",), writes=("ps:*", "weights")),
+        PS_SERVER,
         Reports("updates", SHOWN, LEARNER_PROGRESS),
         order=1,
         count="ps_shards",

@@ -7,14 +7,17 @@ dropping (and counting) a gradient computed on a block more than ``ps_max_stalen
 versions old (``stale``), on a version it has not reached (``future``: a writer's invention,
 or a server that lost state), or, with ``ps_loss_sigmas``, whose loss is that many standard
 deviations off the running mean (``outlier``, Gorila's rule), and rejecting one whose block
-norm is over the workers' gradient clip (``norm``: no worker of ours sends one). Malformed
+norm is over the workers' gradient clip (``norm``: no worker of ours sends one), and dropping
+one from a worker that already has its share (``ps_max_share``) of the last gradients applied
+(``flood``). Malformed
 entries never reach it (the stream consumer dead-letters them). Then, in this order: its
 state (block, optimizer state, version, last entry applied, loss statistics) is saved in one
 SET, the block is published, the gradients are acknowledged. A server killed anywhere in
 that resumes from the saved state, skips the entries it already applied and re-reads the
 rest (its consumer name is its shard's). Shard 0 also publishes the whole network to the
-run's weights key every ``ps_publish_s`` and writes the run's checkpoint, with every shard's
-state, from which shards with nothing in Redis start.
+run's weights key every ``ps_publish_s`` and writes the run's checkpoint, with its own
+state, from which shards with nothing in Redis start (the others with their block of the
+network and a fresh optimizer).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,7 +49,9 @@ log = logging.getLogger(__name__)
 
 MakeOptimizer = Callable[[list[torch.nn.Parameter], Any], torch.optim.Optimizer]
 WARMUP = 20  # gradients before the outlier rule applies (the running statistics settle)
-DROPS = ("stale", "future", "outlier", "norm")
+DROPS = ("stale", "future", "outlier", "norm", "flood")
+SHARE_WINDOW = 128  # ps_max_share counts a worker's gradients among this many applied in a row
+ALONE_S = 5.0  # a worker no other one pushed beside for this long crowds no one out: no share
 # the staleness histogram qrl status shows: gradients (applied or not) by how many versions
 # behind the block they were computed on, since the server started
 LAGS = (("lag_0", 1), ("lag_1_3", 4), ("lag_4_15", 16), ("lag_16_up", None))
@@ -66,6 +72,7 @@ class ParameterServer(Role):
         *,
         algo: str,
         checkpoint: Path | None = None,
+        workers: int = 1,
     ) -> None:
         torch.set_num_threads(1)
         n = cfg.ps_shards
@@ -86,6 +93,10 @@ class ParameterServer(Role):
         self.staleness: list[int] = []
         self.lags = dict.fromkeys((name for name, _ in LAGS), 0)
         self.losses: list[float] = []
+        self.workers = workers  # the run's pushers: ps_max_share's default is relative to them
+        self.applied: deque[int] = deque()  # the workers of the last SHARE_WINDOW - 1 applied
+        self.held: Counter[int] = Counter()  # ... how many each of them has there
+        self.pushed: dict[int, float] = {}  # the last two workers that pushed: when
         self.store = WeightStore(client, keys, protocol.params(self.sk))
         self.consumer = StreamConsumer(  # the shard's dead letters and stats: its slot
             client,
@@ -153,7 +164,9 @@ class ParameterServer(Role):
             raw, why = None, str(e)
         if raw is not None:
             try:
-                self.load_state(decode(raw, protocol.state_schema(self.length)))
+                msg = decode(raw, protocol.state_schema(self.length))
+                self._version_reachable(msg["version"])
+                self.load_state(msg)
                 self._last_id_at_most_the_streams()
                 return f"resumed from Redis at version {self.updates}"
             except (CodecError, ValueError) as e:
@@ -163,6 +176,19 @@ class ParameterServer(Role):
         if self.checkpoint is not None and self.checkpoint.exists():
             return self._from_checkpoint(self.checkpoint)
         return "started from the initial parameters"
+
+    def _version_reachable(self, version: int) -> None:
+        """A saved version this server could not have reached is not its own save: each
+        cycle it saves its state, then publishes its block at the same version, having
+        applied at most ``ps_batch`` gradients (one version more when it republishes a
+        replaced block), so a save is never more than that past the published block (a key
+        only the servers write)."""
+        published = max(self.store.version(), 0)
+        if version > published + self.cfg.ps_batch + 1:
+            raise CodecError(
+                f"saved version {version} is past what a cycle could reach from the published "
+                f"block's {published}"
+            )
 
     def _last_id_at_most_the_streams(self) -> None:
         """A saved last entry past the newest the stream ever made (a writer's) would have
@@ -253,10 +279,43 @@ class ParameterServer(Role):
         if float(grad.norm()) > self.cfg.grad_clip * 1.001 + 1e-6:
             self.drops["norm"] += 1
             return
+        if not self.admit(m["worker"]):
+            self.drops["flood"] += 1
+            return
         self.param.grad = grad.to(self.param.device)
         self.opt.step()
         self.updates += 1
         self.losses.append(m["loss"])
+
+    def admit(self, worker: int) -> bool:
+        """Whether a gradient of ``worker`` may be applied (then counted as applied): not if,
+        with it, the worker would have more than ``ps_max_share`` of the last
+        :data:`SHARE_WINDOW` applied while another worker pushed in the last
+        :data:`ALONE_S` seconds. Pushing faster than the others then wins a worker no more
+        than its share, and the others' gradients still go in; a worker left alone (the
+        others stopped or died) is not held back.
+
+        ``worker`` is the id its message claims: a user with the workers' password may claim
+        any, and many ids get many shares. With per-instance users (each machine its own
+        user and its own ids) the share bounds what one machine applies once the server can
+        tell which user pushed (a gradient stream per worker id, writable by its user only);
+        until then it bounds one process that keeps to its id."""
+        now = time.monotonic()
+        self.pushed[worker] = now
+        if len(self.pushed) > 2:  # the latest other pusher is always one of the last two
+            del self.pushed[min(self.pushed, key=self.pushed.__getitem__)]
+        share = self.cfg.ps_max_share or min(1.0, 1.5 / self.workers)
+        crowded = any(w != worker and now - t < ALONE_S for w, t in self.pushed.items())
+        if crowded and self.held[worker] >= math.ceil(share * SHARE_WINDOW):
+            return False
+        self.applied.append(worker)
+        self.held[worker] += 1
+        if len(self.applied) >= SHARE_WINDOW:
+            gone = self.applied.popleft()
+            self.held[gone] -= 1
+            if not self.held[gone]:
+                del self.held[gone]
+        return True
 
     def typical(self, loss: float) -> bool:
         """Gorila's rule: whether ``loss`` is within ``ps_loss_sigmas`` standard deviations
@@ -307,38 +366,26 @@ class ParameterServer(Role):
         self.run_from = version
 
     def save(self) -> None:
-        """Shard 0: the run's checkpoint, the whole network and every shard's saved state."""
+        """Shard 0: the run's checkpoint, the whole network (the blocks as published) and its
+        own saved state. Not the other shards' saved states: a state it did not make is
+        not its to vouch for; a shard without one in the checkpoint takes its block from
+        the network, with a fresh optimizer."""
         if self.checkpoint is None or self.shard != 0:
             return
         version = self._whole()
         if version is None:
             return
         self.flat.load(self.whole)
-        states: list[dict[str, Any] | None] = []
-        for k in range(self.cfg.ps_shards):
-            states.append(self._saved(k))
-        extra = {"ps": {"shards": self.cfg.ps_shards, "states": states}}
-        save_checkpoint(self.checkpoint, self.algo, self.cfg, self.net, None, version, extra)
-
-    def _saved(self, k: int) -> dict[str, Any] | None:
-        if k == self.shard:
-            s: dict[str, Any] | None = self.state()
-        else:
-            sk = protocol.shard_keys(self.keys, self.cfg.ps_shards, k)
-            sl = self.flat.block(k)
-            try:
-                raw = self.client.get(protocol.state(sk))
-                s = None if raw is None else decode(raw, protocol.state_schema(sl.stop - sl.start))
-            except (redis.ResponseError, CodecError):
-                s = None
-        if s is None:
-            return None
-        return {
+        s = self.state()
+        own = {
             "version": s["version"],
-            "params": torch.from_numpy(np.array(s["params"])),
-            "opt": {n: torch.from_numpy(np.array(v)) for n, v in s["opt"].items()},
+            "params": torch.from_numpy(s["params"]),
+            "opt": {n: torch.from_numpy(v) for n, v in s["opt"].items()},
             "loss": torch.tensor(s["loss"], dtype=torch.float64),
         }
+        states = [own if k == self.shard else None for k in range(self.cfg.ps_shards)]
+        extra = {"ps": {"shards": self.cfg.ps_shards, "states": states}}
+        save_checkpoint(self.checkpoint, self.algo, self.cfg, self.net, None, version, extra)
 
     def reconfigure(self, cfg: Any) -> None:
         super().reconfigure(cfg)

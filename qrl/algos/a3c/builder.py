@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from qrl.algos.a3c.config import A3CConfig
-from qrl.ps.roles import gradient_streams, ps_role
+from qrl.ps.roles import PS_WORKER, gradient_streams, ps_role
 from qrl.runtime.algorithm import Algorithm, RoleContext, actor_role, torch_policy
 
 if TYPE_CHECKING:
@@ -48,15 +48,15 @@ ALGORITHM = Algorithm(
     qrl train a3c --env Acrobot-v1 --max-time 300 --workers 2
     """,
     roles=(
-        ps_role("a3c", _policy_value_net, _optimizer),
+        ps_role("a3c", _policy_value_net, _optimizer, "workers"),
         actor_role(
             "worker",
             ("worker", "a3c"),
             _worker,
             "An A3C actor-learner: steps its envs, pushes gradients to the parameter server "
             "and pulls the parameters it publishes.",
-            reads=("ps:*",),
-            writes=("ps:*",),
+            reads=PS_WORKER.reads,
+            writes=PS_WORKER.writes,
             count="workers",
             shown=("version", "gradients", "skipped"),
         ),

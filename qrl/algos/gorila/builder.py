@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from qrl.algos.apex_family import builder as family
 from qrl.algos.apex_family.builder import replay_role, status, transition_filler
 from qrl.algos.gorila.config import GorilaConfig
-from qrl.ps.roles import gradient_streams, ps_role
+from qrl.ps.roles import PS_WORKER, gradient_streams, ps_role
 from qrl.runtime.algorithm import Algorithm, RoleContext, actor_role, learner_role, torch_policy
 from qrl.runtime.roles import Access, Reports
 
@@ -60,7 +60,7 @@ ALGORITHM = Algorithm(
     """,
     roles=(
         replay_role(transition_filler),
-        ps_role("gorila", _q_network, _optimizer),
+        ps_role("gorila", _q_network, _optimizer, "learners"),
         learner_role(
             "learner",
             ("learner", "gorila"),
@@ -68,7 +68,7 @@ ALGORITHM = Algorithm(
             "A Gorila learner: samples the replay, pushes double-DQN gradients to the "
             "parameter server, pulls its parameters; several may run.",
             writes=(),
-            access=Access(reads=("ps:*",), writes=("replay:*", "ps:*")),
+            access=Access(reads=PS_WORKER.reads, writes=("replay:*", *PS_WORKER.writes)),
             # the servers' updates are the run's: a learner's feed only the replay's size
             reports=Reports("updates", ("skipped", "version"), family.LEARNER_PROGRESS),
             count="learners",

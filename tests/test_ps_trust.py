@@ -1,0 +1,149 @@
+"""What one worker's credentials can do to the parameter server (A3C, Gorila), on a real
+Redis: a worker's user writes its gradients and reads the blocks, never a block or a
+server's saved state (Redis 7's read-only key patterns); a restarted shard refuses a saved
+state its own server could not have written; shard 0's checkpoint holds its own state only;
+and one worker pushing as fast as it can gets no more than its share of what is applied."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from qrl.algos.a3c.builder import _optimizer
+from qrl.algos.a3c.config import A3CConfig
+from qrl.jobs.acl import user_name
+from qrl.ps import protocol
+from qrl.ps.server import SHARE_WINDOW, ParameterServer
+from qrl.runtime.checkpoint import load_checkpoint
+from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.codec import encode
+from qrl.wire.keys import RunKeys
+from qrl.wire.streams import FIELD
+from tests.cli import qrl
+from tests.helpers import redis_binaries, skip_or_fail
+from tests.test_ps import _block, _grad, _net, _send, _server, never
+
+ADMIN = "admin-pw-for-ps-tests"
+
+
+def _redis7() -> str:
+    binary = redis_binaries().get((7,))
+    if binary is None:
+        skip_or_fail("needs Redis 7's read-only key patterns: no redis-server 7 on PATH")
+    return binary
+
+
+def _as(server: EmbeddedRedis, run: str, role: str, folder: Path) -> redis.Redis:
+    password = (folder / role).read_text().strip()
+    return redis.Redis(server.host, server.port, username=user_name(run, role), password=password)
+
+
+@pytest.mark.parametrize(("algo", "role"), [("a3c", "worker"), ("gorila", "learner")])
+def test_a_workers_user_cannot_write_the_blocks_or_a_servers_state(algo, role, tmp_path):
+    run = f"ps-{algo}"
+    shards = RunKeys(run).shards(2)
+    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+        done = qrl(
+            "run", "create", algo, "--run", run, "--acl", str(tmp_path), "--set", "ps_shards=2",
+            env={**os.environ, "QRL_REDIS_URL": server.url, "QRL_REDIS_PASSWORD": ""},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        worker = _as(server, run, role, tmp_path)
+        ps = _as(server, run, "ps", tmp_path)
+        for sk in shards:
+            ps.hset(protocol.params(sk), mapping={"version": 1, "blob": b"b"})
+            ps.set(protocol.state(sk), b"s")  # the servers write both
+            state, params = protocol.state(sk), protocol.params(sk)
+            refused = [
+                ("SET", state, b"x"),
+                ("DEL", state),
+                ("GET", state),
+                ("HSET", params, "version", 2**50),
+                ("SET", params, b"x"),
+                ("DEL", params),
+            ]
+            for command in refused:
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    worker.execute_command(*command)
+                    pytest.fail(f"{command[:2]} was allowed")
+            # what a worker does is allowed
+            assert worker.hget(protocol.params(sk), "version") == b"1"
+            worker.xadd(protocol.gradients(sk), {FIELD: b"g"})
+
+
+@pytest.mark.parametrize("hostile", ["probe", "negative square", "negative step count"])
+def test_a_restarted_shard_refuses_a_state_its_server_could_not_have_saved(r, keys, hostile):
+    cfg = A3CConfig()
+    ps = _server(r, keys, cfg)
+    for i in range(3):
+        _send(r, keys, cfg, _grad(ps, i), version=i)
+    ps.step(never)
+    assert ps.updates == 3
+    s = ps.state()
+    if hostile == "probe":  # the issue's: every parameter 1e30 (finite) at version 2^50
+        s["params"], s["version"] = np.full(ps.length, 1e30, np.float32), 2**50
+    elif hostile == "negative square":  # its square root would make the next step NaN
+        s["opt"]["square_avg"] = np.full(ps.length, -1.0, np.float32)
+    else:
+        s["opt"]["step"] = np.array(-5.0, np.float32)
+    r.set(protocol.state(keys), encode(protocol.STATE, s))
+    again = _server(r, keys, cfg)  # refused, dead-lettered: the initial parameters
+    assert int(r.hget(keys.stats, "rejected") or 0) == 1
+    assert again.updates == 4  # published above the block the run had (version 3)
+    assert np.array_equal(_block(again), _block(_server(r, RunKeys(keys.run + "-b"), cfg)))
+    _send(r, keys, cfg, _grad(ps, 9), version=4)  # and it learns on
+    again.step(never)
+    assert again.updates == 5 and np.isfinite(_block(again)).all()
+
+
+def test_shard_0s_checkpoint_holds_its_own_state_only(r, keys, tmp_path):
+    cfg = A3CConfig(ps_shards=2)
+    path = tmp_path / "checkpoint.pt"
+    shards = [_server(r, keys, cfg, k, checkpoint=path) for k in range(2)]
+    for k, ps in enumerate(shards):
+        _send(r, keys, cfg, _grad(ps, k), version=0, to=k)
+        ps.step(never)
+    other = protocol.state(protocol.shard_keys(keys, 2, 1))
+    s = shards[1].state()  # what another writer of shard 1's state might have put there
+    s["params"] = np.full(shards[1].length, 1e3, np.float32)
+    r.set(other, encode(protocol.STATE, s))
+    shards[0].save()
+    saved = load_checkpoint(path, "a3c", cfg)["extra"]["ps"]
+    assert saved["shards"] == 2 and saved["states"][1] is None
+    assert saved["states"][0]["version"] == 1
+    assert np.array_equal(saved["states"][0]["params"].numpy(), _block(shards[0]))
+
+
+def _pushed(r, keys, cfg: A3CConfig, order: list[int]) -> ParameterServer:
+    """A server of a run with two workers that applied the gradients of ``order`` (worker
+    ids, in the order pushed), all computed on version 0 (none is stale: no limit here)."""
+    ps = ParameterServer(r, keys, cfg, 0, _net(cfg), _optimizer, algo="a3c", workers=2)
+    assert ps.start(never)
+    for i, worker in enumerate(order):
+        _send(r, keys, cfg, _grad(ps, i), version=0, worker=worker)
+    for _ in range(len(order)):  # each step applies (or drops) and deletes up to ps_batch
+        if not r.xlen(protocol.gradients(keys)):
+            break
+        ps.step(never)
+    return ps
+
+
+def test_a_flooding_worker_gets_no_more_than_its_share_and_the_others_go_in(r, keys):
+    cfg = A3CConfig(workers=2, ps_max_staleness=10**6)  # the default share: 1.5 / 2
+    ps = _pushed(r, keys, cfg, [0, *[1] * 10] * 40)  # worker 1 pushes ten to worker 0's one
+    flooded = 400 - ps.drops["flood"]
+    assert ps.updates == 40 + flooded  # every one of worker 0's went in
+    cap = math.ceil(0.75 * SHARE_WINDOW)
+    assert flooded <= 3 * 40 + cap and ps.held[1] <= cap  # at most 3/4 of any 128 in a row
+    assert ps.metrics()["flood"] == ps.drops["flood"] >= 400 - (3 * 40 + cap)
+
+
+def test_a_worker_left_alone_is_not_held_back(r, keys):
+    cfg = A3CConfig(workers=2, ps_max_staleness=10**6)
+    ps = _pushed(r, keys, cfg, [1] * 300)  # worker 0 stopped (or never came)
+    assert ps.updates == 300 and ps.drops["flood"] == 0
