@@ -5,6 +5,7 @@ from its last state (real processes); ``qrl pbt`` from the CLI."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -16,10 +17,11 @@ import time
 import numpy as np
 import pytest
 import torch
+from rich.console import Console
 
 from qrl.algos import ALGOS
 from qrl.pbt.config import Explore, PBTConfig
-from qrl.pbt.controller import Follower, setup
+from qrl.pbt.controller import Follower, run_population, setup
 from qrl.pbt.exploit import choose, current, exploit, explore
 from qrl.pbt.population import MAX_LEASE_MS, Population
 from qrl.pbt.worker import Renewal, finish, take_better
@@ -205,6 +207,14 @@ def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, 
     assert qrl("status", "--run", keys.run).returncode == 0
     assert pop.lineage() == []
     assert r.xlen(pop.lineage_key) == 2  # nothing of ours was recorded: no exploit
+    # what a writer put in the owners and the lineage is shown escaped, never obeyed
+    r.hset(pop.owners, t1, "\x1b]0;owned\x07")
+    escape = {"trial": "\x1b[2J[red]x", "values": {"\x1b[5m": "\x9b"}, "time": 1.0}
+    r.xadd(pop.lineage_key, {"event": json.dumps(escape)})
+    shown = qrl("status", "--run", keys.run)
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout and "\x9b" not in shown.stdout
+    assert "\\x1b]0;owned" in shown.stdout and "\\x1b[2J[red]x" in shown.stdout
 
 
 def test_a_low_trial_takes_the_top_trials_latest_state_as_a_slot_takes_it(r, keys):
@@ -438,3 +448,69 @@ def test_qrl_pbt_cli_runs_a_population_and_writes_its_lineage(tmp_path):
     assert (tmp_path / "scores.csv").read_text().startswith("time,trial,score,lr")
     assert (tmp_path / result["solved"]["trial"] / "checkpoint.pt").exists()
     assert (tmp_path / "lineage.jsonl").exists()
+
+
+def _control(pcfg: PBTConfig, tmp_path, max_time: float = 2.0) -> tuple[int, str]:
+    """``qrl pbt``'s controller with no slots for ``max_time`` seconds on the session's Redis:
+    its exit code and what it printed (to a terminal: escapes would reach it)."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    out = io.StringIO()
+    try:
+        code = run_population(
+            pcfg, redis_url=os.environ["QRL_REDIS_URL"], slots=0, run_root=tmp_path,
+            max_time=max_time, console=Console(file=out, force_terminal=True, width=200),
+        )  # fmt: skip
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    return code, out.getvalue()
+
+
+FORGED = {  # pbt:solved (and a worker's claim) as a worker's user may write them
+    "not-a-number": {"return": "lots"},  # crashed the controller's print (ValueError)
+    "escapes": {"suffix": "\x1b]0;owned\x07\x1b[2J", "return": 500.0},  # printed raw, exit 0
+    "plausible": {"return": 500.0},  # ended the population "confirmed", exit 0
+}
+
+
+@pytest.mark.parametrize("case", FORGED)
+def test_a_forged_solve_neither_crashes_the_controller_nor_ends_it_confirmed(
+    r, keys, tmp_path, case
+):
+    pcfg = _pcfg(keys, eval_episodes=2, confirm_episodes=5)  # target 475
+    pop = setup(r, pcfg)
+    t0 = pcfg.trials()[0]
+    WeightStore(r, RunKeys(t0)).publish(_learner(r, t0).net, 1)  # untrained: far below it
+    forged = {"trial": t0 + FORGED[case].get("suffix", ""), "return": FORGED[case]["return"]}
+    r.set(pop.solved_key, json.dumps(forged))
+    r.set(RunKeys(t0).key("pbt:reached"), json.dumps(forged))
+    code, printed = _control(pcfg, tmp_path)
+    assert code == 1, printed  # the time ran out: nothing was confirmed
+    assert "\x1b]" not in printed and "\x07" not in printed and "\x1b[2J" not in printed
+    assert "not confirmed" in printed  # the controller evaluated the claimed trial itself
+    assert json.loads((tmp_path / "result.json").read_text())["solved"] is None
+
+
+def test_pbt_solved_is_read_only_as_a_solve_of_the_populations_trial(r, keys):
+    pop = setup(r, _pcfg(keys))
+    for bad in ("\xff", "[1]", "x" * 100_000, json.dumps({"trial": "other", "return": 1.0}),
+                json.dumps({"trial": f"{keys.run}-t0", "return": float("inf")})):  # fmt: skip
+        r.set(pop.solved_key, bad)
+        assert pop.solved() is None
+    r.delete(pop.solved_key)
+    r.rpush(pop.solved_key, "not a string")
+    assert pop.solved() is None
+
+
+def test_a_claimed_solve_is_confirmed_by_the_controllers_own_evaluation(r, keys, tmp_path):
+    pcfg = _pcfg(keys, eval_episodes=2, confirm_episodes=5, target_return=5.0)  # any policy
+    pop = setup(r, pcfg)
+    t0, t1 = pcfg.trials()
+    WeightStore(r, RunKeys(t1)).publish(_learner(r, t1).net, 1)
+    finish(pop, pcfg, t1, {"reached": True, "confirm_return": 9.0})  # the worker's claim
+    assert pop.solved() is None  # only a claim: the workers go on
+    code, printed = _control(pcfg, tmp_path, max_time=60)
+    assert code == 0, printed
+    solved = json.loads((tmp_path / "result.json").read_text())["solved"]
+    assert solved["trial"] == t1 and solved["return"] >= 5.0
+    assert pop.solved()["trial"] == t1  # written by the controller: the workers stop

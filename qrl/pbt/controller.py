@@ -2,7 +2,8 @@
 (an embedded one unless given a URL), makes each trial's run with hyperparameters drawn from
 the explored ranges, starts ``slots`` worker slots on this machine (workers elsewhere may
 join with ``qrl pbt worker``), follows the scoreboard and the lineage, and stops when a trial
-is confirmed at the target or the time runs out.
+is confirmed at the target or the time runs out. A worker only claims that its trial reached
+the target: the controller evaluates the trial itself (:class:`Confirmer`) before it says so.
 
 The run dir holds ``lineage.jsonl`` (every exploit/explore event), ``scores.csv`` (each
 trial's score and explored values over time: what ``qrl plot`` draws), ``result.json`` and a
@@ -28,6 +29,7 @@ from rich.console import Console
 
 from qrl.algos import ALGOS
 from qrl.jobs.launch import process_context, setup_logging
+from qrl.jobs.train import Budget, Evaluator, confirm
 from qrl.pbt.config import PBTConfig
 from qrl.pbt.exploit import current, initial_config
 from qrl.pbt.population import Population
@@ -105,6 +107,50 @@ def setup(client: redis.Redis, pcfg: PBTConfig) -> Population:
     return pop
 
 
+class Confirmer:
+    """The controller's own check of a worker's claim that its trial reached the target: the
+    trial's newest published weights, played with the config the population gave the trial
+    (nothing a worker wrote) on ``eval_episodes`` episodes and, if they reach the target, on
+    ``confirm_episodes`` fresh ones (``qrl train``'s confirmation). A claim is looked at once,
+    each trial's at most once per ``ready_s`` (an honest worker claims once a segment)."""
+
+    def __init__(self, pcfg: PBTConfig, console: Console) -> None:
+        self.pcfg, self.console = pcfg, console
+        self.seen: dict[str, bytes] = {}  # each trial's claim last looked at
+        self.next: dict[str, float] = {}  # when each trial's claim may be looked at again
+
+    def __call__(self, client: redis.Redis, pop: Population) -> dict[str, Any] | None:
+        """The solve (trial, confirmed return, time), if a new claim is confirmed."""
+        trials = self.pcfg.trials()
+        for trial, claim in pop.reports(trials).items():
+            if claim == self.seen.get(trial) or time.monotonic() < self.next.get(trial, 0.0):
+                continue
+            self.seen[trial], self.next[trial] = claim, time.monotonic() + self.pcfg.ready_s
+            mean = self.evaluate(client, trials.index(trial))
+            if mean is not None:
+                return {"trial": trial, "return": mean, "time": time.time()}
+        return None
+
+    def evaluate(self, client: redis.Redis, index: int) -> float | None:
+        """Trial ``index``'s confirmed mean return, or None if it did not reach the target."""
+        pcfg, trial = self.pcfg, self.pcfg.trials()[index]
+        target = pcfg.target_return
+        evaluator = Evaluator(ALGOS[pcfg.algo], initial_config(pcfg, index), pcfg.eval_episodes)
+        try:
+            score = evaluator(client, RunKeys(trial))
+        except (ValueError, RuntimeError, redis.ResponseError) as e:  # weights that do not fit
+            log.warning("%s claims the target; its weights cannot be evaluated: %s", trial, e)
+            return None
+        if score is None or target is None or score < target:
+            what = "no weights" if score is None else f"{score:.1f}"
+            self.console.print(f"{trial} claims the target; its weights: {what}, not confirmed")
+            return None
+        budget = Budget(target_return=target, confirm_episodes=pcfg.confirm_episodes)
+        confirmed = confirm(evaluator, budget, score, self.console)
+        mean = score if confirmed is None else confirmed
+        return mean if mean >= target else None
+
+
 class Follower:
     """Appends the lineage events seen since the last call to the run dir, and each scored
     trial's score and explored values when they changed (looked at every ``every`` seconds)."""
@@ -168,11 +214,11 @@ def run_population(
             f"[bold]qrl pbt[/] {pcfg.algo} on {pcfg.env}: population {pcfg.name!r} of "
             f"{pcfg.population}, {slots} slots here, Redis {where}; logs in {run_root / 'logs'}"
         )
-        follow, next_line = Follower(pcfg, run_root), 0.0
+        follow, confirmer, next_line = Follower(pcfg, run_root), Confirmer(pcfg, console), 0.0
         while True:
             time.sleep(1.0)
             scores = follow(client, pop)
-            solved = pop.solved()
+            solved = confirmer(client, pop)
             elapsed = time.monotonic() - start
             if time.monotonic() >= next_line:
                 best = max(scores.values()) if scores else math.nan
@@ -184,8 +230,9 @@ def run_population(
             if interrupted.is_set():
                 code = 2
                 break
-            if solved is not None:
+            if solved is not None:  # its own evaluation's: what workers write is not read back
                 console.print(f"{solved['trial']} confirmed at {solved['return']:.1f}")
+                pop.solve(solved["trial"], solved["return"])  # the workers stop
                 code = 0
                 break
             if procs and all(p.exitcode is not None for p in procs):

@@ -8,7 +8,10 @@ slot): its config, the trials' leases, the scoreboard, the lineage and the first
 - ``pbt:scores``: hash, trial -> JSON ``{score, time}``, the trial's last segment's score.
 - ``pbt:segments``: hash, trial -> the segments it has trained (its burn-in's count).
 - ``pbt:lineage``: stream of exploit/explore events (who copied whom, which values).
-- ``pbt:solved``: JSON, the first trial whose evaluation was confirmed at the target.
+- ``pbt:solved``: JSON, the first trial the controller confirmed at the target by its own
+  evaluation (the workers stop when they see it).
+- ``qrl:{TRIAL}:pbt:reached``: under the trial's own keys, its worker's claim that a segment
+  reached the target (JSON): only a reason for the controller to evaluate the trial itself.
 
 Whoever has the population's keys may write anything in them: every read is bounded and
 checked, and what fails a check is ignored (a score from an unknown trial, not finite, not
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from typing import Any
 
@@ -93,6 +97,16 @@ def _json(raw: Any) -> Any:
         return None
 
 
+def _small(client: redis.Redis, key: str, cap: int = MAX_JSON) -> bytes | None:
+    """String ``key`` if it holds 1 to ``cap`` bytes (GETRANGE reads no more than that), else
+    None: missing, longer, or of another type (a writer's)."""
+    try:
+        raw = client.getrange(key, 0, cap)
+    except redis.ResponseError:
+        return None
+    return raw if raw and len(raw) <= cap else None
+
+
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -110,6 +124,7 @@ class Population:
         self.scores_key, self.lineage_key, self.solved_key, self.segments_key = (
             k("pbt:scores"), k("pbt:lineage"), k("pbt:solved"), k("pbt:segments"),
         )  # fmt: skip
+        self.trial_name = re.compile(re.escape(name) + r"-t[0-9]{1,2}")  # PBTConfig.trials()
         self._claim = client.register_script(_CLAIM)
         self._hold = client.register_script(_HOLD)
         self._bounded = client.register_script(_BOUNDED)
@@ -234,15 +249,32 @@ class Population:
         last = entries[-1][0].decode() if entries else after
         return last, out
 
+    def report_reached(self, trial: str, reached: float) -> None:
+        """A worker's claim: a segment of ``trial`` reached the target (``reached``: its
+        confirmed return); the controller evaluates the trial before it believes it."""
+        entry = {"return": reached, "time": time.time()}
+        self.client.set(RunKeys(trial).key("pbt:reached"), json.dumps(entry))
+
+    def reports(self, trials: list[str]) -> dict[str, bytes]:
+        """Each of ``trials``' claim to have reached the target, as its worker wrote it (at
+        most 1 KiB; only whether it changed counts: the controller evaluates the trial)."""
+        got = {t: _small(self.client, RunKeys(t).key("pbt:reached"), 1024) for t in trials}
+        return {t: raw for t, raw in got.items() if raw is not None}
+
     def solve(self, trial: str, confirmed: float) -> None:
+        """The controller's: ``trial`` was confirmed at ``confirmed`` by its own evaluation."""
         entry = {"trial": trial, "return": confirmed, "time": time.time()}
         self.client.set(self.solved_key, json.dumps(entry), nx=True)
 
     def solved(self) -> dict[str, Any] | None:
-        try:
-            if self.client.strlen(self.solved_key) > MAX_JSON:
-                return None
-            entry = _json(self.client.get(self.solved_key))
-        except redis.ResponseError:
-            return None
-        return entry if isinstance(entry, dict) and isinstance(entry.get("trial"), str) else None
+        """The solve, if ``pbt:solved`` holds one that names a trial of the population and a
+        finite return; else None (whatever else a writer put there)."""
+        entry = _json(_small(self.client, self.solved_key))
+        if (
+            isinstance(entry, dict)
+            and isinstance(entry.get("trial"), str)
+            and self.trial_name.fullmatch(entry["trial"])
+            and _finite(entry.get("return"))
+        ):
+            return entry
+        return None

@@ -151,10 +151,11 @@ def take_better(
 
 
 def finish(pop: Population, pcfg: PBTConfig, trial: str, result: dict[str, Any]) -> None:
-    """After a segment: the solve, or the score (none if no episode ended, or no evaluation)."""
+    """After a segment: the claim that it reached the target (the controller confirms it), or
+    the score (none if no episode ended, or no evaluation)."""
     pop.trained(trial)
     if result.get("reached"):
-        pop.solve(trial, float(result.get("confirm_return") or result[EVAL_RETURN.name]))
+        pop.report_reached(trial, float(result.get("confirm_return") or result[EVAL_RETURN.name]))
         return
     score = result.get((EPISODIC_RETURN if pcfg.score == "train" else EVAL_RETURN).name)
     if isinstance(score, (int, float)) and math.isfinite(score):
