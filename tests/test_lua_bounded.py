@@ -254,9 +254,8 @@ COVERED = {
     ("wire/weights.py", "_PUBLISH"),
     ("wire/weights.py", "_KEPT"),
     ("inference/protocol.py", "POP"),
-    ("pbt/population.py", "_CLAIM"),
+    ("pbt/population.py", "_TAKE"),
     ("pbt/population.py", "_HOLD"),
-    ("pbt/population.py", "_BOUNDED"),
 }
 _SCRIPT_CALL = re.compile(r"(?:register_script|\.eval)\(([^)]*(?:\)[^)]*)?)\)")
 

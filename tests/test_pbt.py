@@ -94,7 +94,7 @@ def test_exploit_copies_state_and_hyperparameters_exactly(r, keys, tmp_path):
     after = current(r, pcfg, dst)
     assert (after.lr, after.entropy_cost) == (want["lr"], want["entropy_cost"])
     assert event["values"] == want and event["source"] == src and event["trial"] == dst
-    assert pop.lineage()[-1] == event
+    assert pop.lineage(pcfg.trials())[-1] == event
     follow = Follower(pcfg, tmp_path)  # the controller writes each event to the run dir once
     follow(r, pop)
     follow(r, pop)
@@ -183,34 +183,33 @@ def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, 
         learner = _learner(r, trial)
         SnapshotStore(r, RunKeys(trial)).save(capture(learner.net, learner.opt, 1))
     pop.post(t0, 10.0)
-    r.hset(pop.scores_key, mapping={
-        t1: json.dumps({"score": float("nan")}).replace("NaN", "1e999"),  # inf on parse
-        t2: '{"score": NaN}', "intruder": json.dumps({"score": 1e9}),
-    })  # fmt: skip
-    r.hset(pop.scores_key, "x" * 10, "y" * 2_000_000)
+    r.set(pop.key(t1, "score"), json.dumps({"score": float("nan")}).replace("NaN", "1e999"))
+    r.set(pop.key(t2, "score"), '{"score": NaN}')
+    r.set(pop.key("intruder", "score"), json.dumps({"score": 1e9}))  # not a trial: not read
     assert pop.scores(pcfg.trials()) == {t0: 10.0}
     finish(pop, pcfg, t0, {"episodic_return": 10.0})  # posts
     assert take_better(pop, pcfg, t0, random.Random(0)) is None
     for value in ('"text"', "[1]", "{}", '{"score": true}', '{"score": "1"}', "\xff"):
-        r.hset(pop.scores_key, t1, value)
+        r.set(pop.key(t1, "score"), value)
         assert pop.scores(pcfg.trials()) == {t0: 10.0}
-    r.hset(pop.scores_key, t1, "z" * 5000)  # over the cap: not read
+    r.set(pop.key(t1, "score"), "z" * 2_000_000)  # over the cap: not read
     assert pop.scores(pcfg.trials()) == {t0: 10.0}
-    r.delete(pop.scores_key)
-    r.rpush(pop.scores_key, "not a hash")
+    r.delete(pop.key(t0, "score"))
+    r.rpush(pop.key(t0, "score"), "not a string")
     assert pop.scores(pcfg.trials()) == {}
     finish(pop, pcfg, t0, {"episodic_return": float("nan")})
     assert take_better(pop, pcfg, t0, random.Random(0)) is None
-    r.xadd(pop.lineage_key, {"event": "not json"})
-    r.xadd(pop.lineage_key, {"other": "x"})
+    r.xadd(pop.key(t1, "lineage"), {"event": "not json"})
+    r.xadd(pop.key(t1, "lineage"), {"other": "x"})
+    r.set(pop.key(t2, "lineage"), "not a stream")
     Follower(pcfg, tmp_path)(r, pop)  # what the controller does every second
     assert qrl("status", "--run", keys.run).returncode == 0
-    assert pop.lineage() == []
-    assert r.xlen(pop.lineage_key) == 2  # nothing of ours was recorded: no exploit
-    # what a writer put in the owners and the lineage is shown escaped, never obeyed
-    r.hset(pop.owners, t1, "\x1b]0;owned\x07")
+    assert pop.lineage(pcfg.trials()) == []
+    assert r.xlen(pop.key(t0, "lineage")) == 0  # nothing of ours was recorded: no exploit
+    # what a writer put in a lease and the lineage is shown escaped, never obeyed
+    r.set(pop.key(t1, "lease"), "\x1b]0;owned\x07", px=60_000)
     escape = {"trial": "\x1b[2J[red]x", "values": {"\x1b[5m": "\x9b"}, "time": 1.0}
-    r.xadd(pop.lineage_key, {"event": json.dumps(escape)})
+    r.xadd(pop.key(t1, "lineage"), {"event": json.dumps(escape)})
     shown = qrl("status", "--run", keys.run)
     assert shown.returncode == 0, shown.stderr
     assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout and "\x9b" not in shown.stdout
@@ -273,23 +272,25 @@ def test_qrl_pbt_refuses_bad_settings_before_it_starts(tmp_path):
         assert "pydantic" not in proc.stderr, proc.stderr  # its own words, not a model's dump
 
 
-def test_a_worker_meets_lease_keys_of_another_type(r, keys, tmp_path, caplog):
+def test_a_slot_waits_while_writers_hold_every_lease_and_stops_when_asked(r, keys, tmp_path):
     pcfg = _pcfg(keys)
     pop = setup(r, pcfg)
-    r.delete(pop.owners)
-    r.rpush(pop.owners, "x")  # a writer's: the claim script fails on it
+    t0, t1 = pcfg.trials()
+    r.set(pop.key(t0, "lease"), "x", px=MAX_LEASE_MS)  # a writer's leases, within bounds
+    r.rpush(pop.key(t1, "lease"), "x")  # of another type, ending as a lease may
+    r.pexpire(pop.key(t1, "lease"), MAX_LEASE_MS)
+    r.rpush(pop.key(t0, "freed"), "x")  # and a freed time of another type
     from concurrent.futures import ThreadPoolExecutor
 
     from qrl.pbt.worker import slot
 
     with ThreadPoolExecutor(1) as pool:
         done = pool.submit(slot, os.environ["QRL_REDIS_URL"], keys.run, tmp_path)
-        time.sleep(2.5)  # it tries, warns, waits, tries again
+        time.sleep(2.5)  # it looks, waits, looks again
         assert not done.done()
         r.hset(pop.keys.control, "stop", 1)  # `qrl run stop NAME`: the slot returns
         assert done.result(timeout=10) == 0
-    assert pop.holders(pcfg.trials()) == {}
-    assert "cannot take a lease" in caplog.text
+    assert pop.holders(pcfg.trials()) == {t0: "x"}  # nothing taken, nothing broken
 
 
 def test_burn_in_keeps_trials_from_copying_or_being_copied_until_trained(r, keys):
@@ -304,17 +305,17 @@ def test_burn_in_keeps_trials_from_copying_or_being_copied_until_trained(r, keys
     assert take_better(pop, pcfg, low, random.Random(0)) is None  # neither is past it
     finish(pop, pcfg, low, result)
     assert take_better(pop, pcfg, low, random.Random(0)) is None  # the top one is not
-    r.hset(pop.segments_key, top, "2e9")  # a writer's: not a count, so none
+    r.set(pop.key(top, "segments"), "2e9")  # a writer's: not a count, so none
     assert pop.segments(pcfg.trials())[top] == 0
     assert take_better(pop, pcfg, low, random.Random(0)) is None
-    r.hset(pop.segments_key, top, 1)
+    r.set(pop.key(top, "segments"), 1)
     finish(pop, pcfg, top, {"episodic_return": 2.0})
     event = take_better(pop, pcfg, low, random.Random(0))
     assert (event["trial"], event["source"]) == (low, top)
-    r.delete(pop.segments_key)
-    r.rpush(pop.segments_key, "x")  # not a hash: nothing is counted, nothing crashes
+    r.delete(pop.key(top, "segments"))
+    r.rpush(pop.key(top, "segments"), "x")  # not a count: counted from 0 again
     finish(pop, pcfg, top, {"episodic_return": 2.0})
-    assert pop.segments(pcfg.trials()) == {low: 0, top: 0}
+    assert pop.segments(pcfg.trials()) == {low: 2, top: 1}
 
 
 def test_choose_takes_the_top_for_the_bottom_only():
@@ -362,10 +363,11 @@ def test_a_lease_no_worker_could_have_taken_parks_no_trial(r, keys):
     pcfg = _pcfg(keys, population=2)
     pop = setup(r, pcfg)
     a, b = pcfg.trials()
-    r.zadd(pop.leases, {a: float("inf"), b: time.time() * 1000 + MAX_LEASE_MS + 60_000})
+    r.set(pop.key(a, "lease"), "w0")  # no end
+    r.set(pop.key(b, "lease"), "w0", px=MAX_LEASE_MS + 60_000)
     assert {pop.claim("w1", 60, pcfg.trials()), pop.claim("w2", 60, pcfg.trials())} == {a, b}
     assert pop.claim("w3", 60, pcfg.trials()) is None  # their leases now are real ones
-    assert max(r.zscore(pop.leases, t) for t in (a, b)) < time.time() * 1000 + 61_000
+    assert max(r.pttl(pop.key(t, "lease")) for t in (a, b)) <= 60_000
 
 
 def _slot_pids(proc: subprocess.Popen) -> list[int]:

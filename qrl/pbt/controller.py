@@ -157,14 +157,14 @@ class Follower:
 
     def __init__(self, pcfg: PBTConfig, run_root: Path, every: float = 5.0) -> None:
         self.pcfg, self.root, self.events, self.every = pcfg, run_root, 0, every
-        self.read = "-"  # the last lineage entry read
+        self.read: dict[str, str] = {}  # each trial's last lineage entry read
         self.last: dict[str, float] = {}  # when each trial was last looked at
         self.written: dict[str, list[Any]] = {}  # each trial's last row: its score and values
         self.fields = [e.field for e in pcfg.explore]
         self.start = time.time()
 
     def __call__(self, client: redis.Redis, pop: Population) -> dict[str, float]:
-        self.read, events = pop.lineage_after(self.read)
+        self.read, events = pop.lineage_after(self.read, self.pcfg.trials())
         with open(self.root / "lineage.jsonl", "a") as f:
             for e in events:
                 f.write(json.dumps(e) + "\n")

@@ -37,7 +37,7 @@ def collect(client: redis.Redis, name: str, events: int = 10) -> dict[str, Any]:
                      "score": scores.get(trial), "values": values})  # fmt: skip
     return {
         "population": name, "algo": pcfg.algo, "env": pcfg.env, "trials": rows,
-        "lineage": pop.lineage()[-events:], "solved": pop.solved(),
+        "lineage": pop.lineage(trials)[-events:], "solved": pop.solved(),
         "target_return": pcfg.target_return,
     }  # fmt: skip
 
