@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+import redis
 import torch
 from rich.console import Console
 
@@ -28,10 +29,12 @@ from qrl.pbt.worker import Renewal, finish, take_better
 from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.live import set_live
 from qrl.runtime.snapshot import SnapshotStore, capture
+from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore
 from tests.cli import ROOT, qrl
+from tests.helpers import redis_binaries, skip_or_fail
 
 
 def _pcfg(keys: RunKeys, **kw) -> PBTConfig:
@@ -516,3 +519,113 @@ def test_a_claimed_solve_is_confirmed_by_the_controllers_own_evaluation(r, keys,
     solved = json.loads((tmp_path / "result.json").read_text())["solved"]
     assert solved["trial"] == t1 and solved["return"] >= 5.0
     assert pop.solved()["trial"] == t1  # written by the controller: the workers stop
+
+
+ADMIN = "admin-pw-for-pbt-acl-tests"
+
+
+def _redis7() -> str:
+    binary = redis_binaries().get((7,))
+    if binary is None:
+        skip_or_fail("no Redis 7 redis-server here: PBT's ACL users need read-only key patterns")
+    return binary
+
+
+def test_a_trials_worker_writes_only_its_trial_and_the_controller_only_the_population(tmp_path):
+    from qrl.pbt.acl import as_user, create_users
+
+    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+        admin = redis.Redis.from_url(server.url)
+        pcfg = _pcfg(RunKeys("acl-pop"), population=3)
+        setup(admin, pcfg)
+        t0, t1, t2 = pcfg.trials()
+        learner = _learner(admin, t1)
+        SnapshotStore(admin, RunKeys(t1)).save(capture(learner.net, learner.opt, 4))
+        users = create_users(admin, pcfg, tmp_path / "pw")
+        assert sorted(p.name for p in (tmp_path / "pw").iterdir()) == sorted(
+            ["controller", t0, t1, t2]
+        )
+        worker = connect(as_user(server.url, *users[t0]))
+        pop = Population(worker, pcfg.name)
+        # what a worker of t0 does: its own lease, score, count, lineage, claim, exploit
+        assert pop.claim("w", 60, pcfg.trials(), via={t0: pop}) == t0
+        pop.post(t0, 1.0)
+        pop.trained(t0)
+        pop.report_reached(t0, 9.0)
+        assert pop.renew(t0, "w", 60) and pop.release(t0, "w")
+        assert pop.config() == pcfg and pop.solved() is None
+        admin_pop = Population(admin, pcfg.name)
+        admin_pop.post(t1, 5.0)
+        assert take_better(pop, pcfg, t0, random.Random(0))["source"] == t1  # reads t1's state
+        assert SnapshotStore(admin, RunKeys(t0)).fetch().updates == 5
+        assert pop.scores(pcfg.trials()) == {t1: 5.0}  # its own was forgotten as it copied
+        refused = [
+            lambda: pop.post(t1, 1e9),  # another trial's score, lease, state, lineage
+            lambda: pop.take(t1, "w", 60),
+            lambda: pop.forget(t1),
+            lambda: pop.report_reached(t1, 500.0),
+            lambda: pop.record({"trial": t1}),
+            lambda: worker.set(Population.key(t1, "segments"), 10**6),
+            lambda: SnapshotStore(worker, RunKeys(t1)).save(capture(learner.net, learner.opt, 9)),
+            lambda: set_live(worker, RunKeys(t2), ALGOS["ppo"].config, {"lr": 0.5}),
+            lambda: worker.delete(RunKeys(t2).weights),
+            lambda: worker.set(pop.solved_key, json.dumps({"trial": t0, "return": 500.0})),
+            lambda: worker.delete(pop.config_key),
+            lambda: worker.hset(pop.keys.control, "stop", 1),  # only the controller stops it
+            lambda: worker.get("qrl:{other}:config"),
+        ]
+        for i, attempt in enumerate(refused):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attempt()
+                pytest.fail(f"attempt {i} was allowed")
+        controller = connect(as_user(server.url, *users["controller"]))
+        cpop = Population(controller, pcfg.name)
+        assert cpop.scores(pcfg.trials()) == {t1: 5.0} and cpop.reports([t0]).keys() == {t0}
+        cpop.solve(t0, 500.0)
+        controller.hset(cpop.keys.control, "stop", 1)
+        for attempt in (lambda: cpop.post(t0, 1.0), lambda: cpop.take(t0, "c", 60),
+                        lambda: controller.delete(RunKeys(t0).key("snapshot"))):  # fmt: skip
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attempt()
+    six = redis_binaries().get((6,))
+    if six is not None:  # no read-only key patterns: refused, one line naming Redis 7
+        with EmbeddedRedis(password=ADMIN, binary=six) as server:
+            admin = redis.Redis.from_url(server.url)
+            setup(admin, pcfg)
+            with pytest.raises(ValueError, match="needs Redis 7"):
+                create_users(admin, pcfg, tmp_path / "pw6")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_population_runs_under_its_acl_users(tmp_path):
+    import threading
+
+    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+        env = {**os.environ, "QRL_REDIS_URL": server.address, "QRL_REDIS_PASSWORD": ADMIN}
+        admin = redis.Redis.from_url(server.url)
+        seen: set[str] = set()  # the users of the clients connected while it runs
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(0.2):
+                seen.update(c["user"] for c in admin.client_list() if c["name"] != "watch")
+
+        admin.client_setname("watch")
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            proc = qrl("pbt", "ppo", "--env", "CartPole-v1", "--population", "2", "--slots", "2",
+                       "--explore", "lr=1e-4..3e-3:log", "--ready", "40", "--target-return", "60",
+                       "--max-time", "200", "--name", "acl-pbt", "--run-dir", str(tmp_path / "run"),
+                       "--acl", str(tmp_path / "pw"), timeout=280, env=env)  # fmt: skip
+        finally:
+            done.set()
+            watcher.join()
+        logs = "\n".join(p.read_text() for p in (tmp_path / "run").rglob("*.log"))
+        assert proc.returncode == 0, proc.stderr[-3000:] + logs[-3000:]
+        assert admin.acl_log() == []  # no command of any process was refused
+        assert "NOPERM" not in logs
+        assert {"acl-pbt.controller", "acl-pbt-t0.worker", "acl-pbt-t1.worker"} <= seen, seen
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["solved"]["return"] >= 60

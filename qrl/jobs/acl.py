@@ -150,3 +150,8 @@ def create_users(
         _on_every_node(client, "ACL", "SETUSER", *args)
         users[role.name] = (user, files[role.name])
     return users
+
+
+def set_user(client: Any, args: list[str]) -> None:
+    """``ACL SETUSER`` with ``args`` (:func:`setuser_args`' and more) on every node."""
+    _on_every_node(client, "ACL", "SETUSER", *args)

@@ -30,6 +30,7 @@ from rich.console import Console
 from qrl.algos import ALGOS
 from qrl.jobs.launch import process_context, setup_logging
 from qrl.jobs.train import Budget, Evaluator, confirm
+from qrl.pbt.acl import CONTROLLER, as_user, create_users
 from qrl.pbt.config import PBTConfig
 from qrl.pbt.exploit import current, initial_config
 from qrl.pbt.population import Population
@@ -43,7 +44,10 @@ from qrl.wire.keys import RunKeys
 log = logging.getLogger(__name__)
 
 
-def _slot_main(url: str, name: str, run_root: Path, device: str, log_path: Path) -> None:
+def _slot_main(
+    url: str, name: str, run_root: Path, device: str, log_path: Path,
+    trial_urls: dict[str, str] | None,
+) -> None:  # fmt: skip
     from qrl.pbt.worker import slot
 
     die_with_parent()
@@ -52,17 +56,22 @@ def _slot_main(url: str, name: str, run_root: Path, device: str, log_path: Path)
     os.dup2(fd, 2)
     os.close(fd)
     setup_logging(logging.INFO)
-    slot(url, name, run_root, device)
+    slot(url, name, run_root, device, trial_urls)
 
 
-def start_slots(url: str, name: str, run_root: Path, slots: int, device: str) -> list[Any]:
-    """``slots`` worker slot processes on this machine, logging to ``run_root/logs``."""
+def start_slots(
+    url: str, name: str, run_root: Path, slots: int, device: str,
+    trial_urls: dict[str, str] | None = None,
+) -> list[Any]:  # fmt: skip
+    """``slots`` worker slot processes on this machine, logging to ``run_root/logs``
+    (``trial_urls``: see :func:`qrl.pbt.worker.slot`)."""
     (run_root / "logs").mkdir(parents=True, exist_ok=True)
     ctx = process_context()
     procs = []
     for s in range(slots):
         log_path = run_root / "logs" / f"slot{s}.log"
-        p = ctx.Process(target=_slot_main, args=(url, name, run_root, device, log_path))
+        args = (url, name, run_root, device, log_path, trial_urls)
+        p = ctx.Process(target=_slot_main, args=args)
         p.start()
         procs.append(p)
     return procs
@@ -80,14 +89,17 @@ def stop_slots(procs: list[Any]) -> None:
             p.kill()
 
 
-def work(url: str, name: str, run_root: Path, slots: int, device: str) -> int:
+def work(
+    url: str, name: str, run_root: Path, slots: int, device: str,
+    trial_urls: dict[str, str] | None = None,
+) -> int:  # fmt: skip
     """``qrl pbt worker``: ``slots`` slots until each ends (the population solved, or ``qrl
     run stop``) or SIGINT/SIGTERM stops them; 0 if every slot ended cleanly. (The slots are
     this process's children: a signal to it alone must reach them, or it would wait on them
     for ever as it exits.)"""
     interrupted = threading.Event()
     on_stop_signals(interrupted.set)
-    procs = start_slots(url, name, run_root, slots, device)
+    procs = start_slots(url, name, run_root, slots, device, trial_urls)
     try:
         while not interrupted.is_set() and any(p.exitcode is None for p in procs):
             interrupted.wait(1.0)
@@ -191,9 +203,12 @@ class Follower:
 def run_population(
     pcfg: PBTConfig, *, redis_url: str | None, slots: int, run_root: Path,
     max_time: float | None, device: str = "auto", console: Console | None = None,
+    acl: Path | None = None,
 ) -> int:  # fmt: skip
     """Run population ``pcfg``; exit code 0 if a trial was confirmed at the target, 1 if the
-    time ran out first, 2 if every slot failed or it was interrupted."""
+    time ran out first, 2 if every slot failed or it was interrupted. ``acl``: make the
+    population's ACL users, passwords in that folder (:mod:`qrl.pbt.acl`), and run the
+    controller and each trial's segments as their own users."""
     console = console or Console(stderr=True)
     run_root.mkdir(parents=True, exist_ok=True)
     write_json(run_root / "pbt.json", json.loads(pcfg.model_dump_json()))
@@ -207,8 +222,16 @@ def run_population(
     try:
         client = connect(url)
         pop = setup(client, pcfg)
+        trial_urls = None
+        if acl is not None:  # from now on as the controller's user; each trial as its own
+            users = create_users(client, pcfg, acl)
+            trial_urls = {t: as_user(url, *users[t]) for t in pcfg.trials()}
+            disconnect(client)
+            client = connect(as_user(url, *users[CONTROLLER]))
+            pop = Population(client, pcfg.name)
         disconnect(client)  # the slots are forked: they inherit no connection
-        procs = start_slots(url, pcfg.name, run_root, slots, device)
+        first = next(iter(trial_urls.values())) if trial_urls else url
+        procs = start_slots(first, pcfg.name, run_root, slots, device, trial_urls)
         where = redact(url) if redis_url else "embedded"
         console.print(
             f"[bold]qrl pbt[/] {pcfg.algo} on {pcfg.env}: population {pcfg.name!r} of "

@@ -96,29 +96,41 @@ class Renewal:
             log.warning("%s lost its lease of %s (another worker took it)", self.me, self.trial)
 
 
-def slot(url: str, name: str, run_root: Path, device: str = "auto") -> int:
+def slot(
+    url: str, name: str, run_root: Path, device: str = "auto",
+    trial_urls: dict[str, str] | None = None,
+) -> int:  # fmt: skip
     """Run trials of population ``name`` one segment at a time until it is solved or this
-    process is asked to stop (SIGINT/SIGTERM); the number of segments run."""
+    process is asked to stop (SIGINT/SIGTERM); the number of segments run. ``trial_urls``:
+    the trials this slot may run, each with the URL that runs it (as its worker's ACL user,
+    :mod:`qrl.pbt.acl`); default every trial, by ``url``."""
     client = connect(url, wait=30)
     pop = Population(client, name)
     pcfg = pop.config()  # validated: an algorithm PBT runs, sane settings
     check_env_id(pcfg.env)  # data: it may name no module to import
+    urls = trial_urls or dict.fromkeys(pcfg.trials(), url)
+    pops = {t: pop if u == url else Population(connect(u, wait=30), name) for t, u in urls.items()}
     me, rng, done = worker_id(), random.Random(), 0
     stop = StopFlag(client, RunKeys(name))  # `qrl run stop NAME` stops the population's workers
     while not stop() and pop.solved() is None:
         try:
-            trial = pop.claim(me, pcfg.ready_s + pcfg.lease_s, pcfg.trials())
-        except redis.ResponseError as e:  # a lease key of another type: a writer's
+            trial = pop.claim(me, pcfg.ready_s + pcfg.lease_s, list(pops), via=pops)
+        except redis.ResponseError as e:  # e.g. BUSY, or a user without its trial's keys
             warn_once(str(e), "population %s: cannot take a lease (%s)", name, e, logger=log)
             trial = None
         if trial is None:
             time.sleep(1.0)
             continue
         log.info("%s: segment of %s", me, trial)
+        mine = pops[trial]
         try:
-            take_better(pop, pcfg, trial, rng)
-            renew = Renewal(pop, trial, me, pcfg.ready_s + pcfg.lease_s)
-            result = segment(client, url, pcfg, trial, run_root / trial, device, stop.local, renew)
+            take_better(mine, pcfg, trial, rng)
+            renew = Renewal(mine, trial, me, pcfg.ready_s + pcfg.lease_s)
+            for other in pops.values():  # the segment's roles are forked: no connection
+                disconnect(other.client)
+            result = segment(
+                mine.client, urls[trial], pcfg, trial, run_root / trial, device, stop.local, renew
+            )
             if stop.local.is_set():  # cut short: no score
                 break
             done += 1
@@ -126,10 +138,10 @@ def slot(url: str, name: str, run_root: Path, device: str = "auto") -> int:
                 log.error("%s: a segment of %s ended: %s failed: %s", me, trial, role, why)
             if renew.lost:  # another worker holds the trial now: it is not ours to change
                 continue
-            finish(pop, pcfg, trial, result)
+            finish(mine, pcfg, trial, result)
         finally:
             with contextlib.suppress(redis.RedisError, RedisUnavailable):  # else it runs out
-                pop.release(trial, me)
+                mine.release(trial, me)
     return done
 
 
