@@ -275,25 +275,24 @@ def test_qrl_pbt_refuses_bad_settings_before_it_starts(tmp_path):
         assert "pydantic" not in proc.stderr, proc.stderr  # its own words, not a model's dump
 
 
-def test_a_slot_waits_while_writers_hold_every_lease_and_stops_when_asked(r, keys, tmp_path):
+def test_a_slot_goes_on_past_writers_leases_and_configs_and_stops_when_asked(r, keys, tmp_path):
     pcfg = _pcfg(keys)
     pop = setup(r, pcfg)
     t0, t1 = pcfg.trials()
-    r.set(pop.key(t0, "lease"), "x", px=MAX_LEASE_MS)  # a writer's leases, within bounds
-    r.rpush(pop.key(t1, "lease"), "x")  # of another type, ending as a lease may
-    r.pexpire(pop.key(t1, "lease"), MAX_LEASE_MS)
+    r.set(pop.key(t0, "lease"), "x", px=MAX_LEASE_MS)  # a writer's lease, within bounds
     r.rpush(pop.key(t0, "freed"), "x")  # and a freed time of another type
+    r.set(RunKeys(t1).config, b"not a config")  # the free trial cannot be trained
     from concurrent.futures import ThreadPoolExecutor
 
     from qrl.pbt.worker import slot
 
     with ThreadPoolExecutor(1) as pool:
         done = pool.submit(slot, os.environ["QRL_REDIS_URL"], keys.run, tmp_path)
-        time.sleep(2.5)  # it looks, waits, looks again
-        assert not done.done()
+        time.sleep(2.5)  # it takes t1, cannot train it, gives it back, waits, again
+        assert not done.done(), done.result()
         r.hset(pop.keys.control, "stop", 1)  # `qrl run stop NAME`: the slot returns
         assert done.result(timeout=10) == 0
-    assert pop.holders(pcfg.trials()) == {t0: "x"}  # nothing taken, nothing broken
+    assert pop.holders(pcfg.trials()) == {t0: "x"}  # nothing held, nothing broken
 
 
 def test_burn_in_keeps_trials_from_copying_or_being_copied_until_trained(r, keys):
@@ -629,3 +628,24 @@ def test_a_population_runs_under_its_acl_users(tmp_path):
         assert {"acl-pbt.controller", "acl-pbt-t0.worker", "acl-pbt-t1.worker"} <= seen, seen
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["solved"]["return"] >= 60
+
+
+def test_a_trials_unreadable_config_ends_neither_the_controller_nor_a_worker(r, keys, tmp_path):
+    """A trial's worker's user owns its trial's run keys, its config too: what it writes
+    there leaves the trial's values unknown and the trial uncopied, nothing more."""
+    pcfg, pop, low, top = _scored(r, keys)
+    learner = _learner(r, top)
+    SnapshotStore(r, RunKeys(top)).save(capture(learner.net, learner.opt, 8))
+    follow = Follower(pcfg, tmp_path, every=0.0)
+    for garbage in (b"not a config", None, "list"):
+        r.delete(RunKeys(top).config)
+        if garbage == "list":
+            r.rpush(RunKeys(top).config, "x")
+        elif garbage is not None:
+            r.set(RunKeys(top).config, garbage)
+        pop.post(top, 2.0 + len(str(garbage)))  # a new score: a new row
+        follow(r, pop)  # raised RunUnreadable / RunNotFound in the controller
+        assert take_better(pop, pcfg, low, random.Random(0)) is None  # and in a worker
+    rows = (tmp_path / "scores.csv").read_text().splitlines()
+    assert rows[-1].split(",")[1:] == [top, "6.0", "", ""]
+    assert qrl("status", "--run", keys.run).returncode == 0

@@ -32,13 +32,14 @@ from qrl.jobs.launch import process_context, setup_logging
 from qrl.jobs.train import Budget, Evaluator, confirm
 from qrl.pbt.acl import CONTROLLER, as_user, create_users
 from qrl.pbt.config import PBTConfig
-from qrl.pbt.exploit import current, initial_config
+from qrl.pbt.exploit import UNREADABLE, current, initial_config
 from qrl.pbt.population import Population
 from qrl.runtime.control import clear_stop, on_stop_signals, request_stop
 from qrl.runtime.files import open_appending, write_json
 from qrl.runtime.runs import create_run
 from qrl.server.embedded import EmbeddedRedis, die_with_parent
 from qrl.wire.connection import RedisUnavailable, connect, disconnect, redact
+from qrl.wire.faults import warn_once
 from qrl.wire.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -192,8 +193,14 @@ class Follower:
                 if time.time() < self.last.get(trial, 0.0) + self.every:
                     continue
                 self.last[trial] = time.time()
-                cfg = current(client, self.pcfg, trial)
-                row = [score, *(getattr(cfg, name) for name in self.fields)]
+                try:
+                    cfg = current(client, self.pcfg, trial)
+                    row = [score, *(getattr(cfg, name) for name in self.fields)]
+                except UNREADABLE as e:  # its worker's user rewrote its config: values unknown
+                    warn_once(
+                        f"{trial}: {e}", "%s: its config is unreadable (%s)", trial, e, logger=log
+                    )
+                    row = [score, *([None] * len(self.fields))]
                 if row != self.written.get(trial):  # a new score or new values: a point
                     self.written[trial] = row
                     w.writerow([f"{time.time() - self.start:.1f}", trial, *row])

@@ -13,11 +13,9 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from qrl.pbt.exploit import current
+from qrl.pbt.exploit import UNREADABLE, current
 from qrl.pbt.population import Population
-from qrl.runtime.runs import RunNotFound
 from qrl.runtime.status import printable
-from qrl.wire.codec import CodecError
 
 
 def collect(client: redis.Redis, name: str, events: int = 10) -> dict[str, Any]:
@@ -31,7 +29,7 @@ def collect(client: redis.Redis, name: str, events: int = 10) -> dict[str, Any]:
         try:
             cfg = current(client, pcfg, trial)
             values = {e.field: getattr(cfg, e.field) for e in pcfg.explore}
-        except (RunNotFound, CodecError, redis.ResponseError):
+        except UNREADABLE:
             values = {}
         rows.append({"trial": trial, "worker": holders.get(trial), "segments": segments[trial],
                      "score": scores.get(trial), "values": values})  # fmt: skip

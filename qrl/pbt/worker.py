@@ -33,7 +33,7 @@ from rich.console import Console
 
 from qrl.algos import ALGOS
 from qrl.pbt.config import PBTConfig
-from qrl.pbt.exploit import choose, exploit
+from qrl.pbt.exploit import UNREADABLE, choose, exploit
 from qrl.pbt.population import Population
 from qrl.rl.envs import check_env_id
 from qrl.runtime.control import StopFlag
@@ -128,9 +128,15 @@ def slot(
             renew = Renewal(mine, trial, me, pcfg.ready_s + pcfg.lease_s)
             for other in pops.values():  # the segment's roles are forked: no connection
                 disconnect(other.client)
-            result = segment(
-                mine.client, urls[trial], pcfg, trial, run_root / trial, device, stop.local, renew
-            )
+            try:
+                result = segment(
+                    mine.client, urls[trial], pcfg, trial, run_root / trial, device, stop.local,
+                    renew,
+                )  # fmt: skip
+            except UNREADABLE as e:  # its run's config, as someone rewrote it: not this slot's end
+                warn_once(f"{trial}: {e}", "%s: cannot train %s: %s", me, trial, e, logger=log)
+                time.sleep(1.0)
+                continue
             if stop.local.is_set():  # cut short: no score
                 break
             done += 1
@@ -159,7 +165,11 @@ def take_better(
     source = choose(trial, scores, pcfg.quantile, rng)
     if source is None:
         return None
-    return exploit(pop.client, pop, pcfg, trial, source, rng, scores)
+    try:
+        return exploit(pop.client, pop, pcfg, trial, source, rng, scores)
+    except UNREADABLE as e:  # the source's worker wrote its keys: no copy this time
+        warn_once(f"{source}: {e}", "%s cannot copy %s: %s", trial, source, e, logger=log)
+        return None
 
 
 def finish(pop: Population, pcfg: PBTConfig, trial: str, result: dict[str, Any]) -> None:
