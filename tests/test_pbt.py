@@ -531,7 +531,7 @@ def _redis7() -> str:
 
 
 def test_a_trials_worker_writes_only_its_trial_and_the_controller_only_the_population(tmp_path):
-    from qrl.pbt.acl import as_user, create_users
+    from qrl.pbt.acl import as_user, create_users, trial_urls
 
     with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
         admin = redis.Redis.from_url(server.url)
@@ -544,6 +544,10 @@ def test_a_trials_worker_writes_only_its_trial_and_the_controller_only_the_popul
         assert sorted(p.name for p in (tmp_path / "pw").iterdir()) == sorted(
             ["controller", t0, t1, t2]
         )
+        (tmp_path / "pw" / f"{pcfg.name}-tx").write_text("x\n")  # not a trial's: not taken
+        urls = trial_urls(server.address, pcfg.name, tmp_path / "pw")  # qrl pbt worker --acl
+        assert list(urls) == [t0, t1, t2]
+        assert connect(urls[t2]).acl_whoami() == f"{t2}.worker"
         worker = connect(as_user(server.url, *users[t0]))
         pop = Population(worker, pcfg.name)
         # what a worker of t0 does: its own lease, score, count, lineage, claim, exploit

@@ -124,8 +124,9 @@ class Confirmer:
     """The controller's own check of a worker's claim that its trial reached the target: the
     trial's newest published weights, played with the config the population gave the trial
     (nothing a worker wrote) on ``eval_episodes`` episodes and, if they reach the target, on
-    ``confirm_episodes`` fresh ones (``qrl train``'s confirmation). A claim is looked at once,
-    each trial's at most once per ``ready_s`` (an honest worker claims once a segment)."""
+    ``confirm_episodes`` fresh ones (``qrl train``'s confirmation), their seeds drawn here so
+    that no worker knows them in advance. A claim is looked at once, each trial's at most
+    once per ``ready_s`` (an honest worker claims once a segment)."""
 
     def __init__(self, pcfg: PBTConfig, console: Console) -> None:
         self.pcfg, self.console = pcfg, console
@@ -148,7 +149,8 @@ class Confirmer:
         """Trial ``index``'s confirmed mean return, or None if it did not reach the target."""
         pcfg, trial = self.pcfg, self.pcfg.trials()[index]
         target = pcfg.target_return
-        evaluator = Evaluator(ALGOS[pcfg.algo], initial_config(pcfg, index), pcfg.eval_episodes)
+        cfg = initial_config(pcfg, index).model_copy(update={"seed": secrets.randbelow(2**20)})
+        evaluator = Evaluator(ALGOS[pcfg.algo], cfg, pcfg.eval_episodes)
         try:
             score = evaluator(client, RunKeys(trial))
         except (ValueError, RuntimeError, redis.ResponseError) as e:  # weights that do not fit
