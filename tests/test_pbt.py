@@ -24,7 +24,7 @@ from qrl.algos import ALGOS
 from qrl.pbt.config import Explore, PBTConfig
 from qrl.pbt.controller import Follower, run_population, setup
 from qrl.pbt.exploit import choose, current, exploit, explore
-from qrl.pbt.population import MAX_LEASE_MS, Population
+from qrl.pbt.population import LINEAGE_KEEP, MAX_LEASE_MS, Population
 from qrl.pbt.worker import Renewal, finish, take_better
 from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.live import set_live
@@ -202,21 +202,41 @@ def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, 
     assert pop.scores(pcfg.trials()) == {}
     finish(pop, pcfg, t0, {"episodic_return": float("nan")})
     assert take_better(pop, pcfg, t0, random.Random(0)) is None
-    r.xadd(pop.key(t1, "lineage"), {"event": "not json"})
-    r.xadd(pop.key(t1, "lineage"), {"other": "x"})
-    r.set(pop.key(t2, "lineage"), "not a stream")
+    r.xadd(pop.key(t1, "lineage"), {"event": "{}"})  # another type
+    junk = [{"n": 0, "event": {}}, {"n": 1, "event": "x"}, {"n": True, "event": {}}, "x", []]
+    r.set(pop.key(t2, "lineage"), json.dumps(junk))
     Follower(pcfg, tmp_path)(r, pop)  # what the controller does every second
     assert qrl("status", "--run", keys.run).returncode == 0
     assert pop.lineage(pcfg.trials()) == []
-    assert r.xlen(pop.key(t0, "lineage")) == 0  # nothing of ours was recorded: no exploit
+    r.set(pop.key(t2, "lineage"), json.dumps([{"n": 1, "event": {"x": "y" * 100_000}}]))
+    assert pop.lineage(pcfg.trials()) == []  # over the cap: not read
+    assert r.get(pop.key(t0, "lineage")) is None  # nothing of ours was recorded: no exploit
     # what a writer put in a lease and the lineage is shown escaped, never obeyed
     r.set(pop.key(t1, "lease"), "\x1b]0;owned\x07", px=60_000)
     escape = {"trial": "\x1b[2J[red]x", "values": {"\x1b[5m": "\x9b"}, "time": 1.0}
-    r.xadd(pop.key(t1, "lineage"), {"event": json.dumps(escape)})
+    r.delete(pop.key(t1, "lineage"))
+    r.set(pop.key(t1, "lineage"), json.dumps([{"n": 1, "event": escape}]))
     shown = qrl("status", "--run", keys.run)
     assert shown.returncode == 0, shown.stderr
     assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout and "\x9b" not in shown.stdout
     assert "\\x1b]0;owned" in shown.stdout and "\\x1b[2J[red]x" in shown.stdout
+
+
+def test_a_trials_lineage_keeps_its_last_events_and_a_follower_takes_each_once(r, keys, tmp_path):
+    pcfg = _pcfg(keys)
+    pop = setup(r, pcfg)
+    t0, t1 = pcfg.trials()
+    follow = Follower(pcfg, tmp_path)
+    for i in range(40):  # more than a trial keeps, and read now and then
+        pop.record({"time": float(i), "trial": t0 if i % 3 else t1, "source": "x"})
+        if i % 4 == 3:
+            follow(r, pop)
+    follow(r, pop)
+    lines = [json.loads(line) for line in (tmp_path / "lineage.jsonl").read_text().splitlines()]
+    assert [e["time"] for e in lines] == [float(i) for i in range(40)]  # each once, in order
+    kept = pop.lineage(pcfg.trials())
+    assert len([e for e in kept if e["trial"] == t0]) == LINEAGE_KEEP
+    assert kept[-1]["time"] == 39.0
 
 
 def test_a_low_trial_takes_the_top_trials_latest_state_as_a_slot_takes_it(r, keys):

@@ -172,7 +172,7 @@ class Follower:
 
     def __init__(self, pcfg: PBTConfig, run_root: Path, every: float = 5.0) -> None:
         self.pcfg, self.root, self.events, self.every = pcfg, run_root, 0, every
-        self.read: dict[str, str] = {}  # each trial's last lineage entry read
+        self.read: dict[str, int] = {}  # each trial's last lineage event read
         self.last: dict[str, float] = {}  # when each trial was last looked at
         self.written: dict[str, list[Any]] = {}  # each trial's last row: its score and values
         self.fields = [e.field for e in pcfg.explore]

@@ -16,7 +16,9 @@ Each trial's, ``qrl:{TRIAL}:pbt:...``:
   goes first and more trials than slots take turns.
 - ``score``: JSON ``{score, time}``, its last segment's score; ``segments``: the segments it
   has trained (its burn-in's count).
-- ``lineage``: stream of its exploit/explore events (whom it copied, which values).
+- ``lineage``: JSON, its last :data:`LINEAGE_KEEP` exploit/explore events (whom it copied,
+  which values), numbered (the controller appends each new one to the run dir's
+  ``lineage.jsonl``): one bounded read, where a stream's entries come whole, whatever size.
 - ``reached``: its worker's claim that a segment reached the target (JSON): only a reason
   for the controller to evaluate the trial itself.
 
@@ -43,8 +45,8 @@ from qrl.wire.keys import RunKeys
 
 log = logging.getLogger(__name__)
 
-MAX_JSON = 64 * 1024  # the longest config, score or event read
-LINEAGE_LEN = 1_000  # events kept per trial
+MAX_JSON = 64 * 1024  # the longest config, score or trial's events read
+LINEAGE_KEEP = 16  # events kept per trial (one per segment at most: many for a follower)
 
 MAX_LEASE_MS = 2 * 86_400 * 1000  # ready_s + lease_s, each at its largest (config.py)
 
@@ -92,6 +94,11 @@ def _small(client: redis.Redis, key: str, cap: int = MAX_JSON) -> bytes | None:
     except redis.ResponseError:
         return None
     return raw if raw and len(raw) <= cap else None
+
+
+def _count(x: Any) -> bool:
+    """A whole number from 1 to 2^53 (a JSON number a float holds exactly)."""
+    return isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 2**53
 
 
 def _finite(x: Any) -> bool:
@@ -220,38 +227,47 @@ class Population:
 
     # -- lineage and the end
     def record(self, event: dict[str, Any]) -> None:
-        """Record exploit/explore ``event`` in the stream of its trial (the one that copied)."""
+        """Record exploit/explore ``event`` among the last events of its trial (the one that
+        copied: only its lease holder writes there, one event at a time), numbered on from
+        the trial's last one."""
         key = self.key(event["trial"], "lineage")
-        self.client.xadd(key, {"event": json.dumps(event)}, maxlen=LINEAGE_LEN, approximate=True)
+        kept = self._events(event["trial"])
+        n = kept[-1][0] + 1 if kept else 1
+        entries = [{"n": m, "event": e} for m, e in kept][-(LINEAGE_KEEP - 1) :]
+        self.client.set(key, json.dumps([*entries, {"n": n, "event": event}]))
+
+    def _events(self, trial: str) -> list[tuple[int, dict[str, Any]]]:
+        """``trial``'s last events as (number, event), oldest first; what is not a numbered
+        event is left out (read bounded: at most :data:`MAX_JSON` bytes)."""
+        entries = _json(_small(self.client, self.key(trial, "lineage")))
+        if not isinstance(entries, list):
+            return []
+        found = [
+            (e["n"], e["event"])
+            for e in entries[:LINEAGE_KEEP]
+            if isinstance(e, dict) and _count(e.get("n")) and isinstance(e.get("event"), dict)
+        ]
+        return sorted(found, key=lambda pair: pair[0])
 
     def lineage(self, trials: list[str]) -> list[dict[str, Any]]:
-        """The trials' recorded events, oldest first (those that do not parse left out)."""
+        """The trials' last recorded events, oldest first (as their ``time`` says)."""
         return self.lineage_after({}, trials)[1]
 
     def lineage_after(
-        self, after: dict[str, str], trials: list[str]
-    ) -> tuple[dict[str, str], list[dict[str, Any]]]:
-        """The events each trial recorded after its stream entry in ``after`` (none: all),
-        oldest first, and the entries to read on from (a follower reads only what is new)."""
+        self, after: dict[str, int], trials: list[str]
+    ) -> tuple[dict[str, int], list[dict[str, Any]]]:
+        """The events each trial recorded after its event number in ``after`` (none: all it
+        keeps), oldest first, and the numbers to read on from (a follower takes only what is
+        new; one that looks less often than every :data:`LINEAGE_KEEP` exploits of a trial
+        misses some)."""
         read, found = dict(after), []
         for trial in trials:
-            last = after.get(trial)
-            try:
-                entries = self.client.xrange(
-                    self.key(trial, "lineage"), min="-" if last is None else f"({last}",
-                    count=LINEAGE_LEN,
-                )  # fmt: skip
-            except redis.ResponseError:  # not a stream (a writer's)
-                continue
-            for entry_id, fields in entries:
-                event = _json(fields.get(b"event"))
-                if isinstance(event, dict):
-                    ms, _, seq = entry_id.decode().partition("-")
-                    found.append(((int(ms), int(seq or 0)), event))
-            if entries:
-                read[trial] = entries[-1][0].decode()
-        found.sort(key=lambda pair: pair[0])  # Redis's clock orders the trials' events
-        return read, [event for _, event in found]
+            new = [(n, e) for n, e in self._events(trial) if n > after.get(trial, 0)]
+            if new:
+                read[trial] = new[-1][0]
+                found += [e for _, e in new]
+        found.sort(key=lambda e: e["time"] if _finite(e.get("time")) else 0.0)
+        return read, found
 
     def report_reached(self, trial: str, reached: float) -> None:
         """A worker's claim: a segment of ``trial`` reached the target (``reached``: its
