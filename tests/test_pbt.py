@@ -192,7 +192,8 @@ def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, 
     assert pop.scores(pcfg.trials()) == {t0: 10.0}
     finish(pop, pcfg, t0, {"episodic_return": 10.0})  # posts
     assert take_better(pop, pcfg, t0, random.Random(0)) is None
-    for value in ('"text"', "[1]", "{}", '{"score": true}', '{"score": "1"}', "\xff"):
+    for value in ('"text"', "[1]", "{}", '{"score": true}', '{"score": "1"}', "\xff",
+                  '{"score": 1e300}', '{"score": -1e13}', '{"score": 1e3000}'):  # fmt: skip
         r.set(pop.key(t1, "score"), value)
         assert pop.scores(pcfg.trials()) == {t0: 10.0}
     r.set(pop.key(t1, "score"), "z" * 2_000_000)  # over the cap: not read

@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 MAX_JSON = 64 * 1024  # the longest config, score or trial's events read
 LINEAGE_KEEP = 16  # events kept per trial (one per segment at most: many for a follower)
 
+# beyond any return an env pays (Atari's highest scores are ~1e6): a score out of this range
+# is a writer's, that would win every ranking (and print as 300 digits)
+MAX_SCORE = 1e12
 MAX_LEASE_MS = 2 * 86_400 * 1000  # ready_s + lease_s, each at its largest (config.py)
 
 # KEYS: a trial's lease. ARGV: worker, lease ms, the longest lease ms. 1 if the lease was free
@@ -200,12 +203,14 @@ class Population:
         self.client.delete(self.key(trial, "score"))
 
     def scores(self, trials: list[str]) -> dict[str, float]:
-        """The trials' last scores; whatever is not a finite score is left out."""
+        """The trials' last scores; whatever is not a score (not a number, not finite, out of
+        range) is left out."""
         out = {}
         for trial in trials:
             entry = _json(_small(self.client, self.key(trial, "score"), 1024))
-            if isinstance(entry, dict) and _finite(entry.get("score")):
-                out[trial] = float(entry["score"])
+            score = entry.get("score") if isinstance(entry, dict) else None
+            if _finite(score) and abs(score) <= MAX_SCORE:
+                out[trial] = float(score)
         return out
 
     def trained(self, trial: str) -> None:
