@@ -5,6 +5,7 @@ from its last state (real processes); ``qrl pbt`` from the CLI."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -34,7 +35,7 @@ from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore
 from tests.cli import ROOT, qrl
-from tests.helpers import redis_binaries, skip_or_fail
+from tests.helpers import redis_binaries, skip_or_fail, wait_until
 
 
 def _pcfg(keys: RunKeys, **kw) -> PBTConfig:
@@ -674,3 +675,41 @@ def test_a_trials_unreadable_config_ends_neither_the_controller_nor_a_worker(r, 
     rows = (tmp_path / "scores.csv").read_text().splitlines()
     assert rows[-1].split(",")[1:] == [top, "6.0", "", ""]
     assert qrl("status", "--run", keys.run).returncode == 0
+
+
+def test_a_segments_record_refused_by_a_busy_redis_is_lost_not_the_slot(tmp_path, caplog):
+    import threading
+
+    with EmbeddedRedis() as server:
+        admin = redis.Redis.from_url(server.url)
+        pcfg = _pcfg(RunKeys("busy"))
+        pop = setup(admin, pcfg)
+        t0 = pcfg.trials()[0]
+        admin.set(pop.key(t0, "segments"), 3)
+        admin.config_set("lua-time-limit", 50)  # BUSY to others after 50 ms of a script
+
+        def spin() -> None:
+            with contextlib.suppress(redis.ResponseError):  # ended by SCRIPT KILL
+                redis.Redis.from_url(server.url).eval("while true do end", 0)
+
+        spinner = threading.Thread(target=spin)
+        spinner.start()
+        try:
+            wait_until(lambda: _busy(admin), "Redis to answer BUSY")
+            for result in ({"episodic_return": 5.0}, {"reached": True, "confirm_return": 9.0}):
+                finish(pop, pcfg, t0, result)  # raised ResponseError BUSY out of the slot
+        finally:
+            admin.script_kill()
+            spinner.join()
+        assert caplog.text.count("record is lost") == 1  # one warning, not one per segment
+        assert pop.segments([t0]) == {t0: 3}  # the count was not reset by the refusal
+        finish(pop, pcfg, t0, {"episodic_return": 5.0})
+        assert pop.scores([t0]) == {t0: 5.0} and pop.segments([t0]) == {t0: 4}
+
+
+def _busy(client: redis.Redis) -> bool:
+    try:
+        client.get("x")
+    except redis.ResponseError as e:
+        return str(e).startswith("BUSY")
+    return False

@@ -264,7 +264,8 @@ def run_population(
                 break
             if solved is not None:  # its own evaluation's: what workers write is not read back
                 console.print(f"{solved['trial']} confirmed at {solved['return']:.1f}")
-                pop.solve(solved["trial"], solved["return"])  # the workers stop
+                with contextlib.suppress(redis.RedisError, RedisUnavailable):  # stop does too
+                    pop.solve(solved["trial"], solved["return"])  # the workers stop
                 code = 0
                 break
             if procs and all(p.exitcode is not None for p in procs):

@@ -218,6 +218,8 @@ class Population:
         try:
             self.client.incr(self.key(trial, "segments"))
         except redis.ResponseError as e:  # not a count (a writer's): counted from 0 again
+            if "WRONGTYPE" not in str(e) and "integer" not in str(e):  # e.g. BUSY: not a count's
+                raise
             log.warning("%s: cannot count a segment (%s); counting from 0", trial, e)
             self.client.set(self.key(trial, "segments"), 1)
 

@@ -174,11 +174,16 @@ def take_better(
 
 def finish(pop: Population, pcfg: PBTConfig, trial: str, result: dict[str, Any]) -> None:
     """After a segment: the claim that it reached the target (the controller confirms it), or
-    the score (none if no episode ended, or no evaluation)."""
-    pop.trained(trial)
-    if result.get("reached"):
-        pop.report_reached(trial, float(result.get("confirm_return") or result[EVAL_RETURN.name]))
-        return
-    score = result.get((EPISODIC_RETURN if pcfg.score == "train" else EVAL_RETURN).name)
-    if isinstance(score, (int, float)) and math.isfinite(score):
-        pop.post(trial, float(score))
+    the score (none if no episode ended, or no evaluation). A Redis that refuses them (BUSY
+    with a script, NOPERM) loses this segment's record with one warning; the slot goes on."""
+    try:
+        pop.trained(trial)
+        if result.get("reached"):
+            reached = float(result.get("confirm_return") or result[EVAL_RETURN.name])
+            pop.report_reached(trial, reached)
+            return
+        score = result.get((EPISODIC_RETURN if pcfg.score == "train" else EVAL_RETURN).name)
+        if isinstance(score, (int, float)) and math.isfinite(score):
+            pop.post(trial, float(score))
+    except redis.ResponseError as e:
+        warn_once(str(e), "%s: its segment's record is lost (%s)", trial, e, logger=log)
