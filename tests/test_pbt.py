@@ -713,3 +713,24 @@ def _busy(client: redis.Redis) -> bool:
     except redis.ResponseError as e:
         return str(e).startswith("BUSY")
     return False
+
+
+def test_a_populations_trials_keys_work_across_a_clusters_slots(redis_cluster):
+    """Each trial's keys carry its own hash tag: a population spans a cluster's slots, and
+    every call touches one trial's slot at a time."""
+    client = connect(redis_cluster.url)
+    pcfg = _pcfg(RunKeys("clu"), population=4)
+    pop = setup(client, pcfg)
+    trials = pcfg.trials()
+    assert {pop.claim(f"w{i}", 60, trials) for i in range(4)} == set(trials)
+    assert pop.claim("w9", 60, trials) is None
+    for trial, worker in pop.holders(trials).items():
+        assert pop.renew(trial, worker, 60) and pop.release(trial, worker)
+    pop.post(trials[0], 3.0)
+    pop.trained(trials[0])
+    pop.record({"trial": trials[1], "time": 1.0})
+    pop.report_reached(trials[2], 9.0)
+    pop.solve(trials[0], 500.0)
+    assert pop.scores(trials) == {trials[0]: 3.0} and pop.segments(trials)[trials[0]] == 1
+    assert pop.lineage(trials)[0]["trial"] == trials[1] and set(pop.reports(trials)) == {trials[2]}
+    assert pop.solved()["trial"] == trials[0]
