@@ -246,6 +246,13 @@ def run_population(
             f"[bold]qrl pbt[/] {pcfg.algo} on {pcfg.env}: population {pcfg.name!r} of "
             f"{pcfg.population}, {slots} slots here, Redis {where}; logs in {run_root / 'logs'}"
         )
+        if acl is not None:
+            console.print(
+                f"as ACL users {pcfg.name}.controller and {pcfg.name}-tI.worker per trial; "
+                f"a worker elsewhere: `qrl pbt worker {pcfg.name} --acl DIR` with its trials' "
+                f"password files from {acl}",
+                markup=False,
+            )
         follow, confirmer, next_line = Follower(pcfg, run_root), Confirmer(pcfg, console), 0.0
         while True:
             time.sleep(1.0)
