@@ -734,3 +734,19 @@ def test_a_populations_trials_keys_work_across_a_clusters_slots(redis_cluster):
     assert pop.scores(trials) == {trials[0]: 3.0} and pop.segments(trials)[trials[0]] == 1
     assert pop.lineage(trials)[0]["trial"] == trials[1] and set(pop.reports(trials)) == {trials[2]}
     assert pop.solved()["trial"] == trials[0]
+
+
+def test_qrl_pbt_acl_refusals_are_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    proc = qrl("pbt", "worker", "pop", "--acl", str(tmp_path / "empty"))
+    assert proc.returncode == 1 and "no password file of a trial of pop" in proc.stderr
+    six = redis_binaries().get((6,))
+    if six is None:
+        return
+    env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
+    proc = qrl("pbt", "ppo", "--env", "CartPole-v1", "--explore", "lr=1e-4..1e-3", "--slots", "0",
+               "--run-dir", str(tmp_path / "run"), "--acl", str(tmp_path / "pw"),
+               env={**env, "QRL_REDIS_SERVER": six})  # fmt: skip
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last.startswith("Error: --acl needs Redis 7"), proc.stderr
+    assert not (tmp_path / "pw").exists()  # no password was made for users never created
