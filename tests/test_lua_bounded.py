@@ -254,9 +254,8 @@ COVERED = {
     "weights.publish",
     "weights.kept",
     "inference.pop",
-    "pbt.claim",
+    "pbt.take",
     "pbt.hold",
-    "pbt.bounded",
 }
 
 

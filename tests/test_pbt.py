@@ -5,6 +5,8 @@ from its last state (real processes); ``qrl pbt`` from the CLI."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
@@ -15,21 +17,25 @@ import time
 
 import numpy as np
 import pytest
+import redis
 import torch
+from rich.console import Console
 
 from qrl.algos import ALGOS
 from qrl.pbt.config import Explore, PBTConfig
-from qrl.pbt.controller import Follower, setup
+from qrl.pbt.controller import Follower, run_population, setup
 from qrl.pbt.exploit import choose, current, exploit, explore
-from qrl.pbt.population import MAX_LEASE_MS, Population
+from qrl.pbt.population import LINEAGE_KEEP, MAX_LEASE_MS, Population
 from qrl.pbt.worker import Renewal, finish, take_better
 from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.live import set_live
 from qrl.runtime.snapshot import SnapshotStore, capture
+from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore
 from tests.cli import ROOT, qrl
+from tests.helpers import redis_binaries, skip_or_fail, wait_until
 
 
 def _pcfg(keys: RunKeys, **kw) -> PBTConfig:
@@ -92,7 +98,7 @@ def test_exploit_copies_state_and_hyperparameters_exactly(r, keys, tmp_path):
     after = current(r, pcfg, dst)
     assert (after.lr, after.entropy_cost) == (want["lr"], want["entropy_cost"])
     assert event["values"] == want and event["source"] == src and event["trial"] == dst
-    assert pop.lineage()[-1] == event
+    assert pop.lineage(pcfg.trials())[-1] == event
     follow = Follower(pcfg, tmp_path)  # the controller writes each event to the run dir once
     follow(r, pop)
     follow(r, pop)
@@ -181,30 +187,58 @@ def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, 
         learner = _learner(r, trial)
         SnapshotStore(r, RunKeys(trial)).save(capture(learner.net, learner.opt, 1))
     pop.post(t0, 10.0)
-    r.hset(pop.scores_key, mapping={
-        t1: json.dumps({"score": float("nan")}).replace("NaN", "1e999"),  # inf on parse
-        t2: '{"score": NaN}', "intruder": json.dumps({"score": 1e9}),
-    })  # fmt: skip
-    r.hset(pop.scores_key, "x" * 10, "y" * 2_000_000)
+    r.set(pop.key(t1, "score"), json.dumps({"score": float("nan")}).replace("NaN", "1e999"))
+    r.set(pop.key(t2, "score"), '{"score": NaN}')
+    r.set(pop.key("intruder", "score"), json.dumps({"score": 1e9}))  # not a trial: not read
     assert pop.scores(pcfg.trials()) == {t0: 10.0}
     finish(pop, pcfg, t0, {"episodic_return": 10.0})  # posts
     assert take_better(pop, pcfg, t0, random.Random(0)) is None
-    for value in ('"text"', "[1]", "{}", '{"score": true}', '{"score": "1"}', "\xff"):
-        r.hset(pop.scores_key, t1, value)
+    for value in ('"text"', "[1]", "{}", '{"score": true}', '{"score": "1"}', "\xff",
+                  '{"score": 1e300}', '{"score": -1e13}', '{"score": 1e3000}'):  # fmt: skip
+        r.set(pop.key(t1, "score"), value)
         assert pop.scores(pcfg.trials()) == {t0: 10.0}
-    r.hset(pop.scores_key, t1, "z" * 5000)  # over the cap: not read
+    r.set(pop.key(t1, "score"), "z" * 2_000_000)  # over the cap: not read
     assert pop.scores(pcfg.trials()) == {t0: 10.0}
-    r.delete(pop.scores_key)
-    r.rpush(pop.scores_key, "not a hash")
+    r.delete(pop.key(t0, "score"))
+    r.rpush(pop.key(t0, "score"), "not a string")
     assert pop.scores(pcfg.trials()) == {}
     finish(pop, pcfg, t0, {"episodic_return": float("nan")})
     assert take_better(pop, pcfg, t0, random.Random(0)) is None
-    r.xadd(pop.lineage_key, {"event": "not json"})
-    r.xadd(pop.lineage_key, {"other": "x"})
+    r.xadd(pop.key(t1, "lineage"), {"event": "{}"})  # another type
+    junk = [{"n": 0, "event": {}}, {"n": 1, "event": "x"}, {"n": True, "event": {}}, "x", []]
+    r.set(pop.key(t2, "lineage"), json.dumps(junk))
     Follower(pcfg, tmp_path)(r, pop)  # what the controller does every second
     assert qrl("status", "--run", keys.run).returncode == 0
-    assert pop.lineage() == []
-    assert r.xlen(pop.lineage_key) == 2  # nothing of ours was recorded: no exploit
+    assert pop.lineage(pcfg.trials()) == []
+    r.set(pop.key(t2, "lineage"), json.dumps([{"n": 1, "event": {"x": "y" * 100_000}}]))
+    assert pop.lineage(pcfg.trials()) == []  # over the cap: not read
+    assert r.get(pop.key(t0, "lineage")) is None  # nothing of ours was recorded: no exploit
+    # what a writer put in a lease and the lineage is shown escaped, never obeyed
+    r.set(pop.key(t1, "lease"), "\x1b]0;owned\x07", px=60_000)
+    escape = {"trial": "\x1b[2J[red]x", "values": {"\x1b[5m": "\x9b"}, "time": 1.0}
+    r.delete(pop.key(t1, "lineage"))
+    r.set(pop.key(t1, "lineage"), json.dumps([{"n": 1, "event": escape}]))
+    shown = qrl("status", "--run", keys.run)
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout and "\x9b" not in shown.stdout
+    assert "\\x1b]0;owned" in shown.stdout and "\\x1b[2J[red]x" in shown.stdout
+
+
+def test_a_trials_lineage_keeps_its_last_events_and_a_follower_takes_each_once(r, keys, tmp_path):
+    pcfg = _pcfg(keys)
+    pop = setup(r, pcfg)
+    t0, t1 = pcfg.trials()
+    follow = Follower(pcfg, tmp_path)
+    for i in range(40):  # more than a trial keeps, and read now and then
+        pop.record({"time": float(i), "trial": t0 if i % 3 else t1, "source": "x"})
+        if i % 4 == 3:
+            follow(r, pop)
+    follow(r, pop)
+    lines = [json.loads(line) for line in (tmp_path / "lineage.jsonl").read_text().splitlines()]
+    assert [e["time"] for e in lines] == [float(i) for i in range(40)]  # each once, in order
+    kept = pop.lineage(pcfg.trials())
+    assert len([e for e in kept if e["trial"] == t0]) == LINEAGE_KEEP
+    assert kept[-1]["time"] == 39.0
 
 
 def test_a_low_trial_takes_the_top_trials_latest_state_as_a_slot_takes_it(r, keys):
@@ -263,23 +297,24 @@ def test_qrl_pbt_refuses_bad_settings_before_it_starts(tmp_path):
         assert "pydantic" not in proc.stderr, proc.stderr  # its own words, not a model's dump
 
 
-def test_a_worker_meets_lease_keys_of_another_type(r, keys, tmp_path, caplog):
+def test_a_slot_goes_on_past_writers_leases_and_configs_and_stops_when_asked(r, keys, tmp_path):
     pcfg = _pcfg(keys)
     pop = setup(r, pcfg)
-    r.delete(pop.owners)
-    r.rpush(pop.owners, "x")  # a writer's: the claim script fails on it
+    t0, t1 = pcfg.trials()
+    r.set(pop.key(t0, "lease"), "x", px=MAX_LEASE_MS)  # a writer's lease, within bounds
+    r.rpush(pop.key(t0, "freed"), "x")  # and a freed time of another type
+    r.set(RunKeys(t1).config, b"not a config")  # the free trial cannot be trained
     from concurrent.futures import ThreadPoolExecutor
 
     from qrl.pbt.worker import slot
 
     with ThreadPoolExecutor(1) as pool:
         done = pool.submit(slot, os.environ["QRL_REDIS_URL"], keys.run, tmp_path)
-        time.sleep(2.5)  # it tries, warns, waits, tries again
-        assert not done.done()
+        time.sleep(2.5)  # it takes t1, cannot train it, gives it back, waits, again
+        assert not done.done(), done.result()
         r.hset(pop.keys.control, "stop", 1)  # `qrl run stop NAME`: the slot returns
         assert done.result(timeout=10) == 0
-    assert pop.holders(pcfg.trials()) == {}
-    assert "cannot take a lease" in caplog.text
+    assert pop.holders(pcfg.trials()) == {t0: "x"}  # nothing held, nothing broken
 
 
 def test_burn_in_keeps_trials_from_copying_or_being_copied_until_trained(r, keys):
@@ -294,17 +329,17 @@ def test_burn_in_keeps_trials_from_copying_or_being_copied_until_trained(r, keys
     assert take_better(pop, pcfg, low, random.Random(0)) is None  # neither is past it
     finish(pop, pcfg, low, result)
     assert take_better(pop, pcfg, low, random.Random(0)) is None  # the top one is not
-    r.hset(pop.segments_key, top, "2e9")  # a writer's: not a count, so none
+    r.set(pop.key(top, "segments"), "2e9")  # a writer's: not a count, so none
     assert pop.segments(pcfg.trials())[top] == 0
     assert take_better(pop, pcfg, low, random.Random(0)) is None
-    r.hset(pop.segments_key, top, 1)
+    r.set(pop.key(top, "segments"), 1)
     finish(pop, pcfg, top, {"episodic_return": 2.0})
     event = take_better(pop, pcfg, low, random.Random(0))
     assert (event["trial"], event["source"]) == (low, top)
-    r.delete(pop.segments_key)
-    r.rpush(pop.segments_key, "x")  # not a hash: nothing is counted, nothing crashes
+    r.delete(pop.key(top, "segments"))
+    r.rpush(pop.key(top, "segments"), "x")  # not a count: counted from 0 again
     finish(pop, pcfg, top, {"episodic_return": 2.0})
-    assert pop.segments(pcfg.trials()) == {low: 0, top: 0}
+    assert pop.segments(pcfg.trials()) == {low: 2, top: 1}
 
 
 def test_choose_takes_the_top_for_the_bottom_only():
@@ -352,10 +387,11 @@ def test_a_lease_no_worker_could_have_taken_parks_no_trial(r, keys):
     pcfg = _pcfg(keys, population=2)
     pop = setup(r, pcfg)
     a, b = pcfg.trials()
-    r.zadd(pop.leases, {a: float("inf"), b: time.time() * 1000 + MAX_LEASE_MS + 60_000})
+    r.set(pop.key(a, "lease"), "w0")  # no end
+    r.set(pop.key(b, "lease"), "w0", px=MAX_LEASE_MS + 60_000)
     assert {pop.claim("w1", 60, pcfg.trials()), pop.claim("w2", 60, pcfg.trials())} == {a, b}
     assert pop.claim("w3", 60, pcfg.trials()) is None  # their leases now are real ones
-    assert max(r.zscore(pop.leases, t) for t in (a, b)) < time.time() * 1000 + 61_000
+    assert max(r.pttl(pop.key(t, "lease")) for t in (a, b)) <= 60_000
 
 
 def _slot_pids(proc: subprocess.Popen) -> list[int]:
@@ -438,3 +474,279 @@ def test_qrl_pbt_cli_runs_a_population_and_writes_its_lineage(tmp_path):
     assert (tmp_path / "scores.csv").read_text().startswith("time,trial,score,lr")
     assert (tmp_path / result["solved"]["trial"] / "checkpoint.pt").exists()
     assert (tmp_path / "lineage.jsonl").exists()
+
+
+def _control(pcfg: PBTConfig, tmp_path, max_time: float = 2.0) -> tuple[int, str]:
+    """``qrl pbt``'s controller with no slots for ``max_time`` seconds on the session's Redis:
+    its exit code and what it printed (to a terminal: escapes would reach it)."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    out = io.StringIO()
+    try:
+        code = run_population(
+            pcfg, redis_url=os.environ["QRL_REDIS_URL"], slots=0, run_root=tmp_path,
+            max_time=max_time, console=Console(file=out, force_terminal=True, width=200),
+        )  # fmt: skip
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    return code, out.getvalue()
+
+
+FORGED = {  # pbt:solved (and a worker's claim) as a worker's user may write them
+    "not-a-number": {"return": "lots"},  # crashed the controller's print (ValueError)
+    "escapes": {"suffix": "\x1b]0;owned\x07\x1b[2J", "return": 500.0},  # printed raw, exit 0
+    "plausible": {"return": 500.0},  # ended the population "confirmed", exit 0
+}
+
+
+@pytest.mark.parametrize("case", FORGED)
+def test_a_forged_solve_neither_crashes_the_controller_nor_ends_it_confirmed(
+    r, keys, tmp_path, case
+):
+    pcfg = _pcfg(keys, eval_episodes=2, confirm_episodes=5)  # target 475
+    pop = setup(r, pcfg)
+    t0 = pcfg.trials()[0]
+    WeightStore(r, RunKeys(t0)).publish(_learner(r, t0).net, 1)  # untrained: far below it
+    forged = {"trial": t0 + FORGED[case].get("suffix", ""), "return": FORGED[case]["return"]}
+    r.set(pop.solved_key, json.dumps(forged))
+    r.set(RunKeys(t0).key("pbt:reached"), json.dumps(forged))
+    code, printed = _control(pcfg, tmp_path)
+    assert code == 1, printed  # the time ran out: nothing was confirmed
+    assert "\x1b]" not in printed and "\x07" not in printed and "\x1b[2J" not in printed
+    assert "not confirmed" in printed  # the controller evaluated the claimed trial itself
+    assert json.loads((tmp_path / "result.json").read_text())["solved"] is None
+
+
+def test_pbt_solved_is_read_only_as_a_solve_of_the_populations_trial(r, keys):
+    pop = setup(r, _pcfg(keys))
+    for bad in ("\xff", "[1]", "x" * 100_000, json.dumps({"trial": "other", "return": 1.0}),
+                json.dumps({"trial": f"{keys.run}-t0", "return": float("inf")})):  # fmt: skip
+        r.set(pop.solved_key, bad)
+        assert pop.solved() is None
+    r.delete(pop.solved_key)
+    r.rpush(pop.solved_key, "not a string")
+    assert pop.solved() is None
+
+
+def test_a_claimed_solve_is_confirmed_by_the_controllers_own_evaluation(r, keys, tmp_path):
+    pcfg = _pcfg(keys, eval_episodes=2, confirm_episodes=5, target_return=5.0)  # any policy
+    pop = setup(r, pcfg)
+    t0, t1 = pcfg.trials()
+    WeightStore(r, RunKeys(t1)).publish(_learner(r, t1).net, 1)
+    finish(pop, pcfg, t1, {"reached": True, "confirm_return": 9.0})  # the worker's claim
+    assert pop.solved() is None  # only a claim: the workers go on
+    code, printed = _control(pcfg, tmp_path, max_time=60)
+    assert code == 0, printed
+    solved = json.loads((tmp_path / "result.json").read_text())["solved"]
+    assert solved["trial"] == t1 and solved["return"] >= 5.0
+    assert pop.solved()["trial"] == t1  # written by the controller: the workers stop
+
+
+ADMIN = "admin-pw-for-pbt-acl-tests"
+
+
+def _redis7() -> str:
+    binary = redis_binaries().get((7,))
+    if binary is None:
+        skip_or_fail("no Redis 7 redis-server here: PBT's ACL users need read-only key patterns")
+    return binary
+
+
+def test_a_trials_worker_writes_only_its_trial_and_the_controller_only_the_population(tmp_path):
+    from qrl.pbt.acl import as_user, create_users, trial_urls
+
+    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+        admin = redis.Redis.from_url(server.url)
+        pcfg = _pcfg(RunKeys("acl-pop"), population=3)
+        setup(admin, pcfg)
+        t0, t1, t2 = pcfg.trials()
+        learner = _learner(admin, t1)
+        SnapshotStore(admin, RunKeys(t1)).save(capture(learner.net, learner.opt, 4))
+        users = create_users(admin, pcfg, tmp_path / "pw")
+        assert sorted(p.name for p in (tmp_path / "pw").iterdir()) == sorted(
+            ["controller", t0, t1, t2]
+        )
+        (tmp_path / "pw" / f"{pcfg.name}-tx").write_text("x\n")  # not a trial's: not taken
+        urls = trial_urls(server.address, pcfg.name, tmp_path / "pw")  # qrl pbt worker --acl
+        assert list(urls) == [t0, t1, t2]
+        assert connect(urls[t2]).acl_whoami() == f"{t2}.worker"
+        worker = connect(as_user(server.url, *users[t0]))
+        pop = Population(worker, pcfg.name)
+        # what a worker of t0 does: its own lease, score, count, lineage, claim, exploit
+        assert pop.claim("w", 60, pcfg.trials(), via={t0: pop}) == t0
+        pop.post(t0, 1.0)
+        pop.trained(t0)
+        pop.report_reached(t0, 9.0)
+        assert pop.renew(t0, "w", 60) and pop.release(t0, "w")
+        assert pop.config() == pcfg and pop.solved() is None
+        admin_pop = Population(admin, pcfg.name)
+        admin_pop.post(t1, 5.0)
+        assert take_better(pop, pcfg, t0, random.Random(0))["source"] == t1  # reads t1's state
+        assert SnapshotStore(admin, RunKeys(t0)).fetch().updates == 5
+        assert pop.scores(pcfg.trials()) == {t1: 5.0}  # its own was forgotten as it copied
+        refused = [
+            lambda: pop.post(t1, 1e9),  # another trial's score, lease, state, lineage
+            lambda: pop.take(t1, "w", 60),
+            lambda: pop.forget(t1),
+            lambda: pop.report_reached(t1, 500.0),
+            lambda: pop.record({"trial": t1}),
+            lambda: worker.set(Population.key(t1, "segments"), 10**6),
+            lambda: SnapshotStore(worker, RunKeys(t1)).save(capture(learner.net, learner.opt, 9)),
+            lambda: set_live(worker, RunKeys(t2), ALGOS["ppo"].config, {"lr": 0.5}),
+            lambda: worker.delete(RunKeys(t2).weights),
+            lambda: worker.set(pop.solved_key, json.dumps({"trial": t0, "return": 500.0})),
+            lambda: worker.delete(pop.config_key),
+            lambda: worker.hset(pop.keys.control, "stop", 1),  # only the controller stops it
+            lambda: worker.get("qrl:{other}:config"),
+        ]
+        for i, attempt in enumerate(refused):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attempt()
+                pytest.fail(f"attempt {i} was allowed")
+        controller = connect(as_user(server.url, *users["controller"]))
+        cpop = Population(controller, pcfg.name)
+        assert cpop.scores(pcfg.trials()) == {t1: 5.0} and cpop.reports([t0]).keys() == {t0}
+        cpop.solve(t0, 500.0)
+        controller.hset(cpop.keys.control, "stop", 1)
+        for attempt in (lambda: cpop.post(t0, 1.0), lambda: cpop.take(t0, "c", 60),
+                        lambda: controller.delete(RunKeys(t0).key("snapshot"))):  # fmt: skip
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attempt()
+    six = redis_binaries().get((6,))
+    if six is not None:  # no read-only key patterns: refused, one line naming Redis 7
+        with EmbeddedRedis(password=ADMIN, binary=six) as server:
+            admin = redis.Redis.from_url(server.url)
+            setup(admin, pcfg)
+            with pytest.raises(ValueError, match="needs Redis 7"):
+                create_users(admin, pcfg, tmp_path / "pw6")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_population_runs_under_its_acl_users(tmp_path):
+    import threading
+
+    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+        env = {**os.environ, "QRL_REDIS_URL": server.address, "QRL_REDIS_PASSWORD": ADMIN}
+        admin = redis.Redis.from_url(server.url)
+        seen: set[str] = set()  # the users of the clients connected while it runs
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(0.2):
+                seen.update(c["user"] for c in admin.client_list() if c["name"] != "watch")
+
+        admin.client_setname("watch")
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            proc = qrl("pbt", "ppo", "--env", "CartPole-v1", "--population", "2", "--slots", "2",
+                       "--explore", "lr=1e-4..3e-3:log", "--ready", "40", "--target-return", "60",
+                       "--max-time", "200", "--name", "acl-pbt", "--run-dir", str(tmp_path / "run"),
+                       "--acl", str(tmp_path / "pw"), timeout=280, env=env)  # fmt: skip
+        finally:
+            done.set()
+            watcher.join()
+        logs = "\n".join(p.read_text() for p in (tmp_path / "run").rglob("*.log"))
+        assert proc.returncode == 0, proc.stderr[-3000:] + logs[-3000:]
+        assert admin.acl_log() == []  # no command of any process was refused
+        assert "NOPERM" not in logs
+        assert {"acl-pbt.controller", "acl-pbt-t0.worker", "acl-pbt-t1.worker"} <= seen, seen
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["solved"]["return"] >= 60
+
+
+def test_a_trials_unreadable_config_ends_neither_the_controller_nor_a_worker(r, keys, tmp_path):
+    """A trial's worker's user owns its trial's run keys, its config too: what it writes
+    there leaves the trial's values unknown and the trial uncopied, nothing more."""
+    pcfg, pop, low, top = _scored(r, keys)
+    learner = _learner(r, top)
+    SnapshotStore(r, RunKeys(top)).save(capture(learner.net, learner.opt, 8))
+    follow = Follower(pcfg, tmp_path, every=0.0)
+    for garbage in (b"not a config", None, "list"):
+        r.delete(RunKeys(top).config)
+        if garbage == "list":
+            r.rpush(RunKeys(top).config, "x")
+        elif garbage is not None:
+            r.set(RunKeys(top).config, garbage)
+        pop.post(top, 2.0 + len(str(garbage)))  # a new score: a new row
+        follow(r, pop)  # raised RunUnreadable / RunNotFound in the controller
+        assert take_better(pop, pcfg, low, random.Random(0)) is None  # and in a worker
+    rows = (tmp_path / "scores.csv").read_text().splitlines()
+    assert rows[-1].split(",")[1:] == [top, "6.0", "", ""]
+    assert qrl("status", "--run", keys.run).returncode == 0
+
+
+def test_a_segments_record_refused_by_a_busy_redis_is_lost_not_the_slot(tmp_path, caplog):
+    import threading
+
+    with EmbeddedRedis() as server:
+        admin = redis.Redis.from_url(server.url)
+        pcfg = _pcfg(RunKeys("busy"))
+        pop = setup(admin, pcfg)
+        t0 = pcfg.trials()[0]
+        admin.set(pop.key(t0, "segments"), 3)
+        admin.config_set("lua-time-limit", 50)  # BUSY to others after 50 ms of a script
+
+        def spin() -> None:
+            with contextlib.suppress(redis.ResponseError):  # ended by SCRIPT KILL
+                redis.Redis.from_url(server.url).eval("while true do end", 0)
+
+        spinner = threading.Thread(target=spin)
+        spinner.start()
+        try:
+            wait_until(lambda: _busy(admin), "Redis to answer BUSY")
+            for result in ({"episodic_return": 5.0}, {"reached": True, "confirm_return": 9.0}):
+                finish(pop, pcfg, t0, result)  # raised ResponseError BUSY out of the slot
+        finally:
+            admin.script_kill()
+            spinner.join()
+        assert caplog.text.count("record is lost") == 1  # one warning, not one per segment
+        assert pop.segments([t0]) == {t0: 3}  # the count was not reset by the refusal
+        finish(pop, pcfg, t0, {"episodic_return": 5.0})
+        assert pop.scores([t0]) == {t0: 5.0} and pop.segments([t0]) == {t0: 4}
+
+
+def _busy(client: redis.Redis) -> bool:
+    try:
+        client.get("x")
+    except redis.ResponseError as e:
+        return str(e).startswith("BUSY")
+    return False
+
+
+def test_a_populations_trials_keys_work_across_a_clusters_slots(redis_cluster):
+    """Each trial's keys carry its own hash tag: a population spans a cluster's slots, and
+    every call touches one trial's slot at a time."""
+    client = connect(redis_cluster.url)
+    pcfg = _pcfg(RunKeys("clu"), population=4)
+    pop = setup(client, pcfg)
+    trials = pcfg.trials()
+    assert {pop.claim(f"w{i}", 60, trials) for i in range(4)} == set(trials)
+    assert pop.claim("w9", 60, trials) is None
+    for trial, worker in pop.holders(trials).items():
+        assert pop.renew(trial, worker, 60) and pop.release(trial, worker)
+    pop.post(trials[0], 3.0)
+    pop.trained(trials[0])
+    pop.record({"trial": trials[1], "time": 1.0})
+    pop.report_reached(trials[2], 9.0)
+    pop.solve(trials[0], 500.0)
+    assert pop.scores(trials) == {trials[0]: 3.0} and pop.segments(trials)[trials[0]] == 1
+    assert pop.lineage(trials)[0]["trial"] == trials[1] and set(pop.reports(trials)) == {trials[2]}
+    assert pop.solved()["trial"] == trials[0]
+
+
+def test_qrl_pbt_acl_refusals_are_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    proc = qrl("pbt", "worker", "pop", "--acl", str(tmp_path / "empty"))
+    assert proc.returncode == 1 and "no password file of a trial of pop" in proc.stderr
+    six = redis_binaries().get((6,))
+    if six is None:
+        return
+    env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
+    proc = qrl("pbt", "ppo", "--env", "CartPole-v1", "--explore", "lr=1e-4..1e-3", "--slots", "0",
+               "--run-dir", str(tmp_path / "run"), "--acl", str(tmp_path / "pw"),
+               env={**env, "QRL_REDIS_SERVER": six})  # fmt: skip
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and last.startswith("Error: --acl needs Redis 7"), proc.stderr
+    assert not (tmp_path / "pw").exists()  # no password was made for users never created

@@ -73,6 +73,12 @@ _options = stack(
     click.option("--pbt-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                  default=None, help="TOML file of these settings ([pbt] table or top level: "
                  "population, explore = [...], ready_s, quantile, ...); options override it."),
+    click.option("--acl", "acl", type=click.Path(file_okay=False, path_type=Path), default=None,
+                 metavar="DIR", help="Redis ACL users: NAME.controller (this command, after "
+                 "it set the population up) and one per trial, NAME-tI.worker, which writes only "
+                 "its trial's keys; passwords in DIR/controller and DIR/NAME-tI (made where "
+                 "missing). Give a worker machine only its trials' files (`qrl pbt worker NAME "
+                 "--acl DIR`). Needs Redis 7."),
 )  # fmt: skip
 
 
@@ -99,11 +105,12 @@ def pbt_command(algo: Algorithm) -> click.Command:
         env: str | None, seed: int | None, config_file: Path | None, overrides: tuple[str, ...],
         redis_url: str | None, name: str | None, slots: int, max_time: float,
         run_dir: Path | None, pbt_config: Path | None, random_search: bool,
-        device: str = "auto", **given: Any,
+        acl: Path | None, device: str = "auto", **given: Any,
     ) -> None:  # fmt: skip
         from pydantic import ValidationError
 
         from qrl.jobs.train import default_run_name, default_target
+        from qrl.pbt.acl import AccessRefused
         from qrl.pbt.config import Explore, PBTConfig
         from qrl.pbt.controller import run_population
         from qrl.runtime.config import ConfigError, one_line
@@ -130,10 +137,13 @@ def pbt_command(algo: Algorithm) -> click.Command:
             raise ConfigProblem(str(e)) from None
         if pcfg.target_return is None:
             raise ConfigProblem(f"{base.env} has no reward threshold: pass --target-return")
-        code = run_population(
-            pcfg, redis_url=redis_url, slots=slots, run_root=run_dir or Path("runs") / name,
-            max_time=max_time, device=device,
-        )  # fmt: skip
+        try:
+            code = run_population(
+                pcfg, redis_url=redis_url, slots=slots, run_root=run_dir or Path("runs") / name,
+                max_time=max_time, device=device, acl=acl,
+            )  # fmt: skip
+        except AccessRefused as e:
+            raise ConfigProblem(str(e)) from None
         sys.exit(code)
 
     cmd = device_option(cmd) if any(r.device for r in algo.roles) else cmd
@@ -149,21 +159,34 @@ def pbt_command(algo: Algorithm) -> click.Command:
               help="Trials this worker trains at once.")  # fmt: skip
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the trials' segment dirs go (default runs/NAME).")  # fmt: skip
+@click.option("--acl", "acl", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, metavar="DIR",
+              help="Train only the trials whose password files (NAME-tI, from `qrl pbt ... "
+              "--acl`) are in DIR, each as its own ACL user (the URL's user is not "
+              "used).")  # fmt: skip
 @device_option
 @VERBOSE
 def worker(name: str, redis_url: str | None, slots: int, run_dir: Path | None,
-           device: str) -> None:  # fmt: skip
+           acl: Path | None, device: str) -> None:  # fmt: skip
     """Train trials of population NAME until it is solved or stopped (`qrl run stop NAME`)."""
+    from qrl.pbt.acl import trial_urls
     from qrl.pbt.controller import work
     from qrl.pbt.population import Population, PopulationError
+    from qrl.wire.connection import default_url
 
     run_keys(name, "NAME")
+    urls = None
+    if acl is not None:
+        urls = trial_urls(redis_url or default_url(), name, acl)
+        if not urls:
+            raise click.ClickException(f"no password file of a trial of {name} in {acl}")
+        redis_url = next(iter(urls.values()))
     client = connect_or_fail(redis_url)
     try:
         Population(client, name).config()
     except PopulationError as e:
         raise click.ClickException(str(e)) from None
-    sys.exit(work(redis_url, name, run_dir or Path("runs") / name, slots, device))
+    sys.exit(work(redis_url, name, run_dir or Path("runs") / name, slots, device, urls))
 
 
 for _name in PBT_ALGOS:

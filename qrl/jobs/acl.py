@@ -278,3 +278,8 @@ def process_users(
         else:
             users[(role.name, i)] = shared[role.name]
     return users
+
+
+def set_user(client: Any, args: list[str]) -> None:
+    """``ACL SETUSER`` with ``args`` (:func:`setuser_args`' and more) on every node."""
+    _on_every_node(client, "ACL", "SETUSER", *args)

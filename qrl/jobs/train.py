@@ -128,7 +128,7 @@ class Evaluator:
         return float(np.mean(evaluate(self.env, act, episodes, seed=seed)))
 
 
-def _confirm(evaluator: Evaluator, budget: Budget, score: float, console: Console) -> float | None:
+def confirm(evaluator: Evaluator, budget: Budget, score: float, console: Console) -> float | None:
     """Confirm an evaluation that reached the target on fresh episodes (``None``: no
     confirmation asked for); a lucky evaluation is not a solve, so training goes on."""
     n, target = budget.confirm_episodes, budget.target_return
@@ -301,7 +301,7 @@ def run_training(
                     if score is not None:
                         progress.record_eval(score)
                         if budget.target_return is not None and score >= budget.target_return:
-                            confirmed = _confirm(evaluator, budget, score, console)
+                            confirmed = confirm(evaluator, budget, score, console)
                             reached = confirmed is None or confirmed >= budget.target_return
                     eval_s = time.monotonic() - now  # evaluate (and confirm) <= ~20% of the time
                     next_eval = time.monotonic() + max(budget.eval_every, 4 * eval_s)

@@ -11,11 +11,11 @@ from typing import Any
 import redis
 from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
-from qrl.pbt.exploit import current
+from qrl.pbt.exploit import UNREADABLE, current
 from qrl.pbt.population import Population
-from qrl.runtime.runs import RunNotFound
-from qrl.wire.codec import CodecError
+from qrl.runtime.status import printable
 
 
 def collect(client: redis.Redis, name: str, events: int = 10) -> dict[str, Any]:
@@ -29,19 +29,21 @@ def collect(client: redis.Redis, name: str, events: int = 10) -> dict[str, Any]:
         try:
             cfg = current(client, pcfg, trial)
             values = {e.field: getattr(cfg, e.field) for e in pcfg.explore}
-        except (RunNotFound, CodecError, redis.ResponseError):
+        except UNREADABLE:
             values = {}
         rows.append({"trial": trial, "worker": holders.get(trial), "segments": segments[trial],
                      "score": scores.get(trial), "values": values})  # fmt: skip
     return {
         "population": name, "algo": pcfg.algo, "env": pcfg.env, "trials": rows,
-        "lineage": pop.lineage()[-events:], "solved": pop.solved(),
+        "lineage": pop.lineage(trials)[-events:], "solved": pop.solved(),
         "target_return": pcfg.target_return,
     }  # fmt: skip
 
 
-def _num(x: Any) -> str:
-    return "-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)
+def _num(x: Any) -> Text:
+    """A value read from Redis as plain text: no markup, every control character escaped
+    (any worker's user may have written it)."""
+    return Text(printable("-" if x is None else f"{x:.4g}" if isinstance(x, float) else str(x)))
 
 
 def render(status: dict[str, Any]) -> Group:
@@ -52,7 +54,7 @@ def render(status: dict[str, Any]) -> Group:
     for col in ("trial", "worker", "segments", "score", *fields):
         trials.add_column(col)
     for row in status["trials"]:
-        trials.add_row(row["trial"], row["worker"] or "-", _num(row["segments"]),
+        trials.add_row(row["trial"], _num(row["worker"]), _num(row["segments"]),
                        _num(row["score"]),
                        *(_num(row["values"].get(f)) for f in fields))  # fmt: skip
     lineage = Table(title="exploit/explore (latest last)")
@@ -60,11 +62,12 @@ def render(status: dict[str, Any]) -> Group:
         lineage.add_column(col)
     for e in status["lineage"]:
         ago = f"{time.time() - e['time']:.0f}s ago" if isinstance(e.get("time"), float) else "-"
-        values = ", ".join(f"{k}={_num(v)}" for k, v in (e.get("values") or {}).items())
-        lineage.add_row(ago, str(e.get("trial")), str(e.get("source")),
-                        _num(e.get("source_score")), _num(e.get("score")), values)  # fmt: skip
+        values = e.get("values") if isinstance(e.get("values"), dict) else {}
+        shown = ", ".join(f"{k}={_num(v)}" for k, v in values.items())
+        lineage.add_row(ago, _num(e.get("trial")), _num(e.get("source")),
+                        _num(e.get("source_score")), _num(e.get("score")), _num(shown))  # fmt: skip
     solved = status["solved"]
-    end = f"solved by {solved['trial']} ({_num(solved.get('return'))})" if solved else "not solved"
+    end = f"solved by {solved['trial']} ({solved['return']:.4g})" if solved else "not solved"
     return Group(trials, lineage, end)
 
 

@@ -33,7 +33,7 @@ from rich.console import Console
 
 from qrl.algos import ALGOS
 from qrl.pbt.config import PBTConfig
-from qrl.pbt.exploit import choose, exploit
+from qrl.pbt.exploit import UNREADABLE, choose, exploit
 from qrl.pbt.population import Population
 from qrl.rl.envs import check_env_id
 from qrl.runtime.control import StopFlag
@@ -96,29 +96,47 @@ class Renewal:
             log.warning("%s lost its lease of %s (another worker took it)", self.me, self.trial)
 
 
-def slot(url: str, name: str, run_root: Path, device: str = "auto") -> int:
+def slot(
+    url: str, name: str, run_root: Path, device: str = "auto",
+    trial_urls: dict[str, str] | None = None,
+) -> int:  # fmt: skip
     """Run trials of population ``name`` one segment at a time until it is solved or this
-    process is asked to stop (SIGINT/SIGTERM); the number of segments run."""
+    process is asked to stop (SIGINT/SIGTERM); the number of segments run. ``trial_urls``:
+    the trials this slot may run, each with the URL that runs it (as its worker's ACL user,
+    :mod:`qrl.pbt.acl`); default every trial, by ``url``."""
     client = connect(url, wait=30)
     pop = Population(client, name)
     pcfg = pop.config()  # validated: an algorithm PBT runs, sane settings
     check_env_id(pcfg.env)  # data: it may name no module to import
+    urls = trial_urls or dict.fromkeys(pcfg.trials(), url)
+    pops = {t: pop if u == url else Population(connect(u, wait=30), name) for t, u in urls.items()}
     me, rng, done = worker_id(), random.Random(), 0
     stop = StopFlag(client, RunKeys(name))  # `qrl run stop NAME` stops the population's workers
     while not stop() and pop.solved() is None:
         try:
-            trial = pop.claim(me, pcfg.ready_s + pcfg.lease_s, pcfg.trials())
-        except redis.ResponseError as e:  # a lease key of another type: a writer's
+            trial = pop.claim(me, pcfg.ready_s + pcfg.lease_s, list(pops), via=pops)
+        except redis.ResponseError as e:  # e.g. BUSY, or a user without its trial's keys
             warn_once(str(e), "population %s: cannot take a lease (%s)", name, e, logger=log)
             trial = None
         if trial is None:
             time.sleep(1.0)
             continue
         log.info("%s: segment of %s", me, trial)
+        mine = pops[trial]
         try:
-            take_better(pop, pcfg, trial, rng)
-            renew = Renewal(pop, trial, me, pcfg.ready_s + pcfg.lease_s)
-            result = segment(client, url, pcfg, trial, run_root / trial, device, stop.local, renew)
+            take_better(mine, pcfg, trial, rng)
+            renew = Renewal(mine, trial, me, pcfg.ready_s + pcfg.lease_s)
+            for other in pops.values():  # the segment's roles are forked: no connection
+                disconnect(other.client)
+            try:
+                result = segment(
+                    mine.client, urls[trial], pcfg, trial, run_root / trial, device, stop.local,
+                    renew,
+                )  # fmt: skip
+            except UNREADABLE as e:  # its run's config, as someone rewrote it: not this slot's end
+                warn_once(f"{trial}: {e}", "%s: cannot train %s: %s", me, trial, e, logger=log)
+                time.sleep(1.0)
+                continue
             if stop.local.is_set():  # cut short: no score
                 break
             done += 1
@@ -126,10 +144,10 @@ def slot(url: str, name: str, run_root: Path, device: str = "auto") -> int:
                 log.error("%s: a segment of %s ended: %s failed: %s", me, trial, role, why)
             if renew.lost:  # another worker holds the trial now: it is not ours to change
                 continue
-            finish(pop, pcfg, trial, result)
+            finish(mine, pcfg, trial, result)
         finally:
             with contextlib.suppress(redis.RedisError, RedisUnavailable):  # else it runs out
-                pop.release(trial, me)
+                mine.release(trial, me)
     return done
 
 
@@ -147,15 +165,25 @@ def take_better(
     source = choose(trial, scores, pcfg.quantile, rng)
     if source is None:
         return None
-    return exploit(pop.client, pop, pcfg, trial, source, rng, scores)
+    try:
+        return exploit(pop.client, pop, pcfg, trial, source, rng, scores)
+    except UNREADABLE as e:  # the source's worker wrote its keys: no copy this time
+        warn_once(f"{source}: {e}", "%s cannot copy %s: %s", trial, source, e, logger=log)
+        return None
 
 
 def finish(pop: Population, pcfg: PBTConfig, trial: str, result: dict[str, Any]) -> None:
-    """After a segment: the solve, or the score (none if no episode ended, or no evaluation)."""
-    pop.trained(trial)
-    if result.get("reached"):
-        pop.solve(trial, float(result.get("confirm_return") or result[EVAL_RETURN.name]))
-        return
-    score = result.get((EPISODIC_RETURN if pcfg.score == "train" else EVAL_RETURN).name)
-    if isinstance(score, (int, float)) and math.isfinite(score):
-        pop.post(trial, float(score))
+    """After a segment: the claim that it reached the target (the controller confirms it), or
+    the score (none if no episode ended, or no evaluation). A Redis that refuses them (BUSY
+    with a script, NOPERM) loses this segment's record with one warning; the slot goes on."""
+    try:
+        pop.trained(trial)
+        if result.get("reached"):
+            reached = float(result.get("confirm_return") or result[EVAL_RETURN.name])
+            pop.report_reached(trial, reached)
+            return
+        score = result.get((EPISODIC_RETURN if pcfg.score == "train" else EVAL_RETURN).name)
+        if isinstance(score, (int, float)) and math.isfinite(score):
+            pop.post(trial, float(score))
+    except redis.ResponseError as e:
+        warn_once(str(e), "%s: its segment's record is lost (%s)", trial, e, logger=log)
