@@ -365,6 +365,13 @@ def redis_binaries() -> dict[str, str]:
     return found
 
 
+def redis7() -> str:
+    """A redis-server of version 7 or later (read-only key patterns, which ``--acl`` needs),
+    else the test is skipped (failed under CI=true)."""
+    found = [binary for major, binary in redis_binaries().items() if major >= (7,)]
+    return found[0] if found else skip_or_fail("no redis-server 7 or later here (--acl needs one)")
+
+
 def int_ids(ids: list[bytes]) -> np.ndarray:
     """Replay ids as sampled (bytes) as integers."""
     return np.array([int(i) for i in ids])

@@ -10,18 +10,16 @@ Each role of an algorithm (from the registry, :mod:`qrl.algos`) gets the user ``
   and writes the stream it feeds; the replay filler drains those streams into the replay
   (``replay:*``); a learner writes the weights and drains the replay or the streams.
 
-Redis 7 makes the read-only keys read-only per key (``%R~``). Redis 6.2 has no such
-selector: there a role declared with :data:`ACTOR_COMMANDS` gets no write command but the few
-an actor needs (XADD, SET, DEL, HINCRBY), so HSET, HDEL, ZADD or FLUSH on the weights are
-refused, but SET, DEL or HINCRBY on a key it may read are not (use Redis 7 where actors are
-not trusted). Every user also lacks what a run never needs: admin and dangerous commands,
+Redis 7 makes the read-only keys read-only per key (``%R~``). Redis 6 has no such
+selector: there an actor's user could still SET or DEL the config and weights it reads, so
+:func:`create_users` refuses a server of which any node is older than 7 (:func:`require_selectors`).
+Every user also lacks what a run never needs: admin and dangerous commands,
 SCAN (it lists other runs' key names), SELECT, SCRIPT FLUSH/KILL and FUNCTION (only EVAL,
 EVALSHA, SCRIPT LOAD/EXISTS), pub/sub.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 from pathlib import Path
@@ -34,8 +32,6 @@ from qrl.runtime.roles import ACTOR_COMMANDS, RUN_COMMANDS, Access
 from qrl.wire.cluster import ClusterClient
 from qrl.wire.connection import read_password_file
 from qrl.wire.keys import RunKeys
-
-log = logging.getLogger(__name__)
 
 __all__ = ["ACTOR_COMMANDS", "RUN_COMMANDS", "create_users", "role_access", "user_name"]
 
@@ -127,26 +123,34 @@ def has_selectors(client: Any) -> bool:
     return all(int(str(n["redis_version"]).split(".")[0]) >= 7 for n in nodes)
 
 
+def require_selectors(client: Any) -> None:
+    """Raise ``ValueError`` (one line) unless every node has read-only key patterns: without
+    them a role's user may write the keys it only reads, so per-role users would promise
+    what Redis 6 cannot keep."""
+    if not has_selectors(client):
+        raise ValueError(
+            "this Redis is older than 7 and has no read-only key patterns: an actor's user "
+            "could still SET or DEL the config and weights it reads. Run Redis 7 or later for "
+            "--acl (e.g. Debian's redis-server package: QRL_REDIS_SERVER=/usr/bin/redis-server "
+            "qrl redis; or the compose file's redis:7 image)"
+        )
+
+
 def create_users(
     client: Any, algo: Algorithm, keys: RunKeys, folder: Path, cfg: Any = None
 ) -> dict[str, tuple[str, Path]]:
     """Create (or reset) the ACL user of every role of ``algo`` that a run of config ``cfg``
     runs (every role without one) for run ``keys``, with the passwords in ``folder`` (made
     where missing); returns role -> (user, password file)."""
+    require_selectors(client)
     roles = [r for r in algo.roles if cfg is None or r.when is None or r.when(cfg)]
     files = role_passwords(folder, [r.name for r in roles])
-    selectors = has_selectors(client)
-    if not selectors:
-        log.warning(
-            "Redis 6 has no read-only key patterns: actors' users may still SET or DEL the "
-            "config and weights (not HSET, ZADD, ...); use Redis 7 where actors are not trusted"
-        )
     users = {}
     for role in roles:
         user = user_name(keys.run, role.name)
         access = role_access(role)
         password = read_password_file(files[role.name])
-        args = setuser_args(keys, access, user, password, selectors)
+        args = setuser_args(keys, access, user, password, selectors=True)
         _on_every_node(client, "ACL", "SETUSER", *args)
         users[role.name] = (user, files[role.name])
     return users
