@@ -296,8 +296,10 @@ def es_payload(
     obs_sumsq: float = 0.0,
 ) -> bytes:
     """An encoded ``es.results`` message of generation ``gen`` for CartPole: noise indices
-    ``idx`` with returns ``rp`` (positive) and ``rn`` (negative perturbation)."""
+    ``idx`` with returns ``rp`` (positive) and ``rn`` (negative perturbation), its episodes
+    just long enough for ``obs_count`` observations."""
     n = len(idx)
+    length = np.full(n, max(1, math.ceil(obs_count / (2 * n))), np.int32)
     return encode(
         "es.results",
         {
@@ -306,8 +308,8 @@ def es_payload(
             "index": np.array(idx, np.int64),
             "return_pos": np.array(rp, np.float32),
             "return_neg": np.array(rn, np.float32),
-            "length_pos": np.ones(n, np.int32),
-            "length_neg": np.ones(n, np.int32),
+            "length_pos": length,
+            "length_neg": length,
             "obs_sum": np.full(4, obs_sum),
             "obs_sumsq": np.full(4, obs_sumsq),
             "obs_count": obs_count,
