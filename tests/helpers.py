@@ -296,8 +296,10 @@ def es_payload(
     obs_sumsq: float = 0.0,
 ) -> bytes:
     """An encoded ``es.results`` message of generation ``gen`` for CartPole: noise indices
-    ``idx`` with returns ``rp`` (positive) and ``rn`` (negative perturbation)."""
+    ``idx`` with returns ``rp`` (positive) and ``rn`` (negative perturbation), its episodes
+    just long enough for ``obs_count`` observations."""
     n = len(idx)
+    length = np.full(n, max(1, math.ceil(obs_count / (2 * n))), np.int32)
     return encode(
         "es.results",
         {
@@ -306,8 +308,8 @@ def es_payload(
             "index": np.array(idx, np.int64),
             "return_pos": np.array(rp, np.float32),
             "return_neg": np.array(rn, np.float32),
-            "length_pos": np.ones(n, np.int32),
-            "length_neg": np.ones(n, np.int32),
+            "length_pos": length,
+            "length_neg": length,
             "obs_sum": np.full(4, obs_sum),
             "obs_sumsq": np.full(4, obs_sumsq),
             "obs_count": obs_count,
@@ -377,6 +379,13 @@ def redis_binaries() -> dict[tuple[int, ...], str]:
     ]:
         found.setdefault(server_version(str(binary))[:1], str(binary))
     return found
+
+
+def redis7() -> str:
+    """A redis-server of version 7 or later (read-only key patterns, which ``--acl`` needs),
+    else the test is skipped (failed under CI=true)."""
+    found = [binary for major, binary in redis_binaries().items() if major >= (7,)]
+    return found[0] if found else skip_or_fail("no redis-server 7 or later here (--acl needs one)")
 
 
 def int_ids(ids: list[bytes]) -> np.ndarray:

@@ -161,9 +161,12 @@ def sequences(draw, length: int, lstm: int, obs_shape=(2,), n_actions=2, max_row
 
 
 @st.composite
-def obs_stats(draw, obs_dim: int) -> tuple[float, np.ndarray, np.ndarray]:
-    """An observation count and sums that some observations could have (at the bounds often)."""
-    count = float(draw(ints(1, int(MAX_COUNT))))
+def obs_stats(
+    draw, obs_dim: int, most: int = int(MAX_COUNT)
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """An observation count of at most ``most`` and sums that some observations could have (at
+    the bounds often)."""
+    count = float(draw(ints(1, min(most, int(MAX_COUNT)))))
     sumsq = np.array([draw(floats(count * VALUE_BOUND**2, 64).map(abs)) for _ in range(obs_dim)])
     top = np.minimum(np.sqrt(count * sumsq), count * VALUE_BOUND)
     frac = np.array([draw(floats(1.0, 64)) for _ in range(obs_dim)])
@@ -171,17 +174,21 @@ def obs_stats(draw, obs_dim: int) -> tuple[float, np.ndarray, np.ndarray]:
 
 
 @st.composite
-def es_results(draw, obs_dim: int, noise_size: int, dim: int, max_pairs: int = 256) -> dict:
+def es_results(
+    draw, obs_dim: int, noise_size: int, dim: int, max_pairs: int = 256, max_steps: int = 2**31 - 1
+) -> dict:
     n = draw(rows(max_pairs))
-    count, sumsq, total = draw(obs_stats(obs_dim))
+    lengths = [draw(array("int32", (n,), ints(1, max_steps))) for _ in "pn"]
+    steps = int(sum(x.sum(dtype=np.int64) for x in lengths))  # what the count may not exceed
+    count, sumsq, total = draw(obs_stats(obs_dim, steps))
     return {
         "generation": draw(NATURAL),
         "job": np.arange(n, dtype=np.int64) + draw(ints(0, 2**53 - max_pairs)),
         "index": draw(array("int64", (n,), ints(0, noise_size - dim))),
         "return_pos": draw(array("float32", (n,), floats(RETURN_BOUND))),
         "return_neg": draw(array("float32", (n,), floats(RETURN_BOUND))),
-        "length_pos": draw(array("int32", (n,), ints(1, 2**31 - 1))),
-        "length_neg": draw(array("int32", (n,), ints(1, 2**31 - 1))),
+        "length_pos": lengths[0],
+        "length_neg": lengths[1],
         "obs_sum": total,
         "obs_sumsq": sumsq,
         "obs_count": count,

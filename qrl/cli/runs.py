@@ -69,6 +69,8 @@ def run_create(
     if acl_dir is not None:
         _check_admin_password(redis_url)
     client = connect_or_fail(redis_url)
+    if acl_dir is not None:
+        _check_acl_server(client)
     try:
         created = create_run(client, keys, algo, cfg)
     except (RunExists, RunUnreadable) as e:
@@ -93,6 +95,17 @@ def _check_admin_password(redis_url: str | None) -> None:
         password = parse_url(redis_url or default_url()).get("password") or env_password()
         check_password(password, "the admin password")
     except (ValueError, RedisUnavailable) as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _check_acl_server(client: Any) -> None:
+    """``run create --acl`` refuses a Redis without read-only key patterns before it writes
+    anything (the run included)."""
+    from qrl.jobs.acl import require_selectors
+
+    try:
+        require_selectors(client)
+    except ValueError as e:
         raise click.ClickException(str(e)) from None
 
 

@@ -14,11 +14,10 @@ A machine of a role that runs many processes may get a user of its own instead,
 ``RUN.ROLE.N`` (``qrl run join``, :func:`join_user`; :func:`revoke_user` ends it): the role's
 access, but of the keys of one process (heartbeats, lease, ``Access.mine``) only process N's.
 
-Redis 7 makes the read-only keys read-only per key (``%R~``). Redis 6.2 has no such
-selector: there a role declared with :data:`ACTOR_COMMANDS` gets no write command but the few
-an actor needs (XADD, SET, DEL, HINCRBY), so HSET, HDEL, ZADD or FLUSH on the weights are
-refused, but SET, DEL or HINCRBY on a key it may read are not (use Redis 7 where actors are
-not trusted). Every user also lacks what a run never needs: admin and dangerous commands,
+Redis 7 makes the read-only keys read-only per key (``%R~``). Redis 6 has no such
+selector: there an actor's user could still SET or DEL the config and weights it reads, so
+users are refused on a server of which any node is older than 7 (:func:`require_selectors`).
+Every user also lacks what a run never needs: admin and dangerous commands,
 SCAN (it lists other runs' key names), SELECT, pub/sub, and every scripting command but
 EVALSHA of qrl's own scripts (:func:`script_rules`; EVALSHA_RO of the read-only ones on
 Redis 7): no EVAL, SCRIPT or FUNCTION, so no Lua of its own, which could stall the whole
@@ -29,7 +28,6 @@ failover).
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 from pathlib import Path
@@ -44,8 +42,6 @@ from qrl.wire.cluster import ClusterClient
 from qrl.wire.connection import read_password_file
 from qrl.wire.keys import RunKeys
 from qrl.wire.scripts import every_script, load_scripts
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "ACTOR_COMMANDS",
@@ -179,6 +175,19 @@ def has_selectors(client: Any) -> bool:
     return all(int(str(n["redis_version"]).split(".")[0]) >= 7 for n in nodes)
 
 
+def require_selectors(client: Any) -> None:
+    """Raise :class:`AclRefused` (one line) unless every node has read-only key patterns: without
+    them a role's user may write the keys it only reads, so per-role users would promise
+    what Redis 6 cannot keep."""
+    if not has_selectors(client):
+        raise AclRefused(
+            "this Redis is older than 7 and has no read-only key patterns: an actor's user "
+            "could still SET or DEL the config and weights it reads. Run Redis 7 or later for "
+            "--acl (e.g. Debian's redis-server package: QRL_REDIS_SERVER=/usr/bin/redis-server "
+            "qrl redis; or the compose file's redis:7 image)"
+        )
+
+
 def create_users(
     client: Any, algo: Algorithm, keys: RunKeys, folder: Path, cfg: Any = None
 ) -> dict[str, tuple[str, Path]]:
@@ -186,20 +195,15 @@ def create_users(
     runs (every role without one) for run ``keys``, with the passwords in ``folder`` (made
     where missing), and load qrl's scripts, which the users may run but not load; returns
     role -> (user, password file)."""
+    require_selectors(client)
     roles = [r for r in algo.roles if cfg is None or r.when is None or r.when(cfg)]
     files = role_passwords(folder, [r.name for r in roles])
-    selectors = has_selectors(client)
-    if not selectors:
-        log.warning(
-            "Redis 6 has no read-only key patterns: actors' users may still SET or DEL the "
-            "config and weights (not HSET, ZADD, ...); use Redis 7 where actors are not trusted"
-        )
     users = {}
     for role in roles:
         user = user_name(keys.run, role.name)
         access = role_access(role)
         password = read_password_file(files[role.name])
-        args = setuser_args(keys, access, user, password, selectors)
+        args = setuser_args(keys, access, user, password, selectors=True)
         _on_every_node(client, "ACL", "SETUSER", *args)
         users[role.name] = (user, files[role.name])
     load_scripts(client)
@@ -221,12 +225,7 @@ def join_user(
     always a fresh one (a revoked machine's is void), goes in ``folder/ROLE.N``. Needs Redis
     7: without read-only key patterns any user of the role could rewrite the config and the
     weights. Returns (user, number, password file)."""
-    if not has_selectors(client):
-        raise AclRefused(
-            "Redis before 7.0 has no read-only key patterns, so a joined user could still "
-            "SET or DEL the run's config and weights: run Redis 7 (e.g. /usr/bin/redis-server "
-            "of Debian 12, or docker's redis:7) for per-instance users"
-        )
+    require_selectors(client)
     roledef = algo.role(role)
     if roledef.when is not None and not roledef.when(cfg):
         raise ValueError(f"run {keys.run!r} has no {role} processes with its config")

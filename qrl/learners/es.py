@@ -31,7 +31,7 @@ import torch
 
 from qrl.algos.es.config import ESConfig
 from qrl.algos.es.keys import es_params, es_results
-from qrl.algos.es.messages import es_results_schema
+from qrl.algos.es.messages import es_results_schema, pairs_per_message
 from qrl.algos.es.strategy import Adam, NoiseTable, PolicySpec, es_gradient
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.checkpoint import load_checkpoint, save_checkpoint
@@ -63,14 +63,21 @@ class ESMaster(Role):
         env: EnvSpec | None = None,
     ) -> None:
         self.client, self.keys, self.cfg = client_factory(), keys, cfg
-        self.spec = PolicySpec.for_env(env or EnvSpec.of(cfg.env), cfg.hidden)
+        env = env or EnvSpec.of(cfg.env)
+        self.spec = PolicySpec.for_env(env, cfg.hidden)
         self.noise = NoiseTable(cfg.noise_seed, cfg.noise_size)
         self.store = WeightStore(self.client, keys, es_params(keys))
         self.consumer = StreamConsumer(
             self.client,
             keys,
             es_results(keys),
-            es_results_schema(self.spec.obs_dim, cfg.noise_size, self.spec.dim),
+            es_results_schema(
+                self.spec.obs_dim,
+                cfg.noise_size,
+                self.spec.dim,
+                max_pairs=pairs_per_message(cfg),
+                max_steps=env.max_steps or 2**31 - 1,
+            ),
             count=64,
             block_ms=100,
             claim_idle_ms=cfg.claim_idle_ms,

@@ -1,13 +1,20 @@
 """The learner group of a run: N learners averaging their gradients every update (DD-PPO
 style) in a torch.distributed process group formed through Redis alone (the run's keys and N;
-no env vars, no ports). ``learners:gen`` names the forming generation, ``learners:joined:GEN``
-counts its members (rank = count - 1); a full generation (a pool restarted after a crash never
-joins its dead predecessor), one of another size or garbage is not joined: a new one starts.
-Rank 0 serves a ``TCPStore`` on its address and writes ``host:port`` to ``learners:addr:GEN``;
-the others wait for the generation to be full and the address, check it and connect; then
-``init_process_group`` (NCCL on CUDA, else gloo on the store's address). The keys expire
-``timeout_s`` after the last join; a learner that gives up before its generation is full
-deletes it. Nothing from Redis is unpickled, no collective here pickles.
+no env vars). ``learners:gen`` names the forming generation, ``learners:joined:GEN`` counts its
+members (rank = count - 1); a full generation (a pool restarted after a crash never joins its
+dead predecessor), one of another size or garbage is not joined: a new one starts. Once it is
+full, ``init_process_group`` (NCCL on CUDA, else gloo) rendezvous through
+:class:`RedisStore`, the hash ``learners:store:GEN``: torch's own ``TCPStore`` would serve
+rank 0's port to anyone who reaches it, without authentication (any party could set and get
+its keys and so steer or stall the group's forming); the run's keys are reachable only by
+whoever Redis lets in, and with per-role users (``qrl run create --acl``) only the learners'
+user reaches ``learners:*``. So there is no rendezvous port. What stays on the network is
+gloo's (or NCCL's) own connections between the ranks: each learner listens on a port the OS
+picks on its address (``host=``, default the interface that reaches Redis) and the others
+connect; those carry the gradients, unauthenticated, so keep the learners on one private
+network or firewall those ports to the learners' hosts. The keys expire ``timeout_s`` after
+the last write; a learner that gives up before its generation is full deletes it. Nothing
+from Redis is unpickled, no collective here pickles.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from qrl.wire.scripts import Lua
 log = logging.getLogger(__name__)
 
 _POLL = 0.05  # seconds between looks at Redis while the group forms
-_MAX_ADDR = 300  # bytes an address may have ("host:port"; a host name has at most 253)
+_MAX_VALUE = 1 << 20  # bytes a store value may have (gloo's addresses, NCCL's id: < 1 KiB)
 _PORT = re.compile(r"[0-9]{1,5}")
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")
@@ -69,7 +76,7 @@ redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[4])
 redis.call('SET', KEYS[3], 1, 'EX', ARGV[4])
 return {ARGV[2], 1}
 """
-# KEYS gen, joined:GEN, addr:GEN; ARGV -, -, world: a member gives up before its generation is
+# KEYS gen, joined:GEN, store:GEN; ARGV -, -, world: a member gives up before its generation is
 # full: delete it, so that the others stop waiting and nobody joins it (the next join finds
 # no count under learners:gen and starts a new generation)
 _ABANDON = """
@@ -134,64 +141,78 @@ def _enter(client, keys: RunKeys, world: int, ttl: int) -> tuple[str, int]:
     raise RuntimeError(f"could not join the learner group of run {keys.run}: it keeps changing")
 
 
-def _read_addr(client, key: str) -> tuple[str, int] | None:
-    """Rank 0's store address, None while there is none; a clear error if ``key`` holds
-    anything else (another type, garbage, a huge value: GETRANGE never reads it whole)."""
-    try:
-        if not client.exists(key):  # (first: rank 0 may write it after an empty GETRANGE)
-            return None
-        raw = client.getrange(key, 0, _MAX_ADDR)
-        if not raw or len(raw) > _MAX_ADDR:
-            raise ValueError(f"{len(raw)} bytes")
-        return check_address(raw.decode("ascii"), "the address")
-    except (redis.ResponseError, ValueError) as e:  # WRONGTYPE; UnicodeDecodeError included
-        raise RuntimeError(f"{key} holds no learner store address ({str(e)[:200]}): something "
-                           "else wrote it; restart the learners") from e  # fmt: skip
-
-
-def _wait(client, keys, gen, rank, world, deadline, should_stop, timeout_s):
-    """Wait until ``gen`` is full and (rank > 0) rank 0's address is there: the address
-    (rank 0: True), or None if ``should_stop()``."""
-    n, count = 0, _key(keys, "joined", gen)
+def _wait(client, keys, gen, world, deadline, should_stop, timeout_s) -> bool:
+    """Wait until ``gen`` is full: True, or False if ``should_stop()``."""
+    count = _key(keys, "joined", gen)
     while not should_stop():
-        if n < world:
-            try:
-                raw = client.getrange(count, 0, 8)
-            except redis.ResponseError:  # WRONGTYPE: overwritten, so gone
-                raw = b""
-            n = int(raw) if raw.isdigit() and len(raw) <= 6 else 0
-            if not 0 < n <= world:
-                raise RuntimeError(f"the learner group of run {keys.run} was abandoned while it "
-                                   "formed (a learner gave up?): restart the learners")  # fmt: skip
-        if n == world and (rank == 0 or (addr := _read_addr(client, _key(keys, "addr", gen)))):
-            return True if rank == 0 else addr
+        try:
+            raw = client.getrange(count, 0, 8)
+        except redis.ResponseError:  # WRONGTYPE: overwritten, so gone
+            raw = b""
+        n = int(raw) if raw.isdigit() and len(raw) <= 6 else 0
+        if not 0 < n <= world:
+            raise RuntimeError(f"the learner group of run {keys.run} was abandoned while it "
+                               "formed (a learner gave up?): restart the learners")  # fmt: skip
+        if n == world:
+            return True
         if time.monotonic() >= deadline:
             raise TimeoutError(
                 f"the learner group of run {keys.run} did not form within {timeout_s:g} s: "
-                + (f"{n} of {world} learners joined; start the other {world - n} (the same "
-                   f"command, the same number of learners) within {timeout_s:g} s of it"
-                   if n < world else "all joined, but rank 0 published no address")
-            )  # fmt: skip
+                f"{n} of {world} learners joined; start the other {world - n} (the same "
+                f"command, the same number of learners) within {timeout_s:g} s of it"
+            )
         time.sleep(_POLL)
-    return None
+    return False
 
 
-def _store(addr: str | tuple[str, int], world: int, timeout_s: float):
-    """Rank 0 (``addr``: its host): a TCPStore on that host only (not every interface), on a
-    port the OS picks. The others (``addr``: rank 0's host and port): a client of it."""
-    timeout = datetime.timedelta(seconds=max(timeout_s, 5.0))
-    try:
-        if isinstance(addr, tuple):
-            return dist.TCPStore(*addr, world, False, timeout=timeout)
-        family, _, _, _, sockaddr = socket.getaddrinfo(addr, 0, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, socket.SOCK_STREAM)  # closed by its finalizer on failure
-        sock.bind(sockaddr)
-        sock.listen(128)
-        return dist.TCPStore(addr, sock.getsockname()[1], world, True, wait_for_workers=False,
-                             timeout=timeout, master_listen_fd=sock.detach())  # fmt: skip
-    except (OSError, RuntimeError) as e:
-        raise RuntimeError(f"the learner group's store on {addr} failed ({str(e)[:200]}): "
-                           "rank 0 picks its address with host=") from e  # fmt: skip
+class RedisStore(dist.Store):
+    """torch.distributed's rendezvous store as one hash of the run (``learners:store:GEN``):
+    what torch's init asks of a store (set, get, add, check, wait, delete, count), each write
+    renewing the hash's expiry. Only the learners write ``learners:*``; a value over
+    ``_MAX_VALUE`` bytes or of another type is an error, never read whole."""
+
+    def __init__(self, client, key: str, ttl: int, timeout_s: float) -> None:
+        super().__init__()
+        self.client, self.key, self.ttl, self.timeout_s = client, key, ttl, timeout_s
+
+    def _write(self, command: str, *args):
+        pipe = self.client.pipeline(transaction=False)
+        pipe.execute_command(command, self.key, *args)
+        pipe.expire(self.key, self.ttl)
+        return pipe.execute()[0]
+
+    def set(self, key: str, value) -> None:
+        self._write("HSET", key, bytes(value) if not isinstance(value, str) else value)
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._write("HINCRBY", key, amount))
+
+    def get(self, key: str) -> bytes:
+        self.wait([key])
+        if self.client.hstrlen(self.key, key) <= _MAX_VALUE:
+            value = self.client.hget(self.key, key)
+            if value is not None and len(value) <= _MAX_VALUE:
+                return value
+        raise RuntimeError(f"{self.key} holds no store value of {key!r} (over {_MAX_VALUE} "
+                           "bytes, or gone): restart the learners")  # fmt: skip
+
+    def check(self, keys: list[str]) -> bool:
+        return all(self.client.hexists(self.key, k) for k in keys)
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        seconds = timeout.total_seconds() if timeout else self.timeout_s
+        deadline = time.monotonic() + seconds
+        while not self.check(keys):
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"the learner group's store {self.key}: {keys} not set "
+                                   f"within {seconds:g} s (a learner is gone?)")  # fmt: skip
+            time.sleep(_POLL / 5)
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self.client.hdel(self.key, key))
+
+    def num_keys(self) -> int:
+        return int(self.client.hlen(self.key))
 
 
 # the address the next gloo group binds (join sets it, then inits): plain gloo binds what the
@@ -211,7 +232,7 @@ class LearnerGroup:
 
     def __init__(self, rank: int, world: int, device: torch.device, store=None) -> None:
         self.rank, self.world, self.device = rank, world, device
-        self._store = store  # rank 0 serves it: it must live as long as the group
+        self._store = store  # NCCL reads it at its first collective: kept as long as the group
         self._closed = world == 1
 
     @property
@@ -244,18 +265,13 @@ class LearnerGroup:
         deadline, ttl = time.monotonic() + timeout_s, max(1, math.ceil(timeout_s))
         gen, rank = _enter(client, keys, world, ttl)
         log.info("learner group of run %s: rank %d of %d (gen %s)", keys.run, rank, world, gen)
-        formed, store = False, None
+        formed = False
         global _gloo_host
         try:
-            if rank == 0:
-                store = _store(host, world, timeout_s)
-                client.set(_key(keys, "addr", gen), f"{host}:{store.port}", ex=ttl)
-            addr = _wait(client, keys, gen, rank, world, deadline, should_stop, timeout_s)
-            if addr is None:
+            if not _wait(client, keys, gen, world, deadline, should_stop, timeout_s):
                 return None
             formed = True
-            if rank > 0:
-                store = _store(addr, world, deadline - time.monotonic())
+            store = RedisStore(client, _key(keys, "store", gen), ttl, max(timeout_s, 5.0))
             if device.type == "cuda":
                 torch.cuda.set_device(device)
             elif not hasattr(dist.Backend, "QRL_GLOO"):
@@ -268,7 +284,7 @@ class LearnerGroup:
             return cls(rank, world, device, store)
         finally:
             if not formed:  # stopped, timed out or failed: nobody may wait for this one
-                names = [_key(keys, "gen"), _key(keys, "joined", gen), _key(keys, "addr", gen)]
+                names = [_key(keys, "gen"), _key(keys, "joined", gen), _key(keys, "store", gen)]
                 with contextlib.suppress(redis.RedisError):
                     ABANDON(client, names, ["", "", world])
 

