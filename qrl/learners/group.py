@@ -165,15 +165,29 @@ def _wait(client, keys, gen, world, deadline, should_stop, timeout_s) -> bool:
     return False
 
 
+class _Stopped(Exception):
+    """Told to stop while waiting for the group's rendezvous."""
+
+
 class RedisStore(dist.Store):
     """torch.distributed's rendezvous store as one hash of the run (``learners:store:GEN``):
     what torch's init asks of a store (set, get, add, check, wait, delete, count), each write
     renewing the hash's expiry. Only the learners write ``learners:*``; a value over
-    ``_MAX_VALUE`` bytes or of another type is an error, never read whole."""
+    ``_MAX_VALUE`` bytes or of another type is an error, never read whole. A wait ends with
+    :class:`_Stopped` once ``should_stop()`` turns true (a learner told to stop while a peer
+    that entered the group never came)."""
 
-    def __init__(self, client, key: str, ttl: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        client,
+        key: str,
+        ttl: int,
+        timeout_s: float,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> None:
         super().__init__()
         self.client, self.key, self.ttl, self.timeout_s = client, key, ttl, timeout_s
+        self.should_stop = should_stop
 
     def _write(self, command: str, *args):
         pipe = self.client.pipeline(transaction=False)
@@ -203,6 +217,8 @@ class RedisStore(dist.Store):
         seconds = timeout.total_seconds() if timeout else self.timeout_s
         deadline = time.monotonic() + seconds
         while not self.check(keys):
+            if self.should_stop():
+                raise _Stopped
             if time.monotonic() >= deadline:
                 raise RuntimeError(f"the learner group's store {self.key}: {keys} not set "
                                    f"within {seconds:g} s (a learner is gone?)")  # fmt: skip
@@ -270,8 +286,9 @@ class LearnerGroup:
         try:
             if not _wait(client, keys, gen, world, deadline, should_stop, timeout_s):
                 return None
-            formed = True
-            store = RedisStore(client, _key(keys, "store", gen), ttl, max(timeout_s, 5.0))
+            store = RedisStore(
+                client, _key(keys, "store", gen), ttl, max(timeout_s, 5.0), should_stop
+            )
             if device.type == "cuda":
                 torch.cuda.set_device(device)
             elif not hasattr(dist.Backend, "QRL_GLOO"):
@@ -281,7 +298,10 @@ class LearnerGroup:
                 "nccl" if device.type == "cuda" else "qrl_gloo", store=store, rank=rank,
                 world_size=world, timeout=datetime.timedelta(seconds=collective_timeout_s),
             )  # fmt: skip
+            formed = True
             return cls(rank, world, device, store)
+        except _Stopped:
+            return None
         finally:
             if not formed:  # stopped, timed out or failed: nobody may wait for this one
                 names = [_key(keys, "gen"), _key(keys, "joined", gen), _key(keys, "store", gen)]
