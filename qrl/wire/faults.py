@@ -1,4 +1,4 @@
-"""Redis faults a role rides out or repairs instead of dying of: Redis out of memory
+"""Redis faults a role rides out or repairs instead of dying of: Redis out of memory or busy
 (waited out like a lost connection, see :func:`qrl.wire.connection.connect`, or skipped for a
 write that can be lost) and a key of the wrong Redis type (deleted and written afresh)."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -19,6 +20,10 @@ log = logging.getLogger(__name__)
 # wraps it in a script's error ("Error running script ... -OOM command not allowed ...")
 _OOM = "command not allowed when used memory"
 _skip_oom = threading.local()  # set while a write that may be skipped runs (skip_if_full)
+# what Redis answers while a script runs past its time limit (redis-py has no class for it)
+_BUSY = "BUSY "
+# a command an ACL user lacks, as Redis says it inside a script (outside: NoPermissionError)
+_SCRIPT_NOPERM = "can't run this command"
 
 
 # distinct warnings remembered, and so logged, per kind: where ``what`` comes from data (the
@@ -45,15 +50,46 @@ def warn_once(
         logger.warning(what if message is None else message, *args)
 
 
+_every: dict[str, tuple[float, int]] = {}  # what -> (when last logged, times unlogged)
+EVERY_S = 60.0
+
+
+def warn_every(what: str, message: str, *args: Any, logger: Any = None) -> None:
+    """Log ``message`` the first time ``what`` happens, then at most once per
+    :data:`EVERY_S` seconds with how often it happened since: a fault someone can repeat
+    at will (a repaired key, a refused command) is seen, without flooding the log. ``what``
+    comes from the code (a key, a role), never from data: what is remembered stays small."""
+    now = time.monotonic()
+    last, unlogged = _every.get(what, (-EVERY_S, 0))
+    if now - last < EVERY_S:
+        _every[what] = (last, unlogged + 1)
+        return
+    _every[what] = (now, 0)
+    since = f" ({unlogged} more times in the last {now - last:.0f}s)" if unlogged else ""
+    (logger or log).warning(message + since, *args)
+
+
 def out_of_memory(error: BaseException) -> bool:
     return isinstance(error, ResponseError) and _OOM in str(error)
 
 
+class BusyError(ResponseError):
+    """Redis answered BUSY: a script runs past its time limit and every client waits (an
+    outage, waited out like Redis out of memory)."""
+
+
+def refused(error: BaseException) -> bool:
+    """Whether ``error`` is an ACL refusal (NOPERM), in a script's error too."""
+    return isinstance(error, NoPermissionError) or (
+        isinstance(error, ResponseError) and _SCRIPT_NOPERM in str(error)
+    )
+
+
 class OutageRetry(Retry):
-    """redis-py's ``Retry`` that also waits out Redis out of memory, as it waits out a lost
-    connection: an OOM refusal, in a script's error too, is raised as ``OutOfMemoryError``
-    (one of the retried errors), except inside :func:`skip_if_full`, where it is not
-    retried."""
+    """redis-py's ``Retry`` that also waits out Redis out of memory or busy, as it waits out
+    a lost connection: an OOM refusal, in a script's error too, is raised as
+    ``OutOfMemoryError`` and a BUSY reply as :class:`BusyError` (both retried), except
+    an OOM inside :func:`skip_if_full`, which is not retried."""
 
     def call_with_retry(
         self,
@@ -68,6 +104,8 @@ class OutageRetry(Retry):
             except ResponseError as e:
                 if out_of_memory(e) and not isinstance(e, OutOfMemoryError):
                     raise OutOfMemoryError(str(e)) from e
+                if str(e).startswith(_BUSY) and not isinstance(e, BusyError):
+                    raise BusyError(str(e)) from e
                 raise
 
         def retryable(error: Exception) -> bool:
