@@ -244,6 +244,7 @@ COVERED = {
     ("wire/streams.py", "lua.ENSURE_GROUP"),
     ("wire/streams.py", "lua.LEAVE"),
     ("wire/streams.py", "lua.READ"),
+    ("runtime/metrics.py", "lua.RANGE"),
     ("runtime/ids.py", "_KEEP"),
     ("runtime/ids.py", "_LOOK"),
     ("runtime/ids.py", "_TAKE"),

@@ -21,12 +21,14 @@ import json
 import logging
 import math
 import time
+from functools import partial
 from typing import Any
 
 import redis
 from pydantic import ValidationError
 
 from qrl.pbt.config import PBTConfig
+from qrl.wire.faults import repaired
 from qrl.wire.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -209,7 +211,9 @@ class Population:
     # -- lineage and the end
     def record(self, event: dict[str, Any]) -> None:
         fields = {"event": json.dumps(event)}
-        self.client.xadd(self.lineage_key, fields, maxlen=LINEAGE_LEN, approximate=True)
+        key = self.lineage_key
+        add = partial(self.client.xadd, key, fields, maxlen=LINEAGE_LEN, approximate=True)
+        repaired(self.client, key, add, None)  # a stream whose ids were used up starts afresh
 
     def lineage(self, count: int = LINEAGE_LEN) -> list[dict[str, Any]]:
         """The recorded events, oldest first (those that do not parse left out)."""

@@ -1,6 +1,7 @@
 """Redis faults a role rides out or repairs instead of dying of: Redis out of memory or busy
-(waited out like a lost connection, see :func:`qrl.wire.connection.connect`, or skipped for a
-write that can be lost) and a key of the wrong Redis type (deleted and written afresh)."""
+running a script (waited out like a lost connection, see :func:`qrl.wire.connection.connect`,
+or skipped for a write that can be lost), a key of the wrong Redis type and a stream whose
+ids someone used up (deleted and written afresh)."""
 
 from __future__ import annotations
 
@@ -140,23 +141,30 @@ def skip_if_full(what: str) -> Iterator[None]:
 
 
 T = TypeVar("T")
-_wrong_type: set[str] = set()  # keys repaired (logged once per process)
+# what Redis answers about a key someone else broke, and what the log says of it: a key of
+# another type, and a stream given the last possible id (XADD KEY 18446744073709551615-
+# 18446744073709551615 ...), after which no XADD with '*' can ever add to it
+_BROKEN = {
+    "WRONGTYPE ": "held the wrong type",
+    "exhausted the last possible ID": "had used up its stream ids",
+}
 
 
 def repaired(client: Any, key: str, command: Callable[[], T], default: T) -> T:
-    """``command()`` on ``key``; if the key holds another Redis type (written by something
-    else: anyone with the run's keys can), it is deleted (logged once per key) and
-    ``command()`` tried again; ``default`` if it is wrong again at once, or if this user
-    may not delete it (an ACL user that may only read the key)."""
+    """``command()`` on ``key``; if someone else broke the key (anyone with the run's keys
+    can: it holds another Redis type, or it is a stream whose ids were used up), it is
+    deleted (logged once a minute per key, :func:`warn_every`) and ``command()`` tried
+    again; ``default`` if it is broken again at once, or if this user may not delete it (an
+    ACL user that may only read the key). Deleting a stream loses what it held: its
+    entries, and a consumer group with what it had pending (its consumers recreate it)."""
     for _ in range(3):
         try:
             return command()
-        except ResponseError as e:
-            if "WRONGTYPE " not in str(e):  # a pipeline's error names its command first
+        except ResponseError as e:  # a pipeline's error names its command first: find in it
+            broken = next((why for reply, why in _BROKEN.items() if reply in str(e)), None)
+            if broken is None:
                 raise
-        if key not in _wrong_type:
-            _wrong_type.add(key)
-            log.warning("%s held the wrong type (written by something else): deleting it", key)
+        warn_every(key, "%s %s (written by something else): deleting it", key, broken)
         try:
             client.delete(key)
         except NoPermissionError:
