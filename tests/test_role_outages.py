@@ -7,19 +7,47 @@ Real redis-servers (Redis 7 for the per-role ACL users), real ``qrl`` roles."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import tracemalloc
+from pathlib import Path
 
 import redis
 
+from qrl.actors.feed import RateLimit
+from qrl.algos.apex.config import ApexConfig
+from qrl.jobs.acl import user_name
 from qrl.runtime.metrics import MetricsReader, report
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.connection import connect
+from qrl.wire.keys import RunKeys
 from qrl.wire.stream_scripts import dead_letter
 from qrl.wire.streams import FIELD
-from tests.helpers import wait_until
+from tests.cli import qrl
+from tests.helpers import redis_binaries, skip_or_fail, wait_until
 
+ADMIN = "admin-pw-for-outage-tests"
+EDGE = 2**63 - 1
 LAST_ID = "18446744073709551615-18446744073709551615"  # no XADD * after it, ever
+
+
+def _redis7() -> str:
+    binary = redis_binaries().get((7,))
+    if binary is None:
+        skip_or_fail("no Redis 7 redis-server here (Debian: apt-get install redis-server)")
+    return binary
+
+
+def _create_users(server: EmbeddedRedis, run: str, folder: Path) -> None:
+    sets = ["--set", "learning_starts=200", "--set", "batch_size=32"]
+    env = {**os.environ, "QRL_REDIS_URL": server.url, "QRL_REDIS_PASSWORD": ""}
+    done = qrl("run", "create", "apex", "--run", run, "--acl", str(folder), *sets, env=env)
+    assert done.returncode == 0, done.stderr
+
+
+def _user(server: EmbeddedRedis, run: str, role: str, folder: Path) -> redis.Redis:
+    password = (folder / role).read_text().strip()
+    return redis.Redis(server.host, server.port, username=user_name(run, role), password=password)
 
 
 def test_reports_and_dead_letters_go_on_after_their_streams_ids_were_used_up(r, keys, caplog):
@@ -66,6 +94,25 @@ def test_the_metrics_reader_never_fetches_an_entry_larger_than_a_report(r, keys)
     letters = r.xrange(keys.deadletter)
     assert [int(f[b"size"]) for _, f in letters] == [len(junk) + 1] * 6  # field name + value
     assert int(r.hget(keys.stats, "rejected:metrics")) == 6
+
+
+def test_an_actors_count_at_the_int64_edge_is_reset_with_the_actors_own_commands(tmp_path):
+    run, keys = "edge", RunKeys("edge")
+    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+        _create_users(server, run, tmp_path / "pw")
+        actor = _user(server, run, "actor", tmp_path / "pw")
+        limit = RateLimit(actor, keys, ApexConfig(), share=2)
+        assert limit.env_steps(10) == 10
+        actor.hincrby(keys.stats, "env_steps", EDGE - 10)  # another actor's user
+        actor.hincrby(keys.stats, "produced:experience", 7)
+        assert limit.env_steps(30) == 30  # reset: 0 + our 20 new steps, at least ours
+        assert int(actor.hget(keys.stats, "env_steps")) == 20
+        actor.hincrby(keys.stats, "env_steps", -EDGE)  # far below 0: as garbage
+        assert limit.env_steps(40) == 40 and int(actor.hget(keys.stats, "env_steps")) == 10
+        assert actor.hget(keys.stats, "produced:experience") == b"7"  # the rest kept
+        admin = redis.Redis.from_url(server.url)
+        admin.hset(keys.stats, "env_steps", "garbage")  # HINCRBY cannot undo it: DEL can
+        assert limit.env_steps(50) == 50 and int(actor.hget(keys.stats, "env_steps")) == 10
 
 
 def test_a_busy_redis_is_waited_out_like_a_lost_one(tmp_path, caplog):
