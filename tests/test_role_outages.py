@@ -17,6 +17,7 @@ import redis
 from qrl.actors.feed import RateLimit
 from qrl.algos.apex.config import ApexConfig
 from qrl.jobs.acl import user_name
+from qrl.runtime.loop import Role, run_role
 from qrl.runtime.metrics import MetricsReader, report
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.connection import connect
@@ -24,7 +25,7 @@ from qrl.wire.keys import RunKeys
 from qrl.wire.stream_scripts import dead_letter
 from qrl.wire.streams import FIELD
 from tests.cli import qrl
-from tests.helpers import redis_binaries, skip_or_fail, wait_until
+from tests.helpers import redis_binaries, skip_or_fail, url_of, wait_until
 
 ADMIN = "admin-pw-for-outage-tests"
 EDGE = 2**63 - 1
@@ -113,6 +114,34 @@ def test_an_actors_count_at_the_int64_edge_is_reset_with_the_actors_own_commands
         admin = redis.Redis.from_url(server.url)
         admin.hset(keys.stats, "env_steps", "garbage")  # HINCRBY cannot undo it: DEL can
         assert limit.env_steps(50) == 50 and int(actor.hget(keys.stats, "env_steps")) == 10
+
+
+class _Refused(Role):
+    """A role whose first steps issue a command its user lacks (a rule without HDEL)."""
+
+    name, counter = "actor", "steps"
+
+    def __init__(self, client: redis.Redis, key: str, refusals: int) -> None:
+        self.client, self.key, self.refusals, self.steps = client, key, refusals, 0
+
+    def step(self, should_stop) -> bool:
+        if self.refusals:
+            self.refusals -= 1
+            self.client.hdel(self.key, "x")
+        self.steps += 1
+        return True
+
+
+def test_a_refused_step_is_waited_out_with_one_warning_not_an_exit(r, keys, caplog):
+    r.execute_command(
+        "ACL", "SETUSER", f"{keys.run}.nohdel", "on", ">pw", f"~{keys.prefix}*", "+@all", "-hdel"
+    )
+    user = redis.Redis.from_url(url_of(r), username=f"{keys.run}.nohdel", password="pw")
+    role = _Refused(user, keys.key("h"), refusals=3)
+    with caplog.at_level(logging.WARNING):
+        assert run_role(role, user, keys, 0, lambda: False, limit=5) == 5
+    refusals = [m for m in caplog.messages if "Redis refused" in m]
+    assert len(refusals) == 1 and "hdel" in refusals[0], caplog.messages
 
 
 def test_a_busy_redis_is_waited_out_like_a_lost_one(tmp_path, caplog):
