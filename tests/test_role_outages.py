@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
+import time
 import tracemalloc
 from pathlib import Path
 
+import pytest
 import redis
 
 from qrl.actors.feed import RateLimit
@@ -19,13 +23,14 @@ from qrl.algos.apex.config import ApexConfig
 from qrl.jobs.acl import user_name
 from qrl.runtime.loop import Role, run_role
 from qrl.runtime.metrics import MetricsReader, report
+from qrl.runtime.status import collect
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.stream_scripts import dead_letter
 from qrl.wire.streams import FIELD
-from tests.cli import qrl
-from tests.helpers import redis_binaries, skip_or_fail, url_of, wait_until
+from tests.cli import ROOT, qrl
+from tests.helpers import kill_all, redis_binaries, skip_or_fail, url_of, wait_until
 
 ADMIN = "admin-pw-for-outage-tests"
 EDGE = 2**63 - 1
@@ -167,3 +172,87 @@ def test_a_busy_redis_is_waited_out_like_a_lost_one(tmp_path, caplog):
         finally:
             loop.join(10)
         assert any("busy running a script" in m for m in caplog.messages), caplog.messages
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_apex_roles_under_their_own_users_outlive_an_actors_attack(tmp_path):
+    """Every role of an Ape-X run under its own ACL user on Redis 7; one actor's user uses up
+    the metrics and dead-letter streams' ids and pushes the run's env-step count to the int64
+    edge (and a junk entry makes the replay filler dead-letter): every role goes on, the
+    learner keeps updating, and each stops cleanly when asked."""
+    run, keys = "attacked", RunKeys("attacked")
+    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+        _create_users(server, run, tmp_path / "pw")
+        admin = redis.Redis.from_url(server.url)
+        procs: dict[str, subprocess.Popen] = {}
+        for name, argv in [
+            ("replay", ["replay"]),
+            ("learner", ["learner", "apex"]),
+            ("actor0", ["actor", "apex", "--id", "0"]),
+            ("actor1", ["actor", "apex", "--id", "1"]),
+        ]:
+            role = argv[0]
+            env = {
+                **os.environ,
+                "QRL_REDIS_URL": f"redis://{user_name(run, role)}@127.0.0.1:{server.port}/0",
+                "QRL_REDIS_PASSWORD_FILE": str(tmp_path / "pw" / role),
+                "QRL_REDIS_PASSWORD": "",
+                "QRL_RUN": run,
+            }
+            log = (tmp_path / f"{name}.log").open("w")
+            command = [sys.executable, "-m", "qrl.cli", "-v", *argv]
+            procs[name] = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=log)
+
+        def logs() -> str:
+            files = sorted(tmp_path.glob("*.log"))
+            return "\n".join(f"--- {f.name}\n{f.read_text()[-3000:]}" for f in files)
+
+        def alive() -> None:
+            for name, p in procs.items():
+                assert p.poll() is None, f"{name} exited ({p.returncode})\n{logs()}"
+
+        def version() -> int:
+            return int(admin.hget(keys.weights, "version") or 0)
+
+        try:
+            wait_until(version, "the learner's first updates", 120, between=alive)
+            follower = MetricsReader(admin, keys)
+            attacker = _user(server, run, "actor", tmp_path / "pw")
+            attacker.xadd(keys.metrics, {"d": b"x"}, id=LAST_ID)
+            attacker.xadd(keys.deadletter, {"d": b"x"}, id=LAST_ID)
+            attacker.xadd(keys.experience, {"d": b"junk"})  # the filler dead-letters it
+
+            def to_the_edge() -> bool:
+                now = int(attacker.hget(keys.stats, "env_steps") or 0)
+                try:
+                    attacker.hincrby(keys.stats, "env_steps", EDGE - now)
+                except redis.ResponseError:  # an actor added in between
+                    return False
+                return True
+
+            wait_until(to_the_edge, "env_steps at the int64 edge", 10, every=0.01)
+            attacked, before = time.time(), version()
+
+            def beating() -> set[str]:  # a report (and heartbeat) 2 s after the attack: 2 went
+                procs = collect(admin, keys)["processes"]
+                return {f"{p['role']}.{p['id']}" for p in procs if p["time"] > attacked + 2}
+
+            wait_until(lambda: len(beating()) == 4, "every role reporting on", 60, between=alive)
+            wait_until(lambda: version() > before + 20, "more updates", 120, between=alive)
+            reporters: set[str] = set()
+
+            def reporting() -> bool:
+                reporters.update(f"{m['role']}.{m['id']}" for m in follower.read())
+                return len(reporters) == 4
+
+            wait_until(reporting, "every role reporting", 60, between=alive)
+            assert reporters == {"replay.0", "learner.0", "actor.0", "actor.1"}
+            assert int(admin.hget(keys.stats, "env_steps")) < 2**40  # reset by an actor
+            assert any(f[b"source"] == b"experience" for _, f in admin.xrange(keys.deadletter))
+            admin.hset(keys.control, "stop", 1)
+            for name, p in procs.items():
+                assert p.wait(60) == 0, f"{name}\n{logs()}"
+            assert "NOPERM" not in logs() and "Traceback" not in logs()
+        finally:
+            kill_all(procs.values())
