@@ -116,7 +116,7 @@ class MetricsReader:
         newest, rows = self._call(self.last, check)
         if newest is not None and _id(newest) < _id(self.last):
             warn_every(
-                self.keys.metrics,
+                f"{self.keys.metrics}:followed",  # not repaired()'s: a reporter may log that
                 "%s was deleted and started afresh (its ids were used up?): following it "
                 "from its new start",
                 self.keys.metrics,
