@@ -178,9 +178,9 @@ def test_a_busy_redis_is_waited_out_like_a_lost_one(tmp_path, caplog):
 @pytest.mark.timeout(240)
 def test_apex_roles_under_their_own_users_outlive_an_actors_attack(tmp_path):
     """Every role of an Ape-X run under its own ACL user on Redis 7; one actor's user uses up
-    the metrics and dead-letter streams' ids and pushes the run's env-step count to the int64
-    edge (and a junk entry makes the replay filler dead-letter): every role goes on, the
-    learner keeps updating, and each stops cleanly when asked."""
+    the metrics, dead-letter and experience streams' ids and pushes the run's env-step count
+    to the int64 edge (and a junk entry makes the replay filler dead-letter): every role
+    goes on, the learner keeps updating, and each stops cleanly when asked."""
     run, keys = "attacked", RunKeys("attacked")
     with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
         _create_users(server, run, tmp_path / "pw")
@@ -223,6 +223,13 @@ def test_apex_roles_under_their_own_users_outlive_an_actors_attack(tmp_path):
             attacker.xadd(keys.deadletter, {"d": b"x"}, id=LAST_ID)
             attacker.xadd(keys.experience, {"d": b"junk"})  # the filler dead-letters it
 
+            def dead_lettered() -> bool:  # into the used-up dead letters: restarted
+                letters = admin.xrange(keys.deadletter)
+                return any(f.get(b"source") == b"experience" for _, f in letters)
+
+            wait_until(dead_lettered, "the junk entry dead-lettered", 60, between=alive)
+            attacker.xadd(keys.experience, {"d": b"x"}, id=LAST_ID)  # an actor restarts it
+
             def to_the_edge() -> bool:
                 now = int(attacker.hget(keys.stats, "env_steps") or 0)
                 try:
@@ -240,6 +247,14 @@ def test_apex_roles_under_their_own_users_outlive_an_actors_attack(tmp_path):
 
             wait_until(lambda: len(beating()) == 4, "every role reporting on", 60, between=alive)
             wait_until(lambda: version() > before + 20, "more updates", 120, between=alive)
+
+            def read_again() -> bool:  # restarted by an actor (DEL), its group by the filler
+                if admin.xinfo_stream(keys.experience)["last-generated-id"] == LAST_ID.encode():
+                    return False
+                groups = admin.xinfo_groups(keys.experience)
+                return any(g["last-delivered-id"] != b"0-0" for g in groups if g["name"] == b"qrl")
+
+            wait_until(read_again, "the experience stream restarted and read", 60, between=alive)
             reporters: set[str] = set()
 
             def reporting() -> bool:
@@ -249,7 +264,6 @@ def test_apex_roles_under_their_own_users_outlive_an_actors_attack(tmp_path):
             wait_until(reporting, "every role reporting", 60, between=alive)
             assert reporters == {"replay.0", "learner.0", "actor.0", "actor.1"}
             assert int(admin.hget(keys.stats, "env_steps")) < 2**40  # reset by an actor
-            assert any(f[b"source"] == b"experience" for _, f in admin.xrange(keys.deadletter))
             admin.hset(keys.control, "stop", 1)
             for name, p in procs.items():
                 assert p.wait(60) == 0, f"{name}\n{logs()}"
