@@ -137,7 +137,7 @@ def run_role(
                 if not refused(e):
                     raise
                 pause = _refused(role, ident, e, pause)
-                continue
+                now = time.monotonic()  # the checkpoint timer still runs
             if next_ckpt is not None and now >= next_ckpt:
                 role.save()
                 log.info("%s %d: checkpoint at %d %s", role.name, ident, role.count, role.counter)
