@@ -28,7 +28,7 @@ from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.stream_scripts import dead_letter
-from qrl.wire.streams import FIELD
+from qrl.wire.streams import FIELD, StreamProducer
 from tests.cli import ROOT, qrl
 from tests.helpers import kill_all, redis_binaries, skip_or_fail, url_of, wait_until
 
@@ -119,6 +119,21 @@ def test_an_actors_count_at_the_int64_edge_is_reset_with_the_actors_own_commands
         admin = redis.Redis.from_url(server.url)
         admin.hset(keys.stats, "env_steps", "garbage")  # HINCRBY cannot undo it: DEL can
         assert limit.env_steps(50) == 50 and int(actor.hget(keys.stats, "env_steps")) == 10
+
+
+def test_stream_counters_at_the_int64_edge_start_again_under_an_actors_user(tmp_path):
+    """The counters the stream scripts keep (``produced:*``, ``rejected``, ...) start again
+    from 1 when someone left them at the edge, by commands an actor's user has (no HSET)."""
+    run, keys = "counters", RunKeys("counters")
+    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+        _create_users(server, run, tmp_path / "pw")
+        actor = _user(server, run, "actor", tmp_path / "pw")
+        fields = ["produced:experience", "rejected", "rejected:experience"]
+        actor.hincrby(keys.stats, fields[0], EDGE)
+        actor.hincrby(keys.stats, fields[1], EDGE)
+        assert StreamProducer(actor, keys.experience, keys=keys).add(b"payload")
+        assert dead_letter(actor, keys, "experience", "why", b"junk")
+        assert actor.hmget(keys.stats, fields) == [b"1", b"1", b"1"]
 
 
 class _Refused(Role):

@@ -86,9 +86,23 @@ local function xadd(key, ...)
 end
 """
 
+# count(key, f): add 1 to counter f of hash key. One HINCRBY refuses (someone left a
+# non-number, or a count at the int64 edge) starts again from 1, with what an actor's user
+# may run where it can (HINCRBY of the count's negation: it has no HSET), else with HSET.
+COUNT = """
+local function count(key, f)
+  if type(redis.pcall('HINCRBY', key, f, 1)) ~= 'table' then return end
+  local v = redis.call('HGET', key, f)
+  local undone = v and string.match(v, '^%d+$') and redis.pcall('HINCRBY', key, f, '-' .. v)
+  if type(undone) ~= 'number' then redis.pcall('HSET', key, f, 0) end
+  redis.pcall('HINCRBY', key, f, 1)
+end
+"""
+
 ADD_IF_ROOM = (
     FIX
     + XADD_FRESH
+    + COUNT
     + """
 fix(KEYS[1], 'stream')
 if KEYS[2] then fix(KEYS[2], 'hash') end
@@ -103,11 +117,8 @@ local id, fresh = xadd(KEYS[1], '*', 'd', ARGV[2])
 -- user may not)
 if fresh then redis.pcall('XGROUP', 'CREATE', KEYS[1], 'qrl', '0', 'MKSTREAM') end
 if type(id) == 'table' then return id end  -- an error (out of memory): nothing was added
--- count every entry ever added, in the same step (the run's stats hash, if given); a
--- counter someone overwrote with a non-number starts again
-if KEYS[2] and type(redis.pcall('HINCRBY', KEYS[2], ARGV[3], 1)) == 'table' then
-  redis.pcall('HSET', KEYS[2], ARGV[3], 1)
-end
+-- count every entry ever added, in the same step (the run's stats hash, if given)
+if KEYS[2] then count(KEYS[2], ARGV[3]) end
 return {id, unpack(fixed)}
 """
 )
@@ -115,17 +126,15 @@ return {id, unpack(fixed)}
 DEAD_LETTER = (
     FIX
     + XADD_FRESH
+    + COUNT
     + """
 -- KEYS: dead letters, stats; ARGV: maxlen, source, then the entry's field/value pairs
 fix(KEYS[1], 'stream')
 fix(KEYS[2], 'hash')
 local id = xadd(KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 3))
 if type(id) == 'table' then return id end  -- an error (out of memory): raised to the caller
-for _, f in ipairs({'rejected', 'rejected:' .. ARGV[2]}) do
-  if type(redis.pcall('HINCRBY', KEYS[2], f, 1)) == 'table' then
-    redis.pcall('HSET', KEYS[2], f, 1)
-  end
-end
+count(KEYS[2], 'rejected')
+count(KEYS[2], 'rejected:' .. ARGV[2])
 return fixed
 """
 )
