@@ -256,6 +256,7 @@ COVERED = {
     "inference.pop",
     "pbt.take",
     "pbt.hold",
+    "metrics.range",
 }
 
 

@@ -17,7 +17,7 @@ from qrl.inference import protocol
 from qrl.learners import group
 from qrl.runtime import ids as ids_module
 from qrl.runtime import live
-from qrl.runtime.metrics import METRICS
+from qrl.runtime.metrics import METRICS, MetricsReader
 from qrl.runtime.runs import create_run
 from qrl.wire import stream_scripts, streams
 from qrl.wire.keys import RunKeys
@@ -105,6 +105,45 @@ def test_stream_read_claim_adopt_prune_ack_and_dead_letter(private, r, state):
 
     bounded(private, read)
     bounded(private, read)  # and again, with what the first call left
+
+
+def _junk_metrics(c: redis.Redis, k: RunKeys) -> None:
+    pipe = c.pipeline(transaction=False)
+    for _ in range(3_000):
+        pipe.xadd(k.metrics, {"d": b"x"})
+    pipe.execute()
+
+
+def _metrics_entry(body: bytes, entry_id: str = "*") -> Callable[[redis.Redis, RunKeys], Any]:
+    return lambda c, k: c.xadd(k.metrics, {"d": body}, id=entry_id)
+
+
+def _metrics_of_type(kind: str) -> Callable[[redis.Redis, RunKeys], Any]:
+    return lambda c, k: WRONG_TYPES[kind](c, k.metrics)
+
+
+METRICS_STATES: dict[str, Callable[[redis.Redis, RunKeys], Any]] = {
+    "3k junk entries": _junk_metrics,
+    "oversized entries": lambda c, k: [_metrics_entry(b"y" * (8 << 20))(c, k) for _ in range(4)],
+    "ids used up": _metrics_entry(b"x", stream_scripts.LAST_ID),
+    "an id ahead of the clock": _metrics_entry(b"x", "99999999999999-0"),
+    **{f"{kind}, not a stream": _metrics_of_type(kind) for kind in WRONG_TYPES},
+}
+
+
+@pytest.mark.parametrize("state", METRICS_STATES)
+def test_metrics_range(private, r, state):
+    """A follower of the metrics stream (``RANGE``), from its start and from its newest
+    entry, reads on past whatever is there."""
+    keys = fresh_keys()
+    METRICS_STATES[state](r, keys)
+
+    def follow(c: redis.Redis) -> Any:
+        reader = MetricsReader(c, keys, from_start=True)
+        return reader.read(), reader.read(), MetricsReader(c, keys).read()
+
+    bounded(private, follow)
+    bounded(private, follow)  # and again, with what the first calls left
 
 
 @pytest.mark.parametrize("state", ["no group", "stream wrong type", "many consumers"])

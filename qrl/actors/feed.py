@@ -23,7 +23,7 @@ import redis
 from qrl.algos.apex_family.config import ReplayConfig
 from qrl.replay.shards import shard_of_slots
 from qrl.wire.codec import encode
-from qrl.wire.faults import repaired, warn_once
+from qrl.wire.faults import repaired, warn_every
 from qrl.wire.keys import RunKeys
 from qrl.wire.streams import StreamProducer
 
@@ -94,21 +94,37 @@ class RateLimit:
     def env_steps(self, steps: int) -> int:
         """The run's env steps, our ``steps`` added (HINCRBY on its stats). Anyone with the
         run's keys can write that count: garbage (the wrong type, not a whole number, about
-        to overflow) is deleted, and what is believed is at least our own steps and at most
-        our fair share's worth, so a count lowered or raised by someone else neither lifts
-        the limit for good nor holds actors for good."""
+        to overflow) is repaired (:meth:`_reset`), and what is believed is at least our own
+        steps and at most our fair share's worth, so a count lowered or raised by someone
+        else neither lifts the limit for good nor holds actors for good."""
         key, add = self.keys.stats, steps - self.counted
         total = None
+        incr = partial(self.client.hincrby, key, "env_steps", add)
         for _ in range(2):
             try:
-                incr = partial(self.client.hincrby, key, "env_steps", add)
                 total = repaired(self.client, key, incr, None)
-                break
+                if total is None or total >= 0:  # honest counts never go below 0
+                    break
+                why = f"{total}, below 0"
             except redis.ResponseError as e:  # not an integer, or it would overflow
-                warn_once(f"{key}:env_steps", "%s env_steps was garbage (%s): reset", key, e)
-                self.client.hdel(key, "env_steps")
+                why = str(e)
+            warn_every(f"{key}:env_steps", "%s env_steps was garbage (%s): reset", key, why)
+            self._reset(key)
+            total = None
         self.counted = steps
         return int(min(max(total or 0, steps), steps * max(self.share, 1)))
+
+    def _reset(self, key: str) -> None:
+        """Start the count again with what an actor's ACL user may do (XADD, SET, DEL,
+        HINCRBY: not HDEL or HSET): a whole number is taken back to 0 by HINCRBY; anything
+        else only by deleting the stats hash, its other counters (shown by ``qrl status``)
+        with it. Another actor resetting at the same time may take it far below 0: the next
+        count sees that and resets it again."""
+        raw = self.client.hget(key, "env_steps")
+        try:
+            self.client.hincrby(key, "env_steps", -int(raw))  # type: ignore[arg-type]
+        except (TypeError, ValueError, redis.ResponseError):  # gone, not whole, or -2^63
+            self.client.delete(key)
 
     def throttle(
         self,

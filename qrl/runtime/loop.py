@@ -4,7 +4,8 @@ A role (an actor, a learner, a replay filler, an ES master or worker) supplies i
 step at a time and the values of its reports; :func:`run_role` owns everything around that:
 the stop check, live config changes handed to the role between steps, the rate arithmetic,
 the once-a-second metrics report that also refreshes the process's heartbeat, the
-checkpoint timer, leaving ``qrl status`` on a clean stop, the stop summary in the log, and
+checkpoint timer, leaving ``qrl status`` on a clean stop, the stop summary in the log,
+riding out a step Redis refused (NOPERM: retried with backoff, one warning a minute), and
 failure propagation (a role whose data thread failed ends the process with an error, not
 silently).
 """
@@ -23,6 +24,7 @@ import redis
 from qrl.runtime.live import LiveConfig
 from qrl.runtime.metrics import report
 from qrl.runtime.status import leave
+from qrl.wire.faults import refused, warn_every
 from qrl.wire.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,7 @@ def run_role(
     last = (now, start)
     next_report = now + report_every
     next_ckpt = None if checkpoint_every is None else now + min(first_checkpoint, checkpoint_every)
+    pause = 0.1  # after a refused step, doubling up to 5 s while they stay refused
     try:
         while True:
             if should_stop():
@@ -122,12 +125,19 @@ def run_role(
             if limit is not None and role.count - start >= limit:
                 reason = f"reached its limit of {limit} {role.counter}"
                 break
-            if not role.step(should_stop):
-                break
-            now = time.monotonic()
-            if now >= next_report:
-                last = _report(role, client, keys, ident, last, now, live)
-                next_report = now + report_every
+            try:
+                if not role.step(should_stop):
+                    break
+                now = time.monotonic()
+                if now >= next_report:
+                    last = _report(role, client, keys, ident, last, now, live)
+                    next_report = now + report_every
+                pause = 0.1
+            except redis.ResponseError as e:
+                if not refused(e):
+                    raise
+                pause = _refused(role, ident, e, pause)
+                now = time.monotonic()  # the checkpoint timer still runs
             if next_ckpt is not None and now >= next_ckpt:
                 role.save()
                 log.info("%s %d: checkpoint at %d %s", role.name, ident, role.count, role.counter)
@@ -148,6 +158,25 @@ def run_role(
     if role.failed:
         raise RoleFailed(f"{role.name} stopped: {role.failed}")
     return done
+
+
+def _refused(role: Role, ident: int, error: redis.ResponseError, pause: float) -> float:
+    """A step (or report) Redis refused (NOPERM): the role's ACL user lacks a command or
+    key. It may be a rule that lacks what the role needs (then no retry helps) or a key
+    another role must repair first: either way an outage to wait out, not an exit, and
+    seen (one warning a minute, :func:`qrl.wire.faults.warn_every`). Sleeps ``pause``;
+    returns the next one."""
+    warn_every(
+        f"refused:{role.name}.{ident}",
+        "%s %d: Redis refused a command (%s): this role's ACL user lacks it (check its rule, "
+        "README: Access); retrying",
+        role.name,
+        ident,
+        error,
+        logger=log,
+    )
+    time.sleep(pause)
+    return min(pause * 2, 5.0)
 
 
 def _report(

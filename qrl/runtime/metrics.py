@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import redis
 
 from qrl.runtime.status import beat
+from qrl.wire import stream_scripts as lua
 from qrl.wire.codec import CodecError, decode, encode
-from qrl.wire.faults import repaired, skip_if_full
+from qrl.wire.faults import repaired, skip_if_full, warn_every, warn_once
 from qrl.wire.keys import RunKeys
 from qrl.wire.schema import Field, Schema
-from qrl.wire.stream_scripts import dead_letter
+from qrl.wire.stream_scripts import dead_letter, stored_cap, text
 from qrl.wire.streams import FIELD
 
 log = logging.getLogger(__name__)
@@ -62,33 +63,90 @@ def report(client: redis.Redis, keys: RunKeys, role: str, ident: int = 0, **valu
         repaired(client, keys.metrics, write, None)
 
 
+def _id(entry_id: str) -> tuple[int, ...]:
+    return tuple(map(int, entry_id.split("-")))
+
+
 class MetricsReader:
-    """Follows the metrics stream from now (or from the start with ``from_start``)."""
+    """Follows the metrics stream from now (or from the start with ``from_start``).
+
+    Anyone with the run's keys can add anything to it: entries are read a bounded number at
+    a time and measured inside Redis first (:data:`qrl.wire.stream_scripts.RANGE`), so one
+    larger than a report can be is skipped and dead-lettered by its size, never fetched; and
+    a stream deleted and started afresh (a role repairs one whose ids were used up) is
+    followed from its new start."""
+
+    COUNT = 1000  # entries one read examines at most
+    CAP = stored_cap(METRICS.max_bytes)  # the largest entry a report can be
+    BUDGET = 4 * CAP  # bytes one read examines at most (honest reports are ~1,000 times smaller)
 
     def __init__(self, client: redis.Redis, keys: RunKeys, from_start: bool = False) -> None:
         self.client, self.keys = client, keys
-        newest = (
-            None if from_start else self._repaired(lambda: client.xrevrange(keys.metrics, count=1))
-        )
-        self.last = newest[0][0] if newest else "0-0"
+        self._range = lua.RANGE_LUA.on(client)
+        self._next_check = 0.0  # when to look again for a stream started afresh
+        self.last = "0-0" if from_start else self._call(lua.LAST_ID, check=True)[0] or "0-0"
+
+    def _call(self, after: str, check: bool = False) -> tuple[str | None, list]:
+        """One call of the range script: the rows after ``after`` and, with ``check`` where
+        none came and ``after`` is ahead of Redis's clock, the stream's newest id."""
+        args = [after, self.COUNT, self.CAP, self.BUDGET, int(check)]
+        call = partial(self._range, [self.keys.metrics], args)
+        newest, rows = repaired(self.client, self.keys.metrics, call, [None, []])
+        return (None if newest is None else text(newest)), rows
 
     def read(self, block_ms: int | None = None) -> list[dict[str, Any]]:
-        resp = self._repaired(
-            lambda: self.client.xread({self.keys.metrics: self.last}, count=1000, block=block_ms)
-        )
-        out = []
-        for _stream, entries in resp or []:
-            for entry_id, fields in entries:
-                self.last = entry_id
-                payload = fields.get(FIELD)
-                try:
-                    if payload is None:
-                        raise CodecError("metrics entry without payload")
-                    out.append(decode(payload, METRICS))
-                except CodecError as e:
-                    log.warning("rejected metrics entry: %s", e)
-                    dead_letter(self.client, self.keys, "metrics", str(e), payload, entry_id)
-        return out
+        """The reports added since the last read; with ``block_ms``, waits up to that long
+        for one (scripts cannot block: it polls, backing off up to 50 ms)."""
+        deadline = time.monotonic() + (block_ms or 0) / 1000
+        delay = 0.005
+        while True:
+            out, came = self._read_once()
+            left = deadline - time.monotonic()
+            if out or (left <= 0 and not came):  # junk only: on to what comes after it
+                return out
+            if not came:
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 0.05)
 
-    def _repaired(self, command: Callable[[], list]) -> list:
-        return repaired(self.client, self.keys.metrics, command, [])
+    def _read_once(self) -> tuple[list[dict[str, Any]], bool]:
+        """The reports of one call of the range script, and whether any entry came."""
+        check = time.monotonic() >= self._next_check
+        if check:
+            self._next_check = time.monotonic() + 1.0
+        newest, rows = self._call(self.last, check)
+        if newest is not None and _id(newest) < _id(self.last):
+            warn_every(
+                f"{self.keys.metrics}:followed",  # not repaired()'s: a reporter may log that
+                "%s was deleted and started afresh (its ids were used up?): following it "
+                "from its new start",
+                self.keys.metrics,
+                logger=log,
+            )
+            self.last = "0-0"
+            newest, rows = self._call(self.last)
+        out = []
+        for row in rows:
+            entry_id, body = text(row[0]), row[1]
+            self.last = entry_id
+            payload, size = None, None
+            try:
+                if isinstance(body, int):  # measured in Redis and left there
+                    size = body
+                    raise CodecError(f"entry over the {self.CAP} bytes a report may take")
+                fields = dict(zip(body[::2], body[1::2], strict=True))
+                payload = fields.get(FIELD)
+                if payload is None:
+                    raise CodecError("metrics entry without payload")
+                out.append(decode(payload, METRICS))
+            except CodecError as e:
+                reason = f"metrics: {e}"  # logged once per reason: the dead letters keep each
+                warn_once(
+                    reason,
+                    "rejected metrics entry %s: %s",
+                    entry_id,
+                    e,
+                    kind="rejected entries",
+                    logger=log,
+                )
+                dead_letter(self.client, self.keys, "metrics", str(e), payload, entry_id, size)
+        return out, bool(rows)

@@ -1,5 +1,5 @@
 """Connecting to Redis from a URL, with retry and backoff on connection loss and while
-Redis is out of memory (:mod:`qrl.wire.faults`)."""
+Redis is out of memory or busy running a script (:mod:`qrl.wire.faults`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from qrl.wire.cluster import RETRY_ON, ClusterClient
-from qrl.wire.faults import OutageRetry, ScriptsMissing, out_of_memory
+from qrl.wire.faults import BusyError, OutageRetry, ScriptsMissing, out_of_memory
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,11 @@ class DeadlineBackoff(AbstractBackoff):
         if isinstance(error, AuthenticationError):
             raise error
         what = redact_text(str(error), self._full_url)
-        state = "is out of memory" if out_of_memory(error) else "not answering"
+        state = "not answering"
+        if out_of_memory(error):
+            state = "is out of memory"
+        elif isinstance(error, BusyError):
+            state = "is busy running a script"
         # only the admin ends this one (it loads the scripts), so no deadline: every role
         # of the run waits for it instead of exiting
         missing = isinstance(error, ScriptsMissing)
@@ -293,6 +297,7 @@ def read_password_file(path: str | os.PathLike[str]) -> str:
 
 
 _LOST = (RedisConnectionError, RedisTimeoutError, OSError)  # a lost connection
+_OUTAGE = (*_LOST, OutOfMemoryError, BusyError)  # what is waited out, up to the deadline
 Client = redis.Redis | ClusterClient  # what connect() gives: one node's client or a cluster's
 
 
@@ -308,11 +313,12 @@ def connect(
     is a :class:`qrl.wire.cluster.ClusterClient` for the whole cluster
     (see :mod:`qrl.wire.cluster`).
 
-    Commands that fail on a lost connection, or on Redis out of memory (``maxmemory`` with
-    ``noeviction``: an outage too), are retried with exponential backoff (up to 2 s apart)
-    for up to ``deadline`` seconds (default :func:`redis_deadline`), then raise
-    :class:`RedisUnavailable`. If Redis does not answer at first, PING is tried again for up
-    to ``wait`` seconds, then :class:`RedisUnavailable` is raised with a clear message.
+    Commands that fail on a lost connection, on Redis out of memory (``maxmemory`` with
+    ``noeviction``) or busy (a script past its time limit: outages too), are retried with
+    exponential backoff (up to 2 s apart) for up to ``deadline`` seconds (default
+    :func:`redis_deadline`), then raise :class:`RedisUnavailable`. If Redis does not answer
+    at first, PING is tried again for up to ``wait`` seconds, then :class:`RedisUnavailable`
+    is raised with a clear message.
     """
     url = url or default_url()
     backoff = DeadlineBackoff(url, wait)  # the first PING waits at most ``wait``
@@ -328,8 +334,8 @@ def connect(
             options["password"] = password
         client: Client = redis.Redis.from_url(
             url,
-            retry=OutageRetry(backoff, -1, (*_LOST, OutOfMemoryError)),
-            retry_on_error=[*_LOST, OutOfMemoryError],
+            retry=OutageRetry(backoff, -1, _OUTAGE),
+            retry_on_error=list(_OUTAGE),
             **options,
         )
     except ValueError as e:
@@ -352,7 +358,7 @@ def connect(
                 f"{redact(url)} is a node of a Redis Cluster, which has only database 0: "
                 f"end the URL with /0, not /{parsed['db']}"
             )
-        retry = OutageRetry(backoff, -1, (*RETRY_ON, OutOfMemoryError))
+        retry = OutageRetry(backoff, -1, (*RETRY_ON, OutOfMemoryError, BusyError))
         client = _cluster_client(url, retry, wait, options)
     backoff.deadline = redis_deadline() if deadline is None else deadline
     return client

@@ -71,8 +71,39 @@ local function fix(key, want)
 end
 """
 
+# XADD key ...: a stream someone gave the last possible id (XADD KEY 18446744073709551615-
+# 18446744073709551615 ...) has no id left for '*', ever: it is deleted, with its entries and
+# its consumer group's pending ones (they are lost), and added to afresh (noted in FIX's
+# ``fixed``). Returns XADD's reply (an error as a table) and whether the stream is new.
+XADD_FRESH = """
+local function xadd(key, ...)
+  local id = redis.pcall('XADD', key, ...)
+  if type(id) == 'table' and id.err and string.find(id.err, 'exhausted') then
+    redis.call('DEL', key)
+    fixed[#fixed + 1] = key .. ' had used up its ids: deleted and recreated'
+    return redis.pcall('XADD', key, ...), true
+  end
+  return id, false
+end
+"""
+
+# count(key, f): add 1 to counter f of hash key. One HINCRBY refuses (someone left a
+# non-number, or a count at the int64 edge) starts again from 1, with what an actor's user
+# may run where it can (HINCRBY of the count's negation: it has no HSET), else with HSET.
+COUNT = """
+local function count(key, f)
+  if type(redis.pcall('HINCRBY', key, f, 1)) ~= 'table' then return end
+  local v = redis.call('HGET', key, f)
+  local undone = v and string.match(v, '^%d+$') and redis.pcall('HINCRBY', key, f, '-' .. v)
+  if type(undone) ~= 'number' then redis.pcall('HSET', key, f, 0) end
+  redis.pcall('HINCRBY', key, f, 1)
+end
+"""
+
 ADD_IF_ROOM = (
     FIX
+    + XADD_FRESH
+    + COUNT
     + """
 fix(KEYS[1], 'stream')
 if KEYS[2] then fix(KEYS[2], 'hash') end
@@ -82,37 +113,29 @@ local waiting = redis.call('XLEN', KEYS[1])
 local pending = redis.pcall('XPENDING', KEYS[1], 'qrl')
 if type(pending) == 'table' and pending.err == nil then waiting = waiting - pending[1] end
 if waiting >= tonumber(ARGV[1]) then return {false, unpack(fixed)} end
-local id = redis.pcall('XADD', KEYS[1], '*', 'd', ARGV[2])
-if type(id) == 'table' and id.err and string.find(id.err, 'exhausted') then
-  -- someone added an entry with the last possible id: no id is left for '*', ever; start
-  -- the stream (and its group, or its consumers will: an actor's user may not) afresh
-  redis.call('DEL', KEYS[1])
-  redis.pcall('XGROUP', 'CREATE', KEYS[1], 'qrl', '0', 'MKSTREAM')
-  fixed[#fixed + 1] = KEYS[1] .. ' had used up its ids: deleted and recreated'
-  id = redis.pcall('XADD', KEYS[1], '*', 'd', ARGV[2])
-end
+local id, fresh = xadd(KEYS[1], '*', 'd', ARGV[2])
+-- a stream started afresh gets its group back (or its consumers recreate it: an actor's
+-- user may not)
+if fresh then redis.pcall('XGROUP', 'CREATE', KEYS[1], 'qrl', '0', 'MKSTREAM') end
 if type(id) == 'table' then return id end  -- an error (out of memory): nothing was added
--- count every entry ever added, in the same step (the run's stats hash, if given); a
--- counter someone overwrote with a non-number starts again
-if KEYS[2] and type(redis.pcall('HINCRBY', KEYS[2], ARGV[3], 1)) == 'table' then
-  redis.pcall('HSET', KEYS[2], ARGV[3], 1)
-end
+-- count every entry ever added, in the same step (the run's stats hash, if given)
+if KEYS[2] then count(KEYS[2], ARGV[3]) end
 return {id, unpack(fixed)}
 """
 )
 
 DEAD_LETTER = (
     FIX
+    + XADD_FRESH
+    + COUNT
     + """
 -- KEYS: dead letters, stats; ARGV: maxlen, source, then the entry's field/value pairs
 fix(KEYS[1], 'stream')
 fix(KEYS[2], 'hash')
-redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 3))
-for _, f in ipairs({'rejected', 'rejected:' .. ARGV[2]}) do
-  if type(redis.pcall('HINCRBY', KEYS[2], f, 1)) == 'table' then
-    redis.pcall('HSET', KEYS[2], f, 1)
-  end
-end
+local id = xadd(KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 3))
+if type(id) == 'table' then return id end  -- an error (out of memory): raised to the caller
+count(KEYS[2], 'rejected')
+count(KEYS[2], 'rejected:' .. ARGV[2])
 return fixed
 """
 )
@@ -267,3 +290,41 @@ for _ = 1, count do
 end
 return {cursor, adopted}
 """
+
+LAST_ID = "18446744073709551615-18446744073709551615"  # the largest stream id there is
+
+# A follower's read of a stream it has no group on (the metrics): up to ARGV[2] entries after
+# id ARGV[1], one at a time, each measured here: one over ARGV[3] bytes (fields and values)
+# comes back as its size only, never whole. Stops once ARGV[4] bytes were examined (bounded
+# work whatever the entries hold). Nothing comes after LAST_ID ('(' of it is an error).
+# Returns {newest, {{id, fields or size}...}}. newest is false unless ARGV[5] is '1', nothing
+# came and ARGV[1] is ahead of Redis's clock (an id someone chose: honest ones never are):
+# then it is the stream's last entry id, which the caller compares with ARGV[1] (ids pass
+# 2^53, which Lua's numbers do not hold) to see a stream deleted and started afresh under
+# it. Only then is the last entry loaded (it may be big): the caller asks at most once a
+# second.
+RANGE = """
+local out, seen, cursor = {}, 0, ARGV[1]
+for _ = 1, tonumber(ARGV[2]) do
+  if cursor == 'LAST_ID' then break end
+  local e = redis.call('XRANGE', KEYS[1], '(' .. cursor, '+', 'COUNT', 1)[1]
+  if not e then break end
+  cursor = e[1]
+  local size = 0
+  for _, v in ipairs(e[2]) do size = size + #v end
+  if size > tonumber(ARGV[3]) then e = {cursor, size} end
+  out[#out + 1] = e
+  seen = seen + size
+  if seen >= tonumber(ARGV[4]) then break end
+end
+local newest = false
+if #out == 0 and ARGV[5] == '1' then
+  local now = redis.call('TIME')
+  if tonumber(string.match(ARGV[1], '^%d+')) > now[1] * 1000 + 1000 then
+    local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
+    newest = last and last[1] or false
+  end
+end
+return {newest, out}
+""".replace("LAST_ID", LAST_ID)
+RANGE_LUA = Lua("metrics.range", RANGE)
