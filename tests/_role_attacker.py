@@ -1,9 +1,9 @@
 """Until killed: issue 68's attacks, made in turn with ONE role's own credentials (a joined
 actor, stepper or worker: ``qrl run join``), as the holder of one compromised machine would
 make them. ``python tests/_role_attacker.py URL RUN ALGO ROLE EVERY`` (the URL names the
-attacker's user, the password comes from ``QRL_REDIS_PASSWORD_FILE``); prints one line per
-attack: its name, a colon, then ``refused`` (Redis said no) or ``made`` (it went in: the
-honest roles must ride it out).
+attacker's user, the password comes from ``QRL_REDIS_PASSWORD_FILE``); prints how many
+kinds of attack it makes, then one line per attack: its name, a colon, then ``refused``
+(Redis said no) or ``made`` (it went in: the honest roles must ride it out).
 
 Where ``tests/_key_attacker.py`` attacks with the run's whole key space, this has only what
 one role's user has: Lua of its own, exhausted stream ids, a counter at the int64 edge,
@@ -120,6 +120,7 @@ ATTACKS += {
     ],
 }.get(algo, [])
 
+print(f"attacks: {len(ATTACKS)}", flush=True)
 made = 0
 while True:
     name, attack = ATTACKS[made % len(ATTACKS)]
