@@ -207,15 +207,21 @@ def test_each_role_works_under_its_own_user(case, tmp_path):
             )  # fmt: skip
         try:
             learner = next(p for r, p in procs.items() if r.checkpoints)
-            assert learner.wait(150) == 0, _logs(tmp_path)
-            admin = redis.Redis.from_url(server.url)
-            assert int(admin.hget(spec.weights_key(keys), "version")) > 0
-            admin.hset(keys.control, "stop", 1)
-            for proc in procs.values():
-                assert proc.wait(30) == 0, _logs(tmp_path)
-            assert b"NOPERM" not in _logs(tmp_path).encode()
+            _learner_updates_then_all_stop(server, spec, keys, learner, procs.values(), tmp_path)
         finally:
             kill_all(procs.values())
+
+
+def _learner_updates_then_all_stop(server, spec, keys, learner, procs, folder: Path) -> None:
+    """``learner`` made its updates and published weights; told to stop, every one of
+    ``procs`` exits 0; nothing was refused (the logs in ``folder`` say no NOPERM)."""
+    assert learner.wait(150) == 0, _logs(folder)
+    admin = redis.Redis.from_url(server.url)
+    assert int(admin.hget(spec.weights_key(keys), "version")) > 0
+    admin.hset(keys.control, "stop", 1)
+    for proc in procs:
+        assert proc.wait(30) == 0, _logs(folder)
+    assert b"NOPERM" not in _logs(folder).encode()
 
 
 def _logs(folder: Path) -> str:

@@ -22,7 +22,7 @@ from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.keys import RunKeys
 from tests.cli import ROOT, qrl
 from tests.helpers import kill_all, redis_binaries, skip_or_fail, wait_until
-from tests.test_acl import ADMIN, _create, _logs
+from tests.test_acl import ADMIN, _create, _learner_updates_then_all_stop
 
 
 def _redis7() -> str:
@@ -188,12 +188,7 @@ def test_joined_processes_work_under_their_own_users(case, tmp_path):
             for n in range(cfg.actors):  # each joined process holds the number of its user
                 wait_until(lambda n=n: admin.get(keys.lease(joined, n)), f"{joined} {n}'s lease")
             learner = next(p for (r, _), p in procs.items() if r.checkpoints)
-            assert learner.wait(150) == 0, _logs(tmp_path)
-            assert int(admin.hget(spec.weights_key(keys), "version")) > 0
-            admin.hset(keys.control, "stop", 1)
-            for proc in procs.values():
-                assert proc.wait(30) == 0, _logs(tmp_path)
-            assert b"NOPERM" not in _logs(tmp_path).encode()
+            _learner_updates_then_all_stop(server, spec, keys, learner, procs.values(), tmp_path)
         finally:
             kill_all(procs.values())
 
