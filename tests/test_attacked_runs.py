@@ -20,7 +20,7 @@ import redis
 
 from qrl.server.embedded import EmbeddedRedis
 from tests.cli import ROOT, qrl
-from tests.helpers import kill_all, redis_binaries, skip_or_fail, wait_until
+from tests.helpers import kill_all, redis7, wait_until
 
 ADMIN = "admin-pw-for-attacked-runs"
 # the first evaluation comes this late, so the job lasts while the attacker makes every
@@ -47,9 +47,7 @@ REFUSED_TOO = {
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("case", CASES)
 def test_a_run_solves_while_one_of_its_own_users_attacks_it(case, tmp_path):
-    binary = redis_binaries().get((7,))
-    if binary is None:
-        skip_or_fail("no Redis 7 here (apt-get install redis-server): per-instance users need it")
+    binary = redis7()
     algo, role, settings = CASES[case]
     run = f"attacked-{case}"
     env = {**os.environ, "QRL_REDIS_PASSWORD": "", "PYTHONPATH": str(ROOT)}

@@ -21,15 +21,8 @@ from qrl.runtime.ids import instance_user
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.keys import RunKeys
 from tests.cli import ROOT, qrl
-from tests.helpers import kill_all, redis_binaries, skip_or_fail, wait_until
+from tests.helpers import kill_all, redis7, wait_until
 from tests.test_acl import ADMIN, _create, _learner_updates_then_all_stop
-
-
-def _redis7() -> str:
-    binary = redis_binaries().get((7,))
-    if binary is None:
-        skip_or_fail("no Redis 7 redis-server here (Debian: apt-get install redis-server)")
-    return binary
 
 
 def _join(server: EmbeddedRedis, run: str, role: str, folder: Path, *more: str):
@@ -59,7 +52,7 @@ def _refused(*attempts) -> None:
 
 def test_a_joined_stepper_reaches_its_own_lists_lease_and_heartbeat_only(tmp_path):
     run, keys, pw = "join-seed", RunKeys("join-seed"), tmp_path / "pw"
-    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
         admin = redis.Redis.from_url(server.url)
         done = _create(server, "impala", run, pw, "--set", "inference=central")
         assert done.returncode == 0, done.stderr
@@ -118,7 +111,7 @@ def test_a_joined_stepper_reaches_its_own_lists_lease_and_heartbeat_only(tmp_pat
 
 def test_a_joined_actor_cannot_touch_another_actors_lease_or_heartbeat(tmp_path):
     run, keys, pw = "join-apex", RunKeys("join-apex"), tmp_path / "pw"
-    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
         assert _create(server, "apex", run, pw).returncode == 0
         done = _join(server, run, "actor", pw, "--id", "3")
         assert done.returncode == 0, done.stderr
@@ -155,7 +148,7 @@ def test_joined_processes_work_under_their_own_users(case, tmp_path):
     spec = ALGOS[algo]
     cfg = parse_config(spec.config, settings)
     sets = [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
-    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
         assert _create(server, algo, run, pw, *sets).returncode == 0
         users = {}
         for role, n in spec.processes(cfg):
@@ -195,7 +188,7 @@ def test_joined_processes_work_under_their_own_users(case, tmp_path):
 
 def test_a_joined_user_cannot_start_as_another_number(tmp_path):
     run, pw = "join-id", tmp_path / "pw"
-    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
         assert _create(server, "apex", run, pw).returncode == 0
         assert _join(server, run, "actor", pw).returncode == 0
         env = {

@@ -35,7 +35,7 @@ from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore
 from tests.cli import ROOT, qrl
-from tests.helpers import redis_binaries, skip_or_fail, wait_until
+from tests.helpers import redis7, redis_binaries, wait_until
 
 
 def _pcfg(keys: RunKeys, **kw) -> PBTConfig:
@@ -545,17 +545,10 @@ def test_a_claimed_solve_is_confirmed_by_the_controllers_own_evaluation(r, keys,
 ADMIN = "admin-pw-for-pbt-acl-tests"
 
 
-def _redis7() -> str:
-    binary = redis_binaries().get((7,))
-    if binary is None:
-        skip_or_fail("no Redis 7 redis-server here: PBT's ACL users need read-only key patterns")
-    return binary
-
-
 def test_a_trials_worker_writes_only_its_trial_and_the_controller_only_the_population(tmp_path):
     from qrl.pbt.acl import as_user, create_users, trial_urls
 
-    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
         admin = redis.Redis.from_url(server.url)
         pcfg = _pcfg(RunKeys("acl-pop"), population=3)
         setup(admin, pcfg)
@@ -626,7 +619,7 @@ def test_a_trials_worker_writes_only_its_trial_and_the_controller_only_the_popul
 def test_a_population_runs_under_its_acl_users(tmp_path):
     import threading
 
-    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
         env = {**os.environ, "QRL_REDIS_URL": server.address, "QRL_REDIS_PASSWORD": ADMIN}
         admin = redis.Redis.from_url(server.url)
         seen: set[str] = set()  # the users of the clients connected while it runs

@@ -25,17 +25,10 @@ from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
 from qrl.wire.streams import FIELD
 from tests.cli import qrl
-from tests.helpers import redis_binaries, skip_or_fail
+from tests.helpers import redis7
 from tests.test_ps import _block, _grad, _net, _send, _server, never
 
 ADMIN = "admin-pw-for-ps-tests"
-
-
-def _redis7() -> str:
-    binary = redis_binaries().get((7,))
-    if binary is None:
-        skip_or_fail("needs Redis 7's read-only key patterns: no redis-server 7 on PATH")
-    return binary
 
 
 def _as(server: EmbeddedRedis, run: str, role: str, folder: Path) -> redis.Redis:
@@ -47,7 +40,7 @@ def _as(server: EmbeddedRedis, run: str, role: str, folder: Path) -> redis.Redis
 def test_a_workers_user_cannot_write_the_blocks_or_a_servers_state(algo, role, tmp_path):
     run = f"ps-{algo}"
     shards = RunKeys(run).shards(2)
-    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
         done = qrl(
             "run", "create", algo, "--run", run, "--acl", str(tmp_path), "--set", "ps_shards=2",
             env={**os.environ, "QRL_REDIS_URL": server.url, "QRL_REDIS_PASSWORD": ""},

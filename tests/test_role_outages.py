@@ -30,18 +30,11 @@ from qrl.wire.keys import RunKeys
 from qrl.wire.stream_scripts import dead_letter
 from qrl.wire.streams import FIELD, StreamProducer
 from tests.cli import ROOT, qrl
-from tests.helpers import kill_all, redis_binaries, skip_or_fail, url_of, wait_until
+from tests.helpers import kill_all, redis7, url_of, wait_until
 
 ADMIN = "admin-pw-for-outage-tests"
 EDGE = 2**63 - 1
 LAST_ID = "18446744073709551615-18446744073709551615"  # no XADD * after it, ever
-
-
-def _redis7() -> str:
-    binary = redis_binaries().get((7,))
-    if binary is None:
-        skip_or_fail("no Redis 7 redis-server here (Debian: apt-get install redis-server)")
-    return binary
 
 
 def _create_users(server: EmbeddedRedis, run: str, folder: Path) -> None:
@@ -104,7 +97,7 @@ def test_the_metrics_reader_never_fetches_an_entry_larger_than_a_report(r, keys)
 
 def test_an_actors_count_at_the_int64_edge_is_reset_with_the_actors_own_commands(tmp_path):
     run, keys = "edge", RunKeys("edge")
-    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
         _create_users(server, run, tmp_path / "pw")
         actor = _user(server, run, "actor", tmp_path / "pw")
         limit = RateLimit(actor, keys, ApexConfig(), share=2)
@@ -125,7 +118,7 @@ def test_stream_counters_at_the_int64_edge_start_again_under_an_actors_user(tmp_
     """The counters the stream scripts keep (``produced:*``, ``rejected``, ...) start again
     from 1 when someone left them at the edge, by commands an actor's user has (no HSET)."""
     run, keys = "counters", RunKeys("counters")
-    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
         _create_users(server, run, tmp_path / "pw")
         actor = _user(server, run, "actor", tmp_path / "pw")
         fields = ["produced:experience", "rejected", "rejected:experience"]
@@ -197,7 +190,7 @@ def test_apex_roles_under_their_own_users_outlive_an_actors_attack(tmp_path):
     to the int64 edge (and a junk entry makes the replay filler dead-letter): every role
     goes on, the learner keeps updating, and each stops cleanly when asked."""
     run, keys = "attacked", RunKeys("attacked")
-    with EmbeddedRedis(password=ADMIN, binary=_redis7()) as server:
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
         _create_users(server, run, tmp_path / "pw")
         admin = redis.Redis.from_url(server.url)
         procs: dict[str, subprocess.Popen] = {}
