@@ -386,3 +386,40 @@ def test_population_take_and_hold(private, r, state):
     bounded(private, lambda c: Population(c, pop.name).release(trials[0], "w"))
     bounded(private, lambda c: Population(c, pop.name).holders(trials))
     bounded(private, lambda c: Population(c, pop.name).scores(trials))
+
+
+def test_no_script_examines_more_than_its_bound_whatever_its_argv_asks(private, r):
+    """Any role's user may run qrl's scripts (by SHA) with arguments of its own: a call that
+    asks for 10^9 entries, requests or buckets gets each script's bound, not a loop that
+    holds Redis for minutes (before, each looped as long as the stream or its count)."""
+    from qrl.wire.scripts import every_script
+
+    lua, keys = every_script(), fresh_keys()
+    stream, other, n = keys.metrics, keys.deadletter, stream_scripts.MAX_ENTRIES + 1000
+    pipe = r.pipeline(transaction=False)
+    for _ in range(n):
+        pipe.xadd(stream, {"d": "x"})
+        pipe.xadd(other, {"d": "x"})
+    pipe.execute()
+    r.xgroup_create(stream, "qrl", "0")
+    r.xgroup_create(other, "qrl", "$")  # every entry delivered, none pending: orphans
+    huge = 10**9
+
+    def call(name: str, keys_: list[str], args: list) -> Any:
+        return bounded(private, lambda c: lua[name].on(c)(keys_, args))
+
+    _, rows = call("metrics.range", [stream], ["0-0", huge, huge, 10**18, 0])
+    assert len(rows) == 1000  # MetricsReader.COUNT
+    _, out = call("streams.read", [stream], ["me", ">", "", huge, huge, 1000, 10**18])
+    assert len(out) == stream_scripts.MAX_ENTRIES
+    _, adopted = call("streams.adopt", [other], ["me", "-", huge, huge, 1000])
+    assert adopted == stream_scripts.MAX_ENTRIES
+    lists = [keys.key(f"requests:{i}") for i in range(2)]
+    r.rpush(lists[0], *[b"x"] * 100)
+    out, *_ = call("inference.pop", lists, [huge, huge, huge])
+    assert len(out) == 2 * 16  # (list, request) pairs: 16 of one list at most
+    prio, data = keys.replay_priorities, keys.replay_data
+    args = [0.6, 1e-6, 2**0.25, huge, np.zeros(4).tobytes(), 16]
+    assert call("replay.sample_proportional", [prio, data], args)[0] == 0  # 1,024 buckets
+    frames = [prio, data, keys.replay_index, keys.replay_frames]
+    assert call("frames.sample_proportional", frames, [*args[:5], 100, 16])[0] == 0

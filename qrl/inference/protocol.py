@@ -127,7 +127,10 @@ POP = (
 -- one bigger than ARGV[2] bytes is dropped and only its size returned. Stops once ARGV[1] x
 -- ARGV[2] bytes were examined. Returns {{list index, request or size, ...}}, then what was
 -- repaired. An empty list costs one LPOP: the type is looked at only when that fails.
-local count, cap, each = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+-- any role may run this script: the counts are bounded whatever ARGV says, so no call pops
+-- more than 4,096 requests, nor more than 16 of one list (a server asks for EACH)
+local count, cap = math.min(tonumber(ARGV[1]) or 0, 4096), tonumber(ARGV[2])
+local each = math.min(tonumber(ARGV[3]) or 0, 16)
 local out, seen, n = {}, 0, 0
 for i, key in ipairs(KEYS) do
   for _ = 1, each do

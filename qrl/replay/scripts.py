@@ -163,7 +163,9 @@ SAMPLE_PROPORTIONAL = """
 -- returns {n_present, {id, score, record, prob}...}, total mass (%.17g)
 fix_types(TYPES)
 local alpha, lo = tonumber(ARGV[1]), tonumber(ARGV[2])
-local ratio, k = tonumber(ARGV[3]), tonumber(ARGV[4])
+-- at most 1,024 buckets whatever ARGV[4] says (qrl sends N_BUCKETS, 133): any role may run
+-- this script, and 10^9 buckets would hold Redis for minutes even on an empty key
+local ratio, k = tonumber(ARGV[3]), math.min(tonumber(ARGV[4]) or 0, 1024)
 local counts, mass, starts = {}, {}, {}
 local total, rank = 0, 0
 -- bucket b is [edge(b), edge(b + 1)) with edge(b) = lo * ratio^b; both ends are written

@@ -192,7 +192,13 @@ return fixed
 """
 )
 
-READ = """
+# entries a read or adoption examines at most, whatever its ARGV asks: any role may run these
+# scripts, and one asking for 10^9 entries of a long stream would hold Redis for minutes (a
+# consumer asks for far fewer, its batch or SCAN_MAX, and one that wants more reads again)
+MAX_ENTRIES = 4096
+_MAX_ENTRIES = f"local MAX_ENTRIES = {MAX_ENTRIES}\n"
+
+READ = _MAX_ENTRIES + """
 -- Up to ARGV[4] entries for consumer ARGV[1], one at a time, each measured here: one over
 -- ARGV[5] bytes (fields and values) is acknowledged and deleted unread and only its size
 -- returned. Stops once ARGV[7] bytes were examined. ARGV[2] is the mode: '>' new
@@ -200,7 +206,7 @@ READ = """
 -- for ARGV[6] ms (XAUTOCLAIM from cursor ARGV[3]). Returns {next cursor or false,
 -- {id, fields or false (deleted) or size (oversized), times delivered (not for '>')}...}.
 local stream, me, mode, cursor = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
-local count, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
+local count, cap = math.min(tonumber(ARGV[4]) or 0, MAX_ENTRIES), tonumber(ARGV[5])
 local ids
 if mode == 'claim' then
   local r = redis.call('XAUTOCLAIM', stream, 'qrl', me, ARGV[6], cursor, 'COUNT', count, 'JUSTID')
@@ -262,9 +268,9 @@ return redis.call('XDEL', KEYS[1], unpack(ARGV))
 # claim them for consumer ARGV[1] as idle for ARGV[5] ms, so its next claim scan hands them
 # out. Looks at up to ARGV[3] entries after ARGV[2] ('-': from the start), one at a time,
 # stopping after ARGV[3] x ARGV[4] bytes; returns {next cursor ('-' when done), claimed}.
-ADOPT = """
+ADOPT = _MAX_ENTRIES + """
 local stream, me, cursor = KEYS[1], ARGV[1], ARGV[2]
-local count, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
+local count, cap = math.min(tonumber(ARGV[3]) or 0, MAX_ENTRIES), tonumber(ARGV[4])
 if redis.call('XLEN', stream) <= redis.call('XPENDING', stream, 'qrl')[1] then
   return {'-', 0}  -- everything in the stream is pending or not yet delivered: no orphans
 end
@@ -305,7 +311,9 @@ LAST_ID = "18446744073709551615-18446744073709551615"  # the largest stream id t
 # second.
 RANGE = """
 local out, seen, cursor = {}, 0, ARGV[1]
-for _ = 1, tonumber(ARGV[2]) do
+-- at most 1,000 entries a call whatever ARGV[2] says (MetricsReader.COUNT): any role may run
+-- this script, and one that asked for 10^9 over a long stream would hold Redis for minutes
+for _ = 1, math.min(tonumber(ARGV[2]) or 0, 1000) do
   if cursor == 'LAST_ID' then break end
   local e = redis.call('XRANGE', KEYS[1], '(' .. cursor, '+', 'COUNT', 1)[1]
   if not e then break end
