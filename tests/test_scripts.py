@@ -25,7 +25,7 @@ from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.scripts import DECLARING, every_script, load_scripts
 from tests.cli import ROOT, qrl
-from tests.helpers import make_runner, redis_binaries, skip_or_fail, wait_until
+from tests.helpers import make_runner, redis7, redis_binaries, wait_until
 
 ADMIN = "admin-pw-for-script-tests"
 BINARIES = redis_binaries()
@@ -71,12 +71,6 @@ def test_every_script_loads(binary):
         assert all(client.script_exists(*(s.sha for s in every_script().values())))
 
 
-def _binary(major: int) -> str:
-    if (major,) not in BINARIES:
-        skip_or_fail(f"no Redis {major} redis-server here (Redis 7: Debian's redis-server)")
-    return BINARIES[(major,)]
-
-
 def _users(server: EmbeddedRedis, algo: str, run: str, folder: Path) -> dict[str, redis.Redis]:
     """``qrl run create --acl``'s users of every role of ``algo``: role -> its client."""
     users = create_users(connect(server.url), ALGOS[algo], RunKeys(run), folder)
@@ -96,7 +90,7 @@ def test_no_roles_user_runs_lua_of_its_own(algo, tmp_path):
     lease kept, the live config read with EVALSHA_RO). Redis 6.2's per-run rule:
     tests/test_acl.py."""
     run, keys = f"own-{algo}", RunKeys(f"own-{algo}")
-    with EmbeddedRedis(password=ADMIN, binary=_binary(7)) as server:
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
         admin = redis.Redis.from_url(server.url)
         loaded = admin.script_load(LOOP)
         admin.function_load(FUNCTION)
