@@ -181,22 +181,26 @@ class InferenceServer(Role):
     def gather(self) -> list[tuple[int, bytes | int]]:
         """Popped requests: what is there, and if that is not one from each of its actors,
         what comes within ``inference_wait_ms``."""
-        got = self._popped(4 * self.expect)
+        got = self._popped(4 * self.expect, sweep=True)
         if not got or len(got) >= self.expect:
             return got
         deadline = time.monotonic() + self.cfg.inference_wait_ms / 1000
         while len(got) < self.expect and time.monotonic() < deadline:
             time.sleep(1e-4)
-            got += self._popped(4 * self.expect - len(got))
+            got += self._popped(4 * self.expect - len(got), sweep=False)
         return got
 
-    def _popped(self, count: int) -> list[tuple[int, bytes | int]]:
-        """Requests from the lists of the actors it talks to and of :data:`SWEEP` others in
-        turn (so a new actor is heard within a few batches, whatever the number of actors):
-        ``(the actor whose list it came from, the request or its size)``."""
-        numbers = list(self.lists)
-        window = [numbers[(self.turn + i) % len(numbers)] for i in range(SWEEP)]
-        self.turn = (self.turn + SWEEP) % len(numbers)
+    def _popped(self, count: int, sweep: bool) -> list[tuple[int, bytes | int]]:
+        """Requests from the lists of the actors it talks to and, with ``sweep`` (once a
+        batch: the waits between are for the actors it knows, each poll one LPOP a list), of
+        :data:`SWEEP` others in turn, so a new actor is heard within a few batches whatever
+        the number of actors: ``(the actor whose list it came from, the request or its
+        size)``."""
+        window = []
+        if sweep:
+            numbers = list(self.lists)
+            window = [numbers[(self.turn + i) % len(numbers)] for i in range(SWEEP)]
+            self.turn = (self.turn + SWEEP) % len(numbers)
         actors = list(dict.fromkeys([*self.tracks, *window]))
         got = protocol.pop(self.client, [self.lists[a] for a in actors], count, self.cap)
         return [(actors[i], payload) for i, payload in got]
