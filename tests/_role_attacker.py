@@ -110,6 +110,19 @@ ATTACKS = [  # name, one command each: one refused does not spare the next
     ("take lease 0", lambda: r.set(other, "evil:1:x")),  # finding 12
     ("heartbeat as 0", lambda: r.set(keys.proc(f"{role}.0@evil:1"), b"x")),
 ]  # fmt: skip
+POPULATION, _, TRIAL = run.rpartition("-t")  # a PBT trial's run: POPULATION-tI
+OTHER = f"{POPULATION}-t{1 - int(TRIAL)}" if algo == "pbt" else ""
+PBT = [  # finding 9, as trial I's worker: the population's keys, another trial's, lies
+    ("forge solved", lambda: r.set(RunKeys(POPULATION).key("pbt:solved"), '{"trial": "x"}')),
+    ("other's score", lambda: r.set(RunKeys(OTHER).key("pbt:score"), '{"score": -1e9}')),
+    ("other's config", lambda: r.delete(RunKeys(OTHER).config)),
+    ("other's lease", lambda: r.set(RunKeys(OTHER).key("pbt:lease"), "evil")),
+    ("score 1e300", lambda: r.set(keys.key("pbt:score"), '{"score": 1e300, "time": 0}')),
+    ("claim reached", lambda: r.set(keys.key("pbt:reached"), '{"return": 1e9, "time": 0}')),
+    ("escapes", lambda: r.set(keys.key("pbt:reached"), '{"return": "\x1b[2J\x1b]0;x\x07"}')),
+]  # fmt: skip
+if algo == "pbt":  # its own trial's keys are its own to write: the population is the target
+    ATTACKS = [a for a in ATTACKS if a[0] in ("lua_loop", "lua_load", "function_load")] + PBT
 ATTACKS += {
     "es": [("poisoned_stats", poisoned_stats)],  # finding 4
     "a3c": [("ps_state", ps_state), ("gradient_flood", gradient_flood)],  # findings 5, 10

@@ -99,3 +99,52 @@ def test_a_run_solves_while_one_of_its_own_users_attacks_it(case, tmp_path):
             assert outcome == "refused", (name, outcome)
     times = Counter(name for name, _ in made)
     assert len(times) == kinds and min(times.values()) >= 2, times  # each made twice or more
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_population_solves_while_one_trials_user_attacks_it(tmp_path):
+    """``qrl pbt --acl``: the holder of trial 0's worker credentials tries its own Lua, the
+    population's solve, another trial's score, config and lease (refused), and lies about
+    its own trial (a score of 1e300, a claim to have reached the target, terminal escapes):
+    the population goes on and ends solved only on the controller's own confirmation."""
+    name, pw = "attacked-pbt", tmp_path / "pw"
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
+        env = {**os.environ, "QRL_REDIS_URL": server.address, "QRL_REDIS_PASSWORD": ADMIN}
+        log = (tmp_path / "pbt.log").open("w")
+        pbt = subprocess.Popen(
+            [sys.executable, "-m", "qrl.cli", "pbt", "ppo", "--env", "CartPole-v1",
+             "--population", "2", "--slots", "2", "--explore", "lr=1e-4..3e-3:log",
+             "--ready", "40", "--target-return", "60", "--max-time", "240", "--name", name,
+             "--run-dir", str(tmp_path / "run"), "--acl", str(pw)],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        procs = [pbt]
+        try:
+            wait_until(lambda: pbt.poll() is not None or (pw / f"{name}-t0").exists(), "users")
+            attacker = subprocess.Popen(
+                [sys.executable, str(ROOT / "tests" / "_role_attacker.py"),
+                 f"redis://{name}-t0.worker@127.0.0.1:{server.port}/0", f"{name}-t0", "pbt",
+                 "worker", "0.1"],
+                cwd=ROOT, env={**env, "QRL_REDIS_PASSWORD": "",
+                               "QRL_REDIS_PASSWORD_FILE": str(pw / f"{name}-t0")},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )  # fmt: skip
+            procs.append(attacker)
+            code = pbt.wait(360)
+            assert attacker.poll() is None, attacker.communicate()[0][-3000:]
+        finally:
+            kill_all(procs)
+        lines = attacker.communicate()[0].splitlines()
+    out = (tmp_path / "pbt.log").read_text()
+    assert code == 0, out[-3000:]
+    assert "\x1b" not in out  # nothing a writer wrote reaches the console raw
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["solved"]["return"] >= 60 and result["solved"]["trial"].startswith(name)
+    made = [tuple(line.split(": ", 1)) for line in lines[1:] if ": " in line]
+    print("pbt attacks:", Counter(made))
+    for name_, outcome in made:
+        if name_ in {"lua_loop", "lua_load", "function_load", "forge solved", "other's score",
+                     "other's config", "other's lease"}:  # fmt: skip
+            assert outcome == "refused", (name_, outcome)
+    assert len({n for n, _ in made}) == int(lines[0].removeprefix("attacks: ")), made
