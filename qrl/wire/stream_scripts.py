@@ -198,7 +198,9 @@ return fixed
 MAX_ENTRIES = 4096
 _MAX_ENTRIES = f"local MAX_ENTRIES = {MAX_ENTRIES}\n"
 
-READ = _MAX_ENTRIES + """
+READ = (
+    _MAX_ENTRIES
+    + """
 -- Up to ARGV[4] entries for consumer ARGV[1], one at a time, each measured here: one over
 -- ARGV[5] bytes (fields and values) is acknowledged and deleted unread and only its size
 -- returned. Stops once ARGV[7] bytes were examined. ARGV[2] is the mode: '>' new
@@ -242,6 +244,7 @@ for i = 1, count do
 end
 return {cursor, out}
 """
+)
 
 LEAVE = """
 -- remove consumers ARGV[2..] from group ARGV[1] unless they still hold entries (they would
@@ -268,7 +271,9 @@ return redis.call('XDEL', KEYS[1], unpack(ARGV))
 # claim them for consumer ARGV[1] as idle for ARGV[5] ms, so its next claim scan hands them
 # out. Looks at up to ARGV[3] entries after ARGV[2] ('-': from the start), one at a time,
 # stopping after ARGV[3] x ARGV[4] bytes; returns {next cursor ('-' when done), claimed}.
-ADOPT = _MAX_ENTRIES + """
+ADOPT = (
+    _MAX_ENTRIES
+    + """
 local stream, me, cursor = KEYS[1], ARGV[1], ARGV[2]
 local count, cap = math.min(tonumber(ARGV[3]) or 0, MAX_ENTRIES), tonumber(ARGV[4])
 if redis.call('XLEN', stream) <= redis.call('XPENDING', stream, 'qrl')[1] then
@@ -296,6 +301,7 @@ for _ = 1, count do
 end
 return {cursor, adopted}
 """
+)
 
 LAST_ID = "18446744073709551615-18446744073709551615"  # the largest stream id there is
 
