@@ -75,12 +75,8 @@ def test_a_run_solves_while_one_of_its_own_users_attacks_it(case, tmp_path):
             )  # fmt: skip
             assert joined.returncode == 0, joined.stderr
             user = joined.stdout.split()[2]  # "ACL user RUN.ROLE.N for ROLE N: password in P"
-            attacker = subprocess.Popen(
-                [sys.executable, str(ROOT / "tests" / "_role_attacker.py"),
-                 f"redis://{user}@127.0.0.1:{server.port}/0", run, algo, role, "0.1"],
-                cwd=ROOT, env={**env, "QRL_REDIS_PASSWORD_FILE": joined.stdout.split()[-1]},
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )  # fmt: skip
+            password = joined.stdout.split()[-1]
+            attacker = _attacker(server, user, password, run, algo, role, env)
             procs.append(attacker)
             code = train.wait(360)
             assert attacker.poll() is None, attacker.communicate()[0][-3000:]
@@ -91,14 +87,32 @@ def test_a_run_solves_while_one_of_its_own_users_attacks_it(case, tmp_path):
     assert code == 0, train_log[-3000:]
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["reached"] and not result.get("failed"), result
+    made = _outcomes(lines, REFUSED | REFUSED_TOO.get(case, set()), least=2)
+    print(case, "attacks:", made, "time_s:", result["time_s"])
+
+
+def _attacker(server, user: str, password_file: str, run: str, algo: str, role: str, env: dict):
+    """``tests/_role_attacker.py`` as ``user`` (password in ``password_file``), an attack
+    every 0.1 s."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "_role_attacker.py"),
+         f"redis://{user}@127.0.0.1:{server.port}/0", run, algo, role, "0.1"],
+        cwd=ROOT, env={**env, "QRL_REDIS_PASSWORD": "", "QRL_REDIS_PASSWORD_FILE": password_file},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def _outcomes(lines: list[str], refused: set[str], least: int) -> Counter:
+    """The attacker's report checked: each attack of ``refused`` was refused every time, and
+    every kind it makes was made at least ``least`` times; (attack, outcome) -> times."""
     kinds = int(lines[0].removeprefix("attacks: "))
     made = [tuple(line.split(": ", 1)) for line in lines[1:] if ": " in line]
-    print(case, "attacks:", Counter(made), "time_s:", result["time_s"])
     for name, outcome in made:
-        if name in REFUSED | REFUSED_TOO.get(case, set()):
+        if name in refused:
             assert outcome == "refused", (name, outcome)
     times = Counter(name for name, _ in made)
-    assert len(times) == kinds and min(times.values()) >= 2, times  # each made twice or more
+    assert len(times) == kinds and min(times.values()) >= least, times
+    return Counter(made)
 
 
 @pytest.mark.slow
@@ -122,14 +136,10 @@ def test_a_population_solves_while_one_trials_user_attacks_it(tmp_path):
         procs = [pbt]
         try:
             wait_until(lambda: pbt.poll() is not None or (pw / f"{name}-t0").exists(), "users")
-            attacker = subprocess.Popen(
-                [sys.executable, str(ROOT / "tests" / "_role_attacker.py"),
-                 f"redis://{name}-t0.worker@127.0.0.1:{server.port}/0", f"{name}-t0", "pbt",
-                 "worker", "0.1"],
-                cwd=ROOT, env={**env, "QRL_REDIS_PASSWORD": "",
-                               "QRL_REDIS_PASSWORD_FILE": str(pw / f"{name}-t0")},
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )  # fmt: skip
+            trial = f"{name}-t0"
+            attacker = _attacker(
+                server, f"{trial}.worker", str(pw / trial), trial, "pbt", "worker", env
+            )
             procs.append(attacker)
             code = pbt.wait(360)
             assert attacker.poll() is None, attacker.communicate()[0][-3000:]
@@ -141,10 +151,6 @@ def test_a_population_solves_while_one_trials_user_attacks_it(tmp_path):
     assert "\x1b" not in out  # nothing a writer wrote reaches the console raw
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["solved"]["return"] >= 60 and result["solved"]["trial"].startswith(name)
-    made = [tuple(line.split(": ", 1)) for line in lines[1:] if ": " in line]
-    print("pbt attacks:", Counter(made))
-    for name_, outcome in made:
-        if name_ in {"lua_loop", "lua_load", "function_load", "forge solved", "other's score",
-                     "other's config", "other's lease"}:  # fmt: skip
-            assert outcome == "refused", (name_, outcome)
-    assert len({n for n, _ in made}) == int(lines[0].removeprefix("attacks: ")), made
+    refused = {"lua_loop", "lua_load", "function_load", "forge solved", "other's score",
+               "other's config", "other's lease"}  # fmt: skip
+    print("pbt attacks:", _outcomes(lines, refused, least=1))
