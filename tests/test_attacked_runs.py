@@ -69,6 +69,7 @@ def test_a_run_solves_while_one_of_its_own_users_attacks_it(case, tmp_path):
                 "the run's users", timeout=120,
             )  # fmt: skip
             assert train.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
+            assert not admin.acl_getuser(f"{run}.{role}")  # no user passes for all of them
             joined = qrl(
                 "run", "join", run, role, "--acl", str(tmp_path / "taken"),
                 env={**env, "QRL_REDIS_URL": server.url},

@@ -189,22 +189,29 @@ def require_selectors(client: Any) -> None:
 
 
 def create_users(
-    client: Any, algo: Algorithm, keys: RunKeys, folder: Path, cfg: Any = None
+    client: Any,
+    algo: Algorithm,
+    keys: RunKeys,
+    folder: Path,
+    cfg: Any = None,
+    *,
+    shared_by_many: bool = True,
 ) -> dict[str, tuple[str, Path]]:
     """Create (or reset) the ACL user of every role of ``algo`` that a run of config ``cfg``
     runs (every role without one) for run ``keys``, with the passwords in ``folder`` (made
     where missing), and load qrl's scripts, which the users may run but not load; returns
-    role -> (user, password file)."""
+    role -> (user, password file). Without ``shared_by_many``, none for a role that runs
+    many processes (they get a user each, :func:`join_user`)."""
     require_selectors(client)
     roles = [r for r in algo.roles if cfg is None or r.when is None or r.when(cfg)]
+    roles = [r for r in roles if shared_by_many or not r.count]
     files = role_passwords(folder, [r.name for r in roles])
     users = {}
     for role in roles:
         user = user_name(keys.run, role.name)
         access = role_access(role)
         password = read_password_file(files[role.name])
-        args = setuser_args(keys, access, user, password, selectors=True)
-        _on_every_node(client, "ACL", "SETUSER", *args)
+        set_user(client, setuser_args(keys, access, user, password, selectors=True))
         users[role.name] = (user, files[role.name])
     load_scripts(client)
     return users
@@ -242,8 +249,7 @@ def join_user(
     (folder / f"{role}.{ident}").unlink(missing_ok=True)
     path = role_passwords(folder, [f"{role}.{ident}"])[f"{role}.{ident}"]
     access = role_access(roledef, ident)
-    args = setuser_args(keys, access, user, read_password_file(path), True)
-    _on_every_node(client, "ACL", "SETUSER", *args)
+    set_user(client, setuser_args(keys, access, user, read_password_file(path), True))
     return user, ident, path
 
 
@@ -267,8 +273,9 @@ def process_users(
     """A user for every process of a run of ``cfg`` (``qrl train --acl``): a role that runs
     many processes gets one per process (:func:`join_user`: none of them can pass for
     another), the others their role's (:func:`create_users`); (role, number) -> (user,
-    password file)."""
-    shared = create_users(client, algo, keys, folder, cfg)
+    password file). No user is shared by a role's many processes: its password would let one
+    pass for all."""
+    shared = create_users(client, algo, keys, folder, cfg, shared_by_many=False)
     users = {}
     for role, i in algo.processes(cfg):
         if role.count:
