@@ -1,7 +1,8 @@
 """Population-based training on a real Redis: exploit copies a trial's whole state and its
-hyperparameters (read back, and taken in by a real learner); hostile scoreboard entries crash
-nothing and cause no exploit; leases; a SIGKILLed worker's trial goes on with another worker
-from its last state (real processes); ``qrl pbt`` from the CLI."""
+hyperparameters (read back, and taken in by a real learner through the file a slot hands it);
+hostile scoreboard entries crash nothing and cause no exploit; leases; a SIGKILLed worker's
+trial goes on with another worker from its last stored state (real processes); ``qrl pbt``
+from the CLI."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -45,13 +47,22 @@ def _pcfg(keys: RunKeys, **kw) -> PBTConfig:
     return PBTConfig(**values)
 
 
-def _learner(r, trial: str):
-    """The trial's real PPO learner, made as its role process makes it (snapshot on)."""
+def _learner(r, trial: str, snapshot: Path | None = None):
+    """The trial's real PPO learner, made as its role process makes it (``snapshot``: the
+    file it resumes from and saves to)."""
     algo = ALGOS["ppo"]
     keys = RunKeys(trial)
     cfg = current(r, _pcfg(RunKeys(trial.rsplit("-t", 1)[0])), trial)
-    ctx = RoleContext(r, lambda: r, keys, cfg, 0, "cpu", snapshot=True)
+    ctx = RoleContext(r, lambda: r, keys, cfg, 0, "cpu", snapshot=snapshot)
     return algo.role("learner").make(ctx)
+
+
+def _resumed(r, trial: str, folder: Path):
+    """The trial's learner as a segment starts it: the slot hands it the trial's snapshot
+    from Redis in a file (none: no file), which it resumes from."""
+    path = folder / trial / "snapshot"
+    SnapshotStore(r, RunKeys(trial)).to_file(path)
+    return _learner(r, trial, path)
 
 
 def _scored(r, keys: RunKeys) -> tuple[PBTConfig, Population, str, str]:
@@ -111,7 +122,7 @@ def test_exploit_copies_state_and_hyperparameters_exactly(r, keys, tmp_path):
     assert copied.model.keys() == mine.model.keys() and copied.opt.keys() == mine.opt.keys()
     assert all(np.array_equal(copied.model[k], mine.model[k]) for k in mine.model)
     assert all(np.array_equal(copied.opt[k], mine.opt[k]) for k in mine.opt)
-    taken = _learner(r, dst)
+    taken = _resumed(r, dst, tmp_path)
     assert taken.updates == 41
     for k, v in learner.net.state_dict().items():
         assert torch.equal(taken.net.state_dict()[k], v)
@@ -144,25 +155,33 @@ def test_es_exploit_copies_the_published_parameters_and_master_state(r, keys):
     assert all(np.array_equal(w.params[k], v) for k, v in params.items())
 
 
-def test_a_snapshot_that_does_not_fit_is_not_loaded(r, keys):
+def test_a_snapshot_that_does_not_fit_is_not_loaded(r, keys, tmp_path):
     pcfg = _pcfg(keys)
     setup(r, pcfg)
     trial = pcfg.trials()[0]
+    store, path = SnapshotStore(r, RunKeys(trial)), tmp_path / trial / "snapshot"
     learner = _learner(r, trial)
     good = capture(learner.net, learner.opt, 5)
     bad = capture(learner.net, learner.opt, 9)
     name = next(iter(bad.model))
     bad.model[name] = np.zeros((3, 3), np.float32)  # another shape
-    SnapshotStore(r, RunKeys(trial)).save(bad)
-    assert _learner(r, trial).updates == 0
+    store.save(bad)
+    assert _resumed(r, trial, tmp_path).updates == 0
     bad = capture(learner.net, learner.opt, 9)
     bad.model[name] = np.full_like(bad.model[name], np.nan)
-    SnapshotStore(r, RunKeys(trial)).save(bad)
-    assert _learner(r, trial).updates == 0
-    r.set(RunKeys(trial).key("snapshot"), b"garbage")
-    assert _learner(r, trial).updates == 0
-    SnapshotStore(r, RunKeys(trial)).save(good)
-    assert _learner(r, trial).updates == 5
+    store.save(bad)
+    assert _resumed(r, trial, tmp_path).updates == 0
+    store.save(good)
+    assert _resumed(r, trial, tmp_path).updates == 5
+    r.set(store.key, b"garbage")  # not handed in: no file, not the last one's left there
+    assert _resumed(r, trial, tmp_path).updates == 0 and not path.exists()
+    # handed back: the state a learner left as it stopped, checked, stored by the slot
+    taken = _learner(r, trial, path)
+    taken.updates = 7
+    taken.save()
+    assert store.from_file(path) and store.fetch().updates == 7 and not path.exists()
+    path.write_bytes(b"half a snapshot")  # not one: not stored
+    assert not store.from_file(path) and store.fetch().updates == 7
 
 
 def test_a_segment_is_scored_by_its_training_returns_unless_told_its_evaluation(r, keys):
@@ -401,7 +420,7 @@ def _slot_pids(proc: subprocess.Popen) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_sigkilled_workers_trial_goes_on_from_its_last_state(redis_server, keys, tmp_path):
+def test_a_sigkilled_workers_trial_goes_on_from_its_last_stored_state(redis_server, keys, tmp_path):
     client = connect(redis_server.url)
     # no exploit: a slot taking a low trial would copy the other one's state (this test
     # follows one trial's own state through its worker's death)
@@ -427,8 +446,8 @@ def test_a_sigkilled_workers_trial_goes_on_from_its_last_state(redis_server, key
         for pid in [a.pid, *_slot_pids(a)]:
             os.kill(pid, signal.SIGKILL)
         a.wait(10)
-        time.sleep(8)  # the roles stop as their parent died; the learner saves as it stops
-        last = SnapshotStore(client, RunKeys(trial)).fetch()
+        time.sleep(8)  # the roles stop as their parent died, the learner's save stays there
+        last = SnapshotStore(client, RunKeys(trial)).fetch()  # the last segment a stored
         assert last.updates > 0
         b = subprocess.Popen(
             [sys.executable, "-m", "qrl.cli", "pbt", "worker", keys.run, "--slots", "2",

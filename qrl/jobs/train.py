@@ -202,7 +202,7 @@ def run_training(
     console: Console | None = None,
     tracking: Tracking | None = None,
     nice: int = 0,
-    snapshot: bool = False,
+    snapshot: Path | None = None,
     interrupted: threading.Event | None = None,
     on_tick: Callable[[], None] | None = None,
     acl: bool = False,
@@ -212,8 +212,8 @@ def run_training(
     job was interrupted. A job that reached its target leaves the weights that reached it in
     its checkpoint. The processes of the roles that declare ``nice`` (actors) run ``nice`` steps
     nicer than the rest (the learner first on a shared machine). ``snapshot``: the learner
-    resumes from the run's snapshot in Redis and saves its state there as it stops
-    (population-based training's trials);
+    resumes from the snapshot in this file and saves its state there as it stops
+    (population-based training's trials: :mod:`qrl.runtime.snapshot`);
     ``interrupted``: the event SIGINT/SIGTERM set (the caller's, to see them too);
     ``on_tick``: called about every half second while the job runs (a PBT slot's lease);
     ``acl``: every process connects as a Redis ACL user of its own (passwords in

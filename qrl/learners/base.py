@@ -36,7 +36,7 @@ from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.checkpoint import load_checkpoint, save_checkpoint
 from qrl.runtime.config import live_fields
 from qrl.runtime.loop import Role, StopCheck
-from qrl.runtime.snapshot import SnapshotStore, capture, load_model, optimizer_state
+from qrl.runtime.snapshot import capture, load_model, optimizer_state, read_file, write_file
 from qrl.wire.codec import CodecError
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore, ahead, fits
@@ -80,7 +80,7 @@ class Learner(Role):
         checkpoint: Path | None = None,
         threads: int = 1,
         env: EnvSpec | None = None,
-        snapshot: bool = False,
+        snapshot: Path | None = None,
     ) -> None:
         self.client_factory, self.keys, self.cfg = client_factory, keys, cfg
         self.env = env or EnvSpec.of(cfg.env)  # what build reads: the launcher's, read once
@@ -106,9 +106,9 @@ class Learner(Role):
             self.updates = int(state["step"])
             log.info("resumed from %s at update %d", checkpoint, self.updates)
         self._opt_arrays: dict[str, np.ndarray] = {}  # a snapshot's, loaded with the optimizer
-        self.snapshots = SnapshotStore(self.client, keys) if snapshot else None
-        if self.snapshots is not None:
-            self._resume_snapshot(self.snapshots)
+        self.snapshot = snapshot  # the state a PBT slot hands in, and takes back as it stops
+        if snapshot is not None:
+            self._resume_snapshot(snapshot)
         self.weights = WeightStore(self.client, keys)
 
     @property
@@ -253,21 +253,22 @@ class Learner(Role):
             return
         if self.checkpoint is not None:
             save_checkpoint(self.checkpoint, self.algo, self.cfg, self.net, self.opt, self.updates)
-        if self.snapshots is not None:
+        if self.snapshot is not None:
             try:
-                self.snapshots.save(capture(self.net, self.opt, self.updates))
-            except redis.RedisError as e:  # the file above holds it
-                log.warning("could not save the snapshot to Redis: %s", e)
+                write_file(self.snapshot, capture(self.net, self.opt, self.updates))
+            except OSError as e:  # the checkpoint above holds it
+                log.warning("could not save the snapshot to %s: %s", self.snapshot, e)
 
-    def _resume_snapshot(self, store: SnapshotStore) -> None:
-        """Take the run's snapshot if it is at least as far on as the checkpoint and fits."""
-        snap = store.fetch()
+    def _resume_snapshot(self, path: Path) -> None:
+        """Take the run's snapshot (in ``path``) if it is at least as far on as the
+        checkpoint and fits."""
+        snap = read_file(path)
         if snap is None or snap.updates < self.updates:
             return
         try:
             load_model(snap.model, self.net)
         except CodecError as e:
-            log.warning("the snapshot at %s does not fit the network: %s", store.key, e)
+            log.warning("the snapshot in %s does not fit the network: %s", path, e)
             return
         self._opt_arrays, self._opt_state = snap.opt, {}
         self.updates = snap.updates
