@@ -2,7 +2,8 @@
 hyperparameters (read back, and taken in by a real learner through the file a slot hands it);
 hostile scoreboard entries crash nothing and cause no exploit; leases; a SIGKILLed worker's
 trial goes on with another worker from its last stored state (real processes); ``qrl pbt``
-from the CLI."""
+from the CLI; its ACL users (a trial's processes cannot write the trial's records, and the
+users go when the population ends)."""
 
 from __future__ import annotations
 
@@ -664,8 +665,88 @@ def test_a_population_runs_under_its_acl_users(tmp_path):
         assert admin.acl_log() == []  # no command of any process was refused
         assert "NOPERM" not in logs
         assert {"acl-pbt.controller", "acl-pbt-t0.worker", "acl-pbt-t1.worker"} <= seen, seen
+        # each process of a segment as its own user, none as its trial's
+        assert {"acl-pbt-t0.learner.0", "acl-pbt-t0.actor.0", "acl-pbt-t1.actor.1"} <= seen
+        assert admin.acl_users() == ["default"]  # the population's users went with it
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["solved"]["return"] >= 60
+
+
+def test_a_trials_processes_run_as_users_that_cannot_write_its_records(tmp_path):
+    """Each process of a trial's segment has a user of its own, made with the population and
+    reached from the trial's password alone (a slot elsewhere holds no other): it may do its
+    role's work, but not post the trial's score, lineage, claim or snapshot (the slot's), nor
+    take its lease, nor touch another trial. The users go with the population."""
+    from qrl.algos.ppo.keys import rollouts
+    from qrl.pbt.acl import as_user, create_users, delete_population_users, role_urls
+
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
+        admin = redis.Redis.from_url(server.url)
+        pcfg = _pcfg(RunKeys("acl-roles"))
+        setup(admin, pcfg)
+        t0, t1 = pcfg.trials()
+        users = create_users(admin, pcfg, tmp_path / "pw")
+        algo, cfg = ALGOS["ppo"], current(admin, pcfg, t0)
+        urls = role_urls(as_user(server.address, *users[t0]), t0, algo, cfg)  # as a slot does
+        assert set(urls) == {(r.name, i) for r, i in algo.processes(cfg)}
+        actor, learner = connect(urls[("actor", 0)]), connect(urls[("learner", 0)])
+        assert (actor.acl_whoami(), learner.acl_whoami()) == (f"{t0}.actor.0", f"{t0}.learner.0")
+        assert actor.xadd(rollouts(RunKeys(t0)), {"d": b"x"})  # their roles' work
+        net = _learner(admin, t0).net
+        assert WeightStore(learner, RunKeys(t0)).publish(net, 3) == 3
+        snap = capture(net, _learner(admin, t0).opt, 3)
+        for client in (actor, learner):
+            _records_refused(client, pcfg, snap)
+        delete_population_users(admin, pcfg)
+        assert admin.acl_users() == ["default"]
+
+
+def _records_refused(client: redis.Redis, pcfg: PBTConfig, snap) -> None:
+    """``client``, a user of a process of trial 0, may write none of the trial's records (nor
+    read another's, nor the population's)."""
+    pop, (t0, t1) = Population(client, pcfg.name), pcfg.trials()
+    refused = [
+        lambda: pop.post(t0, 1e12),  # its own trial's records: the slot's
+        lambda: pop.record({"trial": t0, "time": 1.0}),
+        lambda: pop.report_reached(t0, 500.0),
+        lambda: SnapshotStore(client, RunKeys(t0)).save(snap),
+        lambda: pop.forget(t0),
+        lambda: client.set(pop.key(t0, "segments"), 10**6),
+        lambda: pop.take(t0, "w", 60),
+        lambda: client.set(pop.key(t0, "lease"), "w"),
+        lambda: pop.post(t1, -1e12),  # another trial's, the population's
+        lambda: client.get(pop.key(t1, "score")),
+        lambda: client.set(pop.solved_key, json.dumps({"trial": t0, "return": 500.0})),
+        lambda: client.get(pop.config_key),
+    ]
+    for i, attempt in enumerate(refused):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            attempt()
+            pytest.fail(f"attempt {i} of {client.acl_whoami()} was allowed")
+
+
+def test_a_populations_users_go_when_it_ends_or_is_interrupted(tmp_path):
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
+        admin = redis.Redis.from_url(server.url)
+        env = {**os.environ, "QRL_REDIS_URL": server.address, "QRL_REDIS_PASSWORD": ADMIN}
+        args = ["pbt", "ppo", "--env", "CartPole-v1", "--explore", "lr=1e-4..1e-3", "--slots",
+                "0", "--name", "gone", "--acl", str(tmp_path / "pw")]  # fmt: skip
+        done = qrl(*args, "--max-time", "2", "--run-dir", str(tmp_path / "a"), env=env)
+        assert done.returncode == 1, done.stderr  # the time ran out
+        assert admin.acl_users() == ["default"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "qrl.cli", *args, "--run-dir", str(tmp_path / "b")],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            wait_until(lambda: proc.poll() is not None or len(admin.acl_users()) > 10, "users")
+            assert "gone-t3.actor.0" in admin.acl_users()
+            proc.send_signal(signal.SIGINT)  # Ctrl-C
+            assert proc.wait(60) == 2, proc.stderr.read()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert admin.acl_users() == ["default"]
 
 
 def test_a_trials_unreadable_config_ends_neither_the_controller_nor_a_worker(r, keys, tmp_path):

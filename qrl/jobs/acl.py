@@ -47,7 +47,9 @@ __all__ = [
     "ACTOR_COMMANDS",
     "RUN_COMMANDS",
     "create_users",
+    "delete_users",
     "join_user",
+    "process_user",
     "revoke_user",
     "role_access",
     "run_rule",
@@ -56,7 +58,8 @@ __all__ = [
 
 
 class AclRefused(ValueError):
-    """This Redis cannot hold the users asked for (no read-only key patterns before 7.0)."""
+    """``--acl`` cannot be had here (``qrl run create``, ``qrl train``, ``qrl pbt``): this Redis
+    has no read-only key patterns (before 7.0). Its message is one line: what to run instead."""
 
 
 EXAMPLE_PASSWORD = "change-me"  # .env.example's passwords begin so: never accepted
@@ -181,10 +184,11 @@ def require_selectors(client: Any) -> None:
     what Redis 6 cannot keep."""
     if not has_selectors(client):
         raise AclRefused(
-            "this Redis is older than 7 and has no read-only key patterns: an actor's user "
-            "could still SET or DEL the config and weights it reads. Run Redis 7 or later for "
-            "--acl (e.g. Debian's redis-server package: QRL_REDIS_SERVER=/usr/bin/redis-server "
-            "qrl redis; or the compose file's redis:7 image)"
+            "--acl needs Redis 7 or later (read-only key patterns): on this older Redis a "
+            "role's user could still SET or DEL what it only reads (the config, the weights, "
+            "another trial's state). Run Redis 7 or later (e.g. Debian's redis-server package: "
+            "QRL_REDIS_SERVER=/usr/bin/redis-server for `qrl redis` or the embedded one; or the "
+            "compose file's redis:7 image) and pass its URL with --redis"
         )
 
 
@@ -258,13 +262,22 @@ def revoke_user(client: Any, algo: Algorithm, keys: RunKeys, role: str, ident: i
     connections) and delete the keys of that process (heartbeats, lease, ``Access.mine``),
     so a new holder of the number starts clean; returns how many keys went."""
     roledef = algo.role(role)
-    _on_every_node(client, "ACL", "DELUSER", instance_user(keys.run, role, ident))
+    delete_users(client, [instance_user(keys.run, role, ident)])
     prefixes = [p.removesuffix("*") for p in keys.acl_patterns()]
     gone = 0
     for pattern in (prefix + name for prefix in prefixes for name in _own(roledef, ident)):
         names = list(client.scan_iter(match=pattern, count=1000))
         gone += client.delete(*names) if names else 0
     return gone
+
+
+def process_user(run: str, role: RoleDef, ident: int) -> tuple[str, Access]:
+    """The user process ``ident`` of ``role`` in ``run`` runs as under ``--acl``, and what it
+    may do: a role that runs many processes has one per process (``RUN.ROLE.N``,
+    :func:`join_user`'s: none of them can pass for another), the others their role's."""
+    if role.count:
+        return instance_user(run, role.name, ident), role_access(role, ident)
+    return user_name(run, role.name), role_access(role)
 
 
 def process_users(
@@ -289,3 +302,10 @@ def process_users(
 def set_user(client: Any, args: list[str]) -> None:
     """``ACL SETUSER`` with ``args`` (:func:`setuser_args`' and more) on every node."""
     _on_every_node(client, "ACL", "SETUSER", *args)
+
+
+def delete_users(client: Any, users: list[str]) -> None:
+    """Delete ``users`` on every node (Redis drops their connections); a missing one is no
+    error."""
+    if users:
+        _on_every_node(client, "ACL", "DELUSER", *users)

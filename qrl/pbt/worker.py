@@ -6,7 +6,9 @@ with more trials than slots); trains it for one segment (``ready_s`` seconds, or
 ``ready_steps`` env steps within them, as a ``qrl train`` job on the population's Redis
 whose learner resumes from the trial's snapshot and leaves its state for the slot to store as
 the trial's), posts its score to the scoreboard, and gives the trial back: more trials than
-slots take turns, and a worker on any machine can take any trial.
+slots take turns, and a worker on any machine can take any trial. The trial's records in
+Redis (score, lineage, claim, snapshot) are the slot's to write: with ``--acl`` each process of
+the segment runs as a user of its own that may not (:mod:`qrl.pbt.acl`).
 
 A worker that dies holds its trial until the lease runs out (``ready_s + lease_s``); its role
 processes are stopped as their parent dies, the learner saving the trial's state to the
@@ -33,6 +35,7 @@ import redis
 from rich.console import Console
 
 from qrl.algos import ALGOS
+from qrl.pbt.acl import role_urls
 from qrl.pbt.config import PBTConfig
 from qrl.pbt.exploit import UNREADABLE, choose, exploit
 from qrl.pbt.population import Population
@@ -54,10 +57,11 @@ def worker_id() -> str:
 
 def segment(
     client: redis.Redis, url: str, pcfg: PBTConfig, trial: str, run_dir: Path, device: str,
-    interrupted: threading.Event, renew: Callable[[], None] | None = None,
+    interrupted: threading.Event, renew: Callable[[], None] | None = None, acl: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Train ``trial`` for one segment (``renew`` called about every half second); ``qrl
-    train``'s result (result.json)."""
+    train``'s result (result.json). ``acl``: ``url`` is the trial's user's, and each process
+    of the segment runs as its own user (:func:`qrl.pbt.acl.role_urls`)."""
     from qrl.jobs.train import Budget, run_training  # torch
 
     algo = ALGOS[pcfg.algo]
@@ -71,15 +75,16 @@ def segment(
         eval_every=every, eval_episodes=pcfg.eval_episodes, confirm_episodes=pcfg.confirm_episodes,
     )  # fmt: skip
     # the learner resumes from this file and leaves its state there as it stops: only this
-    # slot writes the trial's snapshot in Redis, so the learner needs no right to
+    # slot's user writes the trial's snapshot in Redis, no process of the segment may
     store, snapshot = SnapshotStore(client, keys), run_dir / "snapshot"
     store.to_file(snapshot)
+    urls = role_urls(url, trial, algo, cfg) if acl else None
     disconnect(client)  # the segment's roles are forked: they inherit no connection
     with open(os.devnull, "w") as quiet:  # its progress: the trial's run dir and logs
         run_training(
             algo, cfg, budget, redis_url=url, run=trial, run_dir=run_dir, device=device,
             console=Console(file=quiet), snapshot=snapshot, interrupted=interrupted,
-            on_tick=renew,
+            on_tick=renew, role_urls=urls,
         )  # fmt: skip
     try:
         store.from_file(snapshot)
@@ -143,7 +148,7 @@ def slot(
             try:
                 result = segment(
                     mine.client, urls[trial], pcfg, trial, run_root / trial, device, stop.local,
-                    renew,
+                    renew, acl=trial_urls is not None,
                 )  # fmt: skip
             except UNREADABLE as e:  # its run's config, as someone rewrote it: not this slot's end
                 warn_once(f"{trial}: {e}", "%s: cannot train %s: %s", me, trial, e, logger=log)

@@ -4,8 +4,8 @@ never for what crosses Redis).
 
 Only a PBT slot reads and writes a trial's ``snapshot`` key, as the trial's user: it hands
 the snapshot to the segment's learner in a file (:meth:`SnapshotStore.to_file`), and the
-learner, which needs no right to the key, leaves its state in that file as it stops, for the
-slot to check and store (:meth:`SnapshotStore.from_file`).
+learner, which runs as a user of its own that may not write the key, leaves its state in that
+file as it stops, for the slot to check and store (:meth:`SnapshotStore.from_file`).
 
 One codec message in the run's ``snapshot`` key (and in the file): the update count, the
 network's state dict (``model``) and the optimizer's per-parameter state (``opt``,
