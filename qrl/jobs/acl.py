@@ -11,8 +11,9 @@ Each role of an algorithm (from the registry, :mod:`qrl.algos`) gets the user ``
   (``replay:*``); a learner writes the weights and drains the replay or the streams.
 
 A machine of a role that runs many processes may get a user of its own instead,
-``RUN.ROLE.N`` (``qrl run join``, :func:`join_user`; :func:`revoke_user` ends it): the role's
-access, but of the keys of one process (heartbeats, lease, ``Access.mine``) only process N's.
+``RUN.ROLE.N`` (``qrl run join``, :func:`join_user`; :func:`revoke_user` ends it,
+``qrl run delete`` ends every one of the run: :func:`joined_users`): the role's access, but of
+the keys of one process (heartbeats, lease, ``Access.mine``) only process N's.
 
 Redis 7 makes the read-only keys read-only per key (``%R~``). Redis 6 has no such
 selector: there an actor's user could still SET or DEL the config and weights it reads, so
@@ -29,6 +30,7 @@ failover).
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,7 @@ __all__ = [
     "create_users",
     "delete_users",
     "join_user",
+    "joined_users",
     "process_user",
     "revoke_user",
     "role_access",
@@ -302,6 +305,19 @@ def process_users(
 def set_user(client: Any, args: list[str]) -> None:
     """``ACL SETUSER`` with ``args`` (:func:`setuser_args`' and more) on every node."""
     _on_every_node(client, "ACL", "SETUSER", *args)
+
+
+def joined_users(client: Any, run: str) -> list[str]:
+    """The per-instance users of ``run`` (``RUN.ROLE.N``: ``qrl run join``'s, ``qrl train
+    --acl``'s) on any node. Role names hold no dot, so no other run's user matches."""
+    if isinstance(client, ClusterClient):  # a cluster's ACLs are per node
+        nodes = client.get_nodes()
+        replies = [client.execute_command("ACL", "USERS", target_nodes=n) for n in nodes]
+    else:
+        replies = [client.execute_command("ACL", "USERS")]
+    joined = re.compile(re.escape(run) + r"\.[a-z][a-z0-9-]*\.(0|[1-9][0-9]*)")
+    names = {u.decode() if isinstance(u, bytes) else u for reply in replies for u in reply}
+    return sorted(u for u in names if joined.fullmatch(u))
 
 
 def delete_users(client: Any, users: list[str]) -> None:
