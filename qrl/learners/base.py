@@ -37,7 +37,7 @@ from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.checkpoint import save_checkpoint
 from qrl.runtime.config import live_fields
 from qrl.runtime.loop import Role, StopCheck
-from qrl.runtime.snapshot import SnapshotStore, capture
+from qrl.runtime.snapshot import capture, write_file
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore
 
@@ -80,7 +80,7 @@ class Learner(Role):
         checkpoint: Path | None = None,
         threads: int = 1,
         env: EnvSpec | None = None,
-        snapshot: bool = False,
+        snapshot: Path | None = None,
     ) -> None:
         self.client_factory, self.keys, self.cfg = client_factory, keys, cfg
         self.env = env or EnvSpec.of(cfg.env)  # what build reads: the launcher's, read once
@@ -98,8 +98,8 @@ class Learner(Role):
         self.held: Any = None  # this learner's batch, waiting for the pool's
         self.losses: list[float] = []  # since the last report
         self.checkpoint = checkpoint
-        self.snapshots = SnapshotStore(self.client, keys) if snapshot else None
-        self.resumed = resume(self.net, self.algo, cfg, checkpoint, self.snapshots)
+        self.snapshot = snapshot  # the state a PBT slot hands in, and takes back as it stops
+        self.resumed = resume(self.net, self.algo, cfg, checkpoint, snapshot)
         self.updates = self.resumed.updates
         self.weights = WeightStore(self.client, keys)
 
@@ -239,11 +239,11 @@ class Learner(Role):
             return
         if self.checkpoint is not None:
             save_checkpoint(self.checkpoint, self.algo, self.cfg, self.net, self.opt, self.updates)
-        if self.snapshots is not None:
+        if self.snapshot is not None:
             try:
-                self.snapshots.save(capture(self.net, self.opt, self.updates))
-            except redis.RedisError as e:  # the file above holds it
-                log.warning("could not save the snapshot to Redis: %s", e)
+                write_file(self.snapshot, capture(self.net, self.opt, self.updates))
+            except OSError as e:  # the checkpoint above holds it
+                log.warning("could not save the snapshot to %s: %s", self.snapshot, e)
 
     # -- the role (run by :func:`qrl.runtime.loop.run_role`)
     def start(self, should_stop: StopCheck) -> bool:

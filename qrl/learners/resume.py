@@ -2,8 +2,8 @@
 version (its update count):
 
 - its checkpoint file (``--checkpoint``: network, optimizer, updates);
-- the run's snapshot in Redis (:mod:`qrl.runtime.snapshot`, PBT's trials): taken when it is
-  at least as far on as the file and fits the network;
+- the run's snapshot (:mod:`qrl.runtime.snapshot`, PBT's trials), in the file its slot hands
+  in: taken when it is at least as far on as the checkpoint and fits the network;
 - the weights published in Redis: a learner restarted after SIGKILL finds them newer than
   its file, and counts on from them.
 
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from qrl.runtime.checkpoint import load_checkpoint
-from qrl.runtime.snapshot import SnapshotStore, load_model, optimizer_state
+from qrl.runtime.snapshot import load_model, optimizer_state, read_file
 from qrl.wire.codec import CodecError
 from qrl.wire.weights import WeightStore, ahead, fits
 
@@ -47,22 +47,22 @@ def resume(
     algo: str,
     cfg: Any,
     checkpoint: Path | None,
-    snapshots: SnapshotStore | None,
+    snapshot: Path | None,
 ) -> Resumed:
-    """Load the furthest of the checkpoint file and the run's snapshot into ``net``."""
+    """Load the furthest of the checkpoint file and the snapshot file into ``net``."""
     out = Resumed()
     if checkpoint is not None and checkpoint.exists():
         state = load_checkpoint(checkpoint, algo, cfg)
         net.load_state_dict(state["model"])
         out = Resumed(int(state["step"]), state["optimizer"])
         log.info("resumed from %s at update %d", checkpoint, out.updates)
-    snap = snapshots.fetch() if snapshots is not None else None
+    snap = read_file(snapshot) if snapshot is not None else None
     if snap is None or snap.updates < out.updates:
         return out
     try:
         load_model(snap.model, net)
     except CodecError as e:
-        log.warning("the snapshot at %s does not fit the network: %s", snapshots.key, e)
+        log.warning("the snapshot in %s does not fit the network: %s", snapshot, e)
         return out
     log.info("resumed from the run's snapshot at update %d", snap.updates)
     return Resumed(snap.updates, opt_arrays=snap.opt)
