@@ -21,7 +21,7 @@ from qrl.cli.options import (
     run_keys,
     stack,
 )
-from qrl.pbt.config import PBT_ALGOS, PBTConfig, Score
+from qrl.pbt.config import PBTConfig, Score, pbt_algos
 
 # what a --pbt-config file may set: the population's settings but those the command sets
 _PBT_FIELDS = sorted(
@@ -190,7 +190,7 @@ def worker(name: str, redis_url: str | None, slots: int, run_dir: Path | None,
     sys.exit(work(redis_url, name, run_dir or Path("runs") / name, slots, device, urls))
 
 
-for _name in PBT_ALGOS:
+for _name in pbt_algos():
     pbt_group.add_command(pbt_command(ALGOS[_name]))
 
 

@@ -15,11 +15,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# where a trial's whole state lives: its learner's snapshot (qrl.runtime.snapshot), or (ES)
-# the published parameters, whose blob carries the master's Adam moments and statistics
-SNAPSHOT_ALGOS = ("apex", "apex-dpg", "r2d2", "impala", "ppo")
-WEIGHTS_ALGOS = ("es",)
-PBT_ALGOS = SNAPSHOT_ALGOS + WEIGHTS_ALGOS
+from qrl.algos import ALGOS
+
+
+def pbt_algos() -> list[str]:
+    """The algorithms that declare where a trial's whole state lives
+    (:attr:`qrl.runtime.algorithm.Algorithm.pbt`), in the registry's order."""
+    return [name for name, algo in ALGOS.items() if algo.pbt is not None]
+
 
 _SPEC = re.compile(r"([a-z_][a-z0-9_]{0,63})=(.+)")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -137,8 +140,8 @@ class PBTConfig(BaseModel):
     @field_validator("algo")
     @classmethod
     def _algo(cls, v: str) -> str:
-        if v not in PBT_ALGOS:
-            raise ValueError(f"{v!r}: population-based training runs {', '.join(PBT_ALGOS)}")
+        if v not in pbt_algos():
+            raise ValueError(f"{v!r}: population-based training runs {', '.join(pbt_algos())}")
         return v
 
     @field_validator("name")

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import redis
 
@@ -37,6 +37,12 @@ if TYPE_CHECKING:
 
 Policy = Callable[["np.ndarray"], "np.ndarray"]  # a batch of observations -> actions
 
+# where a run's whole state lives, for population-based training to copy from trial to trial:
+# its learner's snapshot in Redis (:mod:`qrl.runtime.snapshot`: the learner saves it with
+# RoleContext.snapshot), or the published weights, whose blob carries the rest (ES: the
+# master's Adam moments and statistics)
+TrialState = Literal["snapshot", "weights"]
+
 
 @dataclass(frozen=True)
 class RoleContext:
@@ -50,7 +56,7 @@ class RoleContext:
     client: redis.Redis
     connect: Callable[[], redis.Redis]
     keys: RunKeys
-    cfg: Any
+    cfg: Config
     ident: int
     device: str = "auto"
     threads: int = 1
@@ -180,6 +186,7 @@ class Algorithm:
     streams: Callable[[RunKeys, dict[str, Any]], dict[str, str]]
     status: Callable[[redis.Redis, RunKeys, dict[str, Any]], dict[str, Any]] = no_status
     actions: frozenset[str] = frozenset({"discrete"})  # action spaces it handles
+    pbt: TrialState | None = None  # what `qrl pbt` copies (None: it trains no population)
 
     def __post_init__(self) -> None:
         if len(set(self.role_names)) < len(self.roles):
@@ -202,7 +209,7 @@ class Algorithm:
         """What each role (by name) reports: what ``qrl status`` and the run log read."""
         return {r.name: r.reports for r in self.roles}
 
-    def processes(self, cfg: Any) -> list[tuple[RoleDef, int]]:
+    def processes(self, cfg: Config) -> list[tuple[RoleDef, int]]:
         """The ``(role, number)`` of every process of a whole job, in start order."""
         out = []
         for r in sorted(self.roles, key=lambda r: r.order):
@@ -221,7 +228,7 @@ def torch_policy(
     published parameters and act greedily (argmax of the network's first output: Q-values or
     logits)."""
 
-    def make(cfg: Any, env: Any, params: dict[str, np.ndarray]) -> Policy:
+    def make(cfg: Config, env: Any, params: dict[str, np.ndarray]) -> Policy:
         import numpy as np
         import torch
 

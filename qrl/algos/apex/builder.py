@@ -66,4 +66,5 @@ ALGORITHM = Algorithm(
     weights_key=lambda keys: keys.weights,
     streams=streams,
     status=status,
+    pbt="snapshot",
 )

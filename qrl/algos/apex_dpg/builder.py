@@ -86,4 +86,5 @@ ALGORITHM = Algorithm(
     streams=streams,
     status=status,
     actions=frozenset({"continuous"}),
+    pbt="snapshot",
 )

@@ -71,4 +71,5 @@ ALGORITHM = Algorithm(
     actions=frozenset({"discrete", "continuous"}),
     weights_key=lambda keys: es_params(keys),
     streams=lambda keys, config: {"es_results": es_results(keys)},
+    pbt="weights",
 )

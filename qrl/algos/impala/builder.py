@@ -82,4 +82,5 @@ ALGORITHM = Algorithm(
     policy=torch_policy(_policy_value_net),
     weights_key=lambda keys: keys.weights,
     streams=lambda keys, config: {"trajectories": trajectories(keys)},
+    pbt="snapshot",
 )

@@ -72,4 +72,5 @@ ALGORITHM = Algorithm(
     policy=torch_policy(_policy_value_net),
     weights_key=lambda keys: keys.weights,
     streams=lambda keys, config: {"rollouts": rollouts(keys)},
+    pbt="snapshot",
 )

@@ -102,4 +102,5 @@ ALGORITHM = Algorithm(
     weights_key=lambda keys: keys.weights,
     streams=streams,
     status=status,
+    pbt="snapshot",
 )
