@@ -180,6 +180,10 @@ class FrameLayout(RecordLayout):
         self.rec = _record_dtype(self.obs_shape[0])
         self.frame_bytes = math.prod(self.obs_shape[1:])
 
+    def items(self, msg: dict[str, Any]) -> FrameBatch:
+        """The chunks of a decoded message of transitions over frames, as inserted."""
+        return FrameBatch.of(msg)
+
     def unpack(self, records: list[Any]) -> np.ndarray:
         """Decode ``[rel, chunk]`` pairs (from the sampling scripts) into a batch with an
         ``ok`` flag per row (zeros where it is not)."""

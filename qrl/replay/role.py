@@ -13,7 +13,7 @@ import redis
 
 from qrl.algos.apex_family.config import ReplayConfig
 from qrl.algos.apex_family.messages import experience_schema, frames_schema
-from qrl.replay.frames import FrameBatch, is_frame_stack, layout_for, replay_class
+from qrl.replay.frames import is_frame_stack, layout_for, replay_class
 from qrl.replay.shards import filler_shard, shard_capacity
 from qrl.replay.store import PrioritizedReplay, RecordLayout
 from qrl.rl.envspec import EnvSpec
@@ -66,7 +66,8 @@ def make_replay(
 
 class ReplayFiller(Role):
     """Drains the experience stream into the replay (``qrl replay``). A replay of other
-    items (R2D2's sequences) overrides :meth:`spec` and :meth:`records`."""
+    items (R2D2's sequences) overrides :meth:`spec`: its layout makes them of a message
+    (:meth:`qrl.replay.store.RecordLayout.items`)."""
 
     name = "replay"
     counter = "inserted"
@@ -84,7 +85,6 @@ class ReplayFiller(Role):
         layout, schema = self.spec(cfg, env or EnvSpec.of(cfg.env))
         self.replay = make_replay(client, keys, cfg, shard=self.shard, layout=layout)
         self.keys = self.replay.keys  # the shard's: its stream, dead letters and counters
-        self.frames = schema.kind == "apex.frames"
         self.consumer = StreamConsumer(
             client,
             self.keys,
@@ -106,11 +106,9 @@ class ReplayFiller(Role):
         return experience_spec(env, max_rows=rows)
 
     def records(self, d: dict[str, Any]) -> Any:
-        """The replay items of a decoded message: records (or a frame batch), in the
-        order of its ``priority``."""
-        if self.frames:
-            return FrameBatch.of(d)
-        return self.replay.layout.pack(d["obs"], d["action"], d["ret"], d["disc"], d["next_obs"])
+        """The replay items of a decoded message, in the order of its ``priority``: its
+        layout's (records, or chunks of frames)."""
+        return self.replay.layout.items(d)
 
     def handle(self, entries: list[Entry]) -> None:
         for e in entries:

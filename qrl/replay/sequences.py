@@ -75,11 +75,8 @@ def max_rows(cfg: R2D2Config) -> int:
 class SequenceFiller(ReplayFiller):
     """Drains R2D2's sequence stream into the replay (``qrl replay`` of an R2D2 run)."""
 
-    def spec(self, cfg: Any, env: EnvSpec) -> tuple[RecordLayout, Schema]:
+    def spec(self, cfg: R2D2Config, env: EnvSpec) -> tuple[RecordLayout, Schema]:
         return sequence_spec(cfg, env, max_rows(cfg))
-
-    def records(self, d: dict[str, Any]) -> list[bytes]:
-        return self.replay.layout.pack_columns(**{k: d[k] for k in FIELDS})
 
 
 class Sequencer:

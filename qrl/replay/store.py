@@ -102,6 +102,11 @@ class RecordLayout:
         """One record (bytes) per transition."""
         return self.pack_columns(obs=obs, action=action, ret=ret, disc=disc, next_obs=next_obs)
 
+    def items(self, msg: dict[str, Any]) -> Any:
+        """What the replay inserts of a decoded message of these items: a record per row of
+        its fields of the record's names (in the order of its ``priority``)."""
+        return self.pack_columns(**{name: msg[name] for name in self.dtype.names or ()})
+
     def pack_columns(self, **columns: np.ndarray) -> list[bytes]:
         """One record (bytes) per row of ``columns``, one column per field (all of them)."""
         if set(columns) != set(self.dtype.names or ()):
