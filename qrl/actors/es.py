@@ -27,7 +27,7 @@ import redis
 
 from qrl.algos.es.config import ESConfig
 from qrl.algos.es.keys import es_params, es_results
-from qrl.algos.es.messages import pairs_per_message
+from qrl.algos.es.messages import KIND, pairs_per_message
 from qrl.algos.es.strategy import NoiseTable, PolicySpec, normalize
 from qrl.rl.envs import make_env
 from qrl.rl.envspec import EnvSpec
@@ -152,7 +152,7 @@ class ESWorker(Role):
             chunk = pairs[start : start + size]
             job, idx, rp, rn, lp, ln, obs = (np.array(x) for x in zip(*chunk, strict=True))
             payload = encode(
-                "es.results",
+                KIND,
                 {
                     "generation": self.generation,
                     "job": job.astype(np.int64),

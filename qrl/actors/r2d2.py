@@ -16,6 +16,7 @@ import torch
 from qrl.actors.envs import Step
 from qrl.actors.replay import ReplayActor, spread
 from qrl.algos.r2d2.config import R2D2Config
+from qrl.algos.r2d2.messages import KIND
 from qrl.algos.r2d2.rule import Rule, Sequences, priorities, rule_of
 from qrl.replay.sequences import Sequencer, stack
 from qrl.rl.envspec import EnvSpec
@@ -83,4 +84,4 @@ def sequence_message(
     batch = stack(items)
     device = next(net.parameters()).device
     prio = priorities(net, net, Sequences.of(batch, device), rule).float().cpu().numpy()
-    return "r2d2.sequences", {**batch, "priority": prio}
+    return KIND, {**batch, "priority": prio}

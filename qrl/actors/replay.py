@@ -24,8 +24,10 @@ from qrl.actors.base import VectorActor
 from qrl.actors.envs import Step
 from qrl.actors.feed import RateLimit, ReplayFeed
 from qrl.algos.apex_family.config import ReplayConfig
+from qrl.algos.apex_family.messages import EXPERIENCE, FRAMES
 from qrl.replay.frames import is_frame_stack, pack_frames
 from qrl.rl.envspec import EnvSpec
+from qrl.runtime.config import Config
 from qrl.wire.keys import RunKeys
 
 
@@ -103,7 +105,7 @@ class ReplayActor(VectorActor):
         and again when a live config change came (:meth:`reconfigure`)."""
         raise NotImplementedError
 
-    def reconfigure(self, cfg: Any) -> None:
+    def reconfigure(self, cfg: Config) -> None:
         super().reconfigure(cfg)
         self.explore()
 
@@ -193,7 +195,7 @@ class TransitionActor(ReplayActor):
     def message(
         self, items: list[tuple[np.ndarray, Any, float, float, np.ndarray]], slots: np.ndarray
     ) -> tuple[str, dict[str, Any]]:
-        """Transitions as ``apex.experience``, or over stacked frames as ``apex.frames``."""
+        """Transitions (:data:`EXPERIENCE`), or over stacked frames (:data:`FRAMES`)."""
         obs, act, ret, disc, nxt = zip(*items, strict=True)
         obs_a = np.stack(obs).astype(self.obs_dtype)
         nxt_a = np.stack(nxt).astype(self.obs_dtype)
@@ -206,8 +208,8 @@ class TransitionActor(ReplayActor):
             "priority": self.priorities(obs_a, act_a, ret_a, disc_a, nxt_a),
         }
         if not self.frames:
-            return "apex.experience", {"obs": obs_a, "next_obs": nxt_a, **rows}
+            return EXPERIENCE, {"obs": obs_a, "next_obs": nxt_a, **rows}
         fields = pack_frames(obs_a, nxt_a, slots)  # each frame once, per env-slot chunk
         order = fields.pop("order")
         fields.update({k: v[order] for k, v in rows.items()})
-        return "apex.frames", fields
+        return FRAMES, fields

@@ -20,6 +20,9 @@ from qrl.rl.fields import (
 )
 from qrl.wire.schema import CodecError, Field, Schema, size_cap
 
+EXPERIENCE = "apex.experience"  # n-step transitions
+FRAMES = "apex.frames"  # n-step transitions over stacked frames, each frame sent once
+
 
 def experience_schema(
     obs_shape: tuple[int, ...],
@@ -62,7 +65,7 @@ def experience_schema(
         action_bytes = 4 * low.size
     row = 2 * obs_bytes(obs_shape, obs_dtype) + 12 + action_bytes
     return Schema(
-        "apex.experience",
+        EXPERIENCE,
         {
             "obs": obs,
             "action": action,
@@ -137,7 +140,7 @@ def frames_schema(
             raise CodecError("batch id must be 1-64 characters")
 
     return Schema(
-        "apex.frames",
+        FRAMES,
         {
             "frames": Field(np.ndarray, dtypes=("uint8",), ndim=3),
             "counts": Field(np.ndarray, dtypes=("int32",), ndim=2, bounds=(1, max_frames)),

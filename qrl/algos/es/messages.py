@@ -6,9 +6,11 @@ from typing import Any
 
 import numpy as np
 
+from qrl.algos.es.config import ESConfig
 from qrl.rl.fields import BATCH_ID, NATURAL, RETURN_BOUND, VALUE_BOUND, same_length
 from qrl.wire.schema import INT_BOUND, CodecError, Field, Schema, size_cap
 
+KIND = "es.results"
 MAX_COUNT = 2.0**40  # observations counted in one ES results message
 
 
@@ -26,7 +28,7 @@ def check_obs_stats(count: float, total: np.ndarray, sumsq: np.ndarray) -> None:
         raise CodecError("observation sums disagree (sum^2 > count x sum of squares)")
 
 
-def pairs_per_message(cfg: Any) -> int:
+def pairs_per_message(cfg: ESConfig) -> int:
     """The most pairs one results message carries: a generation's worth (``population / 2``).
     With episodes of at most the env's limit, one message then weighs in the observation
     statistics at most as much as a generation of honest episodes can."""
@@ -64,7 +66,7 @@ def es_results_schema(
         return Field(np.ndarray, dtypes=(dtype,), ndim=1, finite=True, bounds=(lo, hi))
 
     return Schema(
-        "es.results",
+        KIND,
         {
             "generation": NATURAL,
             "job": vec("int64", 0, INT_BOUND),

@@ -10,6 +10,8 @@ from qrl.algos.apex_family.messages import batch_fields
 from qrl.rl.fields import floats, obs_bytes, obs_field, same_length
 from qrl.wire.schema import CodecError, Field, Schema, size_cap
 
+KIND = "r2d2.sequences"
+
 
 def sequence_schema(
     obs_shape: tuple[int, ...],
@@ -51,7 +53,7 @@ def sequence_schema(
     flags = Field(np.ndarray, dtypes=("bool",), ndim=1)
     row = (length + 1) * obs_bytes(obs_shape, obs_dtype) + 8 * length + 8 * lstm + 10
     return Schema(
-        "r2d2.sequences",
+        KIND,
         {
             "obs": obs_field(obs_shape, obs_dtype, 2),
             "action": Field(np.ndarray, dtypes=("int32",), ndim=2, bounds=(0, n_actions - 1)),
