@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from qrl.actors.unrolls import UnrollActor
 from qrl.algos.impala.keys import trajectories
-from qrl.algos.impala.messages import KIND
+from qrl.algos.impala.messages import unroll_schema
 
 
 class ImpalaActor(UnrollActor):
-    kind = KIND
+    schema = staticmethod(unroll_schema)
     stream = staticmethod(trajectories)

@@ -12,29 +12,28 @@ cannot race ahead of learners that share their CPU."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 import redis
 
 from qrl.actors.unrolls import UnrollActor
+from qrl.algos.ppo.config import PPOConfig
 from qrl.algos.ppo.keys import rollouts
-from qrl.algos.ppo.messages import KIND
+from qrl.algos.ppo.messages import rollout_schema
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.loop import StopCheck
 from qrl.wire.keys import RunKeys
 
 
 class PPOActor(UnrollActor):
-    kind = KIND
-    values = True
+    schema = staticmethod(rollout_schema)
     stream = staticmethod(rollouts)
 
     def __init__(
         self,
         client: redis.Redis,
         keys: RunKeys,
-        cfg: Any,
+        cfg: PPOConfig,
         actor_id: int = 0,
         env: EnvSpec | None = None,
     ) -> None:

@@ -1,6 +1,6 @@
 """The actor of the unroll algorithms (IMPALA, PPO): vector envs sampled from the policy,
-unrolls of length T pushed to a stream with the behaviour logits (and, for PPO, values) and
-the policy version they were acted with.
+unrolls of length T pushed to a stream with the behaviour logits (and values, where the
+algorithm's message has them) and the policy version they were acted with.
 
 Follow one unroll: ``UnrollActor.unroll`` steps the envs T times; ``UnrollActor.advance``
 encodes the B unrolls as one message (:mod:`qrl.rl.unrolls`) and adds it to the stream
@@ -20,8 +20,10 @@ import torch
 from qrl.actors.base import VectorActor
 from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import policy_value_net
+from qrl.runtime.config import Config
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
+from qrl.wire.schema import Schema
 from qrl.wire.streams import StreamProducer
 
 
@@ -56,24 +58,27 @@ def unroll_message(
 
 
 class UnrollActor(VectorActor):
-    """Subclasses set ``kind`` (the message), ``values`` (whether it carries the value
-    estimates) and ``stream`` (the stream's key from the run's keys)."""
+    """Subclasses set ``schema`` (the algorithm's message: its kind, and which of the fields
+    an unroll can have it carries) and ``stream`` (the stream's key from the run's keys)."""
 
-    kind = ""
-    values = False
+    schema: Callable[..., Schema]  # (obs_shape, obs_dtype, n_actions, unroll, envs)
     stream: Callable[[RunKeys], str]
 
     def __init__(
         self,
         client: redis.Redis,
         keys: RunKeys,
-        cfg: Any,
+        cfg: Config,
         actor_id: int = 0,
         env: EnvSpec | None = None,
     ) -> None:
         super().__init__(client, keys, cfg, actor_id, env)
         stream = type(self).stream(keys)
         self.producer = StreamProducer(client, stream, maxlen=cfg.stream_maxlen, keys=keys)
+        schema = type(self).schema(
+            self.obs_shape, self.obs_dtype, self.n_actions, cfg.unroll, cfg.envs_per_actor
+        )
+        self.kind, self.fields = schema.kind, tuple(schema.fields)
         self.net = policy_value_net(cfg, self.env)
         self.net.eval()
         self.gen = torch.Generator().manual_seed(cfg.seed * 10_000 + actor_id)
@@ -111,9 +116,8 @@ class UnrollActor(VectorActor):
             obs_buf, act_buf, rew_buf, term_buf, trunc_buf, logit_buf, trunc_idx, trunc_obs,
             version, self.actor_id,
         )  # fmt: skip
-        if self.values:
-            msg["value"] = val_buf
-        return msg, obs
+        msg["value"] = val_buf
+        return {name: msg[name] for name in self.fields}, obs  # those its message carries
 
     def advance(self, obs: np.ndarray, should_stop: Callable[[], bool]) -> np.ndarray | None:
         """One unroll of T steps, pushed as one stream entry."""

@@ -47,6 +47,7 @@ class Stacked:
 
 Out = Callable[[int, tuple[int, ...]], np.ndarray]  # (column number, shape) -> where it goes
 _COLUMNS = ("obs", "action", "reward", "done", "logits", "value")
+_FROM = {"done": "terminated"}  # the message field a column starts from, where not its own
 _DTYPES = {"action": np.int64, "reward": np.float32, "done": np.bool_, "logits": np.float32,
            "value": np.float32}  # fmt: skip
 
@@ -55,10 +56,9 @@ def stack(datas: list[dict[str, Any]], out: Out | None = None) -> Stacked:
     """Concatenate decoded unroll messages along the batch axis, each column into
     ``out(column number, shape)`` (new arrays by default)."""
     b = sum(d["obs"].shape[1] for d in datas)
-    values = "value" in datas[0]
 
     def cat(name: str) -> np.ndarray:
-        parts = [d["terminated" if name == "done" else name] for d in datas]
+        parts = [d[_FROM.get(name, name)] for d in datas]
         shape = (parts[0].shape[0], b, *parts[0].shape[2:])
         if out is not None:
             dst = out(_COLUMNS.index(name), shape)
@@ -66,7 +66,7 @@ def stack(datas: list[dict[str, Any]], out: Out | None = None) -> Stacked:
             dst = np.empty(shape, _DTYPES.get(name, parts[0].dtype))
         return np.concatenate(parts, axis=1, out=dst)
 
-    cols = {name: cat(name) for name in _COLUMNS if name != "value" or values}
+    cols = {name: cat(name) for name in _COLUMNS if _FROM.get(name, name) in datas[0]}
     offsets = np.cumsum([0] + [d["obs"].shape[1] for d in datas[:-1]])
     moved = [
         d["trunc_idx"] + np.array([0, o], np.int32) for d, o in zip(datas, offsets, strict=True)
@@ -100,7 +100,6 @@ class LoaderSpec:
     obs_shape: tuple[int, ...]
     obs_dtype: str
     n_actions: int
-    values: bool  # PPO: behaviour value estimates
     claim_idle_ms: int
     nice: int = 0  # added to the loader process's niceness
 
@@ -108,7 +107,8 @@ class LoaderSpec:
         t, most = self.unroll, self.unrolls + self.per_entry - 1
         shapes = {"obs": (t + 1, most, *self.obs_shape), "logits": (t, most, self.n_actions)}
         dtypes = {**_DTYPES, "obs": np.dtype(self.obs_dtype)}
-        names = _COLUMNS if self.values else _COLUMNS[:-1]
+        fields = self.schema().fields  # the columns of the fields the message carries
+        names = [n for n in _COLUMNS if _FROM.get(n, n) in fields]
         return [(n, dtypes[n], shapes.get(n, (t, most))) for n in names]
 
 

@@ -32,7 +32,6 @@ class PPOLearner(UnrollLearner):
     algo = "ppo"
     stream = rollouts
     schema = rollout_schema
-    values = True
 
     def build(self) -> torch.nn.Module:
         cfg = self.cfg

@@ -102,7 +102,6 @@ class UnrollLearner(FedLearner):
 
     stream: Callable[[RunKeys], str]
     schema: Callable[..., Schema]  # (obs_shape, obs_dtype, n_actions, unroll, envs)
-    values = False  # PPO: the messages carry value estimates
     loader_nice = 0  # niceness the loader process adds to the learner's
     feed: Loader | None = None
 
@@ -113,7 +112,7 @@ class UnrollLearner(FedLearner):
             self.client_factory, self.keys, type(self).stream(self.keys),
             partial(type(self).schema, shape, dtype, n, cfg.unroll, cfg.envs_per_actor),
             cfg.batch_unrolls // cfg.learners, cfg.envs_per_actor, cfg.unroll, tuple(shape),
-            str(dtype), n, self.values, cfg.claim_idle_ms, self.loader_nice,
+            str(dtype), n, cfg.claim_idle_ms, self.loader_nice,
         )  # fmt: skip
 
     def loader_slots(self) -> int:
