@@ -35,13 +35,16 @@ from qrl.learners.resume import load_optimizer, resume, settle
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.checkpoint import save_checkpoint
-from qrl.runtime.config import live_fields
+from qrl.runtime.config import Config, LearnerPool, live_fields
 from qrl.runtime.loop import Role, StopCheck
 from qrl.runtime.snapshot import capture, write_file
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore
 
 log = logging.getLogger(__name__)
+
+# the pool of a config that is no LearnerPool: this learner alone
+ALONE = LearnerPool()
 
 
 def pick_device(device: str) -> torch.device:
@@ -75,7 +78,7 @@ class Learner(Role):
         self,
         client_factory: Callable[[], redis.Redis],
         keys: RunKeys,
-        cfg: Any,
+        cfg: Config,
         device: str = "auto",
         checkpoint: Path | None = None,
         threads: int = 1,
@@ -224,7 +227,7 @@ class Learner(Role):
             return
         self.updates = self.weights.publish(module, version=self.updates)
 
-    def reconfigure(self, cfg: Any) -> None:
+    def reconfigure(self, cfg: Config) -> None:
         """A live config change: the learning rates go to the optimizer at once."""
         super().reconfigure(cfg)
         self._set_learning_rates()
@@ -247,12 +250,13 @@ class Learner(Role):
 
     # -- the role (run by :func:`qrl.runtime.loop.run_role`)
     def start(self, should_stop: StopCheck) -> bool:
+        pool = self.cfg if isinstance(self.cfg, LearnerPool) else ALONE
         group = LearnerGroup.join(
             self.client,
             self.keys,
-            getattr(self.cfg, "learners", 1),
+            pool.learners,
             self.device,
-            timeout_s=getattr(self.cfg, "rendezvous_timeout", 60.0),
+            timeout_s=pool.rendezvous_timeout,
             should_stop=should_stop,
         )
         if group is None:

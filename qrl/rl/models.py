@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -191,34 +191,49 @@ class RecurrentQNetwork(nn.Module):
         return q, (h[0], c[0])
 
 
-def _bounds(cfg: Any, env: EnvSpec) -> Bounds | None:
+class NetConfig(Protocol):
+    """What the builders below read of a config: its hidden layers and its conv stack
+    (:class:`qrl.runtime.config.ConvTorso`)."""
+
+    hidden: tuple[int, ...]
+    conv: str
+
+
+class QNetConfig(NetConfig, Protocol):
+    """A Q-network's config (the Ape-X family's ``QLearning``)."""
+
+    dueling: bool
+    obs_scale: bool  # vector observations scaled by the space's bounds
+
+
+class RecurrentQNetConfig(QNetConfig, Protocol):
+    lstm: int
+
+
+def _bounds(cfg: QNetConfig, env: EnvSpec) -> Bounds | None:
     if len(env.obs_shape) != 1:
         return env.obs_bounds  # images: divided by their largest value
-    return env.obs_bounds if getattr(cfg, "obs_scale", False) else None
+    return env.obs_bounds if cfg.obs_scale else None
 
 
-def _conv(cfg: Any) -> str:
-    return getattr(cfg, "conv", "auto")
-
-
-def q_network(cfg: Any, env: EnvSpec) -> QNetwork:
+def q_network(cfg: QNetConfig, env: EnvSpec) -> QNetwork:
     """Ape-X's Q-network for ``cfg`` on ``env`` (its learner, actors and greedy policy build
     it here)."""
     n_actions, bounds = env.discrete_actions(), _bounds(cfg, env)
-    return QNetwork(env.obs_shape, n_actions, cfg.hidden, cfg.dueling, bounds, _conv(cfg))
+    return QNetwork(env.obs_shape, n_actions, cfg.hidden, cfg.dueling, bounds, cfg.conv)
 
 
-def recurrent_q_network(cfg: Any, env: EnvSpec) -> RecurrentQNetwork:
+def recurrent_q_network(cfg: RecurrentQNetConfig, env: EnvSpec) -> RecurrentQNetwork:
     """R2D2's LSTM Q-network for ``cfg`` on ``env`` (its learner, actors and greedy policy
     build it here)."""
     n_actions, bounds = env.discrete_actions(), _bounds(cfg, env)
     return RecurrentQNetwork(
-        env.obs_shape, n_actions, cfg.hidden, cfg.lstm, cfg.dueling, bounds, _conv(cfg)
+        env.obs_shape, n_actions, cfg.hidden, cfg.lstm, cfg.dueling, bounds, cfg.conv
     )
 
 
-def policy_value_net(cfg: Any, env: EnvSpec) -> PolicyValueNet:
+def policy_value_net(cfg: NetConfig, env: EnvSpec) -> PolicyValueNet:
     """IMPALA's and PPO's policy-value network for ``cfg`` on ``env`` (their learners, actors
     and greedy policies build it here)."""
     bounds = env.obs_bounds if len(env.obs_shape) != 1 else None  # vectors unscaled: tuned so
-    return PolicyValueNet(env.obs_shape, env.discrete_actions(), cfg.hidden, bounds, _conv(cfg))
+    return PolicyValueNet(env.obs_shape, env.discrete_actions(), cfg.hidden, bounds, cfg.conv)

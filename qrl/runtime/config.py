@@ -193,9 +193,10 @@ class CentralInference(BaseModel):
     )
 
 
-def central(cfg: Any) -> bool:
-    """Whether ``cfg`` runs central inference (its roles' ``when``)."""
-    return getattr(cfg, "inference", "local") == "central"
+def central(cfg: CentralInference) -> bool:
+    """Whether ``cfg`` runs central inference: the ``when`` of the roles that an algorithm
+    whose config is :class:`CentralInference` declares for each mode."""
+    return cfg.inference == "central"
 
 
 class Config(BaseModel):
