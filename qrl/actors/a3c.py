@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from qrl.actors.envs import EnvActor
+from qrl.algos.a3c.config import A3CConfig
 from qrl.ps.client import PSClient
 from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import policy_value_net
@@ -31,7 +32,7 @@ class A3CWorker(EnvActor):
         self,
         client: redis.Redis,
         keys: RunKeys,
-        cfg: Any,
+        cfg: A3CConfig,
         worker_id: int = 0,
         env: EnvSpec | None = None,
     ) -> None:

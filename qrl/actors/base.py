@@ -13,6 +13,7 @@ import torch
 
 from qrl.actors.envs import EnvActor
 from qrl.rl.envspec import EnvSpec
+from qrl.runtime.config import Config
 from qrl.runtime.loop import StopCheck
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore, wait_for_weights
@@ -28,7 +29,7 @@ class VectorActor(EnvActor):
         self,
         client: redis.Redis,
         keys: RunKeys,
-        cfg: Any,
+        cfg: Config,
         actor_id: int,
         env: EnvSpec | None = None,
     ) -> None:

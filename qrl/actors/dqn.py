@@ -4,17 +4,17 @@ actor's own |TD error| under its copy of the Q-network."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
 from qrl.actors.replay import TransitionActor, spread
+from qrl.algos.apex_family.config import ReplayConfig
 from qrl.rl.models import q_network
 
 
-def epsilons(cfg: Any, actor_id: int) -> np.ndarray:
-    """Ape-X exploration: eps_i = eps^(1 + i * alpha / (N - 1)) (:func:`spread`)."""
+def epsilons(cfg: ReplayConfig, actor_id: int) -> np.ndarray:
+    """Ape-X exploration: eps_i = eps^(1 + i * alpha / (N - 1)) (:func:`spread`), from a
+    config's ``eps_base`` and ``eps_alpha`` (its ``QLearning`` part: Ape-X's, Gorila's)."""
     return spread(cfg.eps_base, cfg.eps_alpha, cfg, actor_id)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from qrl.rl.envs import make_vector_env
 from qrl.rl.envspec import EnvSpec
+from qrl.runtime.config import Config
 from qrl.runtime.loop import Role
 
 
@@ -35,7 +36,7 @@ class EnvActor(Role):
     counter = "steps"
 
     def __init__(
-        self, cfg: Any, actor_id: int, env: EnvSpec | None = None, envs: int | None = None
+        self, cfg: Config, actor_id: int, env: EnvSpec | None = None, envs: int | None = None
     ) -> None:
         self.cfg, self.actor_id = cfg, actor_id
         self.env = env or EnvSpec.of(cfg.env)

@@ -20,6 +20,7 @@ from qrl.cli.options import (
     redis_option,
     run_keys,
 )
+from qrl.runtime.config import Config
 
 log = logging.getLogger("qrl")
 
@@ -109,7 +110,7 @@ def _check_acl_server(client: Any) -> None:
         raise click.ClickException(str(e)) from None
 
 
-def _create_users(client: Any, algo: str, keys: Any, folder: Path, cfg: Any) -> None:
+def _create_users(client: Any, algo: str, keys: Any, folder: Path, cfg: Config) -> None:
     """``run create --acl``: one ACL user per role, with its password file."""
     from qrl.jobs.acl import create_users
     from qrl.wire.connection import RedisUnavailable

@@ -29,6 +29,7 @@ import torch
 from qrl.inference import protocol
 from qrl.learners.base import pick_device
 from qrl.rl.envspec import EnvSpec
+from qrl.runtime.config import Config
 from qrl.runtime.ids import id_limit
 from qrl.runtime.loop import Role, StopCheck
 from qrl.wire.codec import CodecError, decode, encode
@@ -88,7 +89,7 @@ class Agent:
         loads newer ones and returns their version); False if stopped while waiting."""
         raise NotImplementedError
 
-    def reconfigure(self, cfg: Any, tracks: list[Track]) -> None:
+    def reconfigure(self, cfg: Config, tracks: list[Track]) -> None:
         """Live config changes (the server's ``cfg`` is swapped)."""
         self.cfg = cfg
 
@@ -107,7 +108,7 @@ class InferenceServer(Role):
         self,
         client: redis.Redis,
         keys: RunKeys,
-        cfg: Any,
+        cfg: Config,
         server_id: int,
         agent: Agent,
         *,
@@ -151,7 +152,7 @@ class InferenceServer(Role):
         self.refresh()
         return self.version
 
-    def reconfigure(self, cfg: Any) -> None:
+    def reconfigure(self, cfg: Config) -> None:
         super().reconfigure(cfg)
         self.agent.reconfigure(cfg, list(self.tracks.values()))
 

@@ -20,6 +20,7 @@ import redis
 from qrl.actors.envs import EnvActor
 from qrl.inference import protocol
 from qrl.rl.envspec import EnvSpec
+from qrl.runtime.config import Config
 from qrl.runtime.loop import StopCheck
 from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.faults import warn_once
@@ -38,7 +39,7 @@ class EnvStepper(EnvActor):
         self,
         client: redis.Redis,
         keys: RunKeys,
-        cfg: Any,
+        cfg: Config,
         actor_id: int,
         env: EnvSpec | None = None,
     ) -> None:

@@ -15,6 +15,7 @@ import torch
 from qrl.actors.unrolls import unroll_message
 from qrl.inference.server import Agent, Track
 from qrl.rl.envspec import EnvSpec
+from qrl.runtime.config import Config
 from qrl.runtime.loop import StopCheck
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
@@ -100,7 +101,7 @@ class UnrollAgent(Agent):
         self,
         client: redis.Redis,
         keys: RunKeys,
-        cfg: Any,
+        cfg: Config,
         server_id: int,
         env: EnvSpec,
         net: torch.nn.Module,

@@ -38,6 +38,7 @@ from typing import Any
 from redis.cluster import RedisCluster
 
 from qrl.algos import Algorithm, RoleDef
+from qrl.runtime.config import Config
 from qrl.runtime.ids import id_limit, instance_user
 from qrl.runtime.roles import ACTOR_COMMANDS, RUN_COMMANDS, Access
 from qrl.wire.cluster import ClusterClient
@@ -200,7 +201,7 @@ def create_users(
     algo: Algorithm,
     keys: RunKeys,
     folder: Path,
-    cfg: Any = None,
+    cfg: Config | None = None,
     *,
     shared_by_many: bool = True,
 ) -> dict[str, tuple[str, Path]]:
@@ -228,7 +229,7 @@ def join_user(
     client: Any,
     algo: Algorithm,
     keys: RunKeys,
-    cfg: Any,
+    cfg: Config,
     role: str,
     ident: int | None,
     folder: Path,
@@ -284,7 +285,7 @@ def process_user(run: str, role: RoleDef, ident: int) -> tuple[str, Access]:
 
 
 def process_users(
-    client: Any, algo: Algorithm, keys: RunKeys, cfg: Any, folder: Path
+    client: Any, algo: Algorithm, keys: RunKeys, cfg: Config, folder: Path
 ) -> dict[tuple[str, int], tuple[str, Path]]:
     """A user for every process of a run of ``cfg`` (``qrl train --acl``): a role that runs
     many processes gets one per process (:func:`join_user`: none of them can pass for

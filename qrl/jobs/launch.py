@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import redis
 
@@ -36,6 +36,7 @@ from qrl.rl.envs import allow_env_modules, allowed_env_modules, check_env_id
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime import loop
 from qrl.runtime.algorithm import RoleContext
+from qrl.runtime.config import Config
 from qrl.runtime.control import StopFlag, on_stop_signals
 from qrl.runtime.files import open_appending
 from qrl.runtime.ids import claim_id, hold_id, user_ident
@@ -164,7 +165,7 @@ def _run(
     client: redis.Redis,
     opener: Callable[[], redis.Redis],
     keys: RunKeys,
-    cfg: Any,
+    cfg: Config,
     ident: int,
     stopping: threading.Event,
     running: threading.Event,

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
 
 import redis
 from rich.console import Console
@@ -34,6 +33,7 @@ from qrl.jobs.acl import process_users
 from qrl.jobs.launch import RoleSpec, start_process
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.checkpoint import replace_model
+from qrl.runtime.config import Config
 from qrl.runtime.control import StopFlag, clear_stop, request_stop
 from qrl.runtime.files import write_json
 from qrl.runtime.live import LiveConfig
@@ -86,7 +86,7 @@ class Evaluator:
     """Evaluation of the latest published parameters (only when they changed); ``last`` is
     the :class:`qrl.wire.weights.Weights` evaluated last."""
 
-    def __init__(self, algo: Algorithm, cfg: Any, episodes: int, env: str | None = None) -> None:
+    def __init__(self, algo: Algorithm, cfg: Config, episodes: int, env: str | None = None) -> None:
         self.algo, self.cfg, self.episodes = algo, cfg, episodes
         self.env = env or cfg.env
         self.spec: EnvSpec | None = None  # of the env trained on, read at the first play
@@ -192,7 +192,7 @@ def _shutdown(
 
 def run_training(
     algo: Algorithm,
-    cfg: Any,
+    cfg: Config,
     budget: Budget,
     *,
     redis_url: str | None,

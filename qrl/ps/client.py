@@ -4,14 +4,13 @@ the shards and pushed to them as gradients (:class:`PSClient`)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import redis
 import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from qrl.ps import protocol
+from qrl.ps.config import ParameterServerConfig
 from qrl.runtime.loop import StopCheck
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
@@ -73,7 +72,12 @@ class PSClient:
     was computed on. ``versions`` are the blocks' versions held."""
 
     def __init__(
-        self, client: redis.Redis, keys: RunKeys, cfg: Any, net: torch.nn.Module, worker: int
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        cfg: ParameterServerConfig,
+        net: torch.nn.Module,
+        worker: int,
     ) -> None:
         self.cfg, self.worker, self.net = cfg, worker, net
         n = cfg.ps_shards

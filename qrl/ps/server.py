@@ -37,6 +37,7 @@ import torch
 from qrl.ps import protocol
 from qrl.ps.client import Flat, fetch_blocks
 from qrl.runtime.checkpoint import load_checkpoint, save_checkpoint
+from qrl.runtime.config import Config
 from qrl.runtime.loop import Role, StopCheck
 from qrl.runtime.snapshot import state_names
 from qrl.wire.codec import CodecError, decode, encode
@@ -65,7 +66,7 @@ class ParameterServer(Role):
         self,
         client: redis.Redis,
         keys: RunKeys,
-        cfg: Any,
+        cfg: Config,
         shard: int,
         net: torch.nn.Module,
         make_opt: MakeOptimizer,
@@ -387,7 +388,7 @@ class ParameterServer(Role):
         extra = {"ps": {"shards": self.cfg.ps_shards, "states": states}}
         save_checkpoint(self.checkpoint, self.algo, self.cfg, self.net, None, version, extra)
 
-    def reconfigure(self, cfg: Any) -> None:
+    def reconfigure(self, cfg: Config) -> None:
         super().reconfigure(cfg)
         for group in self.opt.param_groups:
             group["lr"] = cfg.lr

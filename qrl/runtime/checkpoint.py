@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from qrl.runtime.config import live_fields
+from qrl.runtime.config import Config, live_fields
 from qrl.runtime.files import write_atomically
 from qrl.version import __version__
 
@@ -22,7 +22,7 @@ class CheckpointError(ValueError):
 def save_checkpoint(
     path: Path,
     algo: str,
-    cfg: Any,
+    cfg: Config,
     model: torch.nn.Module | dict[str, torch.Tensor],
     optimizer: torch.optim.Optimizer | None,
     step: int,
@@ -41,7 +41,9 @@ def save_checkpoint(
     _write(path, state)
 
 
-def load_checkpoint(path: Path, algo: str | None = None, cfg: Any = None) -> dict[str, Any]:
+def load_checkpoint(
+    path: Path, algo: str | None = None, cfg: Config | None = None
+) -> dict[str, Any]:
     """Load a checkpoint; with ``algo``/``cfg`` given, check it was written by that
     algorithm with the same configuration (but for the fields that may change while a run
     runs: :data:`qrl.runtime.config.LIVE`; a field the file lacks had its default)."""

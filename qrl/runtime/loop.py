@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 
+from qrl.runtime.config import Config
 from qrl.runtime.live import LiveConfig
 from qrl.runtime.metrics import report
 from qrl.runtime.status import leave
@@ -61,7 +62,7 @@ class Role:
     def save(self) -> None:
         """Write a checkpoint (roles with state of their own)."""
 
-    def reconfigure(self, cfg: Any) -> None:
+    def reconfigure(self, cfg: Config) -> None:
         """Run on with ``cfg``, the config with live fields changed (:mod:`qrl.runtime.live`),
         called between two steps. Here ``self.cfg`` is swapped: enough for a field the role
         reads from it as it goes; a role that derived state from one (an optimizer's

@@ -18,12 +18,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from qrl.algos.r2d2.config import R2D2Config
 from qrl.rl.models import RecurrentQNetwork
 
 
@@ -167,7 +167,7 @@ def sequence_loss(
     return (weight * per_seq).mean()
 
 
-def rule_of(cfg: Any) -> Rule:
+def rule_of(cfg: R2D2Config) -> Rule:
     """The rule of an R2D2 config."""
     return Rule(cfg.n_step, cfg.gamma, cfg.burn_in, cfg.rescale_eps, cfg.eta)
 
