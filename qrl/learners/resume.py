@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from qrl.runtime.checkpoint import load_checkpoint
+from qrl.runtime.config import Config
 from qrl.runtime.snapshot import load_model, optimizer_state, read_file
 from qrl.wire.codec import CodecError
 from qrl.wire.weights import WeightStore, ahead, fits
@@ -45,7 +46,7 @@ class Resumed:
 def resume(
     net: torch.nn.Module,
     algo: str,
-    cfg: Any,
+    cfg: Config,
     checkpoint: Path | None,
     snapshot: Path | None,
 ) -> Resumed:
