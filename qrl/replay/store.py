@@ -103,8 +103,9 @@ class RecordLayout:
         return self.pack_columns(obs=obs, action=action, ret=ret, disc=disc, next_obs=next_obs)
 
     def items(self, msg: dict[str, Any]) -> Any:
-        """What the replay inserts of a decoded message of these items: a record per row of
-        its fields of the record's names (in the order of its ``priority``)."""
+        """What the replay inserts of a decoded message of these items: one record per row,
+        each field from the message's field of its name (rows in the order of its
+        ``priority``)."""
         return self.pack_columns(**{name: msg[name] for name in self.dtype.names or ()})
 
     def pack_columns(self, **columns: np.ndarray) -> list[bytes]:
