@@ -45,6 +45,7 @@ from qrl.jobs.acl import (
 )
 from qrl.pbt.config import PBTConfig
 from qrl.pbt.exploit import initial_config
+from qrl.runtime.config import Config
 from qrl.runtime.roles import Access
 from qrl.wire.connection import read_password_file, with_user
 from qrl.wire.keys import RunKeys
@@ -64,7 +65,9 @@ def role_password(trial_password: str, user: str) -> str:
     return hmac.new(trial_password.encode(), user.encode(), hashlib.sha256).hexdigest()
 
 
-def _processes(trial: str, algo: Algorithm, cfg: Any) -> dict[tuple[str, int], tuple[str, Access]]:
+def _processes(
+    trial: str, algo: Algorithm, cfg: Config
+) -> dict[tuple[str, int], tuple[str, Access]]:
     """Each process of a segment of ``trial`` run with ``cfg``: (role, number) -> its user
     and what it may do."""
     return {(r.name, i): process_user(trial, r, i) for r, i in algo.processes(cfg)}
@@ -105,7 +108,9 @@ def delete_population_users(client: Any, pcfg: PBTConfig) -> None:
     delete_users(client, names)
 
 
-def role_urls(trial_url: str, trial: str, algo: Algorithm, cfg: Any) -> dict[tuple[str, int], str]:
+def role_urls(
+    trial_url: str, trial: str, algo: Algorithm, cfg: Config
+) -> dict[tuple[str, int], str]:
     """Each process of a segment of ``trial`` with ``cfg`` -> the URL that runs it as its own
     user, from ``trial_url`` (the trial's user's, with its password: :func:`as_user`)."""
     secret = parse_url(trial_url)["password"]
