@@ -104,3 +104,20 @@ def test_no_module_tests_a_config_field_presence() -> None:
     given the type it reads), never tested field by field with a default."""
     found = [hit for path in sorted(QRL.rglob("*.py")) for hit in _presence_tests(path)]
     assert not found, "a config field's presence tested:\n" + "\n".join(found)
+
+
+def test_no_config_is_typed_any() -> None:
+    """A ``cfg`` parameter (or field) says which config it takes: the algorithm's class, or
+    the base or mixin the generic code reads, never ``Any``."""
+    found = []
+    for path in sorted(QRL.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.arg):
+                name, annotation = node.arg, node.annotation
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                name, annotation = node.target.id, node.annotation
+            else:
+                continue
+            if name == "cfg" and annotation is not None and "Any" in ast.unparse(annotation):
+                found.append(f"{path.relative_to(QRL.parent)}:{node.lineno}")
+    assert not found, "a config typed Any:\n" + "\n".join(found)
