@@ -147,10 +147,14 @@ def test_es_exploit_copies_the_published_parameters_and_master_state(r, keys):
     pop = setup(r, pcfg)
     src, dst = pcfg.trials()
     params = {"theta": np.arange(6, dtype=np.float32), "adam_m": np.ones(6, np.float32)}
-    WeightStore(r, RunKeys(src)).publish(params, 12, {"obs_count": 3})
-    WeightStore(r, RunKeys(dst)).publish({"theta": np.zeros(6, np.float32)}, 30)
+
+    def published(trial: str) -> WeightStore:  # where ES's master publishes: not `weights`
+        return WeightStore(r, RunKeys(trial), ALGOS["es"].weights_key(RunKeys(trial)))
+
+    published(src).publish(params, 12, {"obs_count": 3})
+    published(dst).publish({"theta": np.zeros(6, np.float32)}, 30)
     event = exploit(r, pop, pcfg, dst, src, random.Random(1))
-    w = WeightStore(r, RunKeys(dst)).fetch()
+    w = published(dst).fetch()
     assert w.version == event["version"] == 31 and w.meta == {"obs_count": 3}
     assert w.params.keys() == params.keys()
     assert all(np.array_equal(w.params[k], v) for k, v in params.items())
