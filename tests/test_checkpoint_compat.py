@@ -34,6 +34,7 @@ def test_an_old_checkpoint_acts_as_it_did(algo):
     assert policy.predict(_observations()).tolist() == ACTIONS[algo]
 
 
+@pytest.mark.slow
 def test_an_old_checkpoint_resumes_a_learner(r, keys, redis_server, tmp_path):
     """The IMPALA learner of a new run resumes from the old file: it publishes weights at
     the update count the file holds, not from 0."""

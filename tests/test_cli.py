@@ -63,6 +63,7 @@ def test_an_eval_env_that_does_not_fit_fails_fast_with_one_line(eval_env, words,
     assert not run_dir.exists()
 
 
+@pytest.mark.slow
 def test_a_network_too_big_to_publish_ends_the_job_at_once_saying_why(tmp_path):
     # 2 x 4200 x 4200 float32 parameters: weights over the codec's 64 MiB cap, which every
     # actor rejected while the job ran out its budget (here an hour: past the 240 s given it)

@@ -41,7 +41,7 @@ from qrl.wire.keys import RunKeys
 from tests.cli import ROOT, eval_mean, eval_stats, qrl
 from tests.helpers import skip_or_fail, wait_until
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]  # a tier of its own
 
 RUN = "smoke"
 SOLVE_WITHIN = 900  # seconds from `up` to a checkpoint that reaches the target

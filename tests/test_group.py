@@ -159,6 +159,7 @@ def _store_answers(port: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_no_party_but_the_learners_user_reaches_the_groups_rendezvous(tmp_path):
     """Issue 68, finding 11: rank 0 served a TCPStore that anyone who reached its port could
@@ -246,6 +247,7 @@ def _results(conns) -> dict:
     return {res[0]: _tensors(res) for res in _recv(conns)}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_learners_average_and_stay_identical(redis_server, r, keys):
     dead, _ = _enter(r, keys, 2, 30)  # a previous pool's generation: both joined, then died
@@ -266,6 +268,7 @@ def test_two_learners_average_and_stay_identical(redis_server, r, keys):
     assert not torch.equal(first.state_dict()["0.weight"], a["0.weight"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_close_stops_gloos_threads_after_an_optimizer_was_made(redis_server, keys):
     """A group still alive after close leaves gloo's workers to release tensors while the
@@ -278,6 +281,7 @@ def test_close_stops_gloos_threads_after_an_optimizer_was_made(redis_server, key
     assert out == {0: [], 1: []}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_sync_takes_the_state_of_the_rank_with_most_updates(redis_server, keys):
     conns, procs = _pair(_sync, redis_server, keys)
@@ -348,6 +352,7 @@ def test_a_store_value_too_large_or_of_another_type_is_an_error_not_read_whole(r
         store.get("k")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_killed_peer_makes_the_next_collective_raise_group_lost(redis_server, keys):
     go = _ctx.Event()

@@ -247,6 +247,7 @@ def test_qrl_run_set_changes_a_live_impala_learners_lr(r, redis_server, keys, tm
     assert "Traceback" not in (run_dir / "logs" / "learner0.log").read_text()  # of a pool
 
 
+@pytest.mark.slow
 def test_qrl_run_set_refuses_a_run_that_does_not_exist_and_bad_pairs(r, run):
     missing = qrl("run", "set", "no-such-run", "lr=1e-4")
     assert missing.returncode == 1 and "no run 'no-such-run'" in missing.stderr

@@ -211,7 +211,7 @@ def test_hand_started_master_writes_csv_and_tensorboard_and_qrl_plot_draws_them(
         ["status", "--run", "ab\n"],
         ["status", "--run", "a b"],
         ["run", "create", "es", "--run", "ab\n"],
-        ["train", "es", "--run", "a/b"],
+        pytest.param(["train", "es", "--run", "a/b"], marks=pytest.mark.slow),  # 6 s: qrl train
     ],
 )
 def test_an_invalid_run_name_is_a_one_line_usage_error(argv):

@@ -78,6 +78,7 @@ def test_explore_specs_parse_sample_and_perturb_within_range():
             Explore.parse(bad)
 
 
+@pytest.mark.slow
 def test_exploit_copies_state_and_hyperparameters_exactly(r, keys, tmp_path):
     pcfg = _pcfg(keys)
     pop = setup(r, pcfg)
@@ -180,6 +181,7 @@ def test_a_segment_is_scored_by_its_training_returns_unless_told_its_evaluation(
         assert pop.scores(pcfg.trials()) == ({} if score == "train" else {t0: want})
 
 
+@pytest.mark.slow
 def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, tmp_path):
     pcfg = _pcfg(keys, population=3)
     pop = setup(r, pcfg)
@@ -284,6 +286,7 @@ def test_the_lineage_plot_says_what_ranked_the_trials(r, keys, tmp_path):
         assert [line.get_label() for line in fig.axes[0].get_lines()][:2] == [t0, t1]
 
 
+@pytest.mark.slow
 def test_qrl_pbt_refuses_bad_settings_before_it_starts(tmp_path):
     for args, why in (
         (["--explore", "hidden=1..2"], "cannot change while the run runs"),
@@ -520,6 +523,7 @@ FORGED = {  # pbt:solved (and a worker's claim) as a worker's user may write the
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", FORGED)
 def test_a_forged_solve_neither_crashes_the_controller_nor_ends_it_confirmed(
     r, keys, tmp_path, case
@@ -670,6 +674,7 @@ def test_a_population_runs_under_its_acl_users(tmp_path):
     assert result["solved"]["return"] >= 60
 
 
+@pytest.mark.slow
 def test_a_trials_unreadable_config_ends_neither_the_controller_nor_a_worker(r, keys, tmp_path):
     """A trial's worker's user owns its trial's run keys, its config too: what it writes
     there leaves the trial's values unknown and the trial uncopied, nothing more."""
@@ -750,6 +755,7 @@ def test_a_populations_trials_keys_work_across_a_clusters_slots(redis_cluster):
     assert pop.solved()["trial"] == trials[0]
 
 
+@pytest.mark.slow
 def test_qrl_pbt_acl_refusals_are_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = qrl("pbt", "worker", "pop", "--acl", str(tmp_path / "empty"))
