@@ -9,7 +9,10 @@ Where ``tests/_key_attacker.py`` attacks with the run's whole key space, this ha
 one role's user has: Lua of its own, exhausted stream ids, a counter at the int64 edge,
 oversized metrics entries, the weights, config and control, other processes' leases,
 heartbeats and reply lists, the parameter server's state and a flood of in-bounds
-gradients, a poisoned ES statistics message."""
+gradients, a poisoned ES statistics message. Against a PBT population (ALGO ``pbt``): with
+trial I's worker user (ROLE ``worker``) or the user of a process of its segment (any other
+ROLE), the population's and another trial's keys, and its own trial's records. It ends, exit
+code 0, when its user is deleted."""
 
 import os
 import sys
@@ -112,17 +115,28 @@ ATTACKS = [  # name, one command each: one refused does not spare the next
 ]  # fmt: skip
 POPULATION, _, TRIAL = run.rpartition("-t")  # a PBT trial's run: POPULATION-tI
 OTHER = f"{POPULATION}-t{1 - int(TRIAL)}" if algo == "pbt" else ""
-PBT = [  # finding 9, as trial I's worker: the population's keys, another trial's, lies
+PBT = [  # finding 9, as trial I's worker or a process of its segment: the population's keys,
+    # another trial's
     ("forge solved", lambda: r.set(RunKeys(POPULATION).key("pbt:solved"), '{"trial": "x"}')),
     ("other's score", lambda: r.set(RunKeys(OTHER).key("pbt:score"), '{"score": -1e9}')),
     ("other's config", lambda: r.delete(RunKeys(OTHER).config)),
     ("other's lease", lambda: r.set(RunKeys(OTHER).key("pbt:lease"), "evil")),
+]  # fmt: skip
+LIES = [  # as trial I's worker, its own trial's records: its to write, lies within bounds
     ("score 1e300", lambda: r.set(keys.key("pbt:score"), '{"score": 1e300, "time": 0}')),
     ("claim reached", lambda: r.set(keys.key("pbt:reached"), '{"return": 1e9, "time": 0}')),
     ("escapes", lambda: r.set(keys.key("pbt:reached"), '{"return": "\x1b[2J\x1b]0;x\x07"}')),
 ]  # fmt: skip
-if algo == "pbt":  # its own trial's keys are its own to write: the population is the target
-    ATTACKS = [a for a in ATTACKS if a[0] in ("lua_loop", "lua_load", "function_load")] + PBT
+RECORDS = [  # as a process of trial I's segment (its own user): the records are the slot's
+    ("own score", lambda: r.set(keys.key("pbt:score"), '{"score": 1e12, "time": 0}')),
+    ("own lineage", lambda: r.set(keys.key("pbt:lineage"), '[{"n": 1, "event": {}}]')),
+    ("own claim", lambda: r.set(keys.key("pbt:reached"), '{"return": 1e9, "time": 0}')),
+    ("own snapshot", lambda: r.set(keys.key("snapshot"), b"x")),
+    ("own lease", lambda: r.set(keys.key("pbt:lease"), "evil")),
+]  # fmt: skip
+if algo == "pbt":  # the population is the target (and, but for its worker, the trial's records)
+    ATTACKS = [a for a in ATTACKS if a[0] in ("lua_loop", "lua_load", "function_load")]
+    ATTACKS += PBT + (LIES if role == "worker" else RECORDS)
 ATTACKS += {
     "es": [("poisoned_stats", poisoned_stats)],  # finding 4
     "a3c": [("ps_state", ps_state), ("gradient_flood", gradient_flood)],  # findings 5, 10
@@ -140,6 +154,9 @@ while True:
     try:
         attack()
         outcome = "made"
+    except redis.exceptions.AuthenticationError:  # its user was deleted (a population ended)
+        print("user gone", flush=True)
+        break
     except redis.exceptions.NoPermissionError:
         outcome = "refused"
     except redis.ResponseError as e:  # e.g. the id is exhausted already: it went in before

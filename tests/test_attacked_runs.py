@@ -118,13 +118,20 @@ def _outcomes(lines: list[str], refused: set[str], least: int) -> Counter:
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_a_population_solves_while_one_trials_user_attacks_it(tmp_path):
+def test_a_pbt_population_solves_while_one_trials_users_attack_it(tmp_path):
     """``qrl pbt --acl``: the holder of trial 0's worker credentials tries its own Lua, the
     population's solve, another trial's score, config and lease (refused), and lies about
-    its own trial (a score of 1e300, a claim to have reached the target, terminal escapes):
-    the population goes on and ends solved only on the controller's own confirmation."""
+    its own trial (a score of 1e300, a claim to have reached the target, terminal escapes);
+    the holders of its actor 0's and its learner 0's credentials (each process of a segment
+    runs as its own user) try all but the lies, and the trial's own score, lineage, claim,
+    snapshot and lease (refused: the slot's). The population goes on and ends solved only on
+    the controller's own confirmation; its users go with it."""
+    from qrl.pbt.acl import role_password
+
     name, pw = "attacked-pbt", tmp_path / "pw"
+    trial = f"{name}-t0"
     with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
+        admin = redis.Redis.from_url(server.url)
         env = {**os.environ, "QRL_REDIS_URL": server.address, "QRL_REDIS_PASSWORD": ADMIN}
         log = (tmp_path / "pbt.log").open("w")
         pbt = subprocess.Popen(
@@ -135,18 +142,26 @@ def test_a_population_solves_while_one_trials_user_attacks_it(tmp_path):
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         procs = [pbt]
-        try:
-            wait_until(lambda: pbt.poll() is not None or (pw / f"{name}-t0").exists(), "users")
-            trial = f"{name}-t0"
-            attacker = _attacker(
-                server, f"{trial}.worker", str(pw / trial), trial, "pbt", "worker", env
-            )
-            procs.append(attacker)
+        try:  # the users are there once the last process's is
+            wait_until(
+                lambda: pbt.poll() is not None or admin.acl_getuser(f"{name}-t1.actor.1"),
+                "users", timeout=120,
+            )  # fmt: skip
+            users = {"worker": f"{trial}.worker", "actor": f"{trial}.actor.0",
+                     "learner": f"{trial}.learner.0"}  # fmt: skip
+            for role, user in users.items():  # a process's password: from its trial's
+                secret = (pw / trial).read_text().strip()
+                path = pw / trial if role == "worker" else tmp_path / f"{role}.pw"
+                if role != "worker":
+                    path.write_text(role_password(secret, user) + "\n")
+                procs.append(_attacker(server, user, str(path), trial, "pbt", role, env))
             code = pbt.wait(360)
-            assert attacker.poll() is None, attacker.communicate()[0][-3000:]
+            assert admin.acl_users() == ["default"]  # the population's users went with it
+            for attacker in procs[1:]:  # each ran until its user went (or runs on)
+                assert attacker.wait(15) == 0, attacker.communicate()[0][-3000:]
         finally:
             kill_all(procs)
-        lines = attacker.communicate()[0].splitlines()
+        reports = [attacker.communicate()[0].splitlines() for attacker in procs[1:]]
     out = (tmp_path / "pbt.log").read_text()
     assert code == 0, out[-3000:]
     assert "\x1b" not in out  # nothing a writer wrote reaches the console raw
@@ -154,4 +169,7 @@ def test_a_population_solves_while_one_trials_user_attacks_it(tmp_path):
     assert result["solved"]["return"] >= 60 and result["solved"]["trial"].startswith(name)
     refused = {"lua_loop", "lua_load", "function_load", "forge solved", "other's score",
                "other's config", "other's lease"}  # fmt: skip
-    print("pbt attacks:", _outcomes(lines, refused, least=1))
+    records = {"own score", "own lineage", "own claim", "own snapshot", "own lease"}
+    for role, lines in zip(users, reports, strict=True):
+        made = _outcomes(lines, refused if role == "worker" else refused | records, least=1)
+        print(f"pbt attacks as {role}:", made)

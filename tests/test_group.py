@@ -382,3 +382,17 @@ def test_join_times_out_with_a_clear_message_and_leaves_nothing_to_join(r, keys)
     assert _enter(r, keys, 2, 30)[1] == 0
     stops = iter([False, False, True])
     assert LearnerGroup.join(r, keys, 2, CPU, should_stop=lambda: next(stops)) is None
+
+
+def test_the_group_binds_the_interface_of_the_address_it_gives_the_others() -> None:
+    """gloo and NCCL are told the interface by name (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME):
+    the one that holds the learner's address; an address this machine lacks is an error that
+    names it, not a group that binds elsewhere."""
+    import psutil
+
+    from qrl.learners.group import interface_of
+
+    loopback = interface_of("127.0.0.1")
+    assert any(a.address == "127.0.0.1" for a in psutil.net_if_addrs()[loopback])
+    with pytest.raises(ValueError, match="203.0.113.7"):
+        interface_of("203.0.113.7")  # TEST-NET-3: no machine's own

@@ -203,3 +203,31 @@ def test_a_joined_user_cannot_start_as_another_number(tmp_path):
         }
         done = qrl("actor", "apex", "--id", "1", env=env, timeout=120)
         assert done.returncode == 1 and "is not its" in done.stderr, done.stderr
+
+
+def test_run_delete_deletes_the_runs_joined_users_and_no_other_runs(tmp_path):
+    from qrl.jobs.acl import join_user
+    from qrl.runtime.runs import create_run
+
+    run, pw = "join-del", tmp_path / "pw"
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
+        admin = redis.Redis.from_url(server.url)
+        algo = ALGOS["apex"]
+        cfg = parse_config(algo.config, {})
+        for name in (run, f"{run}2", f"{run}.b"):  # names that begin as this one does
+            create_run(admin, RunKeys(name), "apex", cfg)
+            for _ in range(2):  # what `qrl run join` does
+                join_user(admin, algo, RunKeys(name), cfg, "actor", None, pw / name)
+        done = qrl(
+            "run",
+            "delete",
+            run,
+            "--yes",
+            env={**os.environ, "QRL_REDIS_URL": server.url, "QRL_REDIS_PASSWORD": ""},
+        )
+        assert done.returncode == 0 and "2 joined ACL users" in done.stdout, done.stderr
+        users = set(admin.acl_users())
+        assert not {instance_user(run, "actor", 0), instance_user(run, "actor", 1)} & users
+        for other in (f"{run}2", f"{run}.b"):
+            assert {instance_user(other, "actor", 0), instance_user(other, "actor", 1)} <= users
+            assert admin.exists(RunKeys(other).config)

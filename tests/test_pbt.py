@@ -1,7 +1,9 @@
 """Population-based training on a real Redis: exploit copies a trial's whole state and its
-hyperparameters (read back, and taken in by a real learner); hostile scoreboard entries crash
-nothing and cause no exploit; leases; a SIGKILLed worker's trial goes on with another worker
-from its last state (real processes); ``qrl pbt`` from the CLI."""
+hyperparameters (read back, and taken in by a real learner through the file a slot hands it);
+hostile scoreboard entries crash nothing and cause no exploit; leases; a SIGKILLed worker's
+trial goes on with another worker from its last stored state (real processes); ``qrl pbt``
+from the CLI; its ACL users (a trial's processes cannot write the trial's records, and the
+users go when the population ends)."""
 
 from __future__ import annotations
 
@@ -46,13 +48,22 @@ def _pcfg(keys: RunKeys, **kw) -> PBTConfig:
     return PBTConfig(**values)
 
 
-def _learner(r, trial: str):
-    """The trial's real PPO learner, made as its role process makes it (snapshot on)."""
+def _learner(r, trial: str, snapshot: Path | None = None):
+    """The trial's real PPO learner, made as its role process makes it (``snapshot``: the
+    file it resumes from and saves to)."""
     algo = ALGOS["ppo"]
     keys = RunKeys(trial)
     cfg = current(r, _pcfg(RunKeys(trial.rsplit("-t", 1)[0])), trial)
-    ctx = RoleContext(r, lambda: r, keys, cfg, 0, "cpu", snapshot=True)
+    ctx = RoleContext(r, lambda: r, keys, cfg, 0, "cpu", snapshot=snapshot)
     return algo.role("learner").make(ctx)
+
+
+def _resumed(r, trial: str, folder: Path):
+    """The trial's learner as a segment starts it: the slot hands it the trial's snapshot
+    from Redis in a file (none: no file), which it resumes from."""
+    path = folder / trial / "snapshot"
+    SnapshotStore(r, RunKeys(trial)).to_file(path)
+    return _learner(r, trial, path)
 
 
 def _scored(r, keys: RunKeys) -> tuple[PBTConfig, Population, str, str]:
@@ -113,7 +124,7 @@ def test_exploit_copies_state_and_hyperparameters_exactly(r, keys, tmp_path):
     assert copied.model.keys() == mine.model.keys() and copied.opt.keys() == mine.opt.keys()
     assert all(np.array_equal(copied.model[k], mine.model[k]) for k in mine.model)
     assert all(np.array_equal(copied.opt[k], mine.opt[k]) for k in mine.opt)
-    taken = _learner(r, dst)
+    taken = _resumed(r, dst, tmp_path)
     assert taken.updates == 41
     for k, v in learner.net.state_dict().items():
         assert torch.equal(taken.net.state_dict()[k], v)
@@ -146,25 +157,33 @@ def test_es_exploit_copies_the_published_parameters_and_master_state(r, keys):
     assert all(np.array_equal(w.params[k], v) for k, v in params.items())
 
 
-def test_a_snapshot_that_does_not_fit_is_not_loaded(r, keys):
+def test_a_snapshot_that_does_not_fit_is_not_loaded(r, keys, tmp_path):
     pcfg = _pcfg(keys)
     setup(r, pcfg)
     trial = pcfg.trials()[0]
+    store, path = SnapshotStore(r, RunKeys(trial)), tmp_path / trial / "snapshot"
     learner = _learner(r, trial)
     good = capture(learner.net, learner.opt, 5)
     bad = capture(learner.net, learner.opt, 9)
     name = next(iter(bad.model))
     bad.model[name] = np.zeros((3, 3), np.float32)  # another shape
-    SnapshotStore(r, RunKeys(trial)).save(bad)
-    assert _learner(r, trial).updates == 0
+    store.save(bad)
+    assert _resumed(r, trial, tmp_path).updates == 0
     bad = capture(learner.net, learner.opt, 9)
     bad.model[name] = np.full_like(bad.model[name], np.nan)
-    SnapshotStore(r, RunKeys(trial)).save(bad)
-    assert _learner(r, trial).updates == 0
-    r.set(RunKeys(trial).key("snapshot"), b"garbage")
-    assert _learner(r, trial).updates == 0
-    SnapshotStore(r, RunKeys(trial)).save(good)
-    assert _learner(r, trial).updates == 5
+    store.save(bad)
+    assert _resumed(r, trial, tmp_path).updates == 0
+    store.save(good)
+    assert _resumed(r, trial, tmp_path).updates == 5
+    r.set(store.key, b"garbage")  # not handed in: no file, not the last one's left there
+    assert _resumed(r, trial, tmp_path).updates == 0 and not path.exists()
+    # handed back: the state a learner left as it stopped, checked, stored by the slot
+    taken = _learner(r, trial, path)
+    taken.updates = 7
+    taken.save()
+    assert store.from_file(path) and store.fetch().updates == 7 and not path.exists()
+    path.write_bytes(b"half a snapshot")  # not one: not stored
+    assert not store.from_file(path) and store.fetch().updates == 7
 
 
 def test_a_segment_is_scored_by_its_training_returns_unless_told_its_evaluation(r, keys):
@@ -411,7 +430,7 @@ def _children(pid: int) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_sigkilled_workers_trial_goes_on_from_its_last_state(redis_server, keys, tmp_path):
+def test_a_sigkilled_workers_trial_goes_on_from_its_last_stored_state(redis_server, keys, tmp_path):
     client = connect(redis_server.url)
     # no exploit: a slot taking a low trial would copy the other one's state (this test
     # follows one trial's own state through its worker's death)
@@ -446,10 +465,10 @@ def test_a_sigkilled_workers_trial_goes_on_from_its_last_state(redis_server, key
         for pid in [a.pid, *slots]:
             os.kill(pid, signal.SIGKILL)
         a.wait(10)
-        # the roles stop as their parent died; the learner saves as it stops
+        # the roles stop as their parent died, the learner's save stays there
         wait_until(lambda: not any(map(pid_alive, roles)), "the orphaned roles to stop", 60)
-        last = SnapshotStore(client, RunKeys(trial)).fetch()
-        assert last.updates > first
+        last = SnapshotStore(client, RunKeys(trial)).fetch()  # the last segment a stored
+        assert last.updates == first
         b = subprocess.Popen(
             [sys.executable, "-m", "qrl.cli", "pbt", "worker", keys.run, "--slots", "2",
              "--run-dir", str(tmp_path / "b")], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
@@ -670,8 +689,89 @@ def test_a_population_runs_under_its_acl_users(tmp_path):
         assert admin.acl_log() == []  # no command of any process was refused
         assert "NOPERM" not in logs
         assert {"acl-pbt.controller", "acl-pbt-t0.worker", "acl-pbt-t1.worker"} <= seen, seen
+        # each process of a segment as its own user, none as its trial's
+        assert {"acl-pbt-t0.learner.0", "acl-pbt-t0.actor.0", "acl-pbt-t1.actor.1"} <= seen
+        assert admin.acl_users() == ["default"]  # the population's users went with it
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["solved"]["return"] >= 60
+
+
+def test_a_trials_processes_run_as_users_that_cannot_write_its_records(tmp_path):
+    """Each process of a trial's segment has a user of its own, made with the population and
+    reached from the trial's password alone (a slot elsewhere holds no other): it may do its
+    role's work, but not post the trial's score, lineage, claim or snapshot (the slot's), nor
+    take its lease, nor touch another trial. The users go with the population."""
+    from qrl.algos.ppo.keys import rollouts
+    from qrl.pbt.acl import as_user, create_users, delete_population_users, role_urls
+
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
+        admin = redis.Redis.from_url(server.url)
+        pcfg = _pcfg(RunKeys("acl-roles"))
+        setup(admin, pcfg)
+        t0, t1 = pcfg.trials()
+        users = create_users(admin, pcfg, tmp_path / "pw")
+        algo, cfg = ALGOS["ppo"], current(admin, pcfg, t0)
+        urls = role_urls(as_user(server.address, *users[t0]), t0, algo, cfg)  # as a slot does
+        assert set(urls) == {(r.name, i) for r, i in algo.processes(cfg)}
+        actor, learner = connect(urls[("actor", 0)]), connect(urls[("learner", 0)])
+        assert (actor.acl_whoami(), learner.acl_whoami()) == (f"{t0}.actor.0", f"{t0}.learner.0")
+        assert actor.xadd(rollouts(RunKeys(t0)), {"d": b"x"})  # their roles' work
+        net = _learner(admin, t0).net
+        assert WeightStore(learner, RunKeys(t0)).publish(net, 3) == 3
+        snap = capture(net, _learner(admin, t0).opt, 3)
+        for client in (actor, learner):
+            _records_refused(client, pcfg, snap)
+        delete_population_users(admin, pcfg)
+        assert admin.acl_users() == ["default"]
+
+
+def _records_refused(client: redis.Redis, pcfg: PBTConfig, snap) -> None:
+    """``client``, a user of a process of trial 0, may write none of the trial's records (nor
+    read another's, nor the population's)."""
+    pop, (t0, t1) = Population(client, pcfg.name), pcfg.trials()
+    refused = [
+        lambda: pop.post(t0, 1e12),  # its own trial's records: the slot's
+        lambda: pop.record({"trial": t0, "time": 1.0}),
+        lambda: pop.report_reached(t0, 500.0),
+        lambda: SnapshotStore(client, RunKeys(t0)).save(snap),
+        lambda: pop.forget(t0),
+        lambda: client.set(pop.key(t0, "segments"), 10**6),
+        lambda: pop.take(t0, "w", 60),
+        lambda: client.set(pop.key(t0, "lease"), "w"),
+        lambda: pop.post(t1, -1e12),  # another trial's, the population's
+        lambda: client.get(pop.key(t1, "score")),
+        lambda: client.set(pop.solved_key, json.dumps({"trial": t0, "return": 500.0})),
+        lambda: client.get(pop.config_key),
+    ]
+    for i, attempt in enumerate(refused):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            attempt()
+            pytest.fail(f"attempt {i} of {client.acl_whoami()} was allowed")
+
+
+@pytest.mark.slow
+def test_a_populations_users_go_when_it_ends_or_is_interrupted(tmp_path):
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
+        admin = redis.Redis.from_url(server.url)
+        env = {**os.environ, "QRL_REDIS_URL": server.address, "QRL_REDIS_PASSWORD": ADMIN}
+        args = ["pbt", "ppo", "--env", "CartPole-v1", "--explore", "lr=1e-4..1e-3", "--slots",
+                "0", "--name", "gone", "--acl", str(tmp_path / "pw")]  # fmt: skip
+        done = qrl(*args, "--max-time", "2", "--run-dir", str(tmp_path / "a"), env=env)
+        assert done.returncode == 1, done.stderr  # the time ran out
+        assert admin.acl_users() == ["default"]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "qrl.cli", *args, "--run-dir", str(tmp_path / "b")],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            wait_until(lambda: proc.poll() is not None or len(admin.acl_users()) > 10, "users")
+            assert "gone-t3.actor.0" in admin.acl_users()
+            proc.send_signal(signal.SIGINT)  # Ctrl-C
+            assert proc.wait(60) == 2, proc.stderr.read()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert admin.acl_users() == ["default"]
 
 
 @pytest.mark.slow

@@ -59,9 +59,9 @@ def main(ctx: click.Context, redis_deadline: float) -> None:
     ctx.obj = Settings(redis_deadline=redis_deadline)
 
 
-from qrl.cli import config, ops, pbt, roles, runs, train  # noqa: E402  (they add their commands)
+from qrl.cli import config, pbt, results, roles, runs, server, status, train  # noqa: E402
 
-for _module in (config, ops, pbt, roles, runs, train):
+for _module in (config, pbt, results, roles, runs, server, status, train):  # their commands
     _module.register(main)
 
 

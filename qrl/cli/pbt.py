@@ -75,10 +75,11 @@ _options = stack(
                  "population, explore = [...], ready_s, quantile, ...); options override it."),
     click.option("--acl", "acl", type=click.Path(file_okay=False, path_type=Path), default=None,
                  metavar="DIR", help="Redis ACL users: NAME.controller (this command, after "
-                 "it set the population up) and one per trial, NAME-tI.worker, which writes only "
-                 "its trial's keys; passwords in DIR/controller and DIR/NAME-tI (made where "
+                 "it set the population up), one per trial, NAME-tI.worker, which writes only "
+                 "its trial's keys, and one per process of a trial's segment (its role's keys of "
+                 "the trial only); passwords in DIR/controller and DIR/NAME-tI (made where "
                  "missing). Give a worker machine only its trials' files (`qrl pbt worker NAME "
-                 "--acl DIR`). Needs Redis 7."),
+                 "--acl DIR`). The users are deleted as the population ends. Needs Redis 7."),
 )  # fmt: skip
 
 
@@ -109,8 +110,8 @@ def pbt_command(algo: Algorithm) -> click.Command:
     ) -> None:  # fmt: skip
         from pydantic import ValidationError
 
+        from qrl.jobs.acl import AclRefused
         from qrl.jobs.train import default_run_name, default_target
-        from qrl.pbt.acl import AccessRefused
         from qrl.pbt.config import Explore, PBTConfig
         from qrl.pbt.controller import run_population
         from qrl.runtime.config import ConfigError, one_line
@@ -142,7 +143,7 @@ def pbt_command(algo: Algorithm) -> click.Command:
                 pcfg, redis_url=redis_url, slots=slots, run_root=run_dir or Path("runs") / name,
                 max_time=max_time, device=device, acl=acl,
             )  # fmt: skip
-        except AccessRefused as e:
+        except AclRefused as e:
             raise ConfigProblem(str(e)) from None
         sys.exit(code)
 

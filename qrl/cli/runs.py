@@ -318,17 +318,34 @@ def run_stop(redis_url: str | None, run: str) -> None:
 @redis_option()
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def run_delete(name: str, redis_url: str | None, yes: bool) -> None:
-    """Delete every key of run NAME (config, weights, streams, replay, metrics)."""
+    """Delete every key of run NAME (config, weights, streams, replay, metrics) and its
+    per-instance ACL users (`qrl run join`'s, `qrl train --acl`'s: NAME.ROLE.N), which would
+    otherwise hold their numbers and their access should a run of that name come back."""
+    from redis.exceptions import NoPermissionError
+
+    from qrl.jobs.acl import delete_users, joined_users
     from qrl.runtime.runs import delete_run
 
     keys = run_keys(name, "NAME")
     client = connect_or_fail(redis_url)
-    if not client.exists(keys.config) and not any(client.scan_iter(keys.pattern(), count=100)):
+    try:
+        users: list[str] | None = joined_users(client, name)
+    except NoPermissionError:  # not the admin: it made none, and may delete none
+        users = None
+    if (
+        not users
+        and not client.exists(keys.config)
+        and not any(client.scan_iter(keys.pattern(), count=100))
+    ):
         raise click.ClickException(f"no run {name!r} in this Redis")
     if not yes:
         click.confirm(f"Delete run {name!r} and all its data?", abort=True)
     n = delete_run(client, keys)
-    click.echo(f"deleted run {name} ({n} keys)")
+    if users is None:
+        click.echo(f"deleted run {name} ({n} keys; its ACL users are the admin's to delete)")
+        return
+    delete_users(client, users)
+    click.echo(f"deleted run {name} ({n} keys, {len(users)} joined ACL users)")
 
 
 def register(main: click.Group) -> None:

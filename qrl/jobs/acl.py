@@ -11,8 +11,9 @@ Each role of an algorithm (from the registry, :mod:`qrl.algos`) gets the user ``
   (``replay:*``); a learner writes the weights and drains the replay or the streams.
 
 A machine of a role that runs many processes may get a user of its own instead,
-``RUN.ROLE.N`` (``qrl run join``, :func:`join_user`; :func:`revoke_user` ends it): the role's
-access, but of the keys of one process (heartbeats, lease, ``Access.mine``) only process N's.
+``RUN.ROLE.N`` (``qrl run join``, :func:`join_user`; :func:`revoke_user` ends it,
+``qrl run delete`` ends every one of the run: :func:`joined_users`): the role's access, but of
+the keys of one process (heartbeats, lease, ``Access.mine``) only process N's.
 
 Redis 7 makes the read-only keys read-only per key (``%R~``). Redis 6 has no such
 selector: there an actor's user could still SET or DEL the config and weights it reads, so
@@ -29,6 +30,7 @@ failover).
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -47,7 +49,10 @@ __all__ = [
     "ACTOR_COMMANDS",
     "RUN_COMMANDS",
     "create_users",
+    "delete_users",
     "join_user",
+    "joined_users",
+    "process_user",
     "revoke_user",
     "role_access",
     "run_rule",
@@ -56,7 +61,8 @@ __all__ = [
 
 
 class AclRefused(ValueError):
-    """This Redis cannot hold the users asked for (no read-only key patterns before 7.0)."""
+    """``--acl`` cannot be had here (``qrl run create``, ``qrl train``, ``qrl pbt``): this Redis
+    has no read-only key patterns (before 7.0). Its message is one line: what to run instead."""
 
 
 EXAMPLE_PASSWORD = "change-me"  # .env.example's passwords begin so: never accepted
@@ -181,10 +187,11 @@ def require_selectors(client: Any) -> None:
     what Redis 6 cannot keep."""
     if not has_selectors(client):
         raise AclRefused(
-            "this Redis is older than 7 and has no read-only key patterns: an actor's user "
-            "could still SET or DEL the config and weights it reads. Run Redis 7 or later for "
-            "--acl (e.g. Debian's redis-server package: QRL_REDIS_SERVER=/usr/bin/redis-server "
-            "qrl redis; or the compose file's redis:7 image)"
+            "--acl needs Redis 7 or later (read-only key patterns): on this older Redis a "
+            "role's user could still SET or DEL what it only reads (the config, the weights, "
+            "another trial's state). Run Redis 7 or later (e.g. Debian's redis-server package: "
+            "QRL_REDIS_SERVER=/usr/bin/redis-server for `qrl redis` or the embedded one; or the "
+            "compose file's redis:7 image) and pass its URL with --redis"
         )
 
 
@@ -258,13 +265,22 @@ def revoke_user(client: Any, algo: Algorithm, keys: RunKeys, role: str, ident: i
     connections) and delete the keys of that process (heartbeats, lease, ``Access.mine``),
     so a new holder of the number starts clean; returns how many keys went."""
     roledef = algo.role(role)
-    _on_every_node(client, "ACL", "DELUSER", instance_user(keys.run, role, ident))
+    delete_users(client, [instance_user(keys.run, role, ident)])
     prefixes = [p.removesuffix("*") for p in keys.acl_patterns()]
     gone = 0
     for pattern in (prefix + name for prefix in prefixes for name in _own(roledef, ident)):
         names = list(client.scan_iter(match=pattern, count=1000))
         gone += client.delete(*names) if names else 0
     return gone
+
+
+def process_user(run: str, role: RoleDef, ident: int) -> tuple[str, Access]:
+    """The user process ``ident`` of ``role`` in ``run`` runs as under ``--acl``, and what it
+    may do: a role that runs many processes has one per process (``RUN.ROLE.N``,
+    :func:`join_user`'s: none of them can pass for another), the others their role's."""
+    if role.count:
+        return instance_user(run, role.name, ident), role_access(role, ident)
+    return user_name(run, role.name), role_access(role)
 
 
 def process_users(
@@ -289,3 +305,23 @@ def process_users(
 def set_user(client: Any, args: list[str]) -> None:
     """``ACL SETUSER`` with ``args`` (:func:`setuser_args`' and more) on every node."""
     _on_every_node(client, "ACL", "SETUSER", *args)
+
+
+def joined_users(client: Any, run: str) -> list[str]:
+    """The per-instance users of ``run`` (``RUN.ROLE.N``: ``qrl run join``'s, ``qrl train
+    --acl``'s) on any node. Role names hold no dot, so no other run's user matches."""
+    if isinstance(client, ClusterClient):  # a cluster's ACLs are per node
+        nodes = client.get_nodes()
+        replies = [client.execute_command("ACL", "USERS", target_nodes=n) for n in nodes]
+    else:
+        replies = [client.execute_command("ACL", "USERS")]
+    joined = re.compile(re.escape(run) + r"\.[a-z][a-z0-9-]*\.(0|[1-9][0-9]*)")
+    names = {u.decode() if isinstance(u, bytes) else u for reply in replies for u in reply}
+    return sorted(u for u in names if joined.fullmatch(u))
+
+
+def delete_users(client: Any, users: list[str]) -> None:
+    """Delete ``users`` on every node (Redis drops their connections); a missing one is no
+    error."""
+    if users:
+        _on_every_node(client, "ACL", "DELUSER", *users)

@@ -85,7 +85,7 @@ class RoleSpec:
     redis_deadline: float | None = None
     tracking: Tracking | None = None  # where the run's log goes besides CSV (with run_dir)
     nice: int = 0  # added to the process's niceness at its start (lower CPU priority)
-    snapshot: bool = False  # its learner keeps its state in the run's Redis snapshot
+    snapshot: Path | None = None  # its learner keeps its state in this snapshot file too
     # the modules env ids may name: those the starting process was told to import (by its
     # user, never by the run's config), so qrl train's roles import what its --env named
     env_modules: tuple[str, ...] = field(default_factory=allowed_env_modules)
@@ -186,7 +186,7 @@ def _run(
         env = EnvSpec.of(cfg.env)  # read once: the role gets it, no role makes an env to read it
         ctx = RoleContext(
             client, opener, keys, cfg, ident, spec.device, spec.threads, checkpoint, env,
-            snapshot=spec.snapshot and roledef.checkpoints,
+            snapshot=spec.snapshot if roledef.checkpoints else None,
         )  # fmt: skip
         role = roledef.make(ctx)
     except (RuntimeError, ValueError) as e:  # CheckpointError is a ValueError

@@ -202,22 +202,25 @@ def run_training(
     console: Console | None = None,
     tracking: Tracking | None = None,
     nice: int = 0,
-    snapshot: bool = False,
+    snapshot: Path | None = None,
     interrupted: threading.Event | None = None,
     on_tick: Callable[[], None] | None = None,
     acl: bool = False,
+    role_urls: dict[tuple[str, int], str] | None = None,
 ) -> int:
     """Run a whole job; returns the exit code: 0 if the target return was reached (with no
     target: if the whole budget ran), 1 if the budget ran out first, 2 if a role failed or the
     job was interrupted. A job that reached its target leaves the weights that reached it in
     its checkpoint. The processes of the roles that declare ``nice`` (actors) run ``nice`` steps
     nicer than the rest (the learner first on a shared machine). ``snapshot``: the learner
-    resumes from the run's snapshot in Redis and saves its state there as it stops
-    (population-based training's trials);
+    resumes from the snapshot in this file and saves its state there as it stops
+    (population-based training's trials: :mod:`qrl.runtime.snapshot`);
     ``interrupted``: the event SIGINT/SIGTERM set (the caller's, to see them too);
     ``on_tick``: called about every half second while the job runs (a PBT slot's lease);
     ``acl``: every process connects as a Redis ACL user of its own (passwords in
-    ``run_dir/acl``), the job itself as the user of ``redis_url``."""
+    ``run_dir/acl``), the job itself as the user of ``redis_url``; ``role_urls``: (role,
+    number) -> the URL each process connects with instead (users made beforehand: a PBT
+    trial's, :mod:`qrl.pbt.acl`)."""
     console = console or Console(stderr=True)
     evaluator = Evaluator(algo, cfg, budget.eval_episodes, budget.eval_env)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -249,15 +252,16 @@ def run_training(
         # counts its own work, not what earlier jobs of the run reported
         reader = MetricsReader(client, keys)
         users = process_users(client, algo, keys, cfg, run_dir / "acl") if acl else {}
+        urls = {p: with_user(url, u, read_password_file(path)) for p, (u, path) in users.items()}
+        urls |= role_urls or {}
         disconnect(client)  # forked roles inherit no open connection
         for role, i in algo.processes(cfg):
             name = f"{role.name}{i}" if role.count else role.name
-            user = users.get((role.name, i))
             spec = RoleSpec(
                 algo.name,
                 role.name,
                 run,
-                url if user is None else with_user(url, user[0], read_password_file(user[1])),
+                urls.get((role.name, i), url),
                 ident=i,
                 device=device,
                 checkpoint=checkpoint if role.checkpoints else None,

@@ -1,5 +1,5 @@
-"""What every torch learner shares: device choice, checkpoint resume, the guarded optimizer
-step, weight publication, the learner pool, and its part of the role loop
+"""What every torch learner shares: device choice, resuming (:mod:`qrl.learners.resume`), the
+guarded optimizer step, weight publication, the learner pool, and its part of the role loop
 (:mod:`qrl.runtime.loop`).
 
 A subclass builds its network and optimizer, starts its data-loading threads, and turns a
@@ -31,15 +31,15 @@ import redis
 import torch
 
 from qrl.learners.group import GroupLost, LearnerGroup
+from qrl.learners.resume import load_optimizer, resume, settle
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.algorithm import RoleContext
-from qrl.runtime.checkpoint import load_checkpoint, save_checkpoint
+from qrl.runtime.checkpoint import save_checkpoint
 from qrl.runtime.config import live_fields
 from qrl.runtime.loop import Role, StopCheck
-from qrl.runtime.snapshot import SnapshotStore, capture, load_model, optimizer_state
-from qrl.wire.codec import CodecError
+from qrl.runtime.snapshot import capture, write_file
 from qrl.wire.keys import RunKeys
-from qrl.wire.weights import WeightStore, ahead, fits
+from qrl.wire.weights import WeightStore
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Learner(Role):
         checkpoint: Path | None = None,
         threads: int = 1,
         env: EnvSpec | None = None,
-        snapshot: bool = False,
+        snapshot: Path | None = None,
     ) -> None:
         self.client_factory, self.keys, self.cfg = client_factory, keys, cfg
         self.env = env or EnvSpec.of(cfg.env)  # what build reads: the launcher's, read once
@@ -91,24 +91,16 @@ class Learner(Role):
         self.stopping = threading.Event()
         self.net = self.build()
         self._opt: torch.optim.Optimizer | None = None
-        self._opt_state: dict[str, Any] = {}  # a resumed optimizer's, loaded when it is made
-        self.updates, self.skipped = 0, 0  # skipped: for a non-finite loss
+        self.skipped = 0  # for a non-finite loss
         # seconds waiting for data (of them: making the batch's tensors), averaging gradients
         self.wait_s, self.transfer_s, self.allreduce_s = 0.0, 0.0, 0.0
         self.group = LearnerGroup(0, 1, self.device)  # alone until start() joins the pool
         self.held: Any = None  # this learner's batch, waiting for the pool's
         self.losses: list[float] = []  # since the last report
         self.checkpoint = checkpoint
-        if checkpoint is not None and checkpoint.exists():
-            state = load_checkpoint(checkpoint, self.algo, cfg)
-            self.net.load_state_dict(state["model"])
-            self._opt_state = state["optimizer"]
-            self.updates = int(state["step"])
-            log.info("resumed from %s at update %d", checkpoint, self.updates)
-        self._opt_arrays: dict[str, np.ndarray] = {}  # a snapshot's, loaded with the optimizer
-        self.snapshots = SnapshotStore(self.client, keys) if snapshot else None
-        if self.snapshots is not None:
-            self._resume_snapshot(self.snapshots)
+        self.snapshot = snapshot  # the state a PBT slot hands in, and takes back as it stops
+        self.resumed = resume(self.net, self.algo, cfg, checkpoint, snapshot)
+        self.updates = self.resumed.updates
         self.weights = WeightStore(self.client, keys)
 
     @property
@@ -119,13 +111,7 @@ class Learner(Role):
         (:meth:`start`)."""
         if self._opt is None:
             self._opt = self.optimizer()
-            if self._opt_arrays:
-                try:
-                    self._opt_state = optimizer_state(self._opt_arrays, self._opt)
-                except CodecError as e:
-                    log.warning("the snapshot's optimizer state does not fit: %s (fresh)", e)
-            if self._opt_state:
-                self._opt.load_state_dict(self._opt_state)
+            if load_optimizer(self._opt, self.resumed):
                 self._set_learning_rates()  # the run's, not those saved with the state
         return self._opt
 
@@ -253,25 +239,11 @@ class Learner(Role):
             return
         if self.checkpoint is not None:
             save_checkpoint(self.checkpoint, self.algo, self.cfg, self.net, self.opt, self.updates)
-        if self.snapshots is not None:
+        if self.snapshot is not None:
             try:
-                self.snapshots.save(capture(self.net, self.opt, self.updates))
-            except redis.RedisError as e:  # the file above holds it
-                log.warning("could not save the snapshot to Redis: %s", e)
-
-    def _resume_snapshot(self, store: SnapshotStore) -> None:
-        """Take the run's snapshot if it is at least as far on as the checkpoint and fits."""
-        snap = store.fetch()
-        if snap is None or snap.updates < self.updates:
-            return
-        try:
-            load_model(snap.model, self.net)
-        except CodecError as e:
-            log.warning("the snapshot at %s does not fit the network: %s", store.key, e)
-            return
-        self._opt_arrays, self._opt_state = snap.opt, {}
-        self.updates = snap.updates
-        log.info("resumed from the run's snapshot at update %d", self.updates)
+                write_file(self.snapshot, capture(self.net, self.opt, self.updates))
+            except OSError as e:  # the checkpoint above holds it
+                log.warning("could not save the snapshot to %s: %s", self.snapshot, e)
 
     # -- the role (run by :func:`qrl.runtime.loop.run_role`)
     def start(self, should_stop: StopCheck) -> bool:
@@ -288,21 +260,8 @@ class Learner(Role):
         self.group = group
         if group.world > 1:
             log.info("learner rank %d of %d", group.rank, group.world)
-        stored = self.weights.version()
-        # e.g. restarted after SIGKILL: Redis is newer than the file (not far ahead of it:
-        # that is garbage, overwritten with this learner's own count, see qrl.wire.weights)
-        if ahead(stored, self.updates):
-            loaded = self.weights.load_into(self.published(), newer_than=self.updates)
-            if loaded is not None and ahead(loaded, self.updates):
-                log.warning(
-                    "continuing from published weights %d (checkpoint: %d)", loaded, self.updates
-                )
-                self.updates = stored = loaded
-        if stored == self.updates and not fits(self.published(), self.weights.fetch()):
-            stored = -1  # a blob at its version that actors cannot load: a writer's, not ours
-        if stored != self.updates:
-            # actors start from the learner's initial (or resumed) weights; above a newer
-            # version that could not be loaded (versions never go back)
+        self.updates, behind = settle(self.weights, self.published(), self.updates)
+        if behind:  # actors start from the learner's initial (or resumed) weights
             self.publish()
         self.stopping.clear()
         self.start_threads()

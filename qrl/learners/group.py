@@ -25,6 +25,7 @@ import hashlib
 import ipaddress
 import logging
 import math
+import os
 import re
 import secrets
 import socket
@@ -231,16 +232,22 @@ class RedisStore(dist.Store):
         return int(self.client.hlen(self.key))
 
 
-# the address the next gloo group binds (join sets it, then inits): plain gloo binds what the
-# host name resolves to, often 127.0.1.1 or an interface the other learners do not reach
-_gloo_host = "127.0.0.1"
+def interface_of(host: str) -> str:
+    """The name of this machine's network interface that has the address ``host`` (a name is
+    resolved first). gloo, and NCCL's sockets, bind the interface their documented variables
+    ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` name; left to themselves they bind what
+    the machine's host name resolves to, often 127.0.1.1 or an interface the other learners
+    do not reach."""
+    import psutil
 
-
-def _make_gloo(store, rank: int, size: int, timeout: datetime.timedelta):
-    options = dist.ProcessGroupGloo._Options()
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=_gloo_host)]
-    options._timeout = timeout
-    return dist.ProcessGroupGloo(store, rank, size, options)
+    wanted = {ipaddress.ip_address(info[4][0]) for info in socket.getaddrinfo(host, None)}
+    for name, addresses in psutil.net_if_addrs().items():
+        for a in addresses:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                with contextlib.suppress(ValueError):
+                    if ipaddress.ip_address(a.address.split("%")[0]) in wanted:
+                        return name
+    raise ValueError(f"no network interface of this machine has the address {host}")
 
 
 class LearnerGroup:
@@ -282,7 +289,6 @@ class LearnerGroup:
         gen, rank = _enter(client, keys, world, ttl)
         log.info("learner group of run %s: rank %d of %d (gen %s)", keys.run, rank, world, gen)
         formed = False
-        global _gloo_host
         try:
             if not _wait(client, keys, gen, world, deadline, should_stop, timeout_s):
                 return None
@@ -291,11 +297,11 @@ class LearnerGroup:
             )
             if device.type == "cuda":
                 torch.cuda.set_device(device)
-            elif not hasattr(dist.Backend, "QRL_GLOO"):
-                dist.Backend.register_backend("qrl_gloo", _make_gloo, devices=["cpu"])
-            _gloo_host = host
+            # this process's own environment (a learner is a process of its own): the group
+            # binds the interface of the address the others were told
+            os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = interface_of(host)
             dist.init_process_group(
-                "nccl" if device.type == "cuda" else "qrl_gloo", store=store, rank=rank,
+                "nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
                 world_size=world, timeout=datetime.timedelta(seconds=collective_timeout_s),
             )  # fmt: skip
             formed = True

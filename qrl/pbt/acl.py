@@ -1,12 +1,23 @@
-"""ACL users for a population (``qrl pbt ALGO --acl DIR``): one for its controller and one per
-trial, so that a worker machine holds only the passwords of the trials it trains and can
-write nothing else.
+"""ACL users for a population (``qrl pbt ALGO --acl DIR``), every one made by the controller as
+it sets the population up (with the admin's connection) and deleted as the population ends:
 
 - ``NAME.controller`` writes the population's keys (its config, the solve, its control flag)
   and reads every trial's;
-- ``NAME-tI.worker`` writes trial ``I``'s keys (its run's: the segment's roles run as this
-  user too; its lease, score, lineage, claim: :mod:`qrl.pbt.population`) and reads the
-  population's and the other trials' (to rank them and copy the better ones' state).
+- ``NAME-tI.worker``, trial ``I``'s user, what a slot training the trial runs as: it writes
+  the trial's keys (its run's; its lease, score, lineage, claim, snapshot:
+  :mod:`qrl.pbt.population`) and reads the population's and the other trials' (to rank them
+  and copy the better ones' state);
+- the users of trial ``I``'s segment's processes, as ``qrl train --acl`` has them
+  (:func:`qrl.jobs.acl.process_user`: ``NAME-tI.actor.N`` for each actor, ...): each reaches
+  its role's keys of trial ``I`` only, so a taken actor can neither post the trial's score,
+  lineage, claim or snapshot (only the slot writes those) nor touch another trial.
+
+Why the controller makes the role users rather than the slot: Redis cannot limit ``ACL
+SETUSER`` to some user names, and a user that may run it may give itself (or anyone) every
+right; so no slot has any ACL right. A role user's password is derived from its trial's
+(:func:`role_password`): a slot on another machine, given only its trial's password file,
+runs each role as its own user (:func:`role_urls`), and a role, given only its own password,
+learns neither its trial's nor another role's.
 
 The reads are read-only per key (Redis 7's ``%R~``): on Redis 6 they would be writable, so
 there ``--acl`` is refused. The rules are :mod:`qrl.jobs.acl`'s (:func:`setuser_args`), the
@@ -15,11 +26,25 @@ passwords its files (:func:`role_passwords`): ``DIR/controller``, ``DIR/NAME-tI`
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from pathlib import Path
 from typing import Any
 
-from qrl.jobs.acl import has_selectors, role_passwords, set_user, setuser_args, user_name
+from redis.connection import parse_url
+
+from qrl.algos import ALGOS, Algorithm
+from qrl.jobs.acl import (
+    delete_users,
+    process_user,
+    require_selectors,
+    role_passwords,
+    set_user,
+    setuser_args,
+    user_name,
+)
 from qrl.pbt.config import PBTConfig
+from qrl.pbt.exploit import initial_config
 from qrl.runtime.roles import Access
 from qrl.wire.connection import read_password_file, with_user
 from qrl.wire.keys import RunKeys
@@ -29,24 +54,27 @@ CONTROLLER = "controller"
 WORKER = "worker"
 
 
-class AccessRefused(ValueError):
-    """``--acl`` cannot be had here (one line: what to run instead)."""
-
-
 def trial_user(trial: str) -> str:
     return user_name(trial, WORKER)
 
 
+def role_password(trial_password: str, user: str) -> str:
+    """The password of ``user``, a process of a trial whose user's password is
+    ``trial_password``: an HMAC of the name, which tells nothing of the key it was made with."""
+    return hmac.new(trial_password.encode(), user.encode(), hashlib.sha256).hexdigest()
+
+
+def _processes(trial: str, algo: Algorithm, cfg: Any) -> dict[tuple[str, int], tuple[str, Access]]:
+    """Each process of a segment of ``trial`` run with ``cfg``: (role, number) -> its user
+    and what it may do."""
+    return {(r.name, i): process_user(trial, r, i) for r, i in algo.processes(cfg)}
+
+
 def create_users(client: Any, pcfg: PBTConfig, folder: Path) -> dict[str, tuple[str, Path]]:
-    """Create (or reset) the controller's user and each trial's worker user, passwords in
-    ``folder`` (made where missing); ``controller`` and each trial -> (user, password file).
-    AccessRefused on a Redis without read-only key patterns."""
-    if not has_selectors(client):
-        raise AccessRefused(
-            "--acl needs Redis 7 or later (read-only key patterns): on Redis 6 a worker's user "
-            "could write every trial's keys; pass --redis URL of a Redis 7 server, or set "
-            "QRL_REDIS_SERVER to a Redis 7 redis-server for the embedded one"
-        )
+    """Create (or reset) the controller's user, each trial's user and the users of each
+    trial's processes, passwords in ``folder`` (made where missing); ``controller`` and each
+    trial -> (user, password file). AclRefused on a Redis without read-only key patterns."""
+    require_selectors(client)
     trials = pcfg.trials()
     files = role_passwords(folder, [CONTROLLER, *trials])
     population = RunKeys(pcfg.name)
@@ -57,8 +85,34 @@ def create_users(client: Any, pcfg: PBTConfig, folder: Path) -> dict[str, tuple[
         others = [k for k in (population, *map(RunKeys, trials)) if k != own]
         args = setuser_args(own, Access(writes=("*",)), user, read_password_file(path), True)
         set_user(client, [*args, *(f"%R~{p}" for k in others for p in k.acl_patterns())])
+    algo = ALGOS[pcfg.algo]
+    for i, trial in enumerate(trials):
+        secret = read_password_file(files[trial])
+        for user, access in _processes(trial, algo, initial_config(pcfg, i)).values():
+            password = role_password(secret, user)
+            set_user(client, setuser_args(RunKeys(trial), access, user, password, True))
     load_scripts(client)  # its users may run qrl's scripts, not load them
     return users
+
+
+def delete_population_users(client: Any, pcfg: PBTConfig) -> None:
+    """Delete every user :func:`create_users` made for ``pcfg`` (on every node)."""
+    algo = ALGOS[pcfg.algo]
+    names = [user_name(pcfg.name, CONTROLLER)]
+    for i, trial in enumerate(pcfg.trials()):
+        processes = _processes(trial, algo, initial_config(pcfg, i))
+        names += [trial_user(trial), *(user for user, _ in processes.values())]
+    delete_users(client, names)
+
+
+def role_urls(trial_url: str, trial: str, algo: Algorithm, cfg: Any) -> dict[tuple[str, int], str]:
+    """Each process of a segment of ``trial`` with ``cfg`` -> the URL that runs it as its own
+    user, from ``trial_url`` (the trial's user's, with its password: :func:`as_user`)."""
+    secret = parse_url(trial_url)["password"]
+    return {
+        process: with_user(trial_url, user, role_password(secret, user))
+        for process, (user, _) in _processes(trial, algo, cfg).items()
+    }
 
 
 def as_user(url: str, user: str, password_file: Path) -> str:

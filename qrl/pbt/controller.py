@@ -30,7 +30,7 @@ from rich.console import Console
 from qrl.algos import ALGOS
 from qrl.jobs.launch import process_context, setup_logging
 from qrl.jobs.train import Budget, Evaluator, confirm
-from qrl.pbt.acl import CONTROLLER, as_user, create_users
+from qrl.pbt.acl import CONTROLLER, as_user, create_users, delete_population_users
 from qrl.pbt.config import PBTConfig
 from qrl.pbt.exploit import UNREADABLE, current, initial_config
 from qrl.pbt.population import Population
@@ -57,7 +57,10 @@ def _slot_main(
     os.dup2(fd, 2)
     os.close(fd)
     setup_logging(logging.INFO)
-    slot(url, name, run_root, device, trial_urls)
+    try:
+        slot(url, name, run_root, device, trial_urls)
+    except redis.AuthenticationError:  # its users were deleted: the population ended
+        log.info("population %s ended: its ACL users are gone", name)
 
 
 def start_slots(
@@ -216,8 +219,9 @@ def run_population(
 ) -> int:  # fmt: skip
     """Run population ``pcfg``; exit code 0 if a trial was confirmed at the target, 1 if the
     time ran out first, 2 if every slot failed or it was interrupted. ``acl``: make the
-    population's ACL users, passwords in that folder (:mod:`qrl.pbt.acl`), and run the
-    controller and each trial's segments as their own users."""
+    population's ACL users, passwords in that folder (:mod:`qrl.pbt.acl`), run the controller,
+    each trial's slot and each process of its segments as their own users, and delete the
+    users as the population ends (whichever way: a worker elsewhere loses its access)."""
     console = console or Console(stderr=True)
     run_root.mkdir(parents=True, exist_ok=True)
     write_json(run_root / "pbt.json", json.loads(pcfg.model_dump_json()))
@@ -297,6 +301,11 @@ def run_population(
         if pop is not None:  # each trial's segments trained, for the record
             with contextlib.suppress(redis.RedisError, RedisUnavailable):
                 segments = pop.segments(pcfg.trials())
+        if acl is not None:  # the slots here have stopped: the users go with the population
+            with contextlib.suppress(redis.RedisError, RedisUnavailable):
+                admin = connect(url)
+                delete_population_users(admin, pcfg)
+                disconnect(admin)
         if server is not None:
             server.stop()
     elapsed = time.monotonic() - start

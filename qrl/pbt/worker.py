@@ -4,13 +4,16 @@ as that trial's last segment left it: the freshest copy there is, where copying 
 trial's own segment ended would leave the copy a segment behind by the time it runs again,
 with more trials than slots); trains it for one segment (``ready_s`` seconds, or
 ``ready_steps`` env steps within them, as a ``qrl train`` job on the population's Redis
-whose learner resumes from and saves to the trial's Redis snapshot), posts its score to the
-scoreboard, and gives the trial back: more trials than slots take turns, and a worker on
-any machine can take any trial.
+whose learner resumes from the trial's snapshot and leaves its state for the slot to store as
+the trial's), posts its score to the scoreboard, and gives the trial back: more trials than
+slots take turns, and a worker on any machine can take any trial. The trial's records in
+Redis (score, lineage, claim, snapshot) are the slot's to write: with ``--acl`` each process of
+the segment runs as a user of its own that may not (:mod:`qrl.pbt.acl`).
 
 A worker that dies holds its trial until the lease runs out (``ready_s + lease_s``); its role
-processes are stopped as their parent dies, the learner saving the trial's state as it stops,
-and the next worker to take the trial goes on from there.
+processes are stopped as their parent dies, the learner saving the trial's state to the
+checkpoint in the slot's run dir (a later segment there resumes from it), and the next worker
+to take the trial goes on from the snapshot its last whole segment stored.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import redis
 from rich.console import Console
 
 from qrl.algos import ALGOS
+from qrl.pbt.acl import role_urls
 from qrl.pbt.config import PBTConfig
 from qrl.pbt.exploit import UNREADABLE, choose, exploit
 from qrl.pbt.population import Population
@@ -39,6 +43,7 @@ from qrl.rl.envs import check_env_id
 from qrl.runtime.control import StopFlag
 from qrl.runtime.roles import EPISODIC_RETURN, EVAL_RETURN
 from qrl.runtime.runs import load_run_config
+from qrl.runtime.snapshot import SnapshotStore
 from qrl.wire.connection import RedisUnavailable, connect, disconnect
 from qrl.wire.faults import warn_once
 from qrl.wire.keys import RunKeys
@@ -52,14 +57,16 @@ def worker_id() -> str:
 
 def segment(
     client: redis.Redis, url: str, pcfg: PBTConfig, trial: str, run_dir: Path, device: str,
-    interrupted: threading.Event, renew: Callable[[], None] | None = None,
+    interrupted: threading.Event, renew: Callable[[], None] | None = None, acl: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """Train ``trial`` for one segment (``renew`` called about every half second); ``qrl
-    train``'s result (result.json)."""
+    train``'s result (result.json). ``acl``: ``url`` is the trial's user's, and each process
+    of the segment runs as its own user (:func:`qrl.pbt.acl.role_urls`)."""
     from qrl.jobs.train import Budget, run_training  # torch
 
     algo = ALGOS[pcfg.algo]
-    cfg = load_run_config(client, RunKeys(trial), algo.name, algo.config)
+    keys = RunKeys(trial)
+    cfg = load_run_config(client, keys, algo.name, algo.config)
     # a segment of ready_steps has no known length: evaluate as often as the job allows
     # (it keeps evaluation under a fifth of the time), so a short one is evaluated too
     every = max(1.0, pcfg.ready_s / 4) if pcfg.ready_steps is None else 1.0
@@ -67,12 +74,22 @@ def segment(
         target_return=pcfg.target_return, max_time=pcfg.ready_s, max_steps=pcfg.ready_steps,
         eval_every=every, eval_episodes=pcfg.eval_episodes, confirm_episodes=pcfg.confirm_episodes,
     )  # fmt: skip
+    # the learner resumes from this file and leaves its state there as it stops: only this
+    # slot's user writes the trial's snapshot in Redis, no process of the segment may
+    store, snapshot = SnapshotStore(client, keys), run_dir / "snapshot"
+    store.to_file(snapshot)
+    urls = role_urls(url, trial, algo, cfg) if acl else None
     disconnect(client)  # the segment's roles are forked: they inherit no connection
     with open(os.devnull, "w") as quiet:  # its progress: the trial's run dir and logs
         run_training(
             algo, cfg, budget, redis_url=url, run=trial, run_dir=run_dir, device=device,
-            console=Console(file=quiet), snapshot=True, interrupted=interrupted, on_tick=renew,
+            console=Console(file=quiet), snapshot=snapshot, interrupted=interrupted,
+            on_tick=renew, role_urls=urls,
         )  # fmt: skip
+    try:
+        store.from_file(snapshot)
+    except redis.ResponseError as e:  # e.g. BUSY: the learner's checkpoint here still has it
+        warn_once(str(e), "%s: its state is not stored (%s)", trial, e, logger=log)
     return json.loads((run_dir / "result.json").read_text())
 
 
@@ -131,7 +148,7 @@ def slot(
             try:
                 result = segment(
                     mine.client, urls[trial], pcfg, trial, run_root / trial, device, stop.local,
-                    renew,
+                    renew, acl=trial_urls is not None,
                 )  # fmt: skip
             except UNREADABLE as e:  # its run's config, as someone rewrote it: not this slot's end
                 warn_once(f"{trial}: {e}", "%s: cannot train %s: %s", me, trial, e, logger=log)

@@ -43,8 +43,9 @@ class RoleContext:
     """What making a role needs: a connection, a way to open more (picklable, for child
     processes), the run's keys and config, the process number, the learner options and the
     spec of the run's env (a :class:`qrl.rl.envspec.EnvSpec`, read once by the launcher;
-    ``None``: each role reads its own); ``snapshot``: the learner resumes from and saves to
-    the run's snapshot in Redis (:mod:`qrl.runtime.snapshot`; population-based training)."""
+    ``None``: each role reads its own); ``snapshot``: the file of the run's snapshot, which
+    the learner resumes from and saves to (:mod:`qrl.runtime.snapshot`; population-based
+    training: the slot hands it in and takes it back)."""
 
     client: redis.Redis
     connect: Callable[[], redis.Redis]
@@ -55,7 +56,7 @@ class RoleContext:
     threads: int = 1
     checkpoint: Path | None = None
     env: Any = None
-    snapshot: bool = False  # a learner keeps its whole state in the run's Redis snapshot too
+    snapshot: Path | None = None  # a learner keeps its whole state in this snapshot file too
 
 
 # role names go in key patterns (leases, heartbeats, ACL rules) unescaped

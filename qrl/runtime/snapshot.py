@@ -1,14 +1,20 @@
 """A learner's whole state in Redis: what population-based training moves between workers and
-copies from one trial into another, with no file in between (the checkpoint is a file, and
-torch's own format is a pickle: never for what crosses Redis).
+copies from one trial into another (the checkpoint is a file in torch's own format, a pickle:
+never for what crosses Redis).
 
-One codec message in the run's ``snapshot`` key: the update count, the network's state dict
-(``model``) and the optimizer's per-parameter state (``opt``, ``"I.NAME"``: parameter I of the
-optimizer's groups, e.g. Adam's ``step``, ``exp_avg``, ``exp_avg_sq``). The learning rates are
-not in it: they are the run's config. Anyone with the run's keys can write anything there, so
-a snapshot is checked against the network and the optimizer it goes into before any of it is
-loaded: names, shapes and dtypes as the network's, the optimizer state's names those its kind
-of optimizer keeps, shapes its parameter's (or a scalar), every number finite.
+Only a PBT slot reads and writes a trial's ``snapshot`` key, as the trial's user: it hands
+the snapshot to the segment's learner in a file (:meth:`SnapshotStore.to_file`), and the
+learner, which runs as a user of its own that may not write the key, leaves its state in that
+file as it stops, for the slot to check and store (:meth:`SnapshotStore.from_file`).
+
+One codec message in the run's ``snapshot`` key (and in the file): the update count, the
+network's state dict (``model``) and the optimizer's per-parameter state (``opt``,
+``"I.NAME"``: parameter I of the optimizer's groups, e.g. Adam's ``step``, ``exp_avg``,
+``exp_avg_sq``). The learning rates are not in it: they are the run's config. Anyone with the
+trial's keys can write anything there, so a snapshot is checked against the network and the
+optimizer it goes into before any of it is loaded: names, shapes and dtypes as the network's,
+the optimizer state's names those its kind of optimizer keeps, shapes its parameter's (or a
+scalar), every number finite.
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import redis
 import torch
 
+from qrl.runtime.files import write_atomically
 from qrl.wire.codec import CodecError, Field, Schema, decode, encode
 from qrl.wire.keys import RunKeys
 from qrl.wire.schema import DEFAULT_MAX_BYTES
@@ -41,6 +49,7 @@ SCHEMA = Schema(
     },
     max_bytes=DEFAULT_MAX_BYTES,
 )
+_MAX_STORED = 2 * DEFAULT_MAX_BYTES  # a snapshot's encoding at most (LZ4 grows little)
 _OPT_KEY = re.compile(r"(0|[1-9][0-9]{0,5})\.([a-z_][a-z0-9_]{0,31})")
 
 
@@ -109,21 +118,65 @@ def load_model(model: dict[str, np.ndarray], net: torch.nn.Module) -> None:
     load_arrays(net, model)  # checks every array before it loads any
 
 
+def _encode(snap: Snapshot) -> bytes:
+    return encode(KIND, {"updates": snap.updates, "model": snap.model, "opt": snap.opt})
+
+
+def write_file(path: Path, snap: Snapshot) -> None:
+    """``snap`` into ``path``, whole (a reader never sees half of one)."""
+    blob = _encode(snap)
+    write_atomically(path, lambda f: f.write(blob))
+
+
+def read_file(path: Path) -> Snapshot | None:
+    """The snapshot in ``path``; ``None`` if there is none or it is not one (logged)."""
+    try:
+        with open(path, "rb") as f:
+            blob = f.read(_MAX_STORED + 1)
+    except FileNotFoundError:
+        return None
+    try:
+        if len(blob) > _MAX_STORED:
+            raise CodecError(f"over {_MAX_STORED} bytes")
+        msg = decode(blob, SCHEMA)
+    except CodecError as e:
+        log.warning("rejected the snapshot in %s: %s", path, e)
+        return None
+    return Snapshot(msg["updates"], msg["model"], msg["opt"])
+
+
 class SnapshotStore:
     """The run's snapshot: :meth:`save` one, :meth:`fetch` it (``None`` if there is none or
-    it does not decode: dead-lettered, logged)."""
+    it does not decode: dead-lettered, logged); pass it to a learner's file and back."""
 
     def __init__(self, client: redis.Redis, keys: RunKeys) -> None:
         self.client, self.keys, self.key = client, keys, key(keys)
 
     def save(self, snap: Snapshot) -> None:
-        blob = encode(KIND, {"updates": snap.updates, "model": snap.model, "opt": snap.opt})
-        self.client.set(self.key, blob)
+        self.client.set(self.key, _encode(snap))
+
+    def to_file(self, path: Path) -> None:
+        """The snapshot, checked, into ``path`` for a learner to resume from; with none
+        (or none that decodes), no file, so the learner never takes an older one left there."""
+        snap = self.fetch()
+        if snap is None:
+            path.unlink(missing_ok=True)
+        else:
+            write_file(path, snap)
+
+    def from_file(self, path: Path) -> bool:
+        """Store the snapshot a learner left in ``path`` (checked as :meth:`fetch` checks
+        one) and remove the file; False if there was none to store."""
+        snap = read_file(path)
+        if snap is not None:
+            self.save(snap)
+        path.unlink(missing_ok=True)
+        return snap is not None
 
     def fetch(self) -> Snapshot | None:
         try:
-            if self.client.strlen(self.key) > 2 * DEFAULT_MAX_BYTES:  # LZ4 grows little
-                log.warning("%s is over %d bytes: ignored", self.key, 2 * DEFAULT_MAX_BYTES)
+            if self.client.strlen(self.key) > _MAX_STORED:
+                log.warning("%s is over %d bytes: ignored", self.key, _MAX_STORED)
                 return None
             blob = self.client.get(self.key)
         except redis.ResponseError as e:  # not a string: a writer's
