@@ -141,4 +141,4 @@ while True:
     r.hset(WEIGHTS, "blob", pick(rng.bytes(64), bad))
     sent += 1
     print(sent, entry, flush=True)
-    time.sleep(every)
+    time.sleep(every)  # the attacks' pace (argv): nothing to wait for, it runs till killed

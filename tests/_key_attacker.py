@@ -117,4 +117,4 @@ while True:
         print(attack.__name__, "refused:", e, flush=True)
     made += 1
     print(attack.__name__, flush=True)
-    time.sleep(every)
+    time.sleep(every)  # the attacks' pace (argv): nothing to wait for, it runs till killed

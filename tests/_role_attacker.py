@@ -163,4 +163,4 @@ while True:
         outcome = f"answered {str(e)[:60]!r}"
     made += 1
     print(f"{name}: {outcome}", flush=True)
-    time.sleep(every)
+    time.sleep(every)  # the attacks' pace (argv): nothing to wait for, it runs till killed

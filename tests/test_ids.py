@@ -4,6 +4,7 @@ ran out."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ import pytest
 
 from qrl.runtime import ids
 from qrl.runtime.ids import LEASE_TTL, claim_id, hold_id, holder
+from tests.helpers import wait_until
 
 
 def dead_pid() -> int:
@@ -76,24 +78,27 @@ def test_a_holder_whose_pid_is_now_a_thread_is_dead(r, keys):
 
 
 @pytest.mark.slow
-def test_a_lease_lives_while_its_process_does(r, keys, monkeypatch):
+def test_a_lease_lives_while_its_process_does(r, keys, monkeypatch, caplog):
     monkeypatch.setattr(ids, "LEASE_TTL", 1)
+    key = keys.lease("actor", 0)
     lease = claim_id(r, keys, "actor", 4)
-    time.sleep(2.5)  # past its TTL: kept alive
-    assert r.get(keys.lease("actor", 0)).decode() == holder()
-    r.delete(keys.lease("actor", 0))  # as if Redis had lost it: taken again
-    time.sleep(1)
-    assert r.get(keys.lease("actor", 0)).decode() == holder()
-    r.set(keys.lease("actor", 0), "other-host:1:ab", ex=1)  # another took it: left alone
-    time.sleep(0.5)
-    assert r.get(keys.lease("actor", 0)) == b"other-host:1:ab"
+    time.sleep(2.5)  # on purpose: past its TTL, which only the keeping renews
+    assert r.get(key).decode() == holder()
+    r.delete(key)  # as if Redis had lost it: taken again
+    mine = holder().encode()
+    wait_until(lambda: r.get(key), "the lease to be taken again", 10, until=lambda v: v == mine)
+    with caplog.at_level(logging.WARNING, "qrl.runtime.ids"):
+        r.set(key, "other-host:1:ab", ex=1)  # another took it: left alone, with a warning
+        wait_until(lambda: "held by another process" in caplog.text, "the keeper to see it", 10)
+    assert r.get(key) == b"other-host:1:ab"
     lease.release()  # not its holder any more: the other's lease stays
-    assert r.get(keys.lease("actor", 0)) == b"other-host:1:ab"
-    r.delete(keys.lease("actor", 0))
+    assert r.get(key) == b"other-host:1:ab"
+    r.delete(key)
+    before = set(threading.enumerate())
     lease = claim_id(r, keys, "actor", 4)
-    lease.release()
-    time.sleep(0.5)  # no thread keeps it after the release
-    assert lease.ident == 0 and r.get(keys.lease("actor", 0)) is None
+    (keeper,) = set(threading.enumerate()) - before
+    lease.release()  # its keeping thread ended: nothing renews it
+    assert lease.ident == 0 and r.get(key) is None and not keeper.is_alive()
 
 
 def test_an_explicit_number_is_held_and_released(r, keys):

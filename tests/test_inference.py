@@ -209,8 +209,10 @@ def kill_and_restart(r, keys, tmp_path, algo: str, drain: Callable[[], list[dict
         roles.until(dropped, "the server to drop the killed actor's half-built work")
 
         roles.kill("server")
-        time.sleep(2)  # the actors wait and resend; nothing comes
-        roles.check()
+        # the actors wait and resend: an actor's list holds a request beside its first copy
+        # only once it resent it (one server, so the run's own keys)
+        lists = [protocol.requests(keys, a) for a in (0, 1)]
+        roles.until(lambda: max(r.llen(k) for k in lists) >= 2, "an actor to resend", 60)
         got.extend(drain())
         roles.start("server", "inference", algo, "--device", "cpu")
         counts = [sum(u["actor"] == a for u in got) for a in (0, 1)]

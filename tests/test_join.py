@@ -50,6 +50,7 @@ def _refused(*attempts) -> None:
             pytest.fail(f"attempt {i} was allowed")
 
 
+@pytest.mark.slow
 def test_a_joined_stepper_reaches_its_own_lists_lease_and_heartbeat_only(tmp_path):
     run, keys, pw = "join-seed", RunKeys("join-seed"), tmp_path / "pw"
     with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
@@ -109,6 +110,7 @@ def test_a_joined_stepper_reaches_its_own_lists_lease_and_heartbeat_only(tmp_pat
         assert done.returncode == 0 and f"{run}.stepper.0 " in done.stdout, done.stderr
 
 
+@pytest.mark.slow
 def test_a_joined_actor_cannot_touch_another_actors_lease_or_heartbeat(tmp_path):
     run, keys, pw = "join-apex", RunKeys("join-apex"), tmp_path / "pw"
     with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
@@ -186,6 +188,7 @@ def test_joined_processes_work_under_their_own_users(case, tmp_path):
             kill_all(procs.values())
 
 
+@pytest.mark.slow
 def test_a_joined_user_cannot_start_as_another_number(tmp_path):
     run, pw = "join-id", tmp_path / "pw"
     with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:

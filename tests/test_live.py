@@ -21,6 +21,7 @@ from qrl.runtime.live import MAX_BYTES, LiveConfig, describe, set_live
 from qrl.runtime.metrics import MetricsReader
 from qrl.runtime.runs import RunNotFound, create_run
 from tests.cli import qrl, role
+from tests.helpers import wait_until
 
 
 @pytest.fixture
@@ -196,9 +197,7 @@ def _learner_reports(reader: MetricsReader, until, timeout: float, what: str) ->
 
 
 @pytest.mark.slow
-def test_qrl_run_set_changes_a_live_impala_learners_lr_within_a_second(
-    r, redis_server, keys, tmp_path
-):
+def test_qrl_run_set_changes_a_live_impala_learners_lr(r, redis_server, keys, tmp_path):
     run_dir = tmp_path / "run"
     job = role(
         "train", "impala", "--redis", redis_server.url, "--run", keys.run,
@@ -214,9 +213,9 @@ def test_qrl_run_set_changes_a_live_impala_learners_lr_within_a_second(
         written = describe(r, keys)["time"]  # when `qrl run set` wrote it (its clock: ours)
         assert out.stdout.strip() == f"run {keys.run}: config v1: lr=0.0001"
         msg = _learner_reports(reader, lambda v: v["lr"] == 1e-4, 10, "at lr 1e-4")
-        assert msg["values"]["config_version"] == 1
-        took = msg["time"] - written
-        assert 0 < took < 1.0, took  # the learner took it in and reported it within 1 s
+        # the learner took it in between steps, as config v1, after `qrl run set` wrote it
+        # (how soon is a measurement, not a promise a loaded machine can keep)
+        assert msg["values"]["config_version"] == 1 and msg["time"] > written
 
         status = json.loads(qrl("status", "--run", keys.run, "--json").stdout)
         assert status["live_config"]["line"] == "config v1: lr=0.0001"
@@ -231,7 +230,13 @@ def test_qrl_run_set_changes_a_live_impala_learners_lr_within_a_second(
         again = qrl("run", "set", keys.run, "lr=5e-5")
         assert again.stdout.strip() == f"run {keys.run}: config v2: lr=5e-05", again.stderr
         _learner_reports(reader, lambda v: v["lr"] == 5e-5, 10, "at lr 5e-5")
-        time.sleep(1.0)  # the job's own stop poll records the change in the run dir
+        changes = run_dir / "config_changes.jsonl"  # the job's stop poll records each change
+        wait_until(
+            lambda: changes.exists() and len(changes.read_text().splitlines()),
+            "the job to record both changes",
+            30,
+            until=lambda n: n == 2,
+        )
     finally:
         request_stop(r, keys)
         job.wait(60)
@@ -242,6 +247,7 @@ def test_qrl_run_set_changes_a_live_impala_learners_lr_within_a_second(
     assert "Traceback" not in (run_dir / "logs" / "learner0.log").read_text()  # of a pool
 
 
+@pytest.mark.slow
 def test_qrl_run_set_refuses_a_run_that_does_not_exist_and_bad_pairs(r, run):
     missing = qrl("run", "set", "no-such-run", "lr=1e-4")
     assert missing.returncode == 1 and "no run 'no-such-run'" in missing.stderr

@@ -204,6 +204,7 @@ def test_sampling_over_hostile_priorities(private, r, kind, mode):
     still_works(r, keys, make)
 
 
+@pytest.mark.slow
 def test_sampling_over_chunks_of_a_hostile_shape(private, r):
     """Chunks whose header claims as many LZ4 blocks as a u16 frame count allows, each with a
     row in the block table, under the size limit of Atari-sized frames: sampling 512 of them

@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +38,7 @@ from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore
 from tests.cli import ROOT, qrl
-from tests.helpers import redis7, redis_binaries, wait_until
+from tests.helpers import pid_alive, redis7, redis_binaries, wait_until
 
 
 def _pcfg(keys: RunKeys, **kw) -> PBTConfig:
@@ -89,6 +89,7 @@ def test_explore_specs_parse_sample_and_perturb_within_range():
             Explore.parse(bad)
 
 
+@pytest.mark.slow
 def test_exploit_copies_state_and_hyperparameters_exactly(r, keys, tmp_path):
     pcfg = _pcfg(keys)
     pop = setup(r, pcfg)
@@ -203,6 +204,7 @@ def test_a_segment_is_scored_by_its_training_returns_unless_told_its_evaluation(
         assert pop.scores(pcfg.trials()) == ({} if score == "train" else {t0: want})
 
 
+@pytest.mark.slow
 def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, tmp_path):
     pcfg = _pcfg(keys, population=3)
     pop = setup(r, pcfg)
@@ -307,6 +309,7 @@ def test_the_lineage_plot_says_what_ranked_the_trials(r, keys, tmp_path):
         assert [line.get_label() for line in fig.axes[0].get_lines()][:2] == [t0, t1]
 
 
+@pytest.mark.slow
 def test_qrl_pbt_refuses_bad_settings_before_it_starts(tmp_path):
     for args, why in (
         (["--explore", "hidden=1..2"], "cannot change while the run runs"),
@@ -321,7 +324,9 @@ def test_qrl_pbt_refuses_bad_settings_before_it_starts(tmp_path):
         assert "pydantic" not in proc.stderr, proc.stderr  # its own words, not a model's dump
 
 
-def test_a_slot_goes_on_past_writers_leases_and_configs_and_stops_when_asked(r, keys, tmp_path):
+def test_a_slot_goes_on_past_writers_leases_and_configs_and_stops_when_asked(
+    r, keys, tmp_path, caplog
+):
     pcfg = _pcfg(keys)
     pop = setup(r, pcfg)
     t0, t1 = pcfg.trials()
@@ -332,9 +337,11 @@ def test_a_slot_goes_on_past_writers_leases_and_configs_and_stops_when_asked(r, 
 
     from qrl.pbt.worker import slot
 
-    with ThreadPoolExecutor(1) as pool:
+    with ThreadPoolExecutor(1) as pool, caplog.at_level(logging.INFO, "qrl.pbt.worker"):
         done = pool.submit(slot, os.environ["QRL_REDIS_URL"], keys.run, tmp_path)
-        time.sleep(2.5)  # it takes t1, cannot train it, gives it back, waits, again
+        # it takes t1, cannot train it, gives it back, waits, and takes it again
+        taken = lambda: caplog.text.count(f"segment of {t1}")  # noqa: E731
+        wait_until(taken, "the slot to take t1 twice", 30, until=lambda n: n >= 2)
         assert not done.done(), done.result()
         r.hset(pop.keys.control, "stop", 1)  # `qrl run stop NAME`: the slot returns
         assert done.result(timeout=10) == 0
@@ -388,8 +395,9 @@ def test_leases_time_share_and_a_dead_holders_trial_is_taken_back(r, keys):
     assert {a, b} == set(pcfg.trials()) and pop.claim("w3", 60, pcfg.trials()) is None
     assert not pop.release(a, "w2") and pop.release(a, "w1")  # only its holder gives it back
     assert pop.claim("w3", 60, pcfg.trials()) == a
-    time.sleep(0.5)  # w2's lease ran out: its trial is anyone's
-    assert pop.claim("w1", 60, pcfg.trials()) == b and not pop.renew(b, "w2", 60)
+    # once w2's lease runs out its trial is anyone's
+    assert wait_until(lambda: pop.claim("w1", 60, pcfg.trials()), "w2's lease to run out", 10) == b
+    assert not pop.renew(b, "w2", 60)
     assert pop.holders(pcfg.trials()) == {a: "w3", b: "w1"}
     # a long segment keeps its trial: its slot renews the lease while it runs
     pop.release(a, "w3")
@@ -397,7 +405,7 @@ def test_leases_time_share_and_a_dead_holders_trial_is_taken_back(r, keys):
     renew = Renewal(pop, a, "w4", 60)
     renew.next = 0.0
     renew()
-    time.sleep(0.5)
+    assert r.pttl(pop.key(a, "lease")) > 1000  # renewed past the 0.3 s it was taken for
     assert pop.claim("w5", 60, pcfg.trials()) is None and not renew.lost
     renew = Renewal(pop, a, "w5", 60)  # not its holder: lost
     renew.next = 0.0
@@ -418,9 +426,10 @@ def test_a_lease_no_worker_could_have_taken_parks_no_trial(r, keys):
     assert max(r.pttl(pop.key(t, "lease")) for t in (a, b)) <= 60_000
 
 
-def _slot_pids(proc: subprocess.Popen) -> list[int]:
-    with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
-        return [int(pid) for pid in f.read().split()]
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started, from any of its threads."""
+    tasks = Path(f"/proc/{pid}/task").glob("*/children")
+    return [int(child) for task in tasks for child in task.read_text().split()]
 
 
 @pytest.mark.slow
@@ -439,37 +448,51 @@ def test_a_sigkilled_workers_trial_goes_on_from_its_last_stored_state(redis_serv
     )  # fmt: skip
     b = None
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # a's first segment saved its trial's state
-            held = pop.holders(pcfg.trials())
-            snaps = {t: SnapshotStore(client, RunKeys(t)).fetch() for t in pcfg.trials()}
-            if len(held) == 1 and snaps[next(iter(held))] is not None:
-                break
-            time.sleep(0.5)
-        trial = next(iter(held))
-        time.sleep(3)  # into its next segment
-        for pid in [a.pid, *_slot_pids(a)]:
+
+        def saved() -> str | None:  # the trial whose first segment saved its state
+            held = list(pop.holders(pcfg.trials()))
+            if len(held) == 1 and SnapshotStore(client, RunKeys(held[0])).fetch() is not None:
+                return held[0]
+            return None
+
+        trial = wait_until(saved, "a's first segment to save its trial's state", 120)
+        first = SnapshotStore(client, RunKeys(trial)).fetch().updates
+        wait_until(
+            lambda: WeightStore(client, RunKeys(trial)).version() > first,
+            "its next segment to train",
+            120,
+            every=0.5,
+        )
+        slots = _children(a.pid)
+        roles = [pid for s in slots for pid in _children(s)]
+        assert roles, "no segment's roles under the slots"
+        for pid in [a.pid, *slots]:
             os.kill(pid, signal.SIGKILL)
         a.wait(10)
-        time.sleep(8)  # the roles stop as their parent died, the learner's save stays there
+        # the roles stop as their parent died, the learner's save stays there
+        wait_until(lambda: not any(map(pid_alive, roles)), "the orphaned roles to stop", 60)
         last = SnapshotStore(client, RunKeys(trial)).fetch()  # the last segment a stored
-        assert last.updates > 0
+        assert last.updates == first
         b = subprocess.Popen(
             [sys.executable, "-m", "qrl.cli", "pbt", "worker", keys.run, "--slots", "2",
              "--run-dir", str(tmp_path / "b")], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        deadline = time.monotonic() + 120
         resumed = tmp_path / "b" / trial / "logs" / "learner0.log"
-        while time.monotonic() < deadline:
-            if resumed.exists() and "resumed from the run's snapshot" in resumed.read_text():
-                break
-            time.sleep(0.5)
-        text = resumed.read_text()
+        text = wait_until(
+            lambda: resumed.exists() and resumed.read_text(),
+            "the trial to resume",
+            120,
+            until=lambda text: text and "resumed from the run's snapshot" in text,
+            every=0.5,
+        )
         assert f"resumed from the run's snapshot at update {last.updates}" in text, text[-2000:]
-        while WeightStore(client, RunKeys(trial)).version() <= last.updates:
-            assert time.monotonic() < deadline, "the trial did not train on"
-            time.sleep(0.5)
+        wait_until(
+            lambda: WeightStore(client, RunKeys(trial)).version() > last.updates,
+            "the trial to train on",
+            120,
+            every=0.5,
+        )
         b.send_signal(signal.SIGINT)  # to the worker alone: it stops its slots in order
         assert b.wait(30) == 0
     finally:
@@ -523,6 +546,7 @@ FORGED = {  # pbt:solved (and a worker's claim) as a worker's user may write the
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", FORGED)
 def test_a_forged_solve_neither_crashes_the_controller_nor_ends_it_confirmed(
     r, keys, tmp_path, case
@@ -729,6 +753,7 @@ def _records_refused(client: redis.Redis, pcfg: PBTConfig, snap) -> None:
             pytest.fail(f"attempt {i} of {client.acl_whoami()} was allowed")
 
 
+@pytest.mark.slow
 def test_a_populations_users_go_when_it_ends_or_is_interrupted(tmp_path):
     with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
         admin = redis.Redis.from_url(server.url)
@@ -753,6 +778,7 @@ def test_a_populations_users_go_when_it_ends_or_is_interrupted(tmp_path):
         assert admin.acl_users() == ["default"]
 
 
+@pytest.mark.slow
 def test_a_trials_unreadable_config_ends_neither_the_controller_nor_a_worker(r, keys, tmp_path):
     """A trial's worker's user owns its trial's run keys, its config too: what it writes
     there leaves the trial's values unknown and the trial uncopied, nothing more."""
@@ -833,6 +859,7 @@ def test_a_populations_trials_keys_work_across_a_clusters_slots(redis_cluster):
     assert pop.solved()["trial"] == trials[0]
 
 
+@pytest.mark.slow
 def test_qrl_pbt_acl_refusals_are_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = qrl("pbt", "worker", "pop", "--acl", str(tmp_path / "empty"))

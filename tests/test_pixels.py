@@ -101,6 +101,7 @@ def test_conv_is_a_setting_and_a_stack_that_cannot_fit_is_refused_clearly():
         ApexConfig(conv="resnet")
 
 
+@pytest.mark.slow
 def test_image_observations_take_the_configs_image_defaults():
     ppo, images = ALGOS["ppo"], PPOConfig.image_defaults
     cfg = build_config(ppo, None, (), env="MinAtar/Breakout-v1")

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from functools import partial
 
 import gymnasium as gym
@@ -83,10 +82,7 @@ def test_hand_started_roles_fill_the_replay_with_sequences(r, keys, redis_server
     try:
         actor = qrl("actor", "r2d2", "--run", keys.run, "--max-steps", "3000", env=env, timeout=180)
         assert actor.returncode == 0, actor.stderr[-2000:]
-        deadline = time.monotonic() + 30
-        while WeightStore(r, keys).version() <= 0 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert WeightStore(r, keys).version() > 0
+        wait_until(lambda: WeightStore(r, keys).version() > 0, "the learner's weights", 30)
         layout, _ = sequence_spec(cfg, EnvSpec.of(cfg.env))
         replay = make_replay(r, keys, cfg, layout=layout)
         wait_until(lambda: r.xlen(keys.experience) == 0, "the filler to take all in", 30)
@@ -180,10 +176,14 @@ def test_the_filler_dead_letters_a_corpus_of_malformed_sequences(r, keys):
         r.xadd(keys.experience, {"d": payload})
         n += 1
     r.xadd(keys.experience, {"d": encode("r2d2.sequences", sequence_message(good))})
-    deadline = time.monotonic() + 120
-    while filler.consumer.rejected + filler.inserted // 4 < n + 1:
-        assert time.monotonic() < deadline, (filler.consumer.rejected, filler.inserted)
-        filler.step(lambda: False)
+    wait_until(
+        lambda: (filler.consumer.rejected, filler.inserted),
+        "the filler to take in or reject every entry",
+        120,
+        until=lambda got: got[0] + got[1] // 4 >= n + 1,
+        between=lambda: filler.step(lambda: False),
+        every=0,
+    )
     filler.close(lambda: False)
     assert filler.consumer.rejected == n and filler.inserted == 4
     assert r.zcard(keys.replay_priorities) == 4 and r.xlen(keys.experience) == 0

@@ -9,13 +9,13 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from qrl.runtime.tracking import WANDB_MISSING
 from tests.cli import ROOT, eval_confirmation, eval_stats, qrl, role, train
+from tests.helpers import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +47,14 @@ def _wandb_offline(home: Path) -> dict[str, str]:
 def _rows(run_dir: Path) -> list[dict[str, str]]:
     with (run_dir / "metrics.csv").open(newline="") as f:
         return list(csv.DictReader(f))
+
+
+def _logged_steps(run_dir: Path) -> int:
+    """The env steps of metrics.csv's last whole row, 0 before it has one."""
+    if not (run_dir / "metrics.csv").exists():
+        return 0
+    steps = [row["env_steps"] or "" for row in _rows(run_dir)]
+    return int(steps[-1]) if steps and steps[-1].isdigit() else 0
 
 
 def _new_eval_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -238,7 +246,13 @@ def test_hand_started_master_with_track_logs_to_wandb(redis_server, keys, tmp_pa
     worker = role("es", "worker", "--run", keys.run, "--max-steps", "5000")
     try:
         assert worker.wait(120) == 0
-        time.sleep(2)  # the master's log catches up with the worker's last report
+        # the master's log catches up with the worker's last report
+        wait_until(
+            lambda: _logged_steps(run_dir),
+            "the worker's last report logged",
+            60,
+            until=lambda steps: steps >= 5000,
+        )
     finally:
         master.send_signal(signal.SIGTERM)
         code = master.wait(60)

@@ -157,6 +157,7 @@ def test_a_refused_step_is_waited_out_with_one_warning_not_an_exit(r, keys, capl
     assert len(refusals) == 1 and "hdel" in refusals[0], caplog.messages
 
 
+@pytest.mark.slow
 def test_a_busy_redis_is_waited_out_like_a_lost_one(tmp_path, caplog):
     with EmbeddedRedis() as server:
         admin = redis.Redis.from_url(server.url)

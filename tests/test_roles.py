@@ -14,7 +14,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -31,7 +30,7 @@ from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.keys import RunKeys
 from tests._random_algo import ALGORITHM, NAME, RandomConfig, RandomPlayer
 from tests.cli import ROOT
-from tests.helpers import redis7
+from tests.helpers import redis7, wait_until
 
 
 def _cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -56,14 +55,17 @@ def _options(*command: str) -> set[str]:
 
 
 def _status_until(run: str, ok: Callable[[dict], bool], timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
+    def status() -> dict | str:
         out = _cli("status", "--run", run, "--json", timeout=60)
-        st = json.loads(out.stdout) if out.returncode == 0 else None
-        if st is not None and ok(st):
-            return st
-        assert time.monotonic() < deadline, f"qrl status never showed it: {st or out.stderr}"
-        time.sleep(0.5)
+        return json.loads(out.stdout) if out.returncode == 0 else out.stderr
+
+    return wait_until(
+        status,
+        "qrl status to show it",
+        timeout,
+        until=lambda st: isinstance(st, dict) and ok(st),
+        every=0.5,
+    )
 
 
 def _values(st: dict, role: str) -> list[dict]:

@@ -1,8 +1,8 @@
 """Scaling by adding processes: actors join a running Ape-X run with nothing but the Redis
-URL and the run name, total throughput rises with them, and killing some does not stop the
-run. Every role is a real ``qrl`` process; the env is ``qrl/Sleep-v0`` (1 ms a step, mostly
-asleep), so four actors fit on two loaded cores and should step about four times as fast as
-one."""
+URL and the run name, each steps and the learner and the replay go on with them, and
+killing some does not stop the run. Every role is a real ``qrl`` process; the env is
+``qrl/Sleep-v0`` (1 ms a step, mostly asleep). How total throughput grows with the actors is
+a measurement, not a test: ``benchmarks/scaling.py``."""
 
 from __future__ import annotations
 
@@ -74,17 +74,14 @@ class Run:
             cond, what, timeout, every=0, between=lambda: self.follow(0.1), context=self.logs
         )
 
-    def rates(self, seconds: float) -> tuple[dict[int, float], float]:
-        """Each actor's env steps/s over the next ``seconds`` (from its reports' counters
-        and times), and the learner's updates over the same time."""
-        before, updates = dict(self.actors), self.learner
-        self.follow(seconds)
-        rates = {}
-        for ident, (t1, s1) in self.actors.items():
-            t0, s0 = before.get(ident, (t1, s1))
-            if t1 > t0:
-                rates[ident] = (s1 - s0) / (t1 - t0)
-        return rates, self.learner - updates
+    def moved_on(self, since: float, steps: dict[int, float]) -> set[int]:
+        """The actors that reported after ``since`` (their clock: ours) more steps than in
+        ``steps``."""
+        return {
+            ident
+            for ident, (t, n) in self.actors.items()
+            if t > since and n > steps.get(ident, 0.0)
+        }
 
     def stream_len(self) -> int:
         return int(self.r.xlen(self.keys.experience))
@@ -99,9 +96,7 @@ class Run:
 
 
 @pytest.mark.timeout(240)
-def test_adding_actors_raises_throughput_and_killing_some_keeps_the_run_going(
-    r, keys, redis_server, tmp_path
-):
+def test_actors_join_a_running_run_and_killing_some_keeps_it_going(r, keys, redis_server, tmp_path):
     cfg = ApexConfig(
         env=SLEEP_ENV,
         actors=4,
@@ -121,47 +116,32 @@ def test_adding_actors_raises_throughput_and_killing_some_keeps_the_run_going(
         run.start("learner", "learner", "apex", "--device", "cpu")
         run.start("actor-a", "actor", "apex")  # --id auto: the first actor is 0
         run.wait_for("actor 0 and learner updates", lambda: 0 in run.actors and run.learner > 0)
-        run.follow(1.0)  # warm-up
 
-        one, updates1 = run.rates(6.0)
-        assert set(one) == {0}
-        assert one[0] > 300, one  # ~1000 steps/s when asleep 98% of the time
-        assert updates1 > 0
-
-        # three more actors join mid-run, with nothing but the URL and the run name
+        # three more actors join mid-run, with nothing but the URL and the run name; all four
+        # step on, the learner learns and the replay takes in what they make
         for name in ("actor-b", "actor-c", "actor-d"):
             run.start(name, "actor", "apex")
         run.wait_for("four actors reporting", lambda: set(run.actors) == {0, 1, 2, 3})
-        run.follow(2.0)  # warm-up: all four stepping, their start-up CPU spent
-        len_before, in_before = run.stream_len(), replay.stats()["inserted"]
-        four, updates4 = run.rates(6.0)
-        len_after, inserted4 = run.stream_len(), replay.stats()["inserted"]
-        assert set(four) == {0, 1, 2, 3}, four
-        total1, total4 = one[0], sum(four.values())
-        assert total4 >= 1.8 * total1, f"1 actor {total1:.0f} steps/s, 4 actors {total4:.0f}"
-        # the learner and the replay keep up: the learner is not starved by the new actors,
-        # the replay takes in what they make (one transition per env step; the stream may
-        # buffer up to 64 x 256 of them), and the experience stream stays within its bound
-        assert updates4 >= 0.25 * updates1, (updates1, updates4)
-        assert inserted4 - in_before >= 0.5 * total4 * 6.0, (inserted4 - in_before, total4)
-        assert max(len_before, len_after) <= bound, (len_before, len_after)
-        print(f"1 actor {total1:.0f} steps/s, 4 actors {total4:.0f} ({total4 / total1:.2f}x)")
-        print(f"learner updates in 6 s: {updates1:.0f} with 1 actor, {updates4:.0f} with 4")
-        print(f"replay inserted {inserted4 - in_before} while 4 actors took {total4 * 6:.0f} steps")
+        joined, steps = time.time(), {i: n for i, (_, n) in run.actors.items()}
+        updates, inserted = run.learner, replay.stats()["inserted"]
+        run.wait_for("all four to step on", lambda: run.moved_on(joined, steps) == {0, 1, 2, 3})
+        run.wait_for("the learner to go on", lambda: run.learner > updates)
+        run.wait_for("the replay to take more in", lambda: replay.stats()["inserted"] > inserted)
+        assert run.stream_len() <= bound
 
         # SIGKILL two actors: the first one (id 0) and one that joined
         run.procs["actor-a"].send_signal(signal.SIGKILL)
         run.procs["actor-c"].send_signal(signal.SIGKILL)
         assert run.procs["actor-a"].wait(10) == -signal.SIGKILL
         assert run.procs["actor-c"].wait(10) == -signal.SIGKILL
-        run.follow(1.5)  # reports sent before the kill have arrived
-        two, updates2 = run.rates(5.0)  # only actors that reported in the window
-        inserted2 = replay.stats()["inserted"]
-        assert len(two) == 2 and 0 not in two, two
-        assert all(v > 0 for v in two.values())  # the survivors keep stepping ...
-        assert sum(two.values()) >= 1.2 * total1, (two, total1)  # ... at two actors' pace
-        assert updates2 > 0  # ... and the learner keeps learning from the replay
-        assert inserted2 > inserted4
+        killed, steps = time.time(), {i: n for i, (_, n) in run.actors.items()}
+        updates, inserted = run.learner, replay.stats()["inserted"]
+        # the survivors keep stepping (a report made after the kill is a survivor's), the
+        # learner keeps learning from the replay, the replay takes in what they make
+        run.wait_for("two survivors to step on", lambda: len(run.moved_on(killed, steps)) == 2)
+        assert 0 not in run.moved_on(killed, steps)
+        run.wait_for("the learner to go on", lambda: run.learner > updates)
+        run.wait_for("the replay to take more in", lambda: replay.stats()["inserted"] > inserted)
         assert run.stream_len() <= bound
     finally:
         run.stop()

@@ -115,6 +115,7 @@ def test_no_roles_user_runs_lua_of_its_own(algo, tmp_path):
         assert admin.ping()
 
 
+@pytest.mark.slow
 @BY_VERSION
 def test_a_role_waits_for_scripts_its_redis_lost_until_the_admin_loads_them(
     binary, tmp_path, caplog

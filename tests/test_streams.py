@@ -2,7 +2,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -164,6 +163,30 @@ def test_a_consumer_holding_more_than_maxlen_for_one_batch_does_not_deadlock(r, 
     assert r.xlen(keys.experience) == 0
 
 
+def _idle_past(r, stream: str, ms: int) -> None:
+    """Wait until every pending entry of ``stream`` has been idle more than ``ms`` by Redis's
+    own count, what makes an entry claimable."""
+    wait_until(
+        lambda: [e["time_since_delivered"] for e in r.xpending_range(stream, GROUP, "-", "+", 100)],
+        f"the pending entries to be idle past {ms} ms",
+        10,
+        until=lambda idle: idle and min(idle) > ms,
+        every=0.005,
+    )
+
+
+def _consumer_idle_past(r, stream: str, name: str, ms: int) -> None:
+    """Wait until consumer ``name`` of ``stream`` has been idle more than ``ms`` (Redis's
+    count), what lets another's claim scans remove it (or is gone)."""
+    wait_until(
+        lambda: {c["name"].decode(): c["idle"] for c in r.xinfo_consumers(stream, GROUP)},
+        f"consumer {name} to be idle past {ms} ms",
+        10,
+        until=lambda idle: idle.get(name, ms + 1) > ms,
+        every=0.005,
+    )
+
+
 def test_held_entries_are_not_delivered_twice(r, keys):
     p = StreamProducer(r, keys.experience)
     for i in range(3):
@@ -171,7 +194,8 @@ def test_held_entries_are_not_delivered_twice(r, keys):
     c = StreamConsumer(r, keys, keys.experience, ITEM, count=10, claim_idle_ms=20, block_ms=10)
     first = c.read()
     assert [e.data["seq"] for e in first] == [0, 1, 2]
-    time.sleep(0.1)  # idle long enough to be claimable, but we still hold them
+    _idle_past(r, keys.experience, 20)  # claimable, but we still hold them
+    c._next_claim = 0.0  # its next read scans the pending entries
     assert c.read() == [] and c.read() == []
     # a restarted consumer of the same name re-reads its pending entries once, then moves on
     again = StreamConsumer(
@@ -259,8 +283,9 @@ def test_held_entries_do_not_age_into_poison(r, keys):
     StreamProducer(r, keys.experience).add(item(0))
     c = StreamConsumer(r, keys, keys.experience, ITEM, claim_idle_ms=20, block_ms=10)
     held = c.read()
-    for _ in range(10):
-        time.sleep(0.03)
+    for _ in range(10):  # each time idle enough to be claimed, then a claim scan of its own
+        _idle_past(r, keys.experience, 20)
+        c._next_claim = 0.0
         assert c.read() == []
     [row] = r.xpending_range(keys.experience, GROUP, "-", "+", 10)
     assert row["times_delivered"] == 1 and row["consumer"] == c.consumer.encode()
@@ -285,9 +310,9 @@ def test_consumers_leave_the_group_when_they_close(r, keys):
     assert [c["name"] for c in r.xinfo_consumers(keys.experience, GROUP)] == [b"holder"]
     # ... until another consumer has claimed them; then its claim scans remove the empty one
     other = StreamConsumer(r, keys, keys.experience, ITEM, claim_idle_ms=20, block_ms=10)
-    time.sleep(0.05)
+    _idle_past(r, keys.experience, 20)
     assert len(other.read()) == 1
-    time.sleep(0.05)
+    _consumer_idle_past(r, keys.experience, "holder", 20)
     other._next_claim = 0.0
     other.read()
     assert [c["name"] for c in r.xinfo_consumers(keys.experience, GROUP)] == [

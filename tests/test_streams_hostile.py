@@ -14,7 +14,7 @@ from qrl.jobs.acl import ACTOR_COMMANDS, Access, has_selectors, setuser_args
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
-from qrl.wire.streams import GROUP, StreamConsumer, StreamProducer
+from qrl.wire.streams import GROUP, PRUNE_MAX, StreamConsumer, StreamProducer
 from tests.cluster import run_on
 from tests.helpers import ITEM, item, url_of
 
@@ -74,10 +74,8 @@ def test_junk_filling_the_stream_does_not_block_producers_forever(r, keys, caplo
     for _ in range(5):
         r.xadd(s, {"d": b"junk"})  # plain XADDs past the room check
     p = StreamProducer(r, s, maxlen=5, keys=keys, max_wait=0.3)
-    start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="qrl.wire.streams"):
-        assert p.add(item(0)) == ""  # dropped, not raised, not blocked
-    assert time.monotonic() - start < 2
+        assert p.add(item(0)) == ""  # dropped after max_wait, not raised, not blocked
     assert p.dropped == 1 and "dropped" in caplog.text
     assert int(r.hget(keys.stats, "dropped:experience")) == 1
     assert r.xlen(s) == 5  # the cap still holds
@@ -128,14 +126,11 @@ def test_fake_consumers_do_not_stall_a_read(r, keys):
     for i in range(30_000):
         pipe.xgroup_createconsumer(s, GROUP, f"fake-{i}")
     pipe.execute()
-    time.sleep(0.01)
+    time.sleep(0.01)  # idle past claim_idle_ms (1 ms): XINFO would list 30,000 to watch it
     c._next_claim = 0.0
-    start = time.monotonic()
     c.read()
-    took = time.monotonic() - start
-    assert took < 1.0, f"one read took {took:.1f}s with 30,000 fake consumers"
-    left = r.xinfo_groups(s)[0]["consumers"]
-    assert 0 < left < 30_000  # some removed: bounded work per cycle, the rest later
+    left = r.xinfo_groups(s)[0]["consumers"]  # the fakes and the reader
+    assert left == 30_001 - PRUNE_MAX  # bounded work per read: PRUNE_MAX removed, the rest later
     for _ in range(100):
         c._next_claim = 0.0
         c.read()
