@@ -24,6 +24,7 @@ import redis
 from qrl.runtime.live import LiveConfig
 from qrl.runtime.metrics import report
 from qrl.runtime.status import leave
+from qrl.wire import clock
 from qrl.wire.faults import refused, warn_every
 from qrl.wire.keys import RunKeys
 
@@ -113,6 +114,7 @@ def run_role(
     next_report = now + report_every
     next_ckpt = None if checkpoint_every is None else now + min(first_checkpoint, checkpoint_every)
     pause = 0.1  # after a refused step, doubling up to 5 s while they stay refused
+    turn = clock.current().turn  # in a one-process run: the next role's turn after each step
     try:
         while True:
             if should_stop():
@@ -128,6 +130,7 @@ def run_role(
             try:
                 if not role.step(should_stop):
                     break
+                turn()
                 now = time.monotonic()
                 if now >= next_report:
                     last = _report(role, client, keys, ident, last, now, live)
@@ -175,7 +178,7 @@ def _refused(role: Role, ident: int, error: redis.ResponseError, pause: float) -
         error,
         logger=log,
     )
-    time.sleep(pause)
+    clock.sleep(pause)
     return min(pause * 2, 5.0)
 
 
