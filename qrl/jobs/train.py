@@ -32,6 +32,7 @@ from rich.text import Text
 from qrl.algos import Algorithm
 from qrl.jobs.acl import process_users
 from qrl.jobs.launch import RoleSpec, start_process
+from qrl.jobs.one_process import refusal, seated
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.checkpoint import replace_model
 from qrl.runtime.control import StopFlag, clear_stop, request_stop
@@ -57,11 +58,16 @@ from qrl.wire.weights import Weights, WeightStore
 log = logging.getLogger(__name__)
 
 
+class OneProcessRefused(ValueError):
+    """A run that ``--one-process`` cannot run (the message says what it runs)."""
+
+
 @dataclass
 class Budget:
     target_return: float | None = 475.0
     max_time: float | None = 90.0
     max_steps: int | None = None
+    max_updates: int | None = None  # each role that counts updates (learners) stops at this
     eval_every: float = 1.0
     eval_episodes: int = 10
     confirm_episodes: int = 100  # an evaluation that reaches the target is confirmed on these
@@ -119,12 +125,16 @@ class Evaluator:
         """The mean return of a fresh greedy policy of ``w`` over ``episodes`` episodes
         (seeds ``seed + i``) of the evaluation env."""
         import numpy as np
+        import torch
 
         from qrl.rl.evaluate import evaluate
 
         if self.spec is None:
             self.spec = EnvSpec.of(self.cfg.env)
-        act = self.algo.policy(self.cfg, self.spec, w.params)
+        # a fresh network draws its initial parameters from torch's generator: the roles'
+        # own in a one-process run, whose draws must not depend on when evaluations came
+        with torch.random.fork_rng(devices=[]):
+            act = self.algo.policy(self.cfg, self.spec, w.params)
         return float(np.mean(evaluate(self.env, act, episodes, seed=seed)))
 
 
@@ -207,6 +217,7 @@ def run_training(
     on_tick: Callable[[], None] | None = None,
     acl: bool = False,
     role_urls: dict[tuple[str, int], str] | None = None,
+    one_process: bool = False,
 ) -> int:
     """Run a whole job; returns the exit code: 0 if the target return was reached (with no
     target: if the whole budget ran), 1 if the budget ran out first, 2 if a role failed or the
@@ -220,7 +231,15 @@ def run_training(
     ``acl``: every process connects as a Redis ACL user of its own (passwords in
     ``run_dir/acl``), the job itself as the user of ``redis_url``; ``role_urls``: (role,
     number) -> the URL each process connects with instead (users made beforehand: a PBT
-    trial's, :mod:`qrl.pbt.acl`)."""
+    trial's, :mod:`qrl.pbt.acl`); ``one_process``: the roles run as threads of this process
+    that take turns with the job (:mod:`qrl.runtime.turns`), deterministic for a seed, their
+    logs in the same files (``OneProcessRefused`` if the run cannot,
+    :func:`qrl.jobs.one_process.refusal`). A role that reached ``budget.max_updates`` ends
+    the job."""
+    if one_process:
+        why = "--one-process runs every role as this process's user: no --acl" if acl else None
+        if why := why or refusal(algo, cfg):
+            raise OneProcessRefused(why)
     console = console or Console(stderr=True)
     evaluator = Evaluator(algo, cfg, budget.eval_episodes, budget.eval_env)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -241,6 +260,9 @@ def run_training(
     confirmed: float | None = None  # the last confirmation's mean return
     progress = Progress(algo.reports)
     stop = None
+    limited: set[str] = set()  # the roles stopped by budget.max_updates
+    roles = contextlib.ExitStack()  # a one-process run's seats and logs, closed last
+    start = roles.enter_context(seated()) if one_process else start_process
     try:
         client = connect(url)
         create_run(client, keys, algo.name, cfg)
@@ -257,6 +279,7 @@ def run_training(
         disconnect(client)  # forked roles inherit no open connection
         for role, i in algo.processes(cfg):
             name = f"{role.name}{i}" if role.count else role.name
+            limit = budget.max_updates if role.limit == "updates" else None
             spec = RoleSpec(
                 algo.name,
                 role.name,
@@ -267,12 +290,16 @@ def run_training(
                 checkpoint=checkpoint if role.checkpoints else None,
                 nice=nice if role.nice else 0,
                 snapshot=snapshot,
+                limit=limit,
             )
-            procs[name] = start_process(spec, run_dir / "logs" / f"{name}.log", name)
+            procs[name] = start(spec, run_dir / "logs" / f"{name}.log", name)
+            if limit is not None:
+                limited.add(name)
         console.print(
             f"[bold]qrl[/] {algo.name} on {cfg.env}: run {run!r}, "
             f"Redis {redact(url) if redis_url else 'embedded'}, "
-            f"{len(procs)} processes, logs in {run_dir / 'logs'}; "
+            f"{len(procs)} {'roles in one process' if one_process else 'processes'}, "
+            f"logs in {run_dir / 'logs'}; "
             + (
                 "no target"
                 if budget.target_return is None
@@ -315,7 +342,9 @@ def run_training(
                 elif now >= next_line:
                     console.print(" ".join(f"{k}={v}" for k, v in progress.row().items()))
                     next_line = now + 5
-                dead = [n for n, p in procs.items() if p.exitcode is not None]  # none may end
+                ended = {n: p.exitcode for n, p in procs.items() if p.exitcode is not None}
+                done = [n for n, code in ended.items() if code == 0 and n in limited]
+                dead = [n for n in ended if n not in done]  # no other role may end
                 if dead:
                     for name in dead:  # a crash's last line is its exception: say why here
                         why[name] = last = _last_line(run_dir / "logs" / f"{name}.log")
@@ -325,7 +354,7 @@ def run_training(
                     console.print(f"[red]see {run_dir / 'logs'}[/]")
                     failed = True
                     break
-                if reached:
+                if reached or done:  # (done: a role's max_updates)
                     break
                 if budget.max_time is not None and elapsed >= budget.max_time:
                     break
@@ -348,6 +377,7 @@ def run_training(
         failed = True
     finally:
         _shutdown(client, keys, procs, grace=15)
+        roles.close()
         if server is not None:
             server.stop()
     row = progress.row()
