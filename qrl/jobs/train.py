@@ -43,6 +43,7 @@ from qrl.runtime.roles import ENV_STEPS, EVAL_RETURN, TIME, UPDATES
 from qrl.runtime.runlog import Progress, RunLog
 from qrl.runtime.runs import create_run
 from qrl.runtime.tracking import Tracking
+from qrl.runtime.turns import Seat
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.connection import (
     RedisUnavailable,
@@ -183,7 +184,7 @@ def _last_line(path: Path, tail: int = 4096) -> str:
 
 
 def _shutdown(
-    client: redis.Redis | None, keys: RunKeys, procs: dict[str, BaseProcess], grace: float
+    client: redis.Redis | None, keys: RunKeys, procs: dict[str, BaseProcess | Seat], grace: float
 ) -> None:
     if client is not None:
         with contextlib.suppress(redis.RedisError, RedisUnavailable):  # roles stop anyway
@@ -237,9 +238,9 @@ def run_training(
     :func:`qrl.jobs.one_process.refusal`). A role that reached ``budget.max_updates`` ends
     the job."""
     if one_process:
-        why = "--one-process runs every role as this process's user: no --acl" if acl else None
-        if why := why or refusal(algo, cfg):
-            raise OneProcessRefused(why)
+        no = "--one-process runs every role as this process's user: no --acl" if acl else None
+        if no := no or refusal(algo, cfg):
+            raise OneProcessRefused(no)
     console = console or Console(stderr=True)
     evaluator = Evaluator(algo, cfg, budget.eval_episodes, budget.eval_env)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -252,7 +253,7 @@ def run_training(
     # and a QRL_REDIS_PASSWORD meant for another Redis does not apply to it
     server = None if redis_url else EmbeddedRedis(password=secrets.token_urlsafe(16)).start()
     url = redis_url or server.url  # type: ignore[union-attr]
-    procs: dict[str, BaseProcess] = {}
+    procs: dict[str, BaseProcess | Seat] = {}
     client = None
     reached = False
     failed = False
@@ -262,8 +263,8 @@ def run_training(
     stop = None
     limited: set[str] = set()  # the roles stopped by budget.max_updates
     roles = contextlib.ExitStack()  # a one-process run's seats and logs, closed last
-    start = roles.enter_context(seated()) if one_process else start_process
     try:
+        start = roles.enter_context(seated()) if one_process else start_process
         client = connect(url)
         create_run(client, keys, algo.name, cfg)
         clear_stop(client, keys)  # a rerun of a stopped run starts afresh
@@ -308,7 +309,8 @@ def run_training(
             )
         )
         next_eval = time.monotonic() + budget.eval_every
-        interactive = console.is_terminal
+        # (one process: lines, no live table redrawn by a thread of its own over a debugger's)
+        interactive = console.is_terminal and not one_process
         next_line = time.monotonic() + 5
         with (
             RunLog(run_dir, tracking=tracking, run=run, config=run_config) as runlog,
