@@ -2,7 +2,8 @@
 (:mod:`qrl.replay.sampler`) and the unroll learners' loader (:mod:`qrl.learners.loader`).
 
 :class:`Feed` is the learner's side: it starts them (``spawn``: fresh interpreters, not
-forks of a learner with live torch threads and Redis pools), takes what they hand over,
+forks of a learner with live torch threads and Redis pools; in a one-process run, threads
+seated after the learner's: :meth:`qrl.wire.clock.Clock.helpers`), takes what they hand over,
 turns a process that died or gave up into a ``RuntimeError`` that names it, and stops them.
 :func:`feeding` is a process's side: it dies with a SIGKILLed learner, runs as a batch
 process (below) and, if it fails, tells the learner why before it exits.

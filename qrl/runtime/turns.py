@@ -192,6 +192,7 @@ class Table:
 
     @staticmethod
     def _descends(seat: Seat | None, parent: Seat | None) -> bool:
+        """Whether ``seat`` was started from ``parent``, or from a seat started from it."""
         while seat is not None:
             seat = seat.parent
             if seat is parent:
