@@ -79,9 +79,10 @@ class Channel:
 
     def get(self, timeout: float) -> Any | None:
         """The next whole message, ``None`` if none is whole within ``timeout``."""
-        end = clock.now() + timeout
+        c = clock.current()
+        end = c.now() + timeout
         while (n := self._whole()) is None:
-            if not self._wait(end):
+            if not self._wait(c, end):
                 return None
             self._read()
         msg = msgpack.unpackb(self._buf[_HEAD.size : n])
@@ -100,10 +101,9 @@ class Channel:
             self._poll.register(self._r.fileno(), select.POLLIN)
         return bool(self._poll.poll(timeout * 1e3))
 
-    def _wait(self, end: float) -> bool:
-        """Whether the pipe holds bytes to read before ``end`` (a time of the clock,
+    def _wait(self, c: clock.Clock, end: float) -> bool:
+        """Whether the pipe holds bytes to read before ``end`` (a time of the clock ``c``,
         :mod:`qrl.wire.clock`)."""
-        c = clock.current()
         if self.nap:
             naps_end, nap = min(end, c.now() + self.naps), NAP_FIRST
             while not self._readable(0.0):
