@@ -5,9 +5,10 @@ step at a time and the values of its reports; :func:`run_role` owns everything a
 the stop check, live config changes handed to the role between steps, the rate arithmetic,
 the once-a-second metrics report that also refreshes the process's heartbeat, the
 checkpoint timer, leaving ``qrl status`` on a clean stop, the stop summary in the log,
-riding out a step Redis refused (NOPERM: retried with backoff, one warning a minute), and
+riding out a step Redis refused (NOPERM: retried with backoff, one warning a minute),
 failure propagation (a role whose data thread failed ends the process with an error, not
-silently).
+silently), and in a one-process run the next role's turn after each step
+(:mod:`qrl.runtime.turns`).
 """
 
 from __future__ import annotations
