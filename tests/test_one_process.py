@@ -9,9 +9,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,6 +32,19 @@ from tests.cli import qrl
 # filling to learning_starts, PPO's paced rollouts)
 UPDATES = {"apex": 40, "impala": 20, "ppo": 6, "es": 6, "r2d2": 10, "apex-dpg": 20}
 ENVS = {"apex-dpg": "Pendulum-v1"}
+
+
+@pytest.fixture(autouse=True)
+def _process_state() -> Any:
+    """What a run in this process leaves set process-wide goes back after each test: the
+    job's SIGINT/SIGTERM handlers, torch's threads and generator (the learner seeds it)."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    threads, rng = torch.get_num_threads(), torch.random.get_rng_state()
+    yield
+    for s, handler in handlers.items():
+        signal.signal(s, handler)
+    torch.set_num_threads(threads)
+    torch.random.set_rng_state(rng)
 
 
 def one_process(algo: str, run_dir: Path, seed: int = 0) -> int:
