@@ -16,7 +16,6 @@ every slot starts on the new parameters.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from qrl.algos.es.strategy import NoiseTable, PolicySpec, normalize
 from qrl.rl.envs import make_env
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.loop import Role, StopCheck
+from qrl.wire import clock
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
 from qrl.wire.streams import StreamProducer
@@ -146,7 +146,7 @@ class ESWorker(Role):
         observation sums of exactly its episodes (the count: their steps, which the master
         checks)."""
         pairs, self.done_pairs = self.done_pairs, []
-        self.last_push = time.monotonic()
+        self.last_push = clock.now()
         size = pairs_per_message(self.cfg)
         for start in range(0, len(pairs), size):
             chunk = pairs[start : start + size]
@@ -181,7 +181,7 @@ class ESWorker(Role):
             elif should_stop():
                 return False
             else:
-                time.sleep(0.05)
+                clock.sleep(0.05)
         self._reset_generation()
         return True
 
@@ -203,7 +203,7 @@ class ESWorker(Role):
         for j in ended:
             self._finish(j)
             self._assign(j)  # resets the env with the next job's seed
-        now = time.monotonic()
+        now = clock.now()
         if (
             len(self.done_pairs) >= self.cfg.batch_pairs
             and now - self.last_push >= self.cfg.push_interval

@@ -22,6 +22,7 @@ import redis
 
 from qrl.algos.apex_family.config import ReplayConfig
 from qrl.replay.shards import shard_of_slots
+from qrl.wire import clock
 from qrl.wire.codec import encode
 from qrl.wire.faults import repaired, warn_every
 from qrl.wire.keys import RunKeys
@@ -147,7 +148,7 @@ class RateLimit:
         while total > self.cfg.learning_starts + spu * max(version, 0):
             if should_stop():
                 return False
-            time.sleep(0.005)
+            clock.sleep(0.005)
             version = progress()
             total = self.env_steps(steps)
         self.throttled_s += time.monotonic() - t0

@@ -11,8 +11,6 @@ cannot race ahead of learners that share their CPU."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import redis
 
@@ -22,6 +20,7 @@ from qrl.algos.ppo.keys import rollouts
 from qrl.algos.ppo.messages import rollout_schema
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.loop import StopCheck
+from qrl.wire import clock
 from qrl.wire.keys import RunKeys
 
 
@@ -42,7 +41,7 @@ class PPOActor(UnrollActor):
         self.most = self.share * (1 + cfg.batches_ahead)
         self.credit = self.most  # entries it may send before a new version comes
         self.paced_s = 0.0
-        self.version_at, self.interval = time.monotonic(), 1.0  # seconds between versions
+        self.version_at, self.interval = clock.now(), 1.0  # seconds between versions
         self.unpaced = 0  # entries sent without credit because no new version came
 
     def refresh_weights(self) -> bool:
@@ -51,7 +50,7 @@ class PPOActor(UnrollActor):
             return False
         if before >= 0:  # a share per version published since (the first weights: none)
             self.credit = min(self.most, self.credit + self.share * (self.version - before))
-        now = time.monotonic()
+        now = clock.now()
         self.interval = 0.8 * self.interval + 0.2 * (now - self.version_at)
         self.version_at = now
         return True
@@ -60,20 +59,20 @@ class PPOActor(UnrollActor):
         """Wait until this actor may send another entry; False if stopped. If no new version
         comes in three times the usual interval (fewer actors than ``actors`` run, or
         rollouts were lost), it sends one more so the learners can go on."""
-        start = time.monotonic()
+        start = clock.now()
         deadline = start + max(1.0, 3 * self.interval)
         try:
             while self.credit < 1:
                 if should_stop():
                     return False
-                if time.monotonic() > deadline:
+                if clock.now() > deadline:
                     self.unpaced += 1
                     return True
                 if not self.refresh_weights():
-                    time.sleep(0.002)
+                    clock.sleep(0.002)
             return True
         finally:
-            self.paced_s += time.monotonic() - start
+            self.paced_s += clock.now() - start
 
     def advance(self, obs: np.ndarray, should_stop: StopCheck) -> np.ndarray | None:
         if self.cfg.pace_actors and not self._wait_for_credit(should_stop):

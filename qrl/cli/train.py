@@ -54,9 +54,15 @@ _job_options = stack(
         "--max-time",
         type=float,
         default=None,
-        help="Wall-clock budget in seconds (default 90 unless --max-steps).",
+        help="Wall-clock budget in seconds (default 90 unless --max-steps or --max-updates).",
     ),
     click.option("--max-steps", type=int, default=None, help="Env-step budget."),
+    click.option(
+        "--max-updates",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Stop once the learner made this many updates (exactly: it stops itself).",
+    ),
     click.option(
         "--eval-every",
         type=float,
@@ -102,6 +108,16 @@ _job_options = stack(
         "role needs (each actor, stepper or worker its own number's keys); passwords in "
         "RUN_DIR/acl. Needs Redis 7 or later (--redis, or QRL_REDIS_SERVER for the embedded one).",
     ),
+    click.option(
+        "--one-process",
+        is_flag=True,
+        help="Run every role in this one process: threads that take turns in a fixed order "
+        "(a step of each role in turn; a role that would wait hands its turn on), so the run "
+        "is deterministic for a seed: the same seed and config give the same weights after "
+        "the same updates (with --max-updates N, the same checkpoint). For a debugger's "
+        "breakpoints in any role and for reproducible runs; it uses one core. It runs one "
+        "learner and roles that can take turns (no parameter server, no central inference).",
+    ),
     track_options,
 )
 
@@ -121,12 +137,14 @@ def train_command(algo: Algorithm) -> click.Command:
         target_return: float | None,
         max_time: float | None,
         max_steps: int | None,
+        max_updates: int | None,
         eval_every: float,
         eval_episodes: int,
         confirm_episodes: int,
         actor_nice: int,
         eval_env: str | None,
         acl: bool,
+        one_process: bool,
         track: bool,
         wandb_project: str,
         wandb_entity: str | None,
@@ -150,8 +168,9 @@ def train_command(algo: Algorithm) -> click.Command:
                 raise ConfigProblem(f"--eval-env: {e}") from None
         budget = Budget(
             target_return if target_return is not None else default_target(eval_env or cfg.env),
-            max_time if max_time is not None else (None if max_steps else 90.0),
+            max_time if max_time is not None else (None if max_steps or max_updates else 90.0),
             max_steps,
+            max_updates,
             eval_every,
             eval_episodes,
             confirm_episodes,
@@ -164,6 +183,7 @@ def train_command(algo: Algorithm) -> click.Command:
                 err=True,
             )
         from qrl.jobs.acl import AclRefused
+        from qrl.jobs.train import OneProcessRefused
         from qrl.runtime.runs import RunExists, RunUnreadable
 
         try:
@@ -178,8 +198,10 @@ def train_command(algo: Algorithm) -> click.Command:
                 tracking=track_to,
                 nice=actor_nice,
                 acl=acl,
+                one_process=one_process,
             )
-        except (RunExists, RunUnreadable, AclRefused) as e:  # e.g. --run names another run
+        # e.g. --run names another run, or --one-process a run it cannot run
+        except (RunExists, RunUnreadable, AclRefused, OneProcessRefused) as e:
             raise ConfigProblem(str(e)) from None
         sys.exit(code)
 

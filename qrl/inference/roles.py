@@ -37,6 +37,7 @@ def stepper_role(algo: str) -> RoleDef:
         when=central,
         shown=("version", "rtt_p50_ms", "rtt_p99_ms", "resent"),
         access=Access((), (), STEPPER_COMMANDS, mine=STEPPER_LISTS),
+        turns=False,  # it waits for its actions in a blocking Redis pop
     )
 
 

@@ -44,6 +44,7 @@ from qrl.runtime.live import LiveConfig
 from qrl.runtime.loop import RoleFailed
 from qrl.runtime.runs import RunNotFound, load_run, load_run_config
 from qrl.runtime.tracking import Tracking
+from qrl.runtime.turns import Seat, Table
 from qrl.server.embedded import die_with_parent
 from qrl.wire.codec import CodecError
 from qrl.wire.connection import RedisUnavailable, connect, failure_exit, url_user
@@ -92,13 +93,14 @@ class RoleSpec:
     env_modules: tuple[str, ...] = field(default_factory=allowed_env_modules)
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"
+LOG_DATES = "%H:%M:%S"
+
+
 def setup_logging(level: int, force: bool = True) -> None:
     """qrl's log format at ``level``; without ``force``, only if logging is not set up yet."""
     logging.basicConfig(
-        level=max(level, logging.DEBUG),
-        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
-        datefmt="%H:%M:%S",
-        force=force,
+        level=max(level, logging.DEBUG), format=LOG_FORMAT, datefmt=LOG_DATES, force=force
     )
 
 
@@ -255,6 +257,13 @@ def start_process(spec: RoleSpec, log_path: Path, name: str) -> multiprocessing.
     return proc  # type: ignore[return-value]
 
 
+def start_seat(table: Table, spec: RoleSpec, name: str) -> Seat:
+    """Run ``spec`` as a thread of this process seated at ``table`` (a one-process run,
+    :mod:`qrl.runtime.turns`): it takes turns with the others, and its handle has the exit
+    code its process would have had."""
+    return table.start(name, partial(role_main, spec))
+
+
 def _process_main(spec: RoleSpec, log_path: Path) -> None:
     die_with_parent()
     fd = open_appending(log_path, 0o644)  # not through a link planted in the run dir
@@ -264,14 +273,23 @@ def _process_main(spec: RoleSpec, log_path: Path) -> None:
     setup_logging(logging.INFO)
     if spec.nice:
         os.nice(spec.nice)
+    if code := role_main(spec):
+        sys.exit(code)
+
+
+def role_main(spec: RoleSpec) -> int:
+    """Run the role of ``spec`` (:func:`run_role`); the exit code of its process: 1 if it
+    could not start or failed, that of :func:`qrl.wire.connection.failure_exit` for Redis
+    lost or refusing."""
     try:
         run_role(spec)
     except (LaunchError, RoleFailed) as e:
         log.error("%s", e)
-        sys.exit(1)
+        return 1
     except Exception as e:
         failure = failure_exit(e)
         if failure is None:
             raise
         log.error("%s", failure[1])
-        sys.exit(failure[0])
+        return failure[0]
+    return 0

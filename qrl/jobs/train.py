@@ -31,6 +31,7 @@ from rich.text import Text
 from qrl.algos import Algorithm
 from qrl.jobs.acl import process_users
 from qrl.jobs.launch import RoleSpec, start_process
+from qrl.jobs.one_process import refusal, seated
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.checkpoint import replace_model
 from qrl.runtime.config import Config
@@ -42,6 +43,7 @@ from qrl.runtime.roles import ENV_STEPS, EVAL_RETURN, TIME, UPDATES
 from qrl.runtime.runlog import Progress, RunLog
 from qrl.runtime.runs import create_run
 from qrl.runtime.tracking import Tracking
+from qrl.runtime.turns import Seat
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.connection import (
     RedisUnavailable,
@@ -57,11 +59,16 @@ from qrl.wire.weights import Weights, WeightStore
 log = logging.getLogger(__name__)
 
 
+class OneProcessRefused(ValueError):
+    """A run that ``--one-process`` cannot run (the message says what it runs)."""
+
+
 @dataclass
 class Budget:
     target_return: float | None = 475.0
     max_time: float | None = 90.0
     max_steps: int | None = None
+    max_updates: int | None = None  # each role that counts updates (learners) stops at this
     eval_every: float = 1.0
     eval_episodes: int = 10
     confirm_episodes: int = 100  # an evaluation that reaches the target is confirmed on these
@@ -119,12 +126,16 @@ class Evaluator:
         """The mean return of a fresh greedy policy of ``w`` over ``episodes`` episodes
         (seeds ``seed + i``) of the evaluation env."""
         import numpy as np
+        import torch
 
         from qrl.rl.evaluate import evaluate
 
         if self.spec is None:
             self.spec = EnvSpec.of(self.cfg.env)
-        act = self.algo.policy(self.cfg, self.spec, w.params)
+        # a fresh network draws its initial parameters from torch's generator: the roles'
+        # own in a one-process run, whose draws must not depend on when evaluations came
+        with torch.random.fork_rng(devices=[]):
+            act = self.algo.policy(self.cfg, self.spec, w.params)
         return float(np.mean(evaluate(self.env, act, episodes, seed=seed)))
 
 
@@ -173,7 +184,7 @@ def _last_line(path: Path, tail: int = 4096) -> str:
 
 
 def _shutdown(
-    client: redis.Redis | None, keys: RunKeys, procs: dict[str, BaseProcess], grace: float
+    client: redis.Redis | None, keys: RunKeys, procs: dict[str, BaseProcess | Seat], grace: float
 ) -> None:
     if client is not None:
         with contextlib.suppress(redis.RedisError, RedisUnavailable):  # roles stop anyway
@@ -207,6 +218,7 @@ def run_training(
     on_tick: Callable[[], None] | None = None,
     acl: bool = False,
     role_urls: dict[tuple[str, int], str] | None = None,
+    one_process: bool = False,
 ) -> int:
     """Run a whole job; returns the exit code: 0 if the target return was reached (with no
     target: if the whole budget ran), 1 if the budget ran out first, 2 if a role failed or the
@@ -220,7 +232,15 @@ def run_training(
     ``acl``: every process connects as a Redis ACL user of its own (passwords in
     ``run_dir/acl``), the job itself as the user of ``redis_url``; ``role_urls``: (role,
     number) -> the URL each process connects with instead (users made beforehand: a PBT
-    trial's, :mod:`qrl.pbt.acl`)."""
+    trial's, :mod:`qrl.pbt.acl`); ``one_process``: the roles run as threads of this process
+    that take turns with the job (:mod:`qrl.runtime.turns`), deterministic for a seed, their
+    logs in the same files (``OneProcessRefused`` if the run cannot,
+    :func:`qrl.jobs.one_process.refusal`). A role that reached ``budget.max_updates`` ends
+    the job."""
+    if one_process:
+        no = "--one-process runs every role as this process's user: no --acl" if acl else None
+        if no := no or refusal(algo, cfg):
+            raise OneProcessRefused(no)
     console = console or Console(stderr=True)
     evaluator = Evaluator(algo, cfg, budget.eval_episodes, budget.eval_env)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -233,7 +253,7 @@ def run_training(
     # and a QRL_REDIS_PASSWORD meant for another Redis does not apply to it
     server = None if redis_url else EmbeddedRedis(password=secrets.token_urlsafe(16)).start()
     url = redis_url or server.url  # type: ignore[union-attr]
-    procs: dict[str, BaseProcess] = {}
+    procs: dict[str, BaseProcess | Seat] = {}
     client = None
     reached = False
     failed = False
@@ -241,7 +261,10 @@ def run_training(
     confirmed: float | None = None  # the last confirmation's mean return
     progress = Progress(algo.reports)
     stop = None
+    limited: set[str] = set()  # the roles stopped by budget.max_updates
+    roles = contextlib.ExitStack()  # a one-process run's seats and logs, closed last
     try:
+        start = roles.enter_context(seated()) if one_process else start_process
         client = connect(url)
         create_run(client, keys, algo.name, cfg)
         clear_stop(client, keys)  # a rerun of a stopped run starts afresh
@@ -257,6 +280,7 @@ def run_training(
         disconnect(client)  # forked roles inherit no open connection
         for role, i in algo.processes(cfg):
             name = f"{role.name}{i}" if role.count else role.name
+            limit = budget.max_updates if role.limit == "updates" else None
             spec = RoleSpec(
                 algo.name,
                 role.name,
@@ -267,12 +291,16 @@ def run_training(
                 checkpoint=checkpoint if role.checkpoints else None,
                 nice=nice if role.nice else 0,
                 snapshot=snapshot,
+                limit=limit,
             )
-            procs[name] = start_process(spec, run_dir / "logs" / f"{name}.log", name)
+            procs[name] = start(spec, run_dir / "logs" / f"{name}.log", name)
+            if limit is not None:
+                limited.add(name)
         console.print(
             f"[bold]qrl[/] {algo.name} on {cfg.env}: run {run!r}, "
             f"Redis {redact(url) if redis_url else 'embedded'}, "
-            f"{len(procs)} processes, logs in {run_dir / 'logs'}; "
+            f"{len(procs)} {'roles in one process' if one_process else 'processes'}, "
+            f"logs in {run_dir / 'logs'}; "
             + (
                 "no target"
                 if budget.target_return is None
@@ -281,7 +309,8 @@ def run_training(
             )
         )
         next_eval = time.monotonic() + budget.eval_every
-        interactive = console.is_terminal
+        # (one process: lines, no live table redrawn by a thread of its own over a debugger's)
+        interactive = console.is_terminal and not one_process
         next_line = time.monotonic() + 5
         with (
             RunLog(run_dir, tracking=tracking, run=run, config=run_config) as runlog,
@@ -315,7 +344,9 @@ def run_training(
                 elif now >= next_line:
                     console.print(" ".join(f"{k}={v}" for k, v in progress.row().items()))
                     next_line = now + 5
-                dead = [n for n, p in procs.items() if p.exitcode is not None]  # none may end
+                ended = {n: p.exitcode for n, p in procs.items() if p.exitcode is not None}
+                done = [n for n, code in ended.items() if code == 0 and n in limited]
+                dead = [n for n in ended if n not in done]  # no other role may end
                 if dead:
                     for name in dead:  # a crash's last line is its exception: say why here
                         why[name] = last = _last_line(run_dir / "logs" / f"{name}.log")
@@ -325,7 +356,7 @@ def run_training(
                     console.print(f"[red]see {run_dir / 'logs'}[/]")
                     failed = True
                     break
-                if reached:
+                if reached or done:  # (done: a role's max_updates)
                     break
                 if budget.max_time is not None and elapsed >= budget.max_time:
                     break
@@ -348,6 +379,7 @@ def run_training(
         failed = True
     finally:
         _shutdown(client, keys, procs, grace=15)
+        roles.close()
         if server is not None:
             server.stop()
     row = progress.row()

@@ -17,8 +17,6 @@ exactly one batch per version no learner takes another's share.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -29,6 +27,7 @@ import redis
 
 from qrl.replay.feed import Feed, feeding
 from qrl.replay.ring import Column, SlotRing
+from qrl.wire import clock
 from qrl.wire.keys import RunKeys
 from qrl.wire.schema import Schema
 from qrl.wire.streams import Entry, StreamConsumer
@@ -116,7 +115,7 @@ class Loader(Feed):
     """The learner's handle on its loader process, filling a ring of ``slots`` slots."""
 
     def __init__(self, spec: LoaderSpec, slots: int) -> None:
-        ctx = multiprocessing.get_context("spawn")
+        ctx = clock.current().helpers()
         super().__init__(ctx, SlotRing(ctx, spec.columns(), slots), _loader_main, [(spec,)],
                          ["loader process"])  # fmt: skip
         self._cols: dict[tuple[int, int], dict[str, np.ndarray]] = {}
@@ -152,9 +151,7 @@ class Loader(Feed):
 
 
 def _loader_main(spec: LoaderSpec, ring: SlotRing, halt: Any, parent: int) -> None:
-    with feeding(ring, parent):
-        if spec.nice:
-            os.nice(spec.nice)
+    with feeding(ring, parent, spec.nice):
         consumer = StreamConsumer(
             spec.connect(), spec.keys, spec.stream, spec.schema(), count=1, block_ms=100,
             claim_idle_ms=spec.claim_idle_ms,

@@ -2,7 +2,8 @@
 (:mod:`qrl.replay.sampler`) and the unroll learners' loader (:mod:`qrl.learners.loader`).
 
 :class:`Feed` is the learner's side: it starts them (``spawn``: fresh interpreters, not
-forks of a learner with live torch threads and Redis pools), takes what they hand over,
+forks of a learner with live torch threads and Redis pools; in a one-process run, threads
+seated after the learner's: :meth:`qrl.wire.clock.Clock.helpers`), takes what they hand over,
 turns a process that died or gave up into a ``RuntimeError`` that names it, and stops them.
 :func:`feeding` is a process's side: it dies with a SIGKILLed learner, runs as a batch
 process (below) and, if it fails, tells the learner why before it exits.
@@ -22,6 +23,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -99,14 +101,22 @@ def batch_policy(name: str) -> None:
 
 
 @contextlib.contextmanager
-def feeding(ring: SlotRing, parent: int) -> Iterator[None]:
+def feeding(ring: SlotRing, parent: int, nice: int = 0) -> Iterator[None]:
     """A feed process's body runs inside: a SIGKILLed learner (pid ``parent``) takes the
-    process with it, and an exception is logged and sent to the learner as last words."""
-    signal_on_parent_death(signal.SIGKILL)  # a SIGKILLed learner must not leave it behind
-    if os.getppid() != parent:  # the learner died before that took effect
-        os._exit(1)
-    name = multiprocessing.current_process().name
-    batch_policy(name)
+    process with it, it runs as a batch process (``nice`` steps nicer than the learner), and
+    an exception is logged and sent to the learner as last words. A feed in the learner's
+    own process (a thread of a one-process run, :mod:`qrl.runtime.turns`) leaves the
+    process's settings alone."""
+    if os.getpid() == parent:
+        name = threading.current_thread().name
+    else:
+        signal_on_parent_death(signal.SIGKILL)  # a SIGKILLed learner must not leave it behind
+        if os.getppid() != parent:  # the learner died before that took effect
+            os._exit(1)
+        name = multiprocessing.current_process().name
+        batch_policy(name)
+        if nice:
+            os.nice(nice)
     try:
         yield
     except Exception as e:

@@ -23,13 +23,13 @@ import math
 import os
 import select
 import struct
-import time
 from typing import Any
 
 import msgpack
 import numpy as np
 
 from qrl.replay.store import Sample
+from qrl.wire import clock
 
 ALIGN = 64  # each column starts on a cache line
 _HEAD = struct.Struct("!I")  # a message's length
@@ -79,9 +79,10 @@ class Channel:
 
     def get(self, timeout: float) -> Any | None:
         """The next whole message, ``None`` if none is whole within ``timeout``."""
-        end = time.monotonic() + timeout
+        c = clock.current()
+        end = c.now() + timeout
         while (n := self._whole()) is None:
-            if not self._wait(end):
+            if not self._wait(c, end):
                 return None
             self._read()
         msg = msgpack.unpackb(self._buf[_HEAD.size : n])
@@ -100,18 +101,19 @@ class Channel:
             self._poll.register(self._r.fileno(), select.POLLIN)
         return bool(self._poll.poll(timeout * 1e3))
 
-    def _wait(self, end: float) -> bool:
-        """Whether the pipe holds bytes to read before ``end`` (``time.monotonic``)."""
+    def _wait(self, c: clock.Clock, end: float) -> bool:
+        """Whether the pipe holds bytes to read before ``end`` (a time of the clock ``c``,
+        :mod:`qrl.wire.clock`)."""
         if self.nap:
-            naps_end, nap = min(end, time.monotonic() + self.naps), NAP_FIRST
+            naps_end, nap = min(end, c.now() + self.naps), NAP_FIRST
             while not self._readable(0.0):
-                if (left := naps_end - time.monotonic()) <= 0:
+                if (left := naps_end - c.now()) <= 0:
                     break
-                time.sleep(min(nap, left))
+                c.sleep(min(nap, left))
                 nap = min(2 * nap, self.nap)
             else:
                 return True
-        return self._readable(max(0.0, end - time.monotonic()))
+        return c.poll(self._readable, end)
 
     def _read(self) -> None:
         self._buf += os.read(self._r.fileno(), 1 << 16)

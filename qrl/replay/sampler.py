@@ -17,8 +17,6 @@ Redis).
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -30,6 +28,7 @@ from qrl.replay.feed import Feed, feeding
 from qrl.replay.ring import BatchRing
 from qrl.replay.shards import ShardedReplay
 from qrl.replay.store import RecordLayout
+from qrl.wire import clock
 from qrl.wire.keys import RunKeys
 
 log = logging.getLogger(__name__)
@@ -72,7 +71,7 @@ class Sampler(Feed):
     when done)."""
 
     def __init__(self, spec: SamplerSpec, samplers: int = 1, prefetch: int = 4) -> None:
-        ctx = multiprocessing.get_context("spawn")
+        ctx = clock.current().helpers()
         ring = BatchRing(ctx, spec.layout.dtype, spec.batch_size, max(prefetch, samplers),
                          owners=samplers)  # fmt: skip
         names = ["sampler process"] if samplers == 1 else [
@@ -105,7 +104,7 @@ def _sampler_main(spec: SamplerSpec, k: int, ring: BatchRing, halt: Any, parent:
         started = False  # the replay held learning_starts items (then it is not asked again)
         while not halt.is_set():
             if not started and replay.size() < spec.learning_starts:
-                time.sleep(0.05)
+                clock.sleep(0.05)
                 continue
             started = True
             if (given := ring.take(k, timeout=0.1)) is None:
@@ -115,7 +114,7 @@ def _sampler_main(spec: SamplerSpec, k: int, ring: BatchRing, halt: Any, parent:
             while not halt.is_set():
                 s = replay.sample(spec.batch_size, spec.beta, out=ring.view(slot))
                 if s is None:  # all it drew was removed (see qrl.replay.store.screen)
-                    time.sleep(0.01)
+                    clock.sleep(0.01)
                     continue
                 ids[slot] = s.ids
                 ring.put(slot, s)

@@ -102,6 +102,10 @@ class RoleDef:
     # its processes form one pool (a torch.distributed group): the pool's leader writes the
     # checkpoint, and process 0 alone follows the metrics into the run dir
     group: bool = False
+    # its processes can take turns as threads of one process (qrl train --one-process,
+    # qrl.runtime.turns): every wait of theirs reads qrl.wire.clock, none blocks otherwise,
+    # and nothing they compute depends on wall-clock time
+    turns: bool = False
 
     def __post_init__(self) -> None:
         if not _ROLE.fullmatch(self.name):
@@ -127,9 +131,9 @@ def actor_role(
 ) -> RoleDef:
     """A role that plays the env with the published weights (keys ``reads``) and feeds the
     learner (keys ``writes``, with :data:`ACTOR_COMMANDS` only): ``count`` processes,
-    started last, niced in ``qrl train``, stopped by ``--max-steps``; it reports env steps,
-    episode returns, ``shown`` and (``acts_on``) the weights version it acts with. ``more``
-    overrides other fields."""
+    started last, niced in ``qrl train``, stopped by ``--max-steps``, able to take turns in
+    one process; it reports env steps, episode returns, ``shown`` and (``acts_on``) the
+    weights version it acts with. ``more`` overrides other fields."""
     fields: dict[str, Any] = {
         "access": Access(reads, writes, ACTOR_COMMANDS),
         "reports": Reports("steps", shown, ACTOR_PROGRESS, acts_on),
@@ -137,6 +141,7 @@ def actor_role(
         "count": count,
         "limit": "env steps",
         "nice": True,
+        "turns": True,
     }
     return RoleDef(name, command, make, help, **{**fields, **more})
 
@@ -153,9 +158,9 @@ def learner_role(
     **more: Any,
 ) -> RoleDef:
     """The one process that trains and publishes (keys ``writes``): started after the
-    services, a torch device, a checkpoint, the run dir's metrics, ``--max-updates``; it
-    reports its updates, their rate and loss, ``shown`` and ``progress`` besides. ``more``
-    overrides other fields."""
+    services, a torch device, a checkpoint, the run dir's metrics, ``--max-updates``, able to
+    take turns in one process; it reports its updates, their rate and loss, ``shown`` and
+    ``progress`` besides. ``more`` overrides other fields."""
     fields: dict[str, Any] = {
         "access": Access(writes=writes),
         "reports": Reports("updates", shown, LEARNER_PROGRESS + progress),
@@ -164,6 +169,7 @@ def learner_role(
         "checkpoints": True,
         "device": True,
         "logs_run": True,
+        "turns": True,
     }
     return RoleDef(name, command, make, help, **{**fields, **more})
 

@@ -5,9 +5,10 @@ step at a time and the values of its reports; :func:`run_role` owns everything a
 the stop check, live config changes handed to the role between steps, the rate arithmetic,
 the once-a-second metrics report that also refreshes the process's heartbeat, the
 checkpoint timer, leaving ``qrl status`` on a clean stop, the stop summary in the log,
-riding out a step Redis refused (NOPERM: retried with backoff, one warning a minute), and
+riding out a step Redis refused (NOPERM: retried with backoff, one warning a minute),
 failure propagation (a role whose data thread failed ends the process with an error, not
-silently).
+silently), and in a one-process run the next role's turn after each step
+(:mod:`qrl.runtime.turns`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from qrl.runtime.config import Config
 from qrl.runtime.live import LiveConfig
 from qrl.runtime.metrics import report
 from qrl.runtime.status import leave
+from qrl.wire import clock
 from qrl.wire.faults import refused, warn_every
 from qrl.wire.keys import RunKeys
 
@@ -114,6 +116,7 @@ def run_role(
     next_report = now + report_every
     next_ckpt = None if checkpoint_every is None else now + min(first_checkpoint, checkpoint_every)
     pause = 0.1  # after a refused step, doubling up to 5 s while they stay refused
+    turn = clock.current().turn  # in a one-process run: the next role's turn after each step
     try:
         while True:
             if should_stop():
@@ -129,6 +132,7 @@ def run_role(
             try:
                 if not role.step(should_stop):
                     break
+                turn()
                 now = time.monotonic()
                 if now >= next_report:
                     last = _report(role, client, keys, ident, last, now, live)
@@ -176,7 +180,7 @@ def _refused(role: Role, ident: int, error: redis.ResponseError, pause: float) -
         error,
         logger=log,
     )
-    time.sleep(pause)
+    clock.sleep(pause)
     return min(pause * 2, 5.0)
 
 

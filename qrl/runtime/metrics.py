@@ -11,6 +11,7 @@ from typing import Any
 import redis
 
 from qrl.runtime.status import beat
+from qrl.wire import clock
 from qrl.wire import stream_scripts as lua
 from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.faults import repaired, skip_if_full, warn_every, warn_once
@@ -97,15 +98,15 @@ class MetricsReader:
     def read(self, block_ms: int | None = None) -> list[dict[str, Any]]:
         """The reports added since the last read; with ``block_ms``, waits up to that long
         for one (scripts cannot block: it polls, backing off up to 50 ms)."""
-        deadline = time.monotonic() + (block_ms or 0) / 1000
+        deadline = clock.now() + (block_ms or 0) / 1000
         delay = 0.005
         while True:
             out, came = self._read_once()
-            left = deadline - time.monotonic()
+            left = deadline - clock.now()
             if out or (left <= 0 and not came):  # junk only: on to what comes after it
                 return out
             if not came:
-                time.sleep(min(delay, left))
+                clock.sleep(min(delay, left))
                 delay = min(delay * 2, 0.05)
 
     def _read_once(self) -> tuple[list[dict[str, Any]], bool]:

@@ -39,14 +39,14 @@ import contextlib
 import logging
 import os
 import socket
-import time
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from qrl.wire import faults
+from qrl.wire import clock, faults
 from qrl.wire import stream_scripts as lua
 from qrl.wire.cluster import run_scripts
 from qrl.wire.codec import CodecError, Schema, decode
@@ -73,7 +73,11 @@ Rejected = tuple[str, str, bytes | None, int | None]  # an entry's id, why, payl
 
 
 def _consumer_name() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """This process's name in a group; a thread's other than the main one (the roles of a
+    one-process run, :mod:`qrl.runtime.turns`) adds its own, so no two share one."""
+    name = f"{socket.gethostname()}-{os.getpid()}"
+    thread = threading.current_thread()
+    return name if thread is threading.main_thread() else f"{name}-{thread.name}"
 
 
 class StreamProducer:
@@ -120,14 +124,14 @@ class StreamProducer:
         ``None`` without adding if ``should_stop()`` becomes true while waiting, and ``""``
         (dropped, counted, logged) after ``max_wait`` seconds."""
         delay = 0.001
-        start = time.monotonic()
+        start = clock.now()
         while (entry_id := self._try(payload)) is None:
-            waited = time.monotonic() - start
+            waited = clock.now() - start
             if waited > self.max_wait:
                 return self._drop()
             if should_stop is not None and should_stop():
                 return None
-            time.sleep(delay)
+            clock.sleep(delay)
             self.waited_s += delay
             delay = min(delay * 2, self.max_delay)
         return entry_id
@@ -302,7 +306,7 @@ class StreamConsumer:
             self._own_pending, good, _ = self._fetch("own", self._own_pending, count)
             if good:
                 return good
-        now = time.monotonic()
+        now = clock.now()
         if now >= self._next_claim:
             if self._held:  # keep what we hold from going idle (JUSTID: no delivery counted)
                 self.client.xclaim(
@@ -326,11 +330,11 @@ class StreamConsumer:
             if good:
                 self._ahead = good[want:]
                 return good[:want]
-            left = deadline - time.monotonic()
+            left = deadline - clock.now()
             if left <= 0:
                 return []
             if not came:
-                time.sleep(min(delay, left))
+                clock.sleep(min(delay, left))
                 delay = min(delay * 2, 0.02)
 
     def ack(self, entries: Sequence[Entry]) -> None:

@@ -35,6 +35,7 @@ import numpy as np
 import redis
 import torch
 
+from qrl.wire import clock
 from qrl.wire.codec import CodecError, Field, Schema, decode, encode
 from qrl.wire.keys import RunKeys
 from qrl.wire.scripts import Lua
@@ -289,11 +290,11 @@ def wait_for_weights(
     """Call ``refresh`` (load newer weights; True if it did) until the learner has published
     weights, so that everyone acting starts from the same ones; False if stopped first,
     ``RuntimeError`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
+    deadline = clock.now() + timeout
     while not should_stop():
         if refresh():
             return True
-        if time.monotonic() > deadline:
+        if clock.now() > deadline:
             raise RuntimeError(f"no weights published in {timeout:.0f}s: is a learner running?")
-        time.sleep(0.05)
+        clock.sleep(0.05)
     return False

@@ -41,6 +41,7 @@ def replay_role(filler: Callable[[RoleContext], Any]) -> RoleDef:
         order=0,
         count="replays",
         least=lambda cfg: cfg.replay_shards,  # one filler per shard at least
+        turns=True,
     )
 
 
