@@ -201,6 +201,251 @@ def _shutdown(
             p.join(5)
 
 
+@dataclass
+class Launch:
+    """How a job's roles start: ``device`` for those that use torch; the roles that declare
+    ``nice`` (actors) run ``nice`` steps nicer than the rest (the learner first on a shared
+    machine); ``snapshot``: the learner resumes from the snapshot in this file and saves its
+    state there as it stops (population-based training's trials: :mod:`qrl.runtime.snapshot`);
+    ``acl``: every process connects as a Redis ACL user of its own (passwords in
+    ``run_dir/acl``), the job itself as the user of its URL; ``role_urls``: (role, number) ->
+    the URL each process connects with instead (users made beforehand: a PBT trial's,
+    :mod:`qrl.pbt.acl`); ``one_process``: the roles run as threads of this process that take
+    turns with the job (:mod:`qrl.runtime.turns`), deterministic for a seed, their logs in
+    the same files (``OneProcessRefused`` if the run cannot,
+    :func:`qrl.jobs.one_process.refusal`)."""
+
+    device: str = "auto"
+    nice: int = 0
+    snapshot: Path | None = None
+    acl: bool = False
+    role_urls: dict[tuple[str, int], str] | None = None
+    one_process: bool = False
+
+
+class TrainingJob:
+    """One ``qrl train`` job on a Redis at ``url``: :meth:`start` its roles, :meth:`watch`
+    them (progress, evaluations, the budget) until it ends, :meth:`stop` them, and
+    :meth:`finish` (the summary, result.json, the checkpoint that reached the target)."""
+
+    def __init__(
+        self,
+        algo: Algorithm,
+        cfg: Config,
+        budget: Budget,
+        launch: Launch,
+        *,
+        run: str,
+        run_dir: Path,
+        console: Console,
+        interrupted: threading.Event | None = None,
+        on_tick: Callable[[], None] | None = None,
+    ) -> None:
+        if launch.one_process:
+            no = (
+                "--one-process runs every role as this process's user: no --acl"
+                if launch.acl
+                else None
+            )
+            if no := no or refusal(algo, cfg):
+                raise OneProcessRefused(no)
+        self.algo, self.cfg, self.budget, self.launch = algo, cfg, budget, launch
+        self.run, self.run_dir, self.console = run, run_dir, console
+        self.interrupted, self.on_tick = interrupted, on_tick
+        self.keys = RunKeys(run)
+        self.checkpoint = run_dir / "checkpoint.pt"
+        self.run_config = {"algo": algo.name, "run": run, "config": cfg.to_dict()}
+        self.evaluator = Evaluator(algo, cfg, budget.eval_episodes, budget.eval_env)
+        self.progress = Progress(algo.reports)
+        self.client: redis.Redis | None = None
+        self.stop_flag: StopFlag | None = None
+        self.reader: MetricsReader | None = None
+        self.procs: dict[str, BaseProcess | Seat] = {}
+        self.limited: set[str] = set()  # the roles stopped by budget.max_updates
+        self.seats = contextlib.ExitStack()  # a one-process run's seats and logs, closed last
+        self.reached = self.failed = False
+        self.why: dict[str, str] = {}  # a failed role: the last line of its log
+        self.confirmed: float | None = None  # the last confirmation's mean return
+        self.next_eval = 0.0
+
+    def start(self, url: str, shown_url: str) -> None:
+        """Write the run's config (to Redis and the run dir) and start every role."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        write_json(self.run_dir / "config.json", self.run_config)  # not through a planted link
+        launch, keys = self.launch, self.keys
+        start = self.seats.enter_context(seated()) if launch.one_process else start_process
+        self.client = client = connect(url)
+        create_run(client, keys, self.algo.name, self.cfg)
+        clear_stop(client, keys)  # a rerun of a stopped run starts afresh
+        # its stop polls also record each live config change in the run dir
+        live = LiveConfig(client, keys, self.cfg, self.run_dir / "config_changes.jsonl")
+        self.stop_flag = StopFlag(client, keys, live=live, local=self.interrupted)
+        # from now, before any role starts: a rerun of a run (a PBT trial's next segment)
+        # counts its own work, not what earlier jobs of the run reported
+        self.reader = MetricsReader(client, keys)
+        users = {}
+        if launch.acl:
+            users = process_users(client, self.algo, keys, self.cfg, self.run_dir / "acl")
+        urls = {p: with_user(url, u, read_password_file(path)) for p, (u, path) in users.items()}
+        urls |= launch.role_urls or {}
+        disconnect(client)  # forked roles inherit no open connection
+        for role, i in self.algo.processes(self.cfg):
+            name = f"{role.name}{i}" if role.count else role.name
+            limit = self.budget.max_updates if role.limit == "updates" else None
+            spec = RoleSpec(
+                self.algo.name,
+                role.name,
+                self.run,
+                urls.get((role.name, i), url),
+                ident=i,
+                device=launch.device,
+                checkpoint=self.checkpoint if role.checkpoints else None,
+                nice=launch.nice if role.nice else 0,
+                snapshot=launch.snapshot,
+                limit=limit,
+            )
+            self.procs[name] = start(spec, self.run_dir / "logs" / f"{name}.log", name)
+            if limit is not None:
+                self.limited.add(name)
+        budget = self.budget
+        self.console.print(
+            f"[bold]qrl[/] {self.algo.name} on {self.cfg.env}: run {self.run!r}, "
+            f"Redis {shown_url}, {len(self.procs)} "
+            f"{'roles in one process' if launch.one_process else 'processes'}, "
+            f"logs in {self.run_dir / 'logs'}; "
+            + (
+                "no target"
+                if budget.target_return is None
+                else f"target {budget.target_return} (confirmed on {budget.confirm_episodes} "
+                "episodes)"
+            )
+        )
+
+    def watch(self, tracking: Tracking | None) -> None:
+        """Follow the run until its target is reached, its budget runs out, a role fails or
+        it is stopped: progress into the run log and onto the console, evaluations when due."""
+        assert self.stop_flag is not None and self.reader is not None
+        self.next_eval = time.monotonic() + self.budget.eval_every
+        # (one process: lines, no live table redrawn by a thread of its own over a debugger's)
+        interactive = self.console.is_terminal and not self.launch.one_process
+        next_line = time.monotonic() + 5
+        progress = self.progress
+        with (
+            RunLog(self.run_dir, tracking=tracking, run=self.run, config=self.run_config) as runlog,
+            Live(_table(progress, self.run), console=self.console, refresh_per_second=2)
+            if interactive
+            else _Null() as live,
+        ):
+            while not self.stop_flag():
+                for msg in self.reader.read(block_ms=500):
+                    progress.fold(msg)
+                if self.on_tick is not None:
+                    self.on_tick()
+                now = time.monotonic()
+                if now >= self.next_eval:
+                    self.evaluate()
+                runlog.write(progress)
+                if interactive:
+                    live.update(_table(progress, self.run))
+                elif now >= next_line:
+                    self.console.print(" ".join(f"{k}={v}" for k, v in progress.row().items()))
+                    next_line = now + 5
+                if self.ended() or self.reached or self.out_of_budget(now):
+                    break
+            # each role reports once more as it stops: a job that reached its target before a
+            # role's first report still counts that role's work in its last row
+            self.stop()
+            with contextlib.suppress(redis.RedisError, RedisUnavailable):
+                for msg in self.reader.read():
+                    progress.fold(msg)
+            runlog.write(progress, force=True)
+
+    def evaluate(self) -> None:
+        """Evaluate the weights published since the last evaluation, confirm a score that
+        reaches the target; evaluations (and confirmations) take at most ~20% of the time."""
+        t0 = time.monotonic()
+        try:
+            score = self.evaluator(self.client, self.keys)
+        except (ValueError, RuntimeError) as e:  # e.g. weights that do not fit
+            log.warning("evaluation failed: %s", e)
+            score = None
+        target = self.budget.target_return
+        if score is not None:
+            self.progress.record_eval(score)
+            if target is not None and score >= target:
+                self.confirmed = confirm(self.evaluator, self.budget, score, self.console)
+                self.reached = self.confirmed is None or self.confirmed >= target
+        eval_s = time.monotonic() - t0
+        self.next_eval = time.monotonic() + max(self.budget.eval_every, 4 * eval_s)
+
+    def ended(self) -> bool:
+        """Whether a role ended: one that failed (said on the console) or one that reached
+        ``budget.max_updates``; no other role may end."""
+        ended = {n: p.exitcode for n, p in self.procs.items() if p.exitcode is not None}
+        done = [n for n, code in ended.items() if code == 0 and n in self.limited]
+        dead = [n for n in ended if n not in done]
+        for name in dead:  # a crash's last line is its exception: say why here
+            self.why[name] = last = _last_line(self.run_dir / "logs" / f"{name}.log")
+            self.console.print(
+                Text.assemble((f"{name} failed", "red"), f": {last}" if last else "")
+            )
+        if dead:
+            self.console.print(f"[red]see {self.run_dir / 'logs'}[/]")
+            self.failed = True
+        return bool(dead or done)
+
+    def out_of_budget(self, now: float) -> bool:
+        budget = self.budget
+        if budget.max_time is not None and now - self.progress.start >= budget.max_time:
+            return True
+        return budget.max_steps is not None and self.progress.value(ENV_STEPS) >= budget.max_steps
+
+    def stop(self) -> None:
+        """Stop every role (again: harmless), and close a one-process run's seats."""
+        _shutdown(self.client, self.keys, self.procs, grace=15)
+        self.seats.close()
+
+    def finish(self) -> int:
+        """Say how it went, write result.json, keep the weights that reached the target in
+        the checkpoint; the exit code (see :func:`run_training`)."""
+        row, budget = self.progress.row(), self.budget
+        verdict = "reached" if self.reached else "did not reach"
+        target = "no target" if budget.target_return is None else f"target {budget.target_return}"
+        self.console.print(
+            f"{verdict if budget.target_return is not None else 'ran with'} {target} in "
+            f"{row[TIME.name]:.1f}s: "
+            f"eval {row[EVAL_RETURN.name]}, "
+            f"{row[ENV_STEPS.name]} env steps, {row[UPDATES.name]} updates; run dir {self.run_dir}"
+        )
+        if self.stop_flag is not None and self.stop_flag.local.is_set() and not self.reached:
+            self.failed = True  # Ctrl-C / SIGTERM
+        code = self.exit_code()
+        result = {
+            **row,
+            "reached": self.reached,
+            "target": budget.target_return,
+            "confirm_episodes": budget.confirm_episodes,
+            "confirm_return": self.confirmed,
+            "exit_code": code,
+            "failed": self.why,  # each role that failed: its log's last line
+        }
+        write_json(self.run_dir / "result.json", result)
+        if self.reached and self.evaluator.last is not None and self.checkpoint.exists():
+            # the learner kept training after the evaluation that reached the target: keep the
+            # weights that reached it, not whatever came after
+            w = self.evaluator.last
+            replace_model(self.checkpoint, w.params, w.version, w.meta)
+        return code
+
+    def exit_code(self) -> int:
+        if self.reached:
+            return 0
+        if self.failed:
+            return 2
+        return 0 if self.budget.target_return is None else 1  # no target: the budget ran
+
+
 def run_training(
     algo: Algorithm,
     cfg: Config,
@@ -220,196 +465,47 @@ def run_training(
     role_urls: dict[tuple[str, int], str] | None = None,
     one_process: bool = False,
 ) -> int:
-    """Run a whole job; returns the exit code: 0 if the target return was reached (with no
-    target: if the whole budget ran), 1 if the budget ran out first, 2 if a role failed or the
-    job was interrupted. A job that reached its target leaves the weights that reached it in
-    its checkpoint. The processes of the roles that declare ``nice`` (actors) run ``nice`` steps
-    nicer than the rest (the learner first on a shared machine). ``snapshot``: the learner
-    resumes from the snapshot in this file and saves its state there as it stops
-    (population-based training's trials: :mod:`qrl.runtime.snapshot`);
-    ``interrupted``: the event SIGINT/SIGTERM set (the caller's, to see them too);
-    ``on_tick``: called about every half second while the job runs (a PBT slot's lease);
-    ``acl``: every process connects as a Redis ACL user of its own (passwords in
-    ``run_dir/acl``), the job itself as the user of ``redis_url``; ``role_urls``: (role,
-    number) -> the URL each process connects with instead (users made beforehand: a PBT
-    trial's, :mod:`qrl.pbt.acl`); ``one_process``: the roles run as threads of this process
-    that take turns with the job (:mod:`qrl.runtime.turns`), deterministic for a seed, their
-    logs in the same files (``OneProcessRefused`` if the run cannot,
-    :func:`qrl.jobs.one_process.refusal`). A role that reached ``budget.max_updates`` ends
-    the job."""
-    if one_process:
-        no = "--one-process runs every role as this process's user: no --acl" if acl else None
-        if no := no or refusal(algo, cfg):
-            raise OneProcessRefused(no)
+    """Run a whole job (:class:`TrainingJob`) on ``redis_url``, or on an embedded Redis of
+    its own; returns the exit code: 0 if the target return was reached (with no target: if
+    the whole budget ran), 1 if the budget ran out first, 2 if a role failed or the job was
+    interrupted. A job that reached its target leaves the weights that reached it in its
+    checkpoint. ``interrupted``: the event SIGINT/SIGTERM set (the caller's, to see them
+    too); ``on_tick``: called about every half second while the job runs (a PBT slot's
+    lease); the rest says how the roles start (:class:`Launch`). A role that reached
+    ``budget.max_updates`` ends the job."""
     console = console or Console(stderr=True)
-    evaluator = Evaluator(algo, cfg, budget.eval_episodes, budget.eval_env)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs").mkdir(exist_ok=True)
-    run_config = {"algo": algo.name, "run": run, "config": cfg.to_dict()}
-    write_json(run_dir / "config.json", run_config)  # not through a planted link
-    keys = RunKeys(run)
-    checkpoint = run_dir / "checkpoint.pt"
+    launch = Launch(device, nice, snapshot, acl, role_urls, one_process)
+    job = TrainingJob(
+        algo,
+        cfg,
+        budget,
+        launch,
+        run=run,
+        run_dir=run_dir,
+        console=console,
+        interrupted=interrupted,
+        on_tick=on_tick,
+    )
     # the embedded Redis has a password of its own: no other user of the machine gets in,
     # and a QRL_REDIS_PASSWORD meant for another Redis does not apply to it
     server = None if redis_url else EmbeddedRedis(password=secrets.token_urlsafe(16)).start()
     url = redis_url or server.url  # type: ignore[union-attr]
-    procs: dict[str, BaseProcess | Seat] = {}
-    client = None
-    reached = False
-    failed = False
-    why: dict[str, str] = {}  # a failed role: the last line of its log
-    confirmed: float | None = None  # the last confirmation's mean return
-    progress = Progress(algo.reports)
-    stop = None
-    limited: set[str] = set()  # the roles stopped by budget.max_updates
-    roles = contextlib.ExitStack()  # a one-process run's seats and logs, closed last
     try:
-        start = roles.enter_context(seated()) if one_process else start_process
-        client = connect(url)
-        create_run(client, keys, algo.name, cfg)
-        clear_stop(client, keys)  # a rerun of a stopped run starts afresh
-        # its stop polls also record each live config change in the run dir
-        live = LiveConfig(client, keys, cfg, run_dir / "config_changes.jsonl")
-        stop = StopFlag(client, keys, live=live, local=interrupted)
-        # from now, before any role starts: a rerun of a run (a PBT trial's next segment)
-        # counts its own work, not what earlier jobs of the run reported
-        reader = MetricsReader(client, keys)
-        users = process_users(client, algo, keys, cfg, run_dir / "acl") if acl else {}
-        urls = {p: with_user(url, u, read_password_file(path)) for p, (u, path) in users.items()}
-        urls |= role_urls or {}
-        disconnect(client)  # forked roles inherit no open connection
-        for role, i in algo.processes(cfg):
-            name = f"{role.name}{i}" if role.count else role.name
-            limit = budget.max_updates if role.limit == "updates" else None
-            spec = RoleSpec(
-                algo.name,
-                role.name,
-                run,
-                urls.get((role.name, i), url),
-                ident=i,
-                device=device,
-                checkpoint=checkpoint if role.checkpoints else None,
-                nice=nice if role.nice else 0,
-                snapshot=snapshot,
-                limit=limit,
-            )
-            procs[name] = start(spec, run_dir / "logs" / f"{name}.log", name)
-            if limit is not None:
-                limited.add(name)
-        console.print(
-            f"[bold]qrl[/] {algo.name} on {cfg.env}: run {run!r}, "
-            f"Redis {redact(url) if redis_url else 'embedded'}, "
-            f"{len(procs)} {'roles in one process' if one_process else 'processes'}, "
-            f"logs in {run_dir / 'logs'}; "
-            + (
-                "no target"
-                if budget.target_return is None
-                else f"target {budget.target_return} (confirmed on {budget.confirm_episodes} "
-                "episodes)"
-            )
-        )
-        next_eval = time.monotonic() + budget.eval_every
-        # (one process: lines, no live table redrawn by a thread of its own over a debugger's)
-        interactive = console.is_terminal and not one_process
-        next_line = time.monotonic() + 5
-        with (
-            RunLog(run_dir, tracking=tracking, run=run, config=run_config) as runlog,
-            Live(_table(progress, run), console=console, refresh_per_second=2, transient=False)
-            if interactive
-            else _Null() as live,
-        ):
-            while not stop():
-                for msg in reader.read(block_ms=500):
-                    progress.fold(msg)
-                if on_tick is not None:
-                    on_tick()
-                now = time.monotonic()
-                elapsed = now - progress.start
-                if now >= next_eval:
-                    try:
-                        score = evaluator(client, keys)
-                    except (ValueError, RuntimeError) as e:  # e.g. weights that do not fit
-                        log.warning("evaluation failed: %s", e)
-                        score = None
-                    if score is not None:
-                        progress.record_eval(score)
-                        if budget.target_return is not None and score >= budget.target_return:
-                            confirmed = confirm(evaluator, budget, score, console)
-                            reached = confirmed is None or confirmed >= budget.target_return
-                    eval_s = time.monotonic() - now  # evaluate (and confirm) <= ~20% of the time
-                    next_eval = time.monotonic() + max(budget.eval_every, 4 * eval_s)
-                runlog.write(progress)
-                if interactive:
-                    live.update(_table(progress, run))
-                elif now >= next_line:
-                    console.print(" ".join(f"{k}={v}" for k, v in progress.row().items()))
-                    next_line = now + 5
-                ended = {n: p.exitcode for n, p in procs.items() if p.exitcode is not None}
-                done = [n for n, code in ended.items() if code == 0 and n in limited]
-                dead = [n for n in ended if n not in done]  # no other role may end
-                if dead:
-                    for name in dead:  # a crash's last line is its exception: say why here
-                        why[name] = last = _last_line(run_dir / "logs" / f"{name}.log")
-                        console.print(
-                            Text.assemble((f"{name} failed", "red"), f": {last}" if last else "")
-                        )
-                    console.print(f"[red]see {run_dir / 'logs'}[/]")
-                    failed = True
-                    break
-                if reached or done:  # (done: a role's max_updates)
-                    break
-                if budget.max_time is not None and elapsed >= budget.max_time:
-                    break
-                if budget.max_steps is not None and progress.value(ENV_STEPS) >= budget.max_steps:
-                    break
-            # each role reports once more as it stops: a job that reached its target before a
-            # role's first report still counts that role's work in its last row
-            _shutdown(client, keys, procs, grace=15)
-            with contextlib.suppress(redis.RedisError, RedisUnavailable):
-                for msg in reader.read():
-                    progress.fold(msg)
-            runlog.write(progress, force=True)
+        job.start(url, redact(url) if redis_url else "embedded")
+        job.watch(tracking)
     except KeyboardInterrupt:
         console.print("interrupted")
-        failed = True
+        job.failed = True
     except RedisUnavailable as e:  # stopped while Redis is away: end now (else: exit 3)
-        if stop is None or not stop.local.is_set():
+        if job.stop_flag is None or not job.stop_flag.local.is_set():
             raise
         console.print(f"interrupted; {e}")
-        failed = True
+        job.failed = True
     finally:
-        _shutdown(client, keys, procs, grace=15)
-        roles.close()
+        job.stop()
         if server is not None:
             server.stop()
-    row = progress.row()
-    verdict = "reached" if reached else "did not reach"
-    target = "no target" if budget.target_return is None else f"target {budget.target_return}"
-    console.print(
-        f"{verdict if budget.target_return is not None else 'ran with'} {target} in "
-        f"{row[TIME.name]:.1f}s: "
-        f"eval {row[EVAL_RETURN.name]}, "
-        f"{row[ENV_STEPS.name]} env steps, {row[UPDATES.name]} updates; run dir {run_dir}"
-    )
-    if stop is not None and stop.local.is_set() and not reached:
-        failed = True  # Ctrl-C / SIGTERM
-    code = 0 if reached else 2 if failed else 0 if budget.target_return is None else 1
-    result = {
-        **row,
-        "reached": reached,
-        "target": budget.target_return,
-        "confirm_episodes": budget.confirm_episodes,
-        "confirm_return": confirmed,
-        "exit_code": code,
-        "failed": why,  # each role that failed: its log's last line
-    }
-    write_json(run_dir / "result.json", result)
-    if reached and evaluator.last is not None and checkpoint.exists():
-        # the learner kept training after the evaluation that reached the target: keep the
-        # weights that reached it, not whatever came after
-        w = evaluator.last
-        replace_model(checkpoint, w.params, w.version, w.meta)
-    return code
+    return job.finish()
 
 
 class _Null:
