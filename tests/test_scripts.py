@@ -1,8 +1,9 @@
 """qrl's Lua scripts (:mod:`qrl.wire.scripts`): one registry holds every script qrl runs,
-each loads into Redis 6.2 and 7, and a role's ACL user may run exactly these: no EVAL, no
-script of its own, no SCRIPT LOAD or FUNCTION (issue 68, finding 1: one role's Lua loop
-stalled every client of the Redis, and SCRIPT KILL could not end it). A role whose Redis lost
-the scripts waits for the admin to load them again. Real redis-servers."""
+each loads into Redis 6.2 and 7, and a role's ACL user may run those its role declares and
+no others: no EVAL, no script of its own, no SCRIPT LOAD or FUNCTION (issue 68, finding 1:
+one role's Lua loop stalled every client of the Redis, and SCRIPT KILL could not end it),
+none of qrl's it does not run. A role whose Redis lost the scripts waits for the admin to
+load them again. Real redis-servers."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 import redis
 
 from qrl.algos import ALGOS
-from qrl.jobs.acl import create_users
+from qrl.jobs.acl import create_users, role_access
 from qrl.runtime import live
 from qrl.runtime.ids import KEEP
 from qrl.server.embedded import EmbeddedRedis
@@ -113,6 +114,51 @@ def test_no_roles_user_runs_lua_of_its_own(algo, tmp_path):
             assert KEEP(user, [own], ["me", 10, "keep"]) == 1, role
             assert live._read(live._ReadOnly(user), keys, b"").stop == 0
         assert admin.ping()
+
+
+@pytest.mark.parametrize("algo", sorted(ALGOS))
+def test_a_roles_user_may_run_only_the_scripts_its_role_declares(algo, tmp_path):
+    """Each role's user (``qrl run create --acl``, Redis 7) may EVALSHA the scripts its role
+    runs (declared, and every role's) and is refused every other of qrl's (``ACL DRYRUN``:
+    nothing runs)."""
+    run = f"only-{algo}"
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
+        admin = connect(server.url)
+        users = create_users(admin, ALGOS[algo], RunKeys(run), tmp_path / "pw")
+        for role in ALGOS[algo].roles:
+            declared = role_access(role).scripts
+            for name, script in every_script().items():
+                dry = ("ACL", "DRYRUN", users[role.name][0], "EVALSHA", script.sha, "0")
+                allowed = admin.execute_command(*dry) in (b"OK", "OK")
+                assert allowed == (name in declared), (role.name, name)
+
+
+def test_an_actors_user_is_refused_the_replays_sampling_and_says_which_script(tmp_path, caplog):
+    """An Ape-X actor never samples the replay: its user's EVALSHA of the sampling script
+    is refused (NOPERM), on keys it may write too, and the log names the script; the
+    learner's runs it."""
+    run, keys = "sampling", RunKeys("sampling")
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
+        users = _users(server, "apex", run, tmp_path / "pw")
+        sampling = every_script()["replay.fetch_ranks"]
+        args = ["desc", "0", 16]  # rank 0 of an empty replay, records of 16 bytes
+        own = [keys.lease("actor", 1), keys.lease("actor", 2)]  # (empty) keys it may write
+        refused = pytest.raises(redis.exceptions.NoPermissionError, match="'evalsha' command")
+        with caplog.at_level(logging.WARNING, logger="qrl"), refused:
+            sampling(users["actor"], own, args)
+        assert "may not run qrl's script replay.fetch_ranks" in caplog.text
+        n, *_ = sampling(users["learner"], [keys.replay_priorities, keys.replay_data], args)
+        assert n == 0
+
+
+def test_every_script_is_run_by_someone_who_declares_it():
+    """Every script of qrl's is declared by a role of an algorithm or a population's users
+    (:mod:`qrl.pbt.acl`), and every declared name is a script's."""
+    from qrl.jobs.acl import job_scripts
+    from qrl.pbt.acl import CONTROLLER_SCRIPTS, WORKER_SCRIPTS
+
+    jobs = {name for algo in ALGOS.values() for name in job_scripts(algo)}
+    assert jobs | {*WORKER_SCRIPTS, *CONTROLLER_SCRIPTS} == set(every_script())
 
 
 @BY_VERSION

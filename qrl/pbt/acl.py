@@ -18,7 +18,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qrl.jobs.acl import has_selectors, role_passwords, set_user, setuser_args, user_name
+from qrl.algos import ALGOS
+from qrl.jobs.acl import (
+    has_selectors,
+    job_scripts,
+    role_passwords,
+    set_user,
+    setuser_args,
+    user_name,
+)
 from qrl.pbt.config import PBTConfig
 from qrl.runtime.roles import Access
 from qrl.wire.connection import read_password_file, with_user
@@ -27,6 +35,12 @@ from qrl.wire.scripts import load_scripts
 
 CONTROLLER = "controller"
 WORKER = "worker"
+# the scripts of qrl's each user runs besides: a worker its trial's whole job (every role of
+# its segments, qrl train's own: qrl.jobs.acl.job_scripts), its lease and the exploit (the
+# better trial's weights, the explored values: qrl.pbt.exploit); the controller reads the
+# trials' live config and evaluates their weights (dead-lettering a blob that fails)
+WORKER_SCRIPTS = ("pbt.take", "pbt.hold", "weights.publish", "live.set")
+CONTROLLER_SCRIPTS = ("live.read", "streams.dead_letter")
 
 
 class AccessRefused(ValueError):
@@ -52,12 +66,15 @@ def create_users(client: Any, pcfg: PBTConfig, folder: Path) -> dict[str, tuple[
     population = RunKeys(pcfg.name)
     users = {CONTROLLER: (user_name(pcfg.name, CONTROLLER), files[CONTROLLER])}
     users |= {t: (trial_user(t), files[t]) for t in trials}
+    worker = (*job_scripts(ALGOS[pcfg.algo]), *WORKER_SCRIPTS)
     for who, (user, path) in users.items():
         own = population if who == CONTROLLER else RunKeys(who)
         others = [k for k in (population, *map(RunKeys, trials)) if k != own]
-        args = setuser_args(own, Access(writes=("*",)), user, read_password_file(path), True)
+        scripts = CONTROLLER_SCRIPTS if who == CONTROLLER else worker
+        access = Access(writes=("*",), scripts=scripts)
+        args = setuser_args(own, access, user, read_password_file(path), True)
         set_user(client, [*args, *(f"%R~{p}" for k in others for p in k.acl_patterns())])
-    load_scripts(client)  # its users may run qrl's scripts, not load them
+    load_scripts(client)  # its users may run their scripts, not load them
     return users
 
 

@@ -1,8 +1,10 @@
 """Every Lua script qrl runs, each declared once (:class:`Lua`: a name, one fixed text and
 its SHA1), so the complete set is known without running anything (:func:`every_script`).
-A role's ACL user (:mod:`qrl.jobs.acl`) may run exactly these, by SHA (``+evalsha|SHA``):
-no EVAL, no SCRIPT LOAD, no FUNCTION, so no Lua of its own (an endless loop stalls the whole
-Redis, and SCRIPT KILL cannot stop one that wrote).
+A role's ACL user (:mod:`qrl.jobs.acl`) may run those of them its role declares (by name,
+``Access.scripts``), by SHA (``+evalsha|SHA``): no EVAL, no SCRIPT LOAD, no FUNCTION, so no
+Lua of its own (an endless loop stalls the whole Redis, and SCRIPT KILL cannot stop one that
+wrote). A refused EVALSHA is logged with the script's name (:meth:`Lua.refused`): a role
+that runs a script it does not declare says so.
 
 A script's text never depends on a config: what differs per run goes in ARGV.
 
@@ -27,7 +29,7 @@ from redis.cluster import ClusterPipeline, RedisCluster
 from redis.exceptions import NoPermissionError, NoScriptError
 
 from qrl.wire.cluster import ClusterClient
-from qrl.wire.faults import awaiting_scripts
+from qrl.wire.faults import awaiting_scripts, warn_every
 
 # the modules that declare scripts: every_script() imports them. They sit in every layer (a
 # script lives beside the code that runs it), so they are named here rather than imported;
@@ -73,8 +75,25 @@ class Lua:
         except NoScriptError:
             with contextlib.suppress(NoPermissionError):  # a role's user: the admin loads
                 client.script_load(self.text)
+        except NoPermissionError as e:
+            self.refused(e)
+            raise
         with awaiting_scripts():
             return client.execute_command(*call)
+
+    def refused(self, error: Exception) -> None:
+        """Log (once a minute) that this user may not run this script, where ``error`` is
+        Redis's refusal of EVALSHA (Redis's own words name no script). That is never what
+        data did, but a rule that lacks the script: its role's ``Access.scripts`` (a role
+        that runs a script it does not declare), or users made by another qrl. A refused
+        EVALSHA_RO is not: a client falls back to EVALSHA (:mod:`qrl.runtime.live`)."""
+        if isinstance(error, NoPermissionError) and "'evalsha' command" in str(error):
+            warn_every(
+                f"script:{self.name}",
+                "NOPERM: this user may not run qrl's script %s (its role's Access.scripts "
+                "lacks it, or its ACL rule was made by another version of qrl)",
+                self.name,
+            )
 
     def on(self, client: Any) -> Bound:
         """This script bound to ``client``."""
@@ -93,6 +112,10 @@ class Bound:
     def queue(self, pipe: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Queue it on ``pipe``, a pipeline of the client's."""
         return self.script(pipe, keys, args)
+
+    def refused(self, error: Exception) -> None:
+        """:meth:`Lua.refused`, for a reply of a pipeline it was queued on."""
+        self.script.refused(error)
 
 
 def every_script() -> dict[str, Lua]:
