@@ -7,6 +7,7 @@ load them again. Real redis-servers."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import logging
 import os
@@ -37,15 +38,16 @@ BY_VERSION = pytest.mark.parametrize(
 LOOP = "redis.call('SET', KEYS[1], '1') for i = 1, 1e8 do end return 1"
 FUNCTION = "#!lua name=mine\nredis.register_function('mine', function() return 1 end)"
 # running Lua other than by EVALSHA of qrl's: the module's own name for it
+LUA_FILES = sorted((ROOT / "qrl" / "wire" / "lua").glob("*.lua"))
 _OWN_LUA = re.compile(r"register_script\(|\.eval(sha)?(_ro)?\([^)]|script_load\(|[\"']EVAL")
 
 
 def test_the_registry_holds_every_script_qrl_runs():
     """No module of qrl runs Lua but through the registry, each module that declares a
-    script is one that :func:`every_script` imports, and every Lua text in qrl's modules is
-    (part of) a registered script's, so the ACL rules list every script qrl runs."""
+    script is one that :func:`every_script` imports, and no module holds Lua of its own (it
+    is in qrl/wire/lua/, :func:`test_every_lua_file_is_part_of_a_declared_script`), so the
+    ACL rules can list every script qrl runs."""
     root = ROOT / "qrl"
-    texts = [s.text for s in every_script().values()]
     declaring = set()
     for path in sorted(root.rglob("*.py")):
         if path.name == "__main__.py":  # runs the CLI when imported
@@ -58,10 +60,31 @@ def test_the_registry_holds_every_script_qrl_runs():
         if re.search(r"\bLua\(", source):
             declaring.add(name)
         for attr, value in vars(importlib.import_module(name)).items():
-            if isinstance(value, str) and "redis.call(" in value:
-                assert any(value in text for text in texts), f"{name}.{attr} is not registered"
+            if isinstance(value, str):
+                assert "redis.call(" not in value, f"{name}.{attr}: Lua belongs in qrl/wire/lua"
     assert declaring == set(DECLARING)
     assert len({s.sha for s in every_script().values()}) == len(every_script())
+
+
+def test_every_lua_file_is_part_of_a_declared_script():
+    """Every file of qrl/wire/lua is (a part of) a declared script's text, and every part a
+    script declares is a file there: no Lua lies unused, none is missing."""
+    files = {path.stem for path in LUA_FILES}
+    used = {part for script in every_script().values() for part in script.parts}
+    assert files == used and len(files) > 20
+
+
+@BY_VERSION
+def test_every_lua_file_loads(binary):
+    """Each file of qrl/wire/lua compiles in Redis (SCRIPT LOAD), alone: a syntax error in
+    any, a part that several scripts share included, fails here (the scripts they make up:
+    :func:`test_every_script_loads`)."""
+    assert len(LUA_FILES) > 20
+    with EmbeddedRedis(binary=binary) as server:
+        client = redis.Redis.from_url(server.url)
+        for path in LUA_FILES:
+            text = path.read_text(encoding="utf-8")
+            assert client.script_load(text) == hashlib.sha1(text.encode()).hexdigest(), path
 
 
 @BY_VERSION
