@@ -110,6 +110,7 @@ ALGORITHM = Algorithm(
             "A player of random actions.",
             reads=(),
             writes=("oracle:requests",),
+            scripts=(),
             count="players",
             shown=(),
             acts_on=None,

@@ -15,7 +15,7 @@ import redis
 
 from qrl.algos import ALGOS
 from qrl.algos.apex.config import ApexConfig
-from qrl.jobs.acl import RUN_COMMANDS, run_rule, user_name
+from qrl.jobs.acl import RUN_COMMANDS, role_rule, run_rule, user_name
 from qrl.runtime.config import parse_config
 from qrl.runtime.live import LiveConfig
 from qrl.server.embedded import EmbeddedRedis, server_version
@@ -147,6 +147,21 @@ def test_the_per_run_rule_leaves_out_scan_select_and_every_script_but_qrls(binar
                 attempt()
 
 
+def test_qrl_run_rule_prints_a_roles_rule_with_the_scripts_it_runs():
+    """``qrl run rule RUN ALGO ROLE``: the rule ``run create --acl`` sets for the role's user,
+    which Redis 7 takes; it lists the scripts the role runs, not the others of qrl's."""
+    printed = qrl("run", "rule", "RUN", "apex", "actor")
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.strip() == role_rule(ALGOS["apex"], "RUN", "actor")
+    scripts = every_script()
+    assert f"+evalsha|{scripts['streams.add_if_room'].sha}" in printed.stdout
+    assert scripts["replay.fetch_ranks"].sha not in printed.stdout
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
+        admin = redis.Redis.from_url(server.url)
+        assert admin.execute_command(*printed.stdout.split()) == b"OK"
+    assert qrl("run", "rule", "RUN", "apex").returncode == 2  # ALGO and ROLE go together
+
+
 @pytest.mark.slow
 def test_run_create_acl_refuses_the_example_password(tmp_path):
     example = dict(
@@ -213,13 +228,16 @@ def test_each_role_works_under_its_own_user(case, tmp_path):
 
 def _learner_updates_then_all_stop(server, spec, keys, learner, procs, folder: Path) -> None:
     """``learner`` made its updates and published weights; told to stop, every one of
-    ``procs`` exits 0; nothing was refused (the logs in ``folder`` say no NOPERM)."""
+    ``procs`` exits 0; nothing was refused: Redis's ACL log is empty (a role that runs a
+    script, or a command or key, its rule lacks is there), and the logs in ``folder`` say no
+    NOPERM."""
     assert learner.wait(150) == 0, _logs(folder)
     admin = redis.Redis.from_url(server.url)
     assert int(admin.hget(spec.weights_key(keys), "version")) > 0
     admin.hset(keys.control, "stop", 1)
     for proc in procs:
         assert proc.wait(30) == 0, _logs(folder)
+    assert admin.acl_log() == [], _logs(folder)
     assert b"NOPERM" not in _logs(folder).encode()
 
 

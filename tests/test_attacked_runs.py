@@ -5,7 +5,8 @@ only), keeps making every attack its user allows (``tests/_role_attacker.py``: L
 own, exhausted stream ids, a counter at the int64 edge, 30 MB metrics entries, the weights,
 config and control, other processes' leases, heartbeats and reply lists, parameter-server
 state and a gradient flood, poisoned ES statistics). What Redis refuses must be refused;
-what goes in, every honest role rides out."""
+what goes in, every honest role rides out. No honest process is refused anything: not a script
+its role runs (its rule lists those its role declares, no others), a command or a key."""
 
 from __future__ import annotations
 
@@ -81,11 +82,17 @@ def test_a_run_solves_while_one_of_its_own_users_attacks_it(case, tmp_path):
             procs.append(attacker)
             code = train.wait(360)
             assert attacker.poll() is None, attacker.communicate()[0][-3000:]
+            # what Redis refused the run's own users; inside a script, a pcall of what a
+            # role's user may not do (an actor's XGROUP CREATE) is by design
+            refusals = admin.acl_log(1000)
+            honest = [e for e in refusals if e["username"] != user and e["context"] != "lua"]
         finally:
             kill_all(procs)
         lines = attacker.communicate()[0].splitlines() if procs[1:] else []
     train_log = (tmp_path / "train.log").read_text()
     assert code == 0, train_log[-3000:]
+    assert honest == [], honest  # not a command, key or script of theirs
+    _no_script_refused(tmp_path)
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["reached"] and not result.get("failed"), result
     made = _outcomes(lines, REFUSED | REFUSED_TOO.get(case, set()), least=2)
@@ -101,6 +108,13 @@ def _attacker(server, user: str, password_file: str, run: str, algo: str, role: 
         cwd=ROOT, env={**env, "QRL_REDIS_PASSWORD": "", "QRL_REDIS_PASSWORD_FILE": password_file},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+
+
+def _no_script_refused(folder) -> None:
+    """No process whose log is under ``folder`` ran a script its user may not run (qrl logs
+    the script's name, :meth:`qrl.wire.scripts.Lua.refused`)."""
+    for log in folder.rglob("*.log"):
+        assert "may not run qrl's script" not in log.read_text(), log
 
 
 def _outcomes(lines: list[str], refused: set[str], least: int) -> Counter:
@@ -164,6 +178,7 @@ def test_a_pbt_population_solves_while_one_trials_users_attack_it(tmp_path):
         reports = [attacker.communicate()[0].splitlines() for attacker in procs[1:]]
     out = (tmp_path / "pbt.log").read_text()
     assert code == 0, out[-3000:]
+    _no_script_refused(tmp_path)  # (the attacker is trial 0's user: Redis's ACL log mixes them)
     assert "\x1b" not in out  # nothing a writer wrote reaches the console raw
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["solved"]["return"] >= 60 and result["solved"]["trial"].startswith(name)

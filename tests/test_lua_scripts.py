@@ -162,7 +162,7 @@ def test_stream_leave(private, r, state):
                 r.xreadgroup("qrl", f"fake{i}", {stream: "0"}, count=1)
 
     def leave(c: redis.Redis) -> Any:
-        script = c.register_script(stream_scripts.LEAVE)
+        script = streams.LEAVE.on(c)
         names = [f"fake{i}" for i in range(streams.PRUNE_MAX)]  # as many as a prune gives
         return [script(keys=[stream], args=["qrl", *names]), script(keys=[stream], args=["qrl"])]
 
@@ -184,7 +184,7 @@ LEASE_STATES: dict[str, Callable[[redis.Redis, RunKeys], Any]] = {
 @pytest.mark.parametrize("state", LEASE_STATES)
 def test_lease_look_take_and_keep(private, r, state):
     """ids.py's scripts (the API of H4's fix of findings 5 and 11: ``claim_id`` takes the
-    configured count, ``_LOOK`` reads a chunk of leases, ``_KEEP`` keeps or releases)."""
+    configured count, ``LOOK`` reads a chunk of leases, ``KEEP`` keeps or releases)."""
     keys = fresh_keys()
     LEASE_STATES[state](r, keys)
 
@@ -195,13 +195,13 @@ def test_lease_look_take_and_keep(private, r, state):
 
     def look(c: redis.Redis) -> Any:
         names = [keys.lease("actor", i) for i in range(64)]
-        return c.register_script(ids_module._LOOK)(keys=names, args=[10])
+        return ids_module.LOOK(c, names, [10])
 
     def keep(c: redis.Redis) -> Any:
         key = keys.lease("actor", 0)
         return [
-            c.eval(ids_module._KEEP, 1, key, "me", 10, "keep"),
-            c.eval(ids_module._KEEP, 1, key, "me", 10, "release"),
+            ids_module.KEEP(c, [key], ["me", 10, "keep"]),
+            ids_module.KEEP(c, [key], ["me", 10, "release"]),
         ]
 
     bounded(private, look)
@@ -259,8 +259,8 @@ LIVE_STATES: dict[str, Callable[[redis.Redis, RunKeys], Any]] = {
 
 @pytest.mark.parametrize("state", LIVE_STATES)
 def test_live_config_read_and_set(private, r, state):
-    """live.py's scripts over whatever the live-config hash holds: a role's poll (``_READ``,
-    run by every role's stop-flag check) and ``qrl run set``'s compare-and-set (``_SET``),
+    """live.py's scripts over whatever the live-config hash holds: a role's poll (``READ``,
+    run by every role's stop-flag check) and ``qrl run set``'s compare-and-set (``SET``),
     which replaces what it cannot read."""
     keys = fresh_keys()
     create_run(r, keys, "impala", ImpalaConfig())
@@ -306,16 +306,15 @@ GROUP_STATES: dict[str, Callable[[redis.Redis, RunKeys], Any]] = {
 
 @pytest.mark.parametrize("state", GROUP_STATES)
 def test_learner_group_join_and_abandon(private, r, state):
-    """The pool's scripts over whatever the rendezvous keys hold: joining (``_CURRENT`` +
-    ``_JOIN``: a new generation where the current one is not a valid one of this size) and
-    giving up (``_ABANDON``, which unlinks, so a planted huge value costs Redis nothing)."""
+    """The pool's scripts over whatever the rendezvous keys hold: joining (``JOIN``: a new
+    generation where the current one is not a valid one of this size) and giving up
+    (``ABANDON``, which unlinks, so a planted huge value costs Redis nothing)."""
     keys = fresh_keys()
     GROUP_STATES[state](r, keys)
     gen, rank = bounded(private, lambda c: group._enter(c, keys, 2, 10))
     assert rank in (0, 1)
     names = [_gen(keys), _gen(keys, "joined", "ab.2"), _gen(keys, "addr", "ab.2")]
-    abandon = group._CURRENT + group._ABANDON
-    bounded(private, lambda c: c.register_script(abandon)(keys=names, args=["", "", 2]))
+    bounded(private, lambda c: group.ABANDON(c, names, ["", "", 2]))
 
 
 # -- central inference's request queue (qrl/inference/protocol.py)
@@ -389,7 +388,7 @@ def test_population_take_and_hold(private, r, state):
 
 
 def test_no_script_examines_more_than_its_bound_whatever_its_argv_asks(private, r):
-    """Any role's user may run qrl's scripts (by SHA) with arguments of its own: a call that
+    """A role's user may run its role's scripts (by SHA) with arguments of its own: a call that
     asks for 10^9 entries, requests or buckets gets each script's bound, not a loop that
     holds Redis for minutes (before, each looped as long as the stream or its count)."""
     from qrl.wire.scripts import every_script

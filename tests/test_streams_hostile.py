@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from qrl.jobs.acl import ACTOR_COMMANDS, Access, has_selectors, setuser_args
+from qrl.runtime.roles import PRODUCER_SCRIPTS
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
@@ -245,7 +246,7 @@ def test_an_actors_acl_user_repairs_what_it_adds_to(r, keys, attack):
     those (a wrong-type key is deleted with DEL where UNLINK is refused)."""
     user = f"{keys.run}.actor"
     writes = ("stats", "deadletter", "experience")
-    access = Access(("config",), writes, ACTOR_COMMANDS)
+    access = Access(("config",), writes, ACTOR_COMMANDS, scripts=PRODUCER_SCRIPTS)
     r.execute_command("ACL", "SETUSER", *setuser_args(keys, access, user, "pw", has_selectors(r)))
     StreamConsumer(r, keys, keys.experience, ITEM)  # the group, made by a consumer's user
     actor = redis.Redis.from_url(url_of(r), username=user, password="pw")

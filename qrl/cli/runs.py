@@ -205,19 +205,33 @@ def _run_algo(client: Any, keys: Any) -> str:
 
 @run_group.command("rule")
 @click.argument("run")
+@click.argument("algo", required=False, type=click.Choice(sorted(ALGOS)))
+@click.argument("role", required=False)
 @click.option("--user", default="runner", show_default=True, help="The user's name.")
-def run_rule_command(run: str, user: str) -> None:
+def run_rule_command(run: str, algo: str | None, role: str | None, user: str) -> None:
     """Print the ACL rule of one user for every role of RUN (instead of per-role users, `run
     create --acl`): its keys, the commands a run needs, and qrl's Lua scripts by SHA, the only
-    ones it may run. Replace SECRET with its password and run it as the admin, e.g. in
-    redis-cli; then load the scripts with `qrl run scripts`.
+    ones it may run. With ALGO and ROLE, the rule of that role's user RUN.ROLE instead, as
+    `run create --acl` sets it (Redis 7): its keys, its commands and the scripts its role
+    runs. Replace SECRET with its password and run it as the admin, e.g. in redis-cli; then
+    load the scripts with `qrl run scripts`.
 
     \b
       qrl run rule demo --user runner
+      qrl run rule demo apex actor
     """
-    from qrl.jobs.acl import run_rule
+    from qrl.jobs.acl import role_rule, run_rule
 
-    click.echo(run_rule(run_keys(run, "RUN").run, user))
+    run = run_keys(run, "RUN").run
+    if role is not None:
+        try:
+            click.echo(role_rule(ALGOS[algo], run, role))  # type: ignore[index]
+        except KeyError as e:
+            raise click.ClickException(str(e).strip("'\"")) from None
+    elif algo is not None:
+        raise click.UsageError("ALGO and ROLE go together: the rule of that role's user")
+    else:
+        click.echo(run_rule(run, user))
 
 
 @run_group.command("scripts")

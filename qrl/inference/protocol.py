@@ -34,7 +34,7 @@ from qrl.rl.fields import NATURAL, floats, obs_bytes, obs_field
 from qrl.wire.keys import RunKeys
 from qrl.wire.schema import CodecError, Field, Schema, size_cap
 from qrl.wire.scripts import Lua
-from qrl.wire.stream_scripts import FIX, warn_once
+from qrl.wire.stream_scripts import warn_once
 
 REQUEST = "inference.request"
 REPLY = "inference.reply"
@@ -120,33 +120,9 @@ def reply_schema(n_actions: int, envs: int) -> Schema:
 
 EACH = 2  # requests popped from one actor's list at a time: its request and a resent copy
 
-POP = (
-    FIX
-    + """
--- pop up to ARGV[1] requests from the lists KEYS (one per actor), at most ARGV[3] from each;
--- one bigger than ARGV[2] bytes is dropped and only its size returned. Stops once ARGV[1] x
--- ARGV[2] bytes were examined. Returns {{list index, request or size, ...}}, then what was
--- repaired. An empty list costs one LPOP: the type is looked at only when that fails.
--- any role may run this script: the counts are bounded whatever ARGV says, so no call pops
--- more than 4,096 requests, nor more than 16 of one list (a server asks for EACH)
-local count, cap = math.min(tonumber(ARGV[1]) or 0, 4096), tonumber(ARGV[2])
-local each = math.min(tonumber(ARGV[3]) or 0, 16)
-local out, seen, n = {}, 0, 0
-for i, key in ipairs(KEYS) do
-  for _ = 1, each do
-    local v = redis.pcall('LPOP', key)
-    if type(v) == 'table' then fix(key, 'list') break end
-    if not v then break end
-    seen, n = seen + #v, n + 1
-    out[#out + 1] = i - 1
-    if #v > cap then out[#out + 1] = #v else out[#out + 1] = v end
-    if n >= count or seen >= count * cap then return {out, unpack(fixed)} end
-  end
-end
-return {out, unpack(fixed)}
-"""
-)
-POP_LUA = Lua("inference.pop", POP)
+# a server's pop of its actors' requests (qrl/wire/lua/inference.pop.lua, after
+# streams.fix's repair of a key of another type): see pop
+POP_LUA = Lua("inference.pop", "streams.fix", "inference.pop")
 
 
 def pop(

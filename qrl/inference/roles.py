@@ -8,7 +8,7 @@ from typing import Any
 
 from qrl.runtime.algorithm import RoleContext, RoleDef, actor_role
 from qrl.runtime.config import central
-from qrl.runtime.roles import ACTOR_COMMANDS, Access, Reports, shown_only
+from qrl.runtime.roles import ACTOR_COMMANDS, PRODUCER_SCRIPTS, Access, Reports, shown_only
 
 # an env stepper sends requests and pops its replies; nothing else of the run it writes
 STEPPER_COMMANDS = ACTOR_COMMANDS + " +rpush +blpop"
@@ -33,6 +33,7 @@ def stepper_role(algo: str) -> RoleDef:
         "envs and asks an inference server for every action; imports no torch.",
         reads=(),
         writes=(),
+        scripts=(),
         count="actors",
         when=central,
         shown=("version", "rtt_p50_ms", "rtt_p99_ms", "resent"),
@@ -58,7 +59,8 @@ def inference_role(
         f"An inference server of an {algo} run (inference=central): batches its actors' "
         "requests, acts with the published weights, answers them and assembles what the "
         "learner trains on.",
-        Access(reads, ("inference:*", *writes)),
+        # it pops its actors' requests (qrl.inference.protocol) and pushes what it assembles
+        Access(reads, ("inference:*", *writes), scripts=("inference.pop", *PRODUCER_SCRIPTS)),
         Reports(
             "requests",
             ("batch", "queue_ms", "forward_ms", "dropped", "rejected", "version"),

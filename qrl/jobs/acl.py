@@ -8,7 +8,10 @@ Each role of an algorithm (from the registry, :mod:`qrl.algos`) gets the user ``
   and leases (``proc:ROLE.*``, ``lease:ROLE.*``), ``metrics``, ``stats`` and ``deadletter``;
 - besides, the keys its declaration names: an actor reads the weights (ES: the parameters)
   and writes the stream it feeds; the replay filler drains those streams into the replay
-  (``replay:*``); a learner writes the weights and drains the replay or the streams.
+  (``replay:*``); a learner writes the weights and drains the replay or the streams;
+- of qrl's Lua scripts, those its code runs (``Access.scripts``, by name, and those every
+  role runs: its lease, the live config, dead letters; a role that logs the run, the
+  metrics reader's), by SHA: an actor's user cannot run the replay's sampling, say.
 
 A machine of a role that runs many processes may get a user of its own instead,
 ``RUN.ROLE.N`` (``qrl run join``, :func:`join_user`; :func:`revoke_user` ends it,
@@ -20,7 +23,7 @@ selector: there an actor's user could still SET or DEL the config and weights it
 users are refused on a server of which any node is older than 7 (:func:`require_selectors`).
 Every user also lacks what a run never needs: admin and dangerous commands,
 SCAN (it lists other runs' key names), SELECT, pub/sub, and every scripting command but
-EVALSHA of qrl's own scripts (:func:`script_rules`; EVALSHA_RO of the read-only ones on
+EVALSHA of the scripts it runs (:func:`script_rules`; EVALSHA_RO of the read-only ones on
 Redis 7): no EVAL, SCRIPT or FUNCTION, so no Lua of its own, which could stall the whole
 Redis. The users cannot load those scripts: :func:`create_users` does, on every node
 (:func:`qrl.wire.scripts.load_scripts`; ``qrl run scripts`` again after a restart or
@@ -32,6 +35,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +44,13 @@ from redis.cluster import RedisCluster
 from qrl.algos import Algorithm, RoleDef
 from qrl.runtime.config import Config
 from qrl.runtime.ids import id_limit, instance_user
-from qrl.runtime.roles import ACTOR_COMMANDS, RUN_COMMANDS, Access
+from qrl.runtime.roles import (
+    ACTOR_COMMANDS,
+    EVERY_ROLE_SCRIPTS,
+    METRICS_SCRIPTS,
+    RUN_COMMANDS,
+    Access,
+)
 from qrl.wire.cluster import ClusterClient
 from qrl.wire.connection import read_password_file
 from qrl.wire.keys import RunKeys
@@ -51,11 +61,13 @@ __all__ = [
     "RUN_COMMANDS",
     "create_users",
     "delete_users",
+    "job_scripts",
     "join_user",
     "joined_users",
     "process_user",
     "revoke_user",
     "role_access",
+    "role_rule",
     "run_rule",
     "user_name",
 ]
@@ -75,16 +87,26 @@ def user_name(run: str, role: str) -> str:
 
 
 def role_access(role: RoleDef, ident: int | None = None) -> Access:
-    """The keys and commands ``role`` needs: what every role needs (the run's config, its
-    live changes and control flags, which only an admin changes; its own heartbeats and
-    leases, the metrics, stats and dead letters) and what it declares. ``ident``: process
+    """The keys, commands and scripts ``role`` needs: what every role needs (the run's
+    config, its live changes and control flags, which only an admin changes; its own
+    heartbeats and leases, the metrics, stats and dead letters; the scripts of those, and
+    the metrics reader's where it logs the run) and what it declares. ``ident``: process
     ``ident`` only (a per-instance user), which reaches no other process's keys."""
     declared = role.access
+    logs = METRICS_SCRIPTS if role.logs_run else ()
     return Access(
         ("config", "config:live", "control", *declared.reads),
         (*_own(role, ident), "metrics", "stats", "deadletter", *declared.writes),
         declared.commands,
+        scripts=tuple(sorted({*EVERY_ROLE_SCRIPTS, *logs, *declared.scripts})),
     )
+
+
+def job_scripts(algo: Algorithm) -> tuple[str, ...]:
+    """The scripts a whole job of ``algo`` runs, as one user (a PBT trial's): every role's,
+    and ``qrl train``'s own (it follows the metrics and the live config)."""
+    roles = (role_access(r).scripts for r in algo.roles)
+    return tuple(sorted({*EVERY_ROLE_SCRIPTS, *METRICS_SCRIPTS, *(s for r in roles for s in r)}))
 
 
 def _own(role: RoleDef, ident: int | None) -> tuple[str, ...]:
@@ -95,10 +117,16 @@ def _own(role: RoleDef, ident: int | None) -> tuple[str, ...]:
     return (f"proc:{role.name}.{n}@*", f"lease:{role.name}.{n}", *mine)
 
 
-def script_rules(selectors: bool) -> list[str]:
-    """The scripts a user may run: qrl's, by SHA (Redis's first-argument rules), and where
-    the server has ``%R~`` (``selectors``, Redis 7) the read-only ones with EVALSHA_RO too."""
-    scripts = every_script().values()
+def script_rules(names: Iterable[str], selectors: bool) -> list[str]:
+    """The rules that let a user run the scripts ``names`` of qrl's (and no others): each by
+    SHA (Redis's first-argument rules), and where the server has ``%R~`` (``selectors``,
+    Redis 7) the read-only ones with EVALSHA_RO too. A name qrl has no script of is a
+    declaration's mistake: KeyError."""
+    known = every_script()
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise KeyError(f"qrl has no Lua scripts named {', '.join(unknown)}")
+    scripts = [known[name] for name in sorted(set(names))]
     return [
         *(f"+evalsha|{s.sha}" for s in scripts),
         *(f"+evalsha_ro|{s.sha}" for s in scripts if s.read_only and selectors),
@@ -107,19 +135,30 @@ def script_rules(selectors: bool) -> list[str]:
 
 def run_rule(run: str, user: str = "runner", password: str = "SECRET") -> str:
     """The ``ACL SETUSER`` command of one user for every role of ``run`` (no per-role
-    users): its key prefixes, :data:`RUN_COMMANDS` and qrl's scripts (``qrl run rule``)."""
+    users): its key prefixes, :data:`RUN_COMMANDS` and every script of qrl's, since it runs
+    every role and command of the run (``qrl run rule``). It serves Redis 6 too, which has
+    no EVALSHA_RO (its live-config reads fall back to EVALSHA)."""
     patterns = " ".join(f"~{p}" for p in RunKeys(run).acl_patterns())
     return (
         f"ACL SETUSER {user} on >{password} resetkeys resetchannels {patterns} "
-        f"{RUN_COMMANDS} {' '.join(script_rules(selectors=False))}"
+        f"{RUN_COMMANDS} {' '.join(script_rules(every_script(), selectors=False))}"
     )
+
+
+def role_rule(algo: Algorithm, run: str, role: str, password: str = "SECRET") -> str:
+    """The ``ACL SETUSER`` command of ``role``'s user in ``run``, as ``qrl run create --acl``
+    sets it on Redis 7 (``qrl run rule RUN ALGO ROLE``): its keys, commands and scripts."""
+    access = role_access(algo.role(role))
+    args = setuser_args(RunKeys(run), access, user_name(run, role), password, selectors=True)
+    return "ACL SETUSER " + " ".join(args)
 
 
 def setuser_args(
     keys: RunKeys, access: Access, user: str, password: str, selectors: bool
 ) -> list[str]:
     """``ACL SETUSER`` arguments for ``user``: reset, then the password, the key patterns
-    (under the run's prefix and its shards'), the commands. ``selectors``: the server has
+    (under the run's prefix and its shards'), the commands, the scripts (those of
+    ``access.scripts`` only: pass :func:`role_access`'s for a role). ``selectors``: the server has
     Redis 7's ``%R~`` (read-only keys); else the reads are plain ``~`` patterns too."""
     prefixes = [p.removesuffix("*") for p in keys.acl_patterns()]  # qrl:{RUN}: qrl:{RUN~*}:
 
@@ -135,7 +174,7 @@ def setuser_args(
         *patterns(access.reads, read_mark),
         *patterns(access.writes, "~"),
         *access.commands.split(),
-        *script_rules(selectors),
+        *script_rules(access.scripts, selectors),
     ]
 
 

@@ -47,46 +47,12 @@ _PORT = re.compile(r"[0-9]{1,5}")
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
 _HOSTNAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")
 
-# current(): KEYS[1], the forming generation, if it is a valid one of ARGV[3] learners, else ''
-# (none, another type or size, garbage); count(i): KEYS[i]'s count, nil if gone or garbage
-_CURRENT = """
-local function valid(i, len, pattern)
-  local ok = redis.call('TYPE', KEYS[i])['ok'] == 'string' and redis.call('STRLEN', KEYS[i]) <= len
-  local value = ok and redis.call('GET', KEYS[i])
-  return value and string.match(value, pattern) and value
-end
-local function current()
-  local gen = valid(1, 32, '^%x+%.%d+$')
-  return (gen and string.match(gen, '%.(%d+)$') == ARGV[3]) and gen or ''
-end
-local function count(i) return tonumber(valid(i, 6, '^[1-9]%d*$')) end
-"""
-# KEYS gen, joined:SEEN, joined:NEW; ARGV seen ('' none), new, world, ttl: {gen, count}, or
-# {'', 0} if the generation moved on since the client looked
-_JOIN = """
-if current() ~= ARGV[1] then return {'', 0} end
-local n = ARGV[1] ~= '' and count(2)
-if n and n < tonumber(ARGV[3]) then
-  n = redis.call('INCR', KEYS[2])
-  redis.call('EXPIRE', KEYS[2], ARGV[4])
-  redis.call('EXPIRE', KEYS[1], ARGV[4])
-  return {ARGV[1], n}
-end
-redis.call('UNLINK', KEYS[1])  -- what was there (a huge planted value) freed off the main thread
-redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[4])
-redis.call('SET', KEYS[3], 1, 'EX', ARGV[4])
-return {ARGV[2], 1}
-"""
-# KEYS gen, joined:GEN, store:GEN; ARGV -, -, world: a member gives up before its generation is
-# full: delete it, so that the others stop waiting and nobody joins it (the next join finds
-# no count under learners:gen and starts a new generation)
-_ABANDON = """
-local n = count(2)
-if n and n >= tonumber(ARGV[3]) then return 0 end
-return redis.call('UNLINK', KEYS[2], KEYS[3])  -- O(1) whatever a writer planted
-"""
-JOIN, LOOK = Lua("group.join", _CURRENT + _JOIN), Lua("group.look", _CURRENT + "return current()")
-ABANDON = Lua("group.abandon", _CURRENT + _ABANDON)
+# the pool's rendezvous (qrl/wire/lua/group.*.lua, each after group.current's checks of what
+# the keys hold): a learner looks at the forming generation and joins it (_enter), and one
+# that gives up before it is full abandons it (LearnerGroup.join)
+JOIN = Lua("group.join", "group.current", "group.join")
+LOOK = Lua("group.look", "group.current", "group.look")
+ABANDON = Lua("group.abandon", "group.current", "group.abandon")
 
 
 class GroupLost(RuntimeError):

@@ -36,6 +36,7 @@ from redis.connection import parse_url
 from qrl.algos import ALGOS, Algorithm
 from qrl.jobs.acl import (
     delete_users,
+    job_scripts,
     process_user,
     require_selectors,
     role_passwords,
@@ -53,6 +54,12 @@ from qrl.wire.scripts import load_scripts
 
 CONTROLLER = "controller"
 WORKER = "worker"
+# the scripts of qrl's each user runs besides: a worker its trial's whole job (every role of
+# its segments, qrl train's own: qrl.jobs.acl.job_scripts), its lease and the exploit (the
+# better trial's weights, the explored values: qrl.pbt.exploit); the controller reads the
+# trials' live config and evaluates their weights (dead-lettering a blob that fails)
+WORKER_SCRIPTS = ("pbt.take", "pbt.hold", "weights.publish", "live.set")
+CONTROLLER_SCRIPTS = ("live.read", "streams.dead_letter")
 
 
 def trial_user(trial: str) -> str:
@@ -83,10 +90,13 @@ def create_users(client: Any, pcfg: PBTConfig, folder: Path) -> dict[str, tuple[
     population = RunKeys(pcfg.name)
     users = {CONTROLLER: (user_name(pcfg.name, CONTROLLER), files[CONTROLLER])}
     users |= {t: (trial_user(t), files[t]) for t in trials}
+    worker = (*job_scripts(ALGOS[pcfg.algo]), *WORKER_SCRIPTS)
     for who, (user, path) in users.items():
         own = population if who == CONTROLLER else RunKeys(who)
         others = [k for k in (population, *map(RunKeys, trials)) if k != own]
-        args = setuser_args(own, Access(writes=("*",)), user, read_password_file(path), True)
+        scripts = CONTROLLER_SCRIPTS if who == CONTROLLER else worker
+        access = Access(writes=("*",), scripts=scripts)
+        args = setuser_args(own, access, user, read_password_file(path), True)
         set_user(client, [*args, *(f"%R~{p}" for k in others for p in k.acl_patterns())])
     algo = ALGOS[pcfg.algo]
     for i, trial in enumerate(trials):
@@ -94,7 +104,7 @@ def create_users(client: Any, pcfg: PBTConfig, folder: Path) -> dict[str, tuple[
         for user, access in _processes(trial, algo, initial_config(pcfg, i)).values():
             password = role_password(secret, user)
             set_user(client, setuser_args(RunKeys(trial), access, user, password, True))
-    load_scripts(client)  # its users may run qrl's scripts, not load them
+    load_scripts(client)  # its users may run their scripts, not load them
     return users
 
 

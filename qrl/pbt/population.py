@@ -54,28 +54,9 @@ LINEAGE_KEEP = 16  # events kept per trial (one per segment at most: many for a 
 MAX_SCORE = 1e12
 MAX_LEASE_MS = 2 * 86_400 * 1000  # ready_s + lease_s, each at its largest (config.py)
 
-# KEYS: a trial's lease. ARGV: worker, lease ms, the longest lease ms. 1 if the lease was free
-# and is now the worker's. A lease no worker could have taken (another type, no end, an end
-# further ahead than any lease can be: a writer's, that would park the trial for good) is free.
-_TAKE = """
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl == -1 or ttl > tonumber(ARGV[3]) or redis.call('TYPE', KEYS[1]).ok ~= 'string' then
-  redis.call('DEL', KEYS[1])
-end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-return 0
-"""
-# KEYS: a trial's lease, when it was last given back. ARGV: worker, lease ms (0: give it
-# back). 1 if the worker held it.
-_HOLD = """
-if redis.call('TYPE', KEYS[1]).ok ~= 'string' or redis.call('STRLEN', KEYS[1]) > 256
-   or redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if tonumber(ARGV[2]) > 0 then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-local now = redis.call('TIME')
-redis.call('SET', KEYS[2], tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
-return redis.call('DEL', KEYS[1])
-"""
-TAKE, HOLD = Lua("pbt.take", _TAKE), Lua("pbt.hold", _HOLD)
+# a worker's take of a trial's lease, and its renewal or release (qrl/wire/lua/pbt.*.lua):
+# Population.take, .renew, .release
+TAKE, HOLD = Lua("pbt.take"), Lua("pbt.hold")
 
 
 class PopulationError(RuntimeError):

@@ -7,7 +7,14 @@ from typing import Any
 
 from qrl.ps.protocol import GRADIENTS_KEY, PARAMS_KEY, STATE_KEY
 from qrl.runtime.algorithm import RoleContext, RoleDef
-from qrl.runtime.roles import LEARNER_PROGRESS, Access, Reports
+from qrl.runtime.roles import (
+    CONSUMER_SCRIPTS,
+    LEARNER_PROGRESS,
+    PRODUCER_SCRIPTS,
+    PUBLISHER_SCRIPTS,
+    Access,
+    Reports,
+)
 
 SHOWN = (
     "staleness_p50", "staleness_max", "lag_0", "lag_1_3", "lag_4_15", "lag_16_up",
@@ -17,8 +24,12 @@ SHOWN = (
 # the blocks and appends gradients; it never writes a block or a server's saved state, so
 # (on Redis 7, whose read-only key patterns this takes) one worker's user cannot set the
 # parameters a restarted server resumes from. The servers write the three.
-PS_WORKER = Access(reads=(PARAMS_KEY,), writes=(GRADIENTS_KEY,))
-PS_SERVER = Access(reads=(), writes=(GRADIENTS_KEY, PARAMS_KEY, STATE_KEY, "weights"))
+PS_WORKER = Access(reads=(PARAMS_KEY,), writes=(GRADIENTS_KEY,), scripts=PRODUCER_SCRIPTS)
+PS_SERVER = Access(
+    reads=(),
+    writes=(GRADIENTS_KEY, PARAMS_KEY, STATE_KEY, "weights"),
+    scripts=(*CONSUMER_SCRIPTS, *PUBLISHER_SCRIPTS),
+)
 
 
 def ps_role(

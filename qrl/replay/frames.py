@@ -45,7 +45,6 @@ import lz4.block
 import numpy as np
 
 from qrl.algos.apex_family.messages import check_chunks
-from qrl.replay.scripts import FRAME_CHUNKS, FRAME_INSERT, PRELUDE
 from qrl.replay.store import (
     P_HI,
     P_LO,
@@ -318,8 +317,11 @@ class FrameReplay(PrioritizedReplay):
     eviction as :class:`PrioritizedReplay`); ``layout`` is a :class:`FrameLayout`."""
 
     layout: FrameLayout
-    INSERT = Lua("frames.insert", f"{PRELUDE}local CHUNK_MAX = {CHUNK_MAX}{FRAME_INSERT}")
-    FETCH, PROPORTIONAL = sampling_scripts("frames", FRAME_CHUNKS)
+    # the plain replay's scripts with its own insert and records (qrl/wire/lua/frames.*.lua)
+    INSERT = Lua(
+        "frames.insert", "replay.prelude", "frames.insert", constants={"CHUNK_MAX": CHUNK_MAX}
+    )
+    FETCH, PROPORTIONAL = sampling_scripts("frames", "frames.chunks")
 
     def record_args(self) -> list[int]:
         return [self.capacity, self.layout.max_chunk()]

@@ -11,7 +11,7 @@ Layout (keys from :class:`qrl.wire.keys.RunKeys`):
 
 Ids are consecutive integers, so FIFO eviction (oldest first, as in Ape-X) deletes the range
 ``[lo, hi - capacity)``. Every multi-step operation is one Lua script
-(:mod:`qrl.replay.scripts`), so readers never see half an insert or an eviction.
+(``qrl/wire/lua/replay.*.lua``), so readers never see half an insert or an eviction.
 
 Anyone with the run's keys can write anything into these keys. The scripts' work stays
 bounded whatever they find (meta out of range is repaired, keys of another type deleted),
@@ -45,7 +45,6 @@ from typing import Any, Literal
 import numpy as np
 import redis
 
-from qrl.replay import scripts
 from qrl.wire.cluster import run_scripts
 from qrl.wire.keys import RunKeys
 from qrl.wire.scripts import Lua
@@ -166,20 +165,22 @@ class Sample:
 
 
 def sampling_scripts(name: str, records: str) -> tuple[Lua, Lua]:
-    """The two sampling scripts of a replay whose records ``records`` fetches."""
-    sampling = scripts.PRELUDE + records
+    """The two sampling scripts of a replay whose records the Lua part ``records`` fetches
+    (e.g. ``qrl/wire/lua/replay.records.lua``: the keys' types and a ``records`` function)."""
     return (
-        Lua(f"{name}.fetch_ranks", sampling + scripts.FETCH_RANKS),
-        Lua(f"{name}.sample_proportional", sampling + scripts.SAMPLE_PROPORTIONAL),
+        Lua(f"{name}.fetch_ranks", "replay.prelude", records, "replay.fetch_ranks"),
+        Lua(f"{name}.sample_proportional", "replay.prelude", records, "replay.sample_proportional"),
     )
 
 
 class PrioritizedReplay:
     """The replay of one run. ``mode`` is ``rank`` or ``proportional``."""
 
-    # its scripts: the insert, the two samplings (a subclass stores records otherwise)
-    INSERT = Lua("replay.insert", scripts.PRELUDE + scripts.INSERT)
-    FETCH, PROPORTIONAL = sampling_scripts("replay", scripts.RECORDS)
+    # its scripts (qrl/wire/lua/replay.*.lua, each after replay.prelude's checks of what is
+    # stored): the insert with its FIFO eviction, the two samplings (a subclass stores
+    # records otherwise). What differs per replay (record size, capacity) goes in ARGV
+    INSERT = Lua("replay.insert", "replay.prelude", "replay.insert")
+    FETCH, PROPORTIONAL = sampling_scripts("replay", "replay.records")
 
     def __init__(
         self,

@@ -85,7 +85,7 @@ class RoleDef:
     command: tuple[str, ...]  # the CLI command that starts it, e.g. ("actor", NAME)
     make: Callable[[RoleContext], Role]
     help: str
-    access: Access  # the Redis keys it reads and writes, and its commands
+    access: Access  # the Redis keys it reads and writes, its commands and qrl's Lua scripts
     reports: Reports = Reports()  # what its processes report, and where that shows
     order: int = 0  # qrl train starts the roles of lower order first (ties: as listed)
     # the config field that says how many processes qrl train starts (None: one); ``least``:
@@ -124,18 +124,19 @@ def actor_role(
     *,
     reads: tuple[str, ...],
     writes: tuple[str, ...],
+    scripts: tuple[str, ...],
     count: str,
     shown: tuple[str, ...] = ("version",),
     acts_on: str | None = "version",
     **more: Any,
 ) -> RoleDef:
     """A role that plays the env with the published weights (keys ``reads``) and feeds the
-    learner (keys ``writes``, with :data:`ACTOR_COMMANDS` only): ``count`` processes,
-    started last, niced in ``qrl train``, stopped by ``--max-steps``, able to take turns in
-    one process; it reports env steps, episode returns, ``shown`` and (``acts_on``) the
-    weights version it acts with. ``more`` overrides other fields."""
+    learner (keys ``writes``, with :data:`ACTOR_COMMANDS` only, and qrl's Lua ``scripts``):
+    ``count`` processes, started last, niced in ``qrl train``, stopped by ``--max-steps``,
+    able to take turns in one process; it reports env steps, episode returns, ``shown`` and
+    (``acts_on``) the weights version it acts with. ``more`` overrides other fields."""
     fields: dict[str, Any] = {
-        "access": Access(reads, writes, ACTOR_COMMANDS),
+        "access": Access(reads, writes, ACTOR_COMMANDS, scripts=scripts),
         "reports": Reports("steps", shown, ACTOR_PROGRESS, acts_on),
         "order": 2,
         "count": count,
@@ -153,16 +154,18 @@ def learner_role(
     help: str,
     *,
     writes: tuple[str, ...],
+    scripts: tuple[str, ...],
     progress: tuple[Feed, ...] = (),
     shown: tuple[str, ...] = ("skipped",),
     **more: Any,
 ) -> RoleDef:
-    """The one process that trains and publishes (keys ``writes``): started after the
-    services, a torch device, a checkpoint, the run dir's metrics, ``--max-updates``, able to
-    take turns in one process; it reports its updates, their rate and loss, ``shown`` and
+    """The one process that trains and publishes (keys ``writes``, qrl's Lua ``scripts``):
+    started after the services, a torch device, a checkpoint, the run dir's metrics,
+    ``--max-updates``, able to take turns in one process; it reports its updates, their rate
+    and loss, ``shown`` and
     ``progress`` besides. ``more`` overrides other fields."""
     fields: dict[str, Any] = {
-        "access": Access(writes=writes),
+        "access": Access(writes=writes, scripts=scripts),
         "reports": Reports("updates", shown, LEARNER_PROGRESS + progress),
         "order": 1,
         "limit": "updates",

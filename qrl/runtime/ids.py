@@ -46,54 +46,12 @@ LEASE_TTL = 10  # seconds a number stays taken after its holder last kept it ali
 _SCAN = 64  # leases read per round trip while looking for a free number
 _FULL_WAIT = 0.5  # seconds between looks while every number up to the limit is held
 
-# holder(key, ttl, repair): who holds lease ``key``, '' if none, and 1 if it held garbage: a
-# lease qrl did not write (another Redis type, no TTL, a TTL longer than ``ttl``: anyone with
-# the run's keys can make one), which counts as free, and with ``repair`` is deleted.
-_HOLDER = """
-local function holder(key, ttl, repair)
-  local kind = redis.call('TYPE', key)['ok']
-  if kind == 'none' then return '', 0 end
-  local left = redis.call('TTL', key)
-  if kind == 'string' and left >= 0 and left <= tonumber(ttl) then
-    return redis.call('GET', key), 0
-  end
-  if repair then redis.call('DEL', key) end
-  return '', 1
-end
-"""
-# the holders of leases KEYS (bounded: one chunk of numbers), garbage as ''; ARGV[1] = TTL
-_LOOK = (
-    _HOLDER
-    + """
-local out = {}
-for i, key in ipairs(KEYS) do out[i] = holder(key, ARGV[1], false) end
-return out
-"""
-)
-# take KEYS[1] for ARGV[1] if it still holds ARGV[3] ('' = nothing); ARGV[2] = TTL;
-# returns 0 (not taken), 1 (taken), 2 (taken from garbage)
-_TAKE = (
-    _HOLDER
-    + """
-local cur, garbage = holder(KEYS[1], ARGV[2], true)
-if cur ~= ARGV[3] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-return 1 + garbage
-"""
-)
-# ARGV[3] 'keep': keep KEYS[1] for ARGV[1] another ARGV[2] seconds (taking it again if it
-# ran out or holds garbage), unless another holds it; 'release': delete it if ARGV[1] does
-_KEEP = (
-    _HOLDER
-    + """
-local cur = holder(KEYS[1], ARGV[2], true)
-if cur ~= '' and cur ~= ARGV[1] then return 0 end
-if ARGV[3] == 'release' then return redis.call('DEL', KEYS[1]) end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-return 1
-"""
-)
-LOOK, TAKE, KEEP = Lua("ids.look", _LOOK), Lua("ids.take", _TAKE), Lua("ids.keep", _KEEP)
+# the scripts of the leases (qrl/wire/lua/ids.*.lua, each after ids.holder's check of what a
+# lease holds): claim_id looks at a chunk of them and takes a free one, Lease keeps and
+# releases its own
+LOOK = Lua("ids.look", "ids.holder", "ids.look")
+TAKE = Lua("ids.take", "ids.holder", "ids.take")
+KEEP = Lua("ids.keep", "ids.holder", "ids.keep")
 
 
 def id_limit(count: int) -> int:

@@ -50,57 +50,15 @@ _VERSION = re.compile(rb"[1-9][0-9]{0,15}")
 _SHOWN = reprlib.Repr()  # values shown in logs and qrl status: a few, short
 _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlist, _SHOWN.maxdict = 40, 40, 6, 8
 
-# KEYS: the run's control hash, its live-config hash. ARGV: the live version the caller has
-# read already ('' for none), MAX_BYTES. Replies {stop, what, ...}: stop is 1 if the stop
-# flag is set, 0 if not, -1 if the control key is not a hash (the caller repairs it); what is
-# 'none' (no change made), 'same' (the caller's version), 'bad' with why (and the version,
-# if it could be read), or 'new' with version, values, changed, time.
-_READ = """
-local stop = 0
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'hash' then
-  local s = redis.call('HGET', KEYS[1], 'stop')
-  if s and s ~= '' then stop = 1 end
-elseif kind ~= 'none' then
-  stop = -1
-end
-kind = redis.call('TYPE', KEYS[2]).ok
-if kind == 'none' then return {stop, 'none'} end
-if kind ~= 'hash' then return {stop, 'bad', 'a ' .. kind .. ', not a hash'} end
-if redis.call('HSTRLEN', KEYS[2], 'version') > 20 then
-  return {stop, 'bad', 'a version over 20 bytes'}
-end
-local version = redis.call('HGET', KEYS[2], 'version') or ''
-if version ~= '' and version == ARGV[1] then return {stop, 'same'} end
-for _, f in ipairs({'values', 'changed', 'time'}) do
-  if redis.call('HSTRLEN', KEYS[2], f) > tonumber(ARGV[2]) then
-    return {stop, 'bad', f .. ' over ' .. ARGV[2] .. ' bytes', version}
-  end
-end
-local got = redis.call('HMGET', KEYS[2], 'values', 'changed', 'time')
-return {stop, 'new', version, got[1] or '', got[2] or '', got[3] or ''}
-"""
-
-# KEYS: the live-config hash. ARGV: the version the setter read ('' where there was none or
-# it was unreadable), then the new version, values, changed, time. Written (the hash made
-# afresh) only if the stored version is still ARGV[1], one of another type or over 20 bytes
-# reading as '': 1; else 0, and nothing is written.
-_SET = """
-local kind = redis.call('TYPE', KEYS[1]).ok
-local version = ''
-if kind == 'hash' then version = redis.call('HGET', KEYS[1], 'version') or '' end
-if string.len(version) > 20 then version = '' end
-if version ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'version', ARGV[2], 'values', ARGV[3], 'changed', ARGV[4],
-  'time', ARGV[5])
-return 1
-"""
-READ, SET = Lua("live.read", _READ, read_only=True), Lua("live.set", _SET)
+# every role's poll of the stop flag and the live config (qrl/wire/lua/live.read.lua: it only
+# reads, so a role's user runs it with EVALSHA_RO on keys it may only read), and qrl run
+# set's compare-and-set (live.set.lua)
+READ = Lua("live.read", read_only=True)
+SET = Lua("live.set")
 
 
 class _ReadOnly:
-    """:data:`_READ` run with EVALSHA_RO (Redis 7: a user that may only read the run's
+    """:data:`READ` run with EVALSHA_RO (Redis 7: a user that may only read the run's
     control and live-config keys, ``%R~``, may run it on them), or EVALSHA where the server
     has no EVALSHA_RO (Redis 6.2, whose users read with plain ``~`` patterns) or the user
     may not run it (the README's per-run rule, which may write every key of its run)."""
@@ -172,7 +130,7 @@ def _parse(version: bytes, values: bytes, changed: bytes, stamp: bytes) -> LiveS
 
 
 def _read(script: Any, keys: RunKeys, seen: bytes) -> _Reply:
-    """One run of :data:`_READ`: the stop flag and what is stored past version ``seen``."""
+    """One run of :data:`READ`: the stop flag and what is stored past version ``seen``."""
     stop, what, *rest = script(keys=[keys.control, keys.config_live], args=[seen, MAX_BYTES])
     what = what.decode() if isinstance(what, bytes) else what
     if what == "none":

@@ -173,8 +173,8 @@ def _refused(role: Role, ident: int, error: redis.ResponseError, pause: float) -
     returns the next one."""
     warn_every(
         f"refused:{role.name}.{ident}",
-        "%s %d: Redis refused a command (%s): this role's ACL user lacks it (check its rule, "
-        "README: Access); retrying",
+        "%s %d: Redis refused a command (NOPERM %s): this role's ACL user lacks it (check its "
+        "rule, README: Access); retrying",
         role.name,
         ident,
         error,

@@ -13,12 +13,34 @@ from dataclasses import dataclass
 from typing import Literal
 
 # what a run needs of Redis, whatever the role: the per-run rule (`qrl run rule`). No
-# scripting: a user's own Lua could stall the whole Redis; qrl.jobs.acl adds qrl's scripts,
-# by SHA, to every rule
+# scripting: a user's own Lua could stall the whole Redis; qrl.jobs.acl adds to a rule the
+# scripts of qrl's that its user runs, by SHA
 RUN_COMMANDS = "+@all -@admin -@dangerous -@scripting -scan -select +cluster|info +cluster|slots"
 # a role that only feeds the run (an actor): reads, plus the writes of its streams,
 # heartbeats, leases and counters
 ACTOR_COMMANDS = RUN_COMMANDS + " -@write +xadd +set +del +hincrby"
+
+# qrl's Lua scripts (by name: :func:`qrl.wire.scripts.every_script`) that a role runs for
+# each thing it does; its user may run those it declares (``Access.scripts``) and no others.
+# Every role runs EVERY_ROLE_SCRIPTS: its number's lease (qrl.runtime.ids), the live config
+# (qrl.runtime.live) and dead letters; one that follows the run's metrics into the run dir
+# (``RoleDef.logs_run``) METRICS_SCRIPTS (qrl.runtime.metrics.MetricsReader).
+# qrl.jobs.acl.role_access adds both.
+EVERY_ROLE_SCRIPTS = ("ids.look", "ids.take", "ids.keep", "live.read", "streams.dead_letter")
+METRICS_SCRIPTS = ("metrics.range",)
+# a stream's producer and consumer (qrl.wire.streams: StreamProducer, StreamConsumer)
+PRODUCER_SCRIPTS = ("streams.add_if_room",)
+CONSUMER_SCRIPTS = (
+    "streams.ensure_group",
+    "streams.read",
+    "streams.adopt",
+    "streams.ack",
+    "streams.leave",
+)
+# a writer of versioned weights (qrl.wire.weights.WeightStore.publish and .kept)
+PUBLISHER_SCRIPTS = ("weights.publish", "weights.kept")
+# a learner of a pool (qrl.learners.group: the pool forms through Redis)
+POOL_SCRIPTS = ("group.join", "group.look", "group.abandon")
 
 
 @dataclass(frozen=True)
@@ -30,12 +52,15 @@ class Access:
     and ``deadletter`` (:func:`qrl.jobs.acl.role_access` adds them). ``mine``: the keys of
     one process of the role, ``{id}`` standing for its number (a stepper's request and reply
     lists): a per-instance user (``qrl run join``) writes its own number's only, the role's
-    shared user every number's."""
+    shared user every number's. ``scripts``: the names of qrl's Lua scripts its code runs
+    (e.g. :data:`PRODUCER_SCRIPTS`), the only ones its user may run, besides
+    :data:`EVERY_ROLE_SCRIPTS` (and :data:`METRICS_SCRIPTS` for a role that logs the run)."""
 
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()
     commands: str = RUN_COMMANDS
     mine: tuple[str, ...] = ()
+    scripts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

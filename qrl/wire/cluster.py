@@ -103,6 +103,7 @@ def run_scripts(client: Any, calls: list[tuple[Any, list[str], list[Any]]]) -> l
         if isinstance(reply, NoScriptError):
             reply = script(keys=keys, args=args)
         elif isinstance(reply, Exception):
+            script.refused(reply)  # says which script, if the user may not run it
             raise reply
         out.append(reply)
     return out

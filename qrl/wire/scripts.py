@@ -1,8 +1,12 @@
 """Every Lua script qrl runs, each declared once (:class:`Lua`: a name, one fixed text and
 its SHA1), so the complete set is known without running anything (:func:`every_script`).
-A role's ACL user (:mod:`qrl.jobs.acl`) may run exactly these, by SHA (``+evalsha|SHA``):
-no EVAL, no SCRIPT LOAD, no FUNCTION, so no Lua of its own (an endless loop stalls the whole
-Redis, and SCRIPT KILL cannot stop one that wrote).
+The texts are Lua files shipped with the package, in ``qrl/wire/lua/`` (:data:`LUA`); the
+declarations sit beside the code that runs them.
+A role's ACL user (:mod:`qrl.jobs.acl`) may run those of them its role declares (by name,
+``Access.scripts``), by SHA (``+evalsha|SHA``): no EVAL, no SCRIPT LOAD, no FUNCTION, so no
+Lua of its own (an endless loop stalls the whole Redis, and SCRIPT KILL cannot stop one that
+wrote). A refused EVALSHA is logged with the script's name (:meth:`Lua.refused`): a role
+that runs a script it does not declare says so.
 
 A script's text never depends on a config: what differs per run goes in ARGV.
 
@@ -19,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
-from collections.abc import Sequence
+import importlib.resources
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from redis.client import Pipeline
@@ -27,7 +33,7 @@ from redis.cluster import ClusterPipeline, RedisCluster
 from redis.exceptions import NoPermissionError, NoScriptError
 
 from qrl.wire.cluster import ClusterClient
-from qrl.wire.faults import awaiting_scripts
+from qrl.wire.faults import awaiting_scripts, warn_every
 
 # the modules that declare scripts: every_script() imports them. They sit in every layer (a
 # script lives beside the code that runs it), so they are named here rather than imported;
@@ -45,18 +51,49 @@ DECLARING = (
     "qrl.pbt.population",
 )
 
+# every script's Lua, one folder for them all (package data, see pyproject.toml): each file is
+# named for the script it is (or for the part several share, e.g. streams.fix.lua), the name
+# that roles' declarations (Access.scripts), the ACL rules and the logs use
+LUA = importlib.resources.files("qrl.wire") / "lua"
+_PLAIN = re.compile(r"[\w.:-]*")  # a string constant needs no escaping in a Lua literal
+
 _declared: dict[str, Lua] = {}
 
 
-class Lua:
-    """One of qrl's Lua scripts. ``read_only``: run with EVALSHA_RO too, on keys the user
-    may only read (Redis 7's ``%R~``)."""
+def _lua_file(part: str) -> str:
+    """The text of ``qrl/wire/lua/PART.lua``."""
+    return (LUA / f"{part}.lua").read_text(encoding="utf-8")
 
-    def __init__(self, name: str, text: str, *, read_only: bool = False) -> None:
+
+def _literal(value: int | str) -> str:
+    """``value`` as a Lua literal: a whole number, or a plain string (letters, digits, ``_.:-``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str) and _PLAIN.fullmatch(value):
+        return f"'{value}'"
+    raise ValueError(f"{value!r} is no whole number or plain string")
+
+
+class Lua:
+    """One of qrl's Lua scripts, ``name``: the text of the files ``parts`` (``qrl/wire/lua/
+    PART.lua``, in order; by default the one of its own name) after ``local NAME = VALUE`` for
+    each of ``constants`` (what the Python that runs it knows too, e.g. a bound both keep).
+    ``read_only``: run with EVALSHA_RO too, on keys the user may only read (Redis 7's
+    ``%R~``)."""
+
+    def __init__(
+        self,
+        name: str,
+        *parts: str,
+        read_only: bool = False,
+        constants: Mapping[str, int | str] | None = None,
+    ) -> None:
         if name in _declared:
             raise ValueError(f"two Lua scripts named {name}")
-        self.name, self.text, self.read_only = name, text, read_only
-        self.sha = hashlib.sha1(text.encode()).hexdigest()
+        self.name, self.parts, self.read_only = name, parts or (name,), read_only
+        head = "".join(f"local {k} = {_literal(v)}\n" for k, v in (constants or {}).items())
+        self.text = head + "".join(map(_lua_file, self.parts))
+        self.sha = hashlib.sha1(self.text.encode()).hexdigest()
         _declared[name] = self
 
     def __call__(
@@ -73,8 +110,25 @@ class Lua:
         except NoScriptError:
             with contextlib.suppress(NoPermissionError):  # a role's user: the admin loads
                 client.script_load(self.text)
+        except NoPermissionError as e:
+            self.refused(e)
+            raise
         with awaiting_scripts():
             return client.execute_command(*call)
+
+    def refused(self, error: Exception) -> None:
+        """Log (once a minute) that this user may not run this script, where ``error`` is
+        Redis's refusal of EVALSHA (Redis's own words name no script). That is never what
+        data did, but a rule that lacks the script: its role's ``Access.scripts`` (a role
+        that runs a script it does not declare), or users made by another qrl. A refused
+        EVALSHA_RO is not: a client falls back to EVALSHA (:mod:`qrl.runtime.live`)."""
+        if isinstance(error, NoPermissionError) and "'evalsha' command" in str(error):
+            warn_every(
+                f"script:{self.name}",
+                "NOPERM: this user may not run qrl's script %s (its role's Access.scripts "
+                "lacks it, or its ACL rule was made by another version of qrl)",
+                self.name,
+            )
 
     def on(self, client: Any) -> Bound:
         """This script bound to ``client``."""
@@ -93,6 +147,10 @@ class Bound:
     def queue(self, pipe: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Queue it on ``pipe``, a pipeline of the client's."""
         return self.script(pipe, keys, args)
+
+    def refused(self, error: Exception) -> None:
+        """:meth:`Lua.refused`, for a reply of a pipeline it was queued on."""
+        self.script.refused(error)
 
 
 def every_script() -> dict[str, Lua]:

@@ -1,7 +1,8 @@
-"""The Lua scripts of :mod:`qrl.wire.streams` (each runs atomically inside Redis and touches keys
-of one run's hash tag only, so it is legal in a Redis Cluster), and the helpers that read
-their arguments and replies. Every loop in them is bounded by the caller's own arguments (a
-batch count, a list of names), never by stored state.
+"""What the Lua scripts of :mod:`qrl.wire.streams` (``qrl/wire/lua/streams.*.lua``; each runs
+atomically inside Redis and touches keys of one run's hash tag only, so it is legal in a Redis
+Cluster) share with Python: their bounds, the dead letters and the metrics' range script, and
+the helpers that read their arguments and replies. Every loop in them is bounded by the
+caller's own arguments (a batch count, a list of names), never by stored state.
 """
 
 from __future__ import annotations
@@ -57,96 +58,20 @@ def text(i: Any) -> str:
     return i.decode() if isinstance(i, bytes) else i
 
 
-# a key of another type where a stream or hash of ours belongs was written by someone else:
-# delete it and say so, for the caller's one warning. UNLINK frees a big one in the
-# background; an actor's ACL user may only DEL.
-FIX = """
-local fixed = {}
-local function fix(key, want)
-  local t = redis.call('TYPE', key).ok
-  if t ~= 'none' and t ~= want then
-    if type(redis.pcall('UNLINK', key)) == 'table' then redis.call('DEL', key) end
-    fixed[#fixed + 1] = key .. ' was a ' .. t .. ', not a ' .. want .. ' (wrong type): deleted'
-  end
-end
-"""
+# what a script that adds to a stream or counts in a hash starts with: the repair of a key of
+# another type (qrl/wire/lua/streams.fix.lua), of a stream whose ids were used up
+# (streams.xadd_fresh.lua) and of a counter at the int64 edge (streams.count.lua)
+REPAIRS = ("streams.fix", "streams.xadd_fresh", "streams.count")
 
-# XADD key ...: a stream someone gave the last possible id (XADD KEY 18446744073709551615-
-# 18446744073709551615 ...) has no id left for '*', ever: it is deleted, with its entries and
-# its consumer group's pending ones (they are lost), and added to afresh (noted in FIX's
-# ``fixed``). Returns XADD's reply (an error as a table) and whether the stream is new.
-XADD_FRESH = """
-local function xadd(key, ...)
-  local id = redis.pcall('XADD', key, ...)
-  if type(id) == 'table' and id.err and string.find(id.err, 'exhausted') then
-    redis.call('DEL', key)
-    fixed[#fixed + 1] = key .. ' had used up its ids: deleted and recreated'
-    return redis.pcall('XADD', key, ...), true
-  end
-  return id, false
-end
-"""
-
-# count(key, f): add 1 to counter f of hash key. One HINCRBY refuses (someone left a
-# non-number, or a count at the int64 edge) starts again from 1, with what an actor's user
-# may run where it can (HINCRBY of the count's negation: it has no HSET), else with HSET.
-COUNT = """
-local function count(key, f)
-  if type(redis.pcall('HINCRBY', key, f, 1)) ~= 'table' then return end
-  local v = redis.call('HGET', key, f)
-  local undone = v and string.match(v, '^%d+$') and redis.pcall('HINCRBY', key, f, '-' .. v)
-  if type(undone) ~= 'number' then redis.pcall('HSET', key, f, 0) end
-  redis.pcall('HINCRBY', key, f, 1)
-end
-"""
-
-ADD_IF_ROOM = (
-    FIX
-    + XADD_FRESH
-    + COUNT
-    + """
-fix(KEYS[1], 'stream')
-if KEYS[2] then fix(KEYS[2], 'hash') end
--- entries waiting = in the stream and not yet delivered to a consumer (XLEN - pending):
--- what consumers hold while assembling a batch must not count, or they could wait forever
-local waiting = redis.call('XLEN', KEYS[1])
-local pending = redis.pcall('XPENDING', KEYS[1], 'qrl')
-if type(pending) == 'table' and pending.err == nil then waiting = waiting - pending[1] end
-if waiting >= tonumber(ARGV[1]) then return {false, unpack(fixed)} end
-local id, fresh = xadd(KEYS[1], '*', 'd', ARGV[2])
--- a stream started afresh gets its group back (or its consumers recreate it: an actor's
--- user may not)
-if fresh then redis.pcall('XGROUP', 'CREATE', KEYS[1], 'qrl', '0', 'MKSTREAM') end
-if type(id) == 'table' then return id end  -- an error (out of memory): nothing was added
--- count every entry ever added, in the same step (the run's stats hash, if given)
-if KEYS[2] then count(KEYS[2], ARGV[3]) end
-return {id, unpack(fixed)}
-"""
-)
-
-DEAD_LETTER = (
-    FIX
-    + XADD_FRESH
-    + COUNT
-    + """
--- KEYS: dead letters, stats; ARGV: maxlen, source, then the entry's field/value pairs
-fix(KEYS[1], 'stream')
-fix(KEYS[2], 'hash')
-local id = xadd(KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, 3))
-if type(id) == 'table' then return id end  -- an error (out of memory): raised to the caller
-count(KEYS[2], 'rejected')
-count(KEYS[2], 'rejected:' .. ARGV[2])
-return fixed
-"""
-)
-DEAD_LETTER_LUA = Lua("streams.dead_letter", DEAD_LETTER)
+# a rejected payload in the run's dead-letter stream, counted in its stats (dead_letter)
+DEAD_LETTER_LUA = Lua("streams.dead_letter", *REPAIRS, "streams.dead_letter")
 
 
 def dead_letter_call(
     keys: RunKeys, source: str, reason: str, payload: bytes | None, entry_id: str = "",
     size: int | None = None,
 ) -> tuple[list[str], list[Any]]:  # fmt: skip
-    """The keys and arguments of :data:`DEAD_LETTER` for one rejected payload."""
+    """The keys and arguments of :data:`DEAD_LETTER_LUA` for one rejected payload."""
     payload = payload or b""
     fields = {
         "source": source,
@@ -182,163 +107,13 @@ def dead_letter(
     return notes is not None
 
 
-ENSURE_GROUP = (
-    FIX
-    + """
-fix(KEYS[1], 'stream')
-local ok = redis.pcall('XGROUP', 'CREATE', KEYS[1], 'qrl', '0', 'MKSTREAM')
-if type(ok) == 'table' and ok.err and not string.find(ok.err, 'BUSYGROUP') then return ok end
-return fixed
-"""
-)
-
-# entries a read or adoption examines at most, whatever its ARGV asks: any role may run these
-# scripts, and one asking for 10^9 entries of a long stream would hold Redis for minutes (a
-# consumer asks for far fewer, its batch or SCAN_MAX, and one that wants more reads again)
+# entries a read or adoption examines at most, whatever its ARGV asks (streams.read.lua,
+# streams.adopt.lua: any role may run these scripts)
 MAX_ENTRIES = 4096
-_MAX_ENTRIES = f"local MAX_ENTRIES = {MAX_ENTRIES}\n"
-
-READ = (
-    _MAX_ENTRIES
-    + """
--- Up to ARGV[4] entries for consumer ARGV[1], one at a time, each measured here: one over
--- ARGV[5] bytes (fields and values) is acknowledged and deleted unread and only its size
--- returned. Stops once ARGV[7] bytes were examined. ARGV[2] is the mode: '>' new
--- entries, 'own' this consumer's pending entries after id ARGV[3], 'claim' entries idle
--- for ARGV[6] ms (XAUTOCLAIM from cursor ARGV[3]). Returns {next cursor or false,
--- {id, fields or false (deleted) or size (oversized), times delivered (not for '>')}...}.
-local stream, me, mode, cursor = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
-local count, cap = math.min(tonumber(ARGV[4]) or 0, MAX_ENTRIES), tonumber(ARGV[5])
-local ids
-if mode == 'claim' then
-  local r = redis.call('XAUTOCLAIM', stream, 'qrl', me, ARGV[6], cursor, 'COUNT', count, 'JUSTID')
-  cursor, ids = r[1], r[2]
-end
-local out, seen = {}, 0
-for i = 1, count do
-  local e
-  if ids then  -- claimed: XCLAIM (not JUSTID) fetches it and counts the delivery
-    if not ids[i] then break end
-    e = redis.call('XCLAIM', stream, 'qrl', me, 0, ids[i])[1] or {ids[i], false}
-  else
-    local r = redis.call('XREADGROUP', 'GROUP', 'qrl', me, 'COUNT', 1, 'STREAMS', stream,
-      mode == '>' and '>' or cursor)
-    e = r and r[1][2][1]
-    if not e then cursor = false break end
-    cursor = e[1]
-  end
-  local size = 0
-  if e[2] then for _, v in ipairs(e[2]) do size = size + #v end end
-  seen = seen + size
-  if size > cap then
-    redis.call('XACK', stream, 'qrl', e[1])
-    redis.call('XDEL', stream, e[1])
-    e = {e[1], size}
-  end
-  if mode ~= '>' then  -- how often it was delivered: the caller refuses poison
-    local p = redis.call('XPENDING', stream, 'qrl', e[1], e[1], 1)[1]
-    e[3] = p and p[4] or 0
-  end
-  out[#out + 1] = e
-  if seen >= tonumber(ARGV[7]) then break end
-end
-return {cursor, out}
-"""
-)
-
-LEAVE = """
--- remove consumers ARGV[2..] from group ARGV[1] unless they still hold entries (they would
--- be lost); returns how many left
-local n = 0
-for i = 2, #ARGV do
-  if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[i]) == 0 then
-    n = n + redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[i]) + 1
-  end
-end
-return n
-"""
-
-# acknowledge and delete entries ARGV[1..] in one step (a script, not MULTI: Redis out of
-# memory refuses every command queued in a MULTI, while XACK and XDEL free memory)
-ACK = """
-redis.call('XACK', KEYS[1], 'qrl', unpack(ARGV))
-return redis.call('XDEL', KEYS[1], unpack(ARGV))
-"""
-
-# Entries no consumer will ever be handed: in the stream, at or below the group's
-# last-delivered id, yet pending for nobody (someone moved the group's id with XGROUP SETID,
-# or acknowledged what a dead consumer held). They would hold the producers' room for good:
-# claim them for consumer ARGV[1] as idle for ARGV[5] ms, so its next claim scan hands them
-# out. Looks at up to ARGV[3] entries after ARGV[2] ('-': from the start), one at a time,
-# stopping after ARGV[3] x ARGV[4] bytes; returns {next cursor ('-' when done), claimed}.
-ADOPT = (
-    _MAX_ENTRIES
-    + """
-local stream, me, cursor = KEYS[1], ARGV[1], ARGV[2]
-local count, cap = math.min(tonumber(ARGV[3]) or 0, MAX_ENTRIES), tonumber(ARGV[4])
-if redis.call('XLEN', stream) <= redis.call('XPENDING', stream, 'qrl')[1] then
-  return {'-', 0}  -- everything in the stream is pending or not yet delivered: no orphans
-end
-local last
-for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-  for i = 1, #g - 1, 2 do
-    if g[i] == 'name' and g[i + 1] ~= 'qrl' then break end
-    if g[i] == 'last-delivered-id' then last = g[i + 1] end
-  end
-end
-local adopted, seen = 0, 0
-for _ = 1, count do
-  local from = cursor == '-' and '-' or '(' .. cursor
-  local e = redis.call('XRANGE', stream, from, last, 'COUNT', 1)[1]
-  if not e then return {'-', adopted} end
-  cursor = e[1]
-  if #redis.call('XPENDING', stream, 'qrl', cursor, cursor, 1) == 0 then
-    redis.call('XCLAIM', stream, 'qrl', me, 0, cursor, 'IDLE', ARGV[5], 'FORCE', 'JUSTID')
-    adopted = adopted + 1
-  end
-  for _, v in ipairs(e[2]) do seen = seen + #v end
-  if seen >= count * cap then break end
-end
-return {cursor, adopted}
-"""
-)
 
 LAST_ID = "18446744073709551615-18446744073709551615"  # the largest stream id there is
 
-# A follower's read of a stream it has no group on (the metrics): up to ARGV[2] entries after
-# id ARGV[1], one at a time, each measured here: one over ARGV[3] bytes (fields and values)
-# comes back as its size only, never whole. Stops once ARGV[4] bytes were examined (bounded
-# work whatever the entries hold). Nothing comes after LAST_ID ('(' of it is an error).
-# Returns {newest, {{id, fields or size}...}}. newest is false unless ARGV[5] is '1', nothing
-# came and ARGV[1] is ahead of Redis's clock (an id someone chose: honest ones never are):
-# then it is the stream's last entry id, which the caller compares with ARGV[1] (ids pass
-# 2^53, which Lua's numbers do not hold) to see a stream deleted and started afresh under
-# it. Only then is the last entry loaded (it may be big): the caller asks at most once a
-# second.
-RANGE = """
-local out, seen, cursor = {}, 0, ARGV[1]
--- at most 1,000 entries a call whatever ARGV[2] says (MetricsReader.COUNT): any role may run
--- this script, and one that asked for 10^9 over a long stream would hold Redis for minutes
-for _ = 1, math.min(tonumber(ARGV[2]) or 0, 1000) do
-  if cursor == 'LAST_ID' then break end
-  local e = redis.call('XRANGE', KEYS[1], '(' .. cursor, '+', 'COUNT', 1)[1]
-  if not e then break end
-  cursor = e[1]
-  local size = 0
-  for _, v in ipairs(e[2]) do size = size + #v end
-  if size > tonumber(ARGV[3]) then e = {cursor, size} end
-  out[#out + 1] = e
-  seen = seen + size
-  if seen >= tonumber(ARGV[4]) then break end
-end
-local newest = false
-if #out == 0 and ARGV[5] == '1' then
-  local now = redis.call('TIME')
-  if tonumber(string.match(ARGV[1], '^%d+')) > now[1] * 1000 + 1000 then
-    local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
-    newest = last and last[1] or false
-  end
-end
-return {newest, out}
-""".replace("LAST_ID", LAST_ID)
-RANGE_LUA = Lua("metrics.range", RANGE)
+# a follower's read of a stream it has no group on, the metrics
+# (qrl.runtime.metrics.MetricsReader); asked for what comes after LAST_ID, it answers where
+# the stream ends now
+RANGE_LUA = Lua("metrics.range", constants={"LAST_ID": LAST_ID})

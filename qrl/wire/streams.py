@@ -62,12 +62,15 @@ PRUNE_MAX = 10_000  # idle consumers removed per claim cycle (each is O(1) in Re
 SCAN_MAX = 256  # entries one read examines after reads that found only entries to reject
 MAX_WAIT = 60.0  # seconds a producer waits for room before it drops the payload
 
-ADD_IF_ROOM = Lua("streams.add_if_room", lua.ADD_IF_ROOM)
-ADOPT = Lua("streams.adopt", lua.ADOPT)
-READ = Lua("streams.read", lua.READ)
-LEAVE = Lua("streams.leave", lua.LEAVE)
-ACK = Lua("streams.ack", lua.ACK)
-ENSURE_GROUP = Lua("streams.ensure_group", lua.ENSURE_GROUP)
+# the scripts (qrl/wire/lua/streams.*.lua): a producer's check-and-XADD; a consumer's group,
+# reads (its own pending entries, claims, new ones), orphans' adoption, acknowledgement and
+# leaving; the dead letters' are lua.DEAD_LETTER_LUA
+ADD_IF_ROOM = Lua("streams.add_if_room", *lua.REPAIRS, "streams.add_if_room")
+ENSURE_GROUP = Lua("streams.ensure_group", "streams.fix", "streams.ensure_group")
+READ = Lua("streams.read", constants={"MAX_ENTRIES": lua.MAX_ENTRIES})
+ADOPT = Lua("streams.adopt", constants={"MAX_ENTRIES": lua.MAX_ENTRIES})
+ACK = Lua("streams.ack")
+LEAVE = Lua("streams.leave")
 
 Rejected = tuple[str, str, bytes | None, int | None]  # an entry's id, why, payload, size
 
@@ -262,7 +265,7 @@ class StreamConsumer:
     def _fetch(
         self, mode: str, cursor: str = "", count: int | None = None, scan: int | None = None
     ) -> tuple[str | None, list[Entry], bool]:
-        """One call of the read script (see ``qrl/wire/stream_scripts.py``), examining up to
+        """One call of the read script (``qrl/wire/lua/streams.read.lua``), examining up to
         ``scan`` (default ``count``) entries and about ``count`` x cap bytes: the next cursor,
         the good entries newly delivered to us (skipping any we already hold), and whether
         any entry came at all."""
@@ -368,7 +371,7 @@ class StreamConsumer:
             self._leave(keys=[self.stream], args=[GROUP, *idle])
 
     def _claim_orphans(self) -> None:
-        """Claim entries nobody would be handed (``ADOPT`` in ``qrl/wire/stream_scripts.py``) and
+        """Claim entries nobody would be handed (``qrl/wire/lua/streams.adopt.lua``) and
         scan the pending entries again at once, which hands them out."""
         args = [self.consumer, self._orphan_cursor, self.count, self._cap, self.claim_idle_ms]
         cursor, n = self._adopt(keys=[self.stream], args=args)

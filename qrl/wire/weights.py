@@ -43,43 +43,9 @@ from qrl.wire.stream_scripts import dead_letter
 
 log = logging.getLogger(__name__)
 
-# Store version ARGV[1] with blob ARGV[2] if it is newer than the stored one: {1, version};
-# else nothing is written: {0, stored version}. A stored version that is not a whole number
-# from -1 to ARGV[3] (the highest a writer at ARGV[1] counts on from), or a key that is not
-# a hash, is garbage: it is overwritten.
-_PUBLISH = """
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'hash' and kind ~= 'none' then
-  redis.call('DEL', KEYS[1])
-end
-local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '-1')
-if cur == nil or cur ~= math.floor(cur) or cur < -1 or cur > tonumber(ARGV[3]) then
-  cur = -1
-end
-local version = tonumber(ARGV[1])
-if version <= cur then
-  return {0, cur}
-end
-redis.call('HSET', KEYS[1], 'version', ARGV[1], 'blob', ARGV[2])
-return {1, version}
-"""
-
-# 1 if KEYS[1] is a hash holding version ARGV[1] and a blob of ARGV[3] bytes whose SHA1 is
-# ARGV[2], else 0. Redis hashes the blob (the check sends no parameters), and only one of the
-# publisher's own length: a writer's huge blob costs no hashing.
-_KEPT = """
-if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash'
-    or redis.call('HGET', KEYS[1], 'version') ~= ARGV[1]
-    or redis.call('HSTRLEN', KEYS[1], 'blob') ~= tonumber(ARGV[3]) then
-  return 0
-end
-if redis.sha1hex(redis.call('HGET', KEYS[1], 'blob')) ~= ARGV[2] then
-  return 0
-end
-return 1
-"""
-
-PUBLISH, KEPT = Lua("weights.publish", _PUBLISH), Lua("weights.kept", _KEPT)
+# a writer's versioned publish, and its check that the key still holds what it published
+# (qrl/wire/lua/weights.*.lua): WeightStore.publish and .kept
+PUBLISH, KEPT = Lua("weights.publish"), Lua("weights.kept")
 
 MAX_VERSION = 2**53 - 1  # stored versions this large or larger are garbage (Lua's doubles)
 # how far ahead of a learner's own version another writer's may be for the learner to count

@@ -57,6 +57,7 @@ ALGORITHM = Algorithm(
             "and pulls the parameters it publishes.",
             reads=PS_WORKER.reads,
             writes=PS_WORKER.writes,
+            scripts=PS_WORKER.scripts,
             count="workers",
             shown=("version", "gradients", "skipped"),
         ),

@@ -50,6 +50,7 @@ ALGORITHM = Algorithm(
             _learner,
             "The Ape-X learner of a run: trains on the replay and publishes the weights.",
             writes=family.LEARNER_WRITES,
+            scripts=family.LEARNER_SCRIPTS,
             progress=family.LEARNER_PROGRESS,
         ),
         actor_role(
@@ -59,6 +60,7 @@ ALGORITHM = Algorithm(
             "An Ape-X actor: joins the run, plays epsilon-greedy, pushes n-step transitions.",
             reads=family.ACTOR_READS,
             writes=family.ACTOR_WRITES,
+            scripts=family.ACTOR_SCRIPTS,
             count="actors",
         ),
     ),

@@ -68,6 +68,7 @@ ALGORITHM = Algorithm(
             "The Ape-X DPG learner of a run: twin critics and an actor trained on the replay; "
             "publishes the actor.",
             writes=family.LEARNER_WRITES,
+            scripts=family.LEARNER_SCRIPTS,
             progress=family.LEARNER_PROGRESS,
         ),
         actor_role(
@@ -78,6 +79,7 @@ ALGORITHM = Algorithm(
             "transitions.",
             reads=family.ACTOR_READS,
             writes=family.ACTOR_WRITES,
+            scripts=family.ACTOR_SCRIPTS,
             count="actors",
         ),
     ),

@@ -10,15 +10,34 @@ from typing import Any
 import redis
 
 from qrl.runtime.algorithm import RoleContext, RoleDef
-from qrl.runtime.roles import REPLAY_SIZE, Access, Feed, Reports
+from qrl.runtime.roles import (
+    CONSUMER_SCRIPTS,
+    PRODUCER_SCRIPTS,
+    PUBLISHER_SCRIPTS,
+    REPLAY_SIZE,
+    Access,
+    Feed,
+    Reports,
+)
 from qrl.wire.keys import MAX_SHARDS, RunKeys
 
-# the keys (within the run's prefix and its shards') each role reads and writes: actors
-# push to the experience streams, fillers drain them into the replay, the learner samples
-# the replay and publishes the weights
+# the keys (within the run's prefix and its shards') each role reads and writes, and the
+# scripts it runs: actors push to the experience streams, fillers drain them into the
+# replay, the learner samples the replay and publishes the weights. A replay's scripts are
+# those of transitions (qrl.replay.store) and of stacked frames (qrl.replay.frames): the
+# config picks one
 ACTOR_READS = ("weights",)
 ACTOR_WRITES = ("experience",)
+ACTOR_SCRIPTS = PRODUCER_SCRIPTS
+FILLER_SCRIPTS = ("replay.insert", "frames.insert")
+SAMPLER_SCRIPTS = (
+    "replay.fetch_ranks",
+    "replay.sample_proportional",
+    "frames.fetch_ranks",
+    "frames.sample_proportional",
+)
 LEARNER_WRITES = ("replay:*", "weights")
+LEARNER_SCRIPTS = (*SAMPLER_SCRIPTS, *PUBLISHER_SCRIPTS)
 LEARNER_PROGRESS = (Feed(REPLAY_SIZE, "replay_size"),)
 
 
@@ -32,7 +51,9 @@ def replay_role(filler: Callable[[RoleContext], Any]) -> RoleDef:
         filler,
         "Drain a run's experience stream into its prioritized replay (several may run; "
         "filler i drains shard i mod replay_shards).",
-        access=Access(writes=(*ACTOR_WRITES, "replay:*")),
+        access=Access(
+            writes=(*ACTOR_WRITES, "replay:*"), scripts=(*CONSUMER_SCRIPTS, *FILLER_SCRIPTS)
+        ),
         reports=Reports(
             "inserted",
             ("rejected",),

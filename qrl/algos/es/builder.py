@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING, Any
 from qrl.algos.es.config import ESConfig
 from qrl.algos.es.keys import es_params, es_results
 from qrl.runtime.algorithm import Algorithm, RoleContext, actor_role, learner_role
-from qrl.runtime.roles import shown_only
+from qrl.runtime.roles import (
+    CONSUMER_SCRIPTS,
+    PRODUCER_SCRIPTS,
+    PUBLISHER_SCRIPTS,
+    shown_only,
+)
 
 if TYPE_CHECKING:
     from qrl.rl.envspec import EnvSpec
@@ -50,6 +55,7 @@ ALGORITHM = Algorithm(
             _master,
             "The ES master of a run: folds results into generations, publishes parameters.",
             writes=("es:results", "es:params"),
+            scripts=(*CONSUMER_SCRIPTS, *PUBLISHER_SCRIPTS),
             progress=(shown_only("generation"), shown_only("stale")),
             shown=("generation",),
             device=False,  # numpy only
@@ -61,6 +67,7 @@ ALGORITHM = Algorithm(
             "An ES worker: joins the run, evaluates antithetic perturbations, pushes results.",
             reads=("es:params",),
             writes=("es:results",),
+            scripts=PRODUCER_SCRIPTS,
             count="workers",
             shown=("generation",),
             acts_on=None,  # its generation: qrl status shows no policy lag for ES

@@ -68,7 +68,12 @@ ALGORITHM = Algorithm(
             "A Gorila learner: samples the replay, pushes double-DQN gradients to the "
             "parameter server, pulls its parameters; several may run.",
             writes=(),
-            access=Access(reads=PS_WORKER.reads, writes=("replay:*", *PS_WORKER.writes)),
+            scripts=(),
+            access=Access(
+                reads=PS_WORKER.reads,
+                writes=("replay:*", *PS_WORKER.writes),
+                scripts=(*family.SAMPLER_SCRIPTS, *PS_WORKER.scripts),
+            ),
             # the servers' updates are the run's: a learner's feed only the replay's size
             reports=Reports("updates", ("skipped", "version"), family.LEARNER_PROGRESS),
             count="learners",
@@ -82,6 +87,7 @@ ALGORITHM = Algorithm(
             "A Gorila actor (Ape-X's): plays epsilon-greedy, pushes n-step transitions.",
             reads=family.ACTOR_READS,
             writes=family.ACTOR_WRITES,
+            scripts=family.ACTOR_SCRIPTS,
             count="actors",
         ),
     ),

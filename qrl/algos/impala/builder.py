@@ -10,7 +10,15 @@ from qrl.algos.impala.messages import KIND
 from qrl.inference.roles import inference_role, stepper_role
 from qrl.runtime.algorithm import Algorithm, RoleContext, actor_role, learner_role, torch_policy
 from qrl.runtime.config import central
-from qrl.runtime.roles import POLICY_LAG, Feed, shown_only
+from qrl.runtime.roles import (
+    CONSUMER_SCRIPTS,
+    POLICY_LAG,
+    POOL_SCRIPTS,
+    PRODUCER_SCRIPTS,
+    PUBLISHER_SCRIPTS,
+    Feed,
+    shown_only,
+)
 
 if TYPE_CHECKING:
     from qrl.rl.envspec import EnvSpec
@@ -61,6 +69,7 @@ ALGORITHM = Algorithm(
             "with the config's `learners` > 1, one of a pool that meets through Redis and "
             "averages its gradients.",
             writes=("trajectories", "weights", "learners:*"),
+            scripts=(*CONSUMER_SCRIPTS, *PUBLISHER_SCRIPTS, *POOL_SCRIPTS),
             # the lag it measures on the unrolls it trains on, and the unrolls it dropped
             progress=(Feed(POLICY_LAG, "policy_lag"), shown_only("dropped")),
             count="learners",
@@ -73,6 +82,7 @@ ALGORITHM = Algorithm(
             "An IMPALA actor: joins the run, samples from the policy, pushes unrolls.",
             reads=("weights",),
             writes=("trajectories",),
+            scripts=PRODUCER_SCRIPTS,
             count="actors",
             when=lambda cfg: not central(cfg),
         ),

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Any
 from qrl.algos.ppo.config import PPOConfig
 from qrl.algos.ppo.keys import rollouts
 from qrl.runtime.algorithm import Algorithm, RoleContext, actor_role, learner_role, torch_policy
-from qrl.runtime.roles import POLICY_LAG, Feed, shown_only
+from qrl.runtime.roles import (
+    CONSUMER_SCRIPTS,
+    POLICY_LAG,
+    POOL_SCRIPTS,
+    PRODUCER_SCRIPTS,
+    PUBLISHER_SCRIPTS,
+    Feed,
+    shown_only,
+)
 
 if TYPE_CHECKING:
     from qrl.rl.envspec import EnvSpec
@@ -53,6 +61,7 @@ ALGORITHM = Algorithm(
             "processes, on any machines: they meet through Redis), trains on its share of "
             "the rollouts; the pool's leader publishes weights.",
             writes=("rollouts", "weights", "learners:*"),
+            scripts=(*CONSUMER_SCRIPTS, *PUBLISHER_SCRIPTS, *POOL_SCRIPTS),
             # the lag it measures on the rollouts it trains on, and those it dropped
             progress=(Feed(POLICY_LAG, "policy_lag"), shown_only("stale")),
             shown=("skipped", "stale", "allreduce_s"),
@@ -66,6 +75,7 @@ ALGORITHM = Algorithm(
             "A PPO actor: joins the run, samples from the policy, pushes rollouts.",
             reads=("weights",),
             writes=("rollouts",),
+            scripts=PRODUCER_SCRIPTS,
             count="actors",
         ),
     ),

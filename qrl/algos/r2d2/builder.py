@@ -83,6 +83,7 @@ ALGORITHM = Algorithm(
             "The R2D2 learner of a run: trains on the replay's sequences and publishes the "
             "weights.",
             writes=family.LEARNER_WRITES,
+            scripts=family.LEARNER_SCRIPTS,
             progress=family.LEARNER_PROGRESS,
         ),
         actor_role(
@@ -92,6 +93,7 @@ ALGORITHM = Algorithm(
             "An R2D2 actor: plays epsilon-greedy with an LSTM, pushes overlapping sequences.",
             reads=family.ACTOR_READS,
             writes=family.ACTOR_WRITES,
+            scripts=family.ACTOR_SCRIPTS,
             count="actors",
             when=lambda cfg: not central(cfg),
         ),

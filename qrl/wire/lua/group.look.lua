@@ -1,0 +1,2 @@
+-- KEYS gen; ARGV -, -, world: the forming generation, '' if none valid.
+return current()
