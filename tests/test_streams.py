@@ -318,3 +318,41 @@ def test_consumers_leave_the_group_when_they_close(r, keys):
     assert [c["name"] for c in r.xinfo_consumers(keys.experience, GROUP)] == [
         other.consumer.encode()
     ]
+
+
+def _streams(keys, n: int) -> list[str]:
+    return [keys.key(f"test:writer:{w}") for w in range(n)]
+
+
+def test_a_consumer_of_several_streams_takes_them_in_turn_and_knows_whose(r, keys):
+    """One stream per writer: a writer whose stream holds 50 gets no more of a read than
+    one whose stream holds 5 while both have some; each entry names its stream, and acks,
+    a restarted consumer's re-read and a survivor's claims go stream by stream."""
+    flood, few = _streams(keys, 2)
+    for i in range(50):
+        r.xadd(flood, {"d": item(i)})
+    for i in range(5):
+        r.xadd(few, {"d": item(100 + i)})
+    c = StreamConsumer(r, keys, [flood, few], ITEM, count=10, block_ms=10)
+    first = c.read()
+    assert sorted(e.data["seq"] for e in first if e.stream == few) == list(range(100, 105))
+    assert sorted(e.data["seq"] for e in first if e.stream == flood) == list(range(5))
+    c.ack(first)
+    assert r.xlen(few) == 0 and r.xlen(flood) == 45
+    held = c.read()  # now the flood's alone
+    assert [e.data["seq"] for e in held] == list(range(5, 15))
+    r.xadd(few, {"d": item(105)})
+    held += c.read(count=2)
+    assert [e.stream for e in held[-2:]].count(few) == 1  # its turn comes at once
+    # the same name, restarted, re-reads what it held of each stream, once
+    again = StreamConsumer(r, keys, [flood, few], ITEM, consumer=c.consumer, block_ms=10)
+    got = again.read(count=100) + again.read(count=100)
+    assert sorted((e.stream, e.id) for e in got) == sorted((e.stream, e.id) for e in held)
+    # a survivor claims them from the dead consumer, stream by stream
+    survivor = StreamConsumer(r, keys, [flood, few], ITEM, claim_idle_ms=0, block_ms=10)
+    claimed: list = []
+    for _ in range(10):
+        claimed += (got := survivor.read(count=100))
+        survivor.ack(got)
+    assert len(claimed) == len({e.id for e in claimed}) == len(held) + 34  # each once
+    assert r.xlen(flood) == r.xlen(few) == 0

@@ -265,3 +265,30 @@ def test_an_actors_acl_user_repairs_what_it_adds_to(r, keys, attack):
     finally:
         actor.close()
         r.acl_deluser(user)
+
+
+@pytest.mark.parametrize("how", ["deleted", "a string", "group destroyed", "ids used up"])
+def test_one_broken_stream_of_several_holds_no_other_back(r, keys, how, caplog):
+    """A consumer of one stream per writer (each writer may break its own): one read still
+    takes the other streams' entries, the broken one made again in the same script call, so
+    a writer breaking its own in a loop cannot starve the others."""
+    mine, other = keys.key("test:writer:0"), keys.key("test:writer:1")
+    c = StreamConsumer(r, keys, [mine, other], ITEM, count=10, block_ms=10)
+    assert c.read() == []
+    r.xadd(other, {"d": item(7)})
+    if how == "deleted":
+        r.delete(mine)
+    elif how == "a string":
+        r.delete(mine)
+        r.set(mine, "x")
+    elif how == "group destroyed":
+        r.xgroup_destroy(mine, GROUP)
+    else:
+        r.delete(mine)
+        r.xadd(mine, {"d": b"x"}, id="18446744073709551615-18446744073709551615")
+    with caplog.at_level(logging.WARNING, logger="qrl.wire.streams"):
+        got = c.read()
+    assert [(e.stream, e.data["seq"]) for e in got] == [(other, 7)]
+    assert r.type(mine) == b"stream" and r.xinfo_groups(mine)[0]["name"] == b"qrl"
+    assert "group" in caplog.text
+    c.ack(got)

@@ -18,6 +18,12 @@ Delivery contract (README.md, "The contracts", says the same for users):
   that found only entries to reject it examines more (up to ``SCAN_MAX``, in the same bytes)
   and keeps good entries past ``count`` for the next: a flood of junk is rejected a batch
   at a time, its dead letters and acknowledgements in one round trip.
+* A consumer may read several streams, one per writer (a per-instance user writes its own
+  only, so the stream says who wrote an entry): one read takes a new entry of each stream
+  that has one, in turns, in one script call, starting at another stream each read, so a
+  writer that floods its stream gets no more of a read than the others with entries
+  waiting. A stream of them deleted, replaced or without its group is made again inside
+  that call: its writer cannot hold the others' entries back.
 * Entries left pending by a dead consumer are claimed (XAUTOCLAIM) once idle for
   ``claim_idle_ms``; a restarted consumer with the same name first re-reads its own pending
   entries, once each. Entries a consumer still holds are never handed to it a second time.
@@ -67,12 +73,12 @@ MAX_WAIT = 60.0  # seconds a producer waits for room before it drops the payload
 # leaving; the dead letters' are lua.DEAD_LETTER_LUA
 ADD_IF_ROOM = Lua("streams.add_if_room", *lua.REPAIRS, "streams.add_if_room")
 ENSURE_GROUP = Lua("streams.ensure_group", "streams.fix", "streams.ensure_group")
-READ = Lua("streams.read", constants={"MAX_ENTRIES": lua.MAX_ENTRIES})
+READ = Lua(
+    "streams.read", "streams.fix", "streams.read", constants={"MAX_ENTRIES": lua.MAX_ENTRIES}
+)
 ADOPT = Lua("streams.adopt", constants={"MAX_ENTRIES": lua.MAX_ENTRIES})
 ACK = Lua("streams.ack")
 LEAVE = Lua("streams.leave")
-
-Rejected = tuple[str, str, bytes | None, int | None]  # an entry's id, why, payload, size
 
 
 def _consumer_name() -> str:
@@ -155,26 +161,61 @@ class StreamProducer:
 
 @dataclass
 class Entry:
-    """A decoded stream entry."""
+    """A decoded stream entry, and the stream it came from (a consumer may read several)."""
 
     id: str
     data: dict[str, Any]
+    stream: str = ""
+
+
+Held = tuple[str, str]  # an entry as a consumer holds it: its stream, its id
+Rejected = tuple[str, str, str, bytes | None, int | None]  # stream, id, why, payload, size
+
+
+def _broken(e: redis.ResponseError) -> bool:
+    """Whether ``e`` says a stream was deleted, replaced by another type or lost its group
+    (its writers may do that: the consumer makes it again and goes on)."""
+    return any(s in str(e) for s in ("WRONGTYPE", "NOGROUP", "no such key"))
+
+
+def _each(client: redis.Redis, calls: list[tuple[Any, list[str], list[Any]]]) -> None:
+    """Script calls, one stream's each: one directly, more in one round trip."""
+    if len(calls) == 1:
+        script, keys, args = calls[0]
+        script(keys, args)
+    else:
+        run_scripts(client, calls)
+
+
+def _by_stream(held: Sequence[Held]) -> dict[str, list[str]]:
+    """The ids of ``held``, stream by stream (in the order first met)."""
+    out: dict[str, list[str]] = {}
+    for stream, eid in held:
+        out.setdefault(stream, []).append(eid)
+    return out
 
 
 class StreamConsumer:
-    """Reads ``stream`` through the consumer group ``qrl`` and decodes with ``schema``.
+    """Reads ``stream`` (or each of several streams: a list) through the consumer group
+    ``qrl`` and decodes with ``schema``.
 
     Use :meth:`read` then :meth:`ack`, or :meth:`process` with a handler, and :meth:`close`
     at the end. Undecodable entries, entries larger than a payload of ``max_bytes`` can be
     (default: the schema's cap), and entries delivered more than ``max_deliveries`` times
     never reach the caller: they are dead-lettered and acknowledged.
+
+    Of several streams (one per writer, each writable by its writer only, so an entry's
+    stream names who wrote it: :attr:`Entry.stream`), one read takes new entries of every
+    stream in turns, in one script call, starting at another stream each time: a writer
+    that floods its stream gets no more of a read than the others with entries waiting.
+    Pending entries are re-read and claimed stream by stream.
     """
 
     def __init__(
         self,
         client: redis.Redis,
         keys: RunKeys,
-        stream: str,
+        stream: str | Sequence[str],
         schema: Schema,
         *,
         consumer: str | None = None,
@@ -186,8 +227,11 @@ class StreamConsumer:
     ) -> None:
         self.client = client
         self.keys = keys
-        self.stream = stream
-        self.source = stream.removeprefix(keys.prefix)
+        self.streams = [stream] if isinstance(stream, str) else list(stream)
+        if not self.streams:
+            raise ValueError("a consumer needs a stream")
+        more = len(self.streams) - 1
+        self.name = self.streams[0] + (f" (and {more} more)" if more else "")  # in logs
         self.schema = schema
         self.consumer = consumer or _consumer_name()
         self.count = count
@@ -196,10 +240,14 @@ class StreamConsumer:
         self.max_bytes = max_bytes
         self.max_deliveries = max_deliveries
         self.rejected = 0
-        self._own_pending: str | None = "0"  # cursor through what this name left pending
-        self._held: set[str] = set()  # delivered to us, not yet acknowledged
-        self._claim_cursor = "0-0"
-        self._orphan_cursor = "-"
+        # per stream: the cursor through what this name left pending (None: done), the claim
+        # scan's and the orphan scan's cursors
+        self._own: dict[str, str | None] = dict.fromkeys(self.streams, "0")
+        self._claim_cursor = dict.fromkeys(self.streams, "0-0")
+        self._orphan_cursor = dict.fromkeys(self.streams, "-")
+        self._claiming = 0  # the stream whose pending entries the claim scan is at
+        self._turn = 0  # the stream a read of new entries asks first
+        self._held: set[Held] = set()  # delivered to us, not yet acknowledged
         self._next_claim = 0.0
         self._widen = 1  # reads that found nothing but rejects examine more entries at once
         self._ahead: list[Entry] = []  # good entries such a read found past the count asked
@@ -208,40 +256,49 @@ class StreamConsumer:
         self._read = READ.on(client)
         self._leave = LEAVE.on(client)
         self._ack = ACK.on(client)
-        ensure_group(client, stream)
+        self._ensure_groups()
 
-    def _reject(self, rejected: list[Rejected], ack: list[str]) -> None:
-        """Dead-letter the ``(id, reason, payload, size)`` of ``rejected`` and acknowledge (and
-        delete) the entries ``ack``, in one round trip for them all, not one per entry;
-        acknowledged whether or not the dead letters could be written. Logged once per
-        reason: the dead letters keep every one."""
-        calls = [(self._ack, [self.stream], ack)] if ack else []
-        for eid, reason, payload, size in rejected:
+    def source(self, stream: str) -> str:
+        """``stream``'s name in the run's stats and dead letters (without the prefix)."""
+        return stream.removeprefix(self.keys.prefix)
+
+    def _ensure_groups(self) -> None:
+        for stream in self.streams:
+            ensure_group(self.client, stream)
+
+    def _reject(self, rejected: list[Rejected], ack: list[Held]) -> None:
+        """Dead-letter the ``(stream, id, reason, payload, size)`` of ``rejected`` and
+        acknowledge (and delete) the entries ``ack``, in one round trip for them all, not one
+        per entry; acknowledged whether or not the dead letters could be written. Logged once
+        per reason: the dead letters keep every one."""
+        calls = [(self._ack, [s], ids) for s, ids in _by_stream(ack).items()]
+        acks = len(calls)
+        for stream, eid, reason, payload, size in rejected:
+            source = self.source(stream)
             faults.warn_once(
-                f"{self.source}: {reason}", "rejected %s entry %s: %s", self.source, eid, reason,
+                f"{source}: {reason}", "rejected %s entry %s: %s", source, eid, reason,
                 kind="rejected entries", logger=log,
             )  # fmt: skip
             calls.append(
-                (self._dead, *dead_letter_call(self.keys, self.source, reason, payload, eid, size))
+                (self._dead, *dead_letter_call(self.keys, source, reason, payload, eid, size))
             )
         self.rejected += len(rejected)
-        replies = optional(
-            f"dead letters of {self.stream}", lambda: run_scripts(self.client, calls)
-        )
-        for notes in (replies or [])[1 if ack else 0 :]:
+        replies = optional(f"dead letters of {self.name}", lambda: run_scripts(self.client, calls))
+        for notes in (replies or [])[acks:]:
             warn_once(*notes)
 
     def _decode(
-        self, raw: Sequence[tuple[str, dict[bytes, bytes] | None, int]]
-    ) -> tuple[list[Entry], list[Rejected], list[str]]:
-        """The entries of ``raw`` that decode; those that do not, with why; the ids of both
-        those and the entries deleted while pending (to acknowledge)."""
+        self, raw: Sequence[tuple[str, str, dict[bytes, bytes] | None, int]]
+    ) -> tuple[list[Entry], list[Rejected], list[Held]]:
+        """The entries of ``raw`` (stream, id, fields, times delivered) that decode; those
+        that do not, with why; both those and the entries deleted while pending (to
+        acknowledge)."""
         good: list[Entry] = []
         rejected: list[Rejected] = []
-        bad: list[str] = []
-        for eid, fields, delivered in raw:
+        bad: list[Held] = []
+        for stream, eid, fields, delivered in raw:
             if not fields:  # deleted while pending: nothing to deliver
-                bad.append(eid)
+                bad.append((stream, eid))
                 continue
             payload = fields.get(FIELD)
             try:
@@ -252,10 +309,11 @@ class StreamConsumer:
                     )
                 if payload is None or len(fields) != 1:
                     raise CodecError(f"entry fields must be exactly [{FIELD.decode()}]")
-                good.append(Entry(eid, decode(payload, self.schema, max_bytes=self.max_bytes)))
+                data = decode(payload, self.schema, max_bytes=self.max_bytes)
+                good.append(Entry(eid, data, stream))
             except CodecError as e:
-                rejected.append((eid, str(e), payload, None))
-                bad.append(eid)
+                rejected.append((stream, eid, str(e), payload, None))
+                bad.append((stream, eid))
         return good, rejected, bad
 
     @property
@@ -263,27 +321,30 @@ class StreamConsumer:
         return stored_cap(self.schema.max_bytes if self.max_bytes is None else self.max_bytes)
 
     def _fetch(
-        self, mode: str, cursor: str = "", count: int | None = None, scan: int | None = None
-    ) -> tuple[str | None, list[Entry], bool]:
-        """One call of the read script (``qrl/wire/lua/streams.read.lua``), examining up to
-        ``scan`` (default ``count``) entries and about ``count`` x cap bytes: the next cursor,
-        the good entries newly delivered to us (skipping any we already hold), and whether
-        any entry came at all."""
+        self, mode: str, streams: list[str], cursor: str = "", count: int | None = None,
+        scan: int | None = None,
+    ) -> tuple[str | None, list[Entry], bool]:  # fmt: skip
+        """One call of the read script (``qrl/wire/lua/streams.read.lua``) on ``streams``,
+        examining up to ``scan`` (default ``count``) entries and about ``count`` x cap bytes:
+        the next cursor, the good entries newly delivered to us (skipping any we already
+        hold), and whether any entry came at all."""
         cap, count = self._cap, count or self.count
         args = [self.consumer, mode, cursor, scan or count, cap, self.claim_idle_ms, count * cap]
-        nxt, rows = self._read(keys=[self.stream], args=args)
+        nxt, rows, *notes = self._read(keys=streams, args=args)
+        warn_once(*notes)
         raw, oversized = [], []
-        for eid, body, *delivered in ((text(row[0]), *row[1:]) for row in rows):
+        for eid, body, delivered, k in ((text(row[0]), *row[1:]) for row in rows):
+            stream = streams[k - 1]
             if isinstance(body, int):  # acknowledged and deleted unread by the script
                 reason = f"entry of {body} bytes is over the {cap} bytes a payload may take"
-                oversized.append((eid, reason, None, body))
-            elif eid not in self._held:
+                oversized.append((stream, eid, reason, None, body))
+            elif (stream, eid) not in self._held:
                 fields = dict(zip(body[::2], body[1::2], strict=True)) if body else None
-                raw.append((eid, fields, delivered[0] if delivered else 1))
+                raw.append((stream, eid, fields, delivered))
         good, rejected, bad = self._decode(raw)
         if oversized or bad:
             self._reject(oversized + rejected, bad)
-        self._held.update(e.id for e in good)
+        self._held.update((e.stream, e.id) for e in good)
         return (None if nxt is None else text(nxt)), good, bool(rows)
 
     def read(self, block_ms: int | None = None, count: int | None = None) -> list[Entry]:
@@ -297,38 +358,32 @@ class StreamConsumer:
             return out
         try:
             return self._read_once(self.block_ms if block_ms is None else block_ms, count)
-        except redis.ResponseError as e:  # the stream or group replaced or destroyed
-            if "WRONGTYPE" not in str(e) and "NOGROUP" not in str(e):
+        except redis.ResponseError as e:  # a stream or group replaced or destroyed
+            if not _broken(e):
                 raise
-            warn_once(f"{self.stream}: {e}; recreating the stream's group")
-            ensure_group(self.client, self.stream)
+            warn_once(f"{self.name}: {e}; recreating the stream's group")
+            self._ensure_groups()
             return []
 
     def _read_once(self, block_ms: int, count: int | None) -> list[Entry]:
-        while self._own_pending is not None:
-            self._own_pending, good, _ = self._fetch("own", self._own_pending, count)
-            if good:
-                return good
+        for stream, cursor in self._own.items():
+            while cursor is not None:
+                cursor, good, _ = self._fetch("own", [stream], cursor, count)
+                self._own[stream] = cursor
+                if good:
+                    return good
         now = clock.now()
         if now >= self._next_claim:
-            if self._held:  # keep what we hold from going idle (JUSTID: no delivery counted)
-                self.client.xclaim(
-                    self.stream, GROUP, self.consumer, 0, sorted(self._held), justid=True
-                )
-            cursor, good, _ = self._fetch("claim", self._claim_cursor, count)
-            self._claim_cursor = cursor or "0-0"
-            if self._claim_cursor == "0-0":  # scanned the whole pending list
-                self._next_claim = now + max(self.claim_idle_ms / 4000, 0.05)
-                self._prune()
-                self._claim_orphans()
+            good = self._claim_step(now, count)
             if good:
-                log.info("claimed %d pending %s entries", len(good), self.source)
                 return good
         # scripts cannot block: poll, backing off up to 20 ms, until block_ms has passed
         deadline, delay, want = now + block_ms / 1000, 0.002, count or self.count
         while True:
             scan = max(want, min(want * self._widen, SCAN_MAX))
-            _, good, came = self._fetch(">", count=want, scan=scan)
+            turn = self._turn = (self._turn + 1) % len(self.streams)
+            streams = self.streams[turn:] + self.streams[:turn]
+            _, good, came = self._fetch(">", streams, count=want, scan=scan)
             self._widen = min(self._widen * 4, SCAN_MAX) if came and not good else 1
             if good:
                 self._ahead = good[want:]
@@ -340,53 +395,85 @@ class StreamConsumer:
                 clock.sleep(min(delay, left))
                 delay = min(delay * 2, 0.02)
 
+    def _claim_step(self, now: float, count: int | None) -> list[Entry]:
+        """One step of the claim scan: entries of the stream it is at, idle long enough in
+        others' hands, claimed (ours kept from going idle first); at the end of that stream's
+        pending entries its idle consumers are pruned and its orphans claimed, then the next
+        stream; after the last, the next scan waits ``claim_idle_ms / 4``. A stream broken
+        meanwhile (its writer may) is passed over: the next read makes it again."""
+        stream, good, again = self.streams[self._claiming], [], 0
+        try:
+            held = sorted(eid for s, eid in self._held if s == stream)
+            if held:  # keep what we hold from going idle (JUSTID: no delivery counted)
+                self.client.xclaim(stream, GROUP, self.consumer, 0, held, justid=True)
+            cursor, good, _ = self._fetch("claim", [stream], self._claim_cursor[stream], count)
+            self._claim_cursor[stream] = cursor or "0-0"
+            if self._claim_cursor[stream] == "0-0":  # scanned the stream's whole pending list
+                self._prune(stream)
+                again = self._claim_orphans(stream)  # (then scanned again at once)
+        except redis.ResponseError as e:
+            if not _broken(e):
+                raise
+            warn_once(f"{stream}: {e}; its claim scan passed over")
+            self._claim_cursor[stream] = "0-0"
+        if self._claim_cursor[stream] == "0-0" and not again:
+            self._claiming = (self._claiming + 1) % len(self.streams)
+            if not self._claiming:
+                self._next_claim = now + max(self.claim_idle_ms / 4000, 0.05)
+        if good:
+            log.info("claimed %d pending %s entries", len(good), self.source(stream))
+        return good
+
     def ack(self, entries: Sequence[Entry]) -> None:
-        """Acknowledge and delete ``entries`` (in one step)."""
+        """Acknowledge and delete ``entries`` (in one step; one round trip for them all)."""
         if not entries:
             return
-        ids = [e.id for e in entries]
+        held = [(e.stream or self.streams[0], e.id) for e in entries]
         try:
-            self._ack(keys=[self.stream], args=ids)
-        except redis.ResponseError as e:  # the stream replaced by another type: gone anyway
+            _each(self.client, [(self._ack, [s], ids) for s, ids in _by_stream(held).items()])
+        except redis.ResponseError as e:  # a stream replaced by another type: gone anyway
             if "WRONGTYPE" not in str(e):
                 raise
-            warn_once(f"{self.stream}: {e}; its entries are lost")
-        self._held.difference_update(ids)
+            warn_once(f"{self.name}: {e}; its entries are lost")
+        self._held.difference_update(held)
 
     def release(self, entries: Sequence[Entry]) -> None:
         """Give up ``entries`` without acknowledging: they stay pending and can be claimed
         again (by any consumer, this one included) once idle."""
-        self._held.difference_update(e.id for e in entries)
+        self._held.difference_update((e.stream or self.streams[0], e.id) for e in entries)
 
-    def _prune(self) -> None:
-        """Remove up to ``PRUNE_MAX`` consumers that hold nothing and were idle for
-        ``claim_idle_ms``, in one script call (the listing is one command)."""
+    def _prune(self, stream: str) -> None:
+        """Remove up to ``PRUNE_MAX`` consumers of ``stream`` that hold nothing and were idle
+        for ``claim_idle_ms``, in one script call (the listing is one command)."""
         idle = [
             c["name"]
-            for c in self.client.xinfo_consumers(self.stream, GROUP)
+            for c in self.client.xinfo_consumers(stream, GROUP)
             if not c["pending"] and c["idle"] > self.claim_idle_ms
         ]
         idle = [n for n in idle if text(n) != self.consumer][:PRUNE_MAX]
         if idle:
-            self._leave(keys=[self.stream], args=[GROUP, *idle])
+            self._leave(keys=[stream], args=[GROUP, *idle])
 
-    def _claim_orphans(self) -> None:
-        """Claim entries nobody would be handed (``qrl/wire/lua/streams.adopt.lua``) and
-        scan the pending entries again at once, which hands them out."""
-        args = [self.consumer, self._orphan_cursor, self.count, self._cap, self.claim_idle_ms]
-        cursor, n = self._adopt(keys=[self.stream], args=args)
-        self._orphan_cursor = text(cursor)
+    def _claim_orphans(self, stream: str) -> int:
+        """Claim entries of ``stream`` nobody would be handed
+        (``qrl/wire/lua/streams.adopt.lua``); how many (the claim scan then goes over the
+        stream's pending entries again at once, which hands them out)."""
+        cursor = self._orphan_cursor[stream]
+        args = [self.consumer, cursor, self.count, self._cap, self.claim_idle_ms]
+        cursor, n = self._adopt(keys=[stream], args=args)
+        self._orphan_cursor[stream] = text(cursor)
         if n:
-            warn_once(f"{self.stream}: entries no consumer held or would be handed: claimed")
+            warn_once(f"{stream}: entries no consumer held or would be handed: claimed")
             self._next_claim = 0.0
+        return n
 
     def close(self) -> None:
-        """Leave the group, unless entries are still pending for this consumer (then they
-        stay claimable by others). Best effort: Redis may already be gone."""
+        """Leave the group of each stream, unless entries are still pending for this consumer
+        there (then they stay claimable by others). Best effort: Redis may already be gone."""
         try:
-            self._leave(keys=[self.stream], args=[GROUP, self.consumer])
+            _each(self.client, [(self._leave, [s], [GROUP, self.consumer]) for s in self.streams])
         except redis.RedisError as e:
-            log.debug("could not leave the %s group: %s", self.source, e)
+            log.debug("could not leave the %s group: %s", self.name, e)
 
     def process(self, handler: Callable[[list[Entry]], None], block_ms: int | None = None) -> int:
         """Read a batch, pass it to ``handler`` and acknowledge it only if the handler
