@@ -116,7 +116,6 @@ def gradient() -> tuple[str, dict]:
     return "ps.gradient", {
         "shard": 0,
         "version": pick(0, version, 2**53),
-        "worker": 2**31,
         "loss": pick(0.0, 1e15, -1e15),
         "grad": pick(plausible(A3C_PARAMS, 1e-4), extreme(A3C_PARAMS, 1e30)),
     }
@@ -127,7 +126,7 @@ STREAM, MESSAGE, WEIGHTS = {
     "impala": (trajectories(keys), unrolls, keys.weights),
     "ppo": (rollouts(keys), lambda: unrolls("ppo.rollouts", 32, 8), keys.weights),
     "es": (es_results_key(keys), es_results, es_params(keys)),
-    "a3c": (gradients(keys), gradient, params(keys)),
+    "a3c": (gradients(keys, 0), gradient, params(keys)),  # worker 0's stream
 }[algo]
 
 print(STREAM, flush=True)

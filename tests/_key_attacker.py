@@ -32,7 +32,7 @@ STREAM, WEIGHTS = {
     "impala": (trajectories(keys), keys.weights),
     "ppo": (rollouts(keys), keys.weights),
     "es": (es_results(keys), es_params(keys)),
-    "a3c": (gradients(keys), params(keys)),
+    "a3c": (gradients(keys, 0), params(keys)),  # worker 0's stream
 }[algo]
 LIMIT = 2**53 - 1
 

@@ -8,11 +8,11 @@ kinds of attack it makes, then one line per attack: its name, a colon, then ``re
 Where ``tests/_key_attacker.py`` attacks with the run's whole key space, this has only what
 one role's user has: Lua of its own, exhausted stream ids, a counter at the int64 edge,
 oversized metrics entries, the weights, config and control, other processes' leases,
-heartbeats and reply lists, the parameter server's state and a flood of in-bounds
-gradients, a poisoned ES statistics message. Against a PBT population (ALGO ``pbt``): with
-trial I's worker user (ROLE ``worker``) or the user of a process of its segment (any other
-ROLE), the population's and another trial's keys, and its own trial's records. It ends, exit
-code 0, when its user is deleted."""
+heartbeats and reply lists, the parameter server's state, another worker's gradient stream
+and a flood of in-bounds gradients on its own, a poisoned ES statistics message. Against a
+PBT population (ALGO ``pbt``): with trial I's worker user (ROLE ``worker``) or the user of a
+process of its segment (any other ROLE), the population's and another trial's keys, and its
+own trial's records. It ends, exit code 0, when its user is deleted."""
 
 import os
 import sys
@@ -34,13 +34,15 @@ url, run, algo, role, every = sys.argv[1:5] + [float(sys.argv[5])]
 r = connect(url, deadline=5.0)
 keys = RunKeys(run)
 rng = np.random.default_rng(68)
+# an A3C worker's number (its joined user is RUN.worker.N): its own gradient stream's
+ME = int(r.acl_whoami().rsplit(".", 1)[-1]) if algo == "a3c" else 0
 TOP = "18446744073709551615-18446744073709551615"  # the last stream id there is
 LOOP = "redis.call('SET', KEYS[1], 'x') local i = 0 while true do i = i + 1 end"
 FEEDS = {  # the stream a role of each algorithm feeds
     "apex": keys.experience,
     "impala": trajectories(keys),
     "es": es_results(keys),
-    "a3c": ps.gradients(ps.shard_keys(keys, 1, 0)),
+    "a3c": ps.gradients(ps.shard_keys(keys, 1, 0), ME),  # its own stream
 }
 FEED = FEEDS.get(algo, keys.experience)
 other = keys.lease(role, 0)  # another process's key (the attacker is never number 0)
@@ -87,15 +89,25 @@ def ps_state() -> None:
     r.set(ps.state(sk), encode(ps.STATE, msg))
 
 
+def _gradient(length: int) -> bytes:
+    grad = rng.normal(0, 1e-2, length).astype(np.float32)
+    return encode(ps.GRADIENT, {"shard": 0, "version": 0, "loss": 0.0, "grad": grad})
+
+
 def gradient_flood() -> None:
-    """Finding 10: as many in-bounds gradients as one worker can push."""
+    """Finding 10: as many in-bounds gradients as one worker can push (to its own stream: the
+    only one its user may write)."""
     sk, length = _block()
     pipe = r.pipeline(transaction=False)
     for _ in range(200):
-        grad = rng.normal(0, 1e-2, length).astype(np.float32)
-        msg = {"shard": 0, "version": 0, "worker": 0, "loss": 0.0, "grad": grad}
-        pipe.xadd(ps.gradients(sk), {"d": encode(ps.GRADIENT, msg)})
+        pipe.xadd(ps.gradients(sk, ME), {"d": _gradient(length)})
     pipe.execute()
+
+
+def others_gradient() -> None:
+    """Finding 10: a gradient in worker 0's stream, to be counted as worker 0's."""
+    sk, length = _block()
+    r.xadd(ps.gradients(sk, 0), {"d": _gradient(length)})
 
 
 SK = inference.server_keys(keys, 1, 0)
@@ -139,7 +151,11 @@ if algo == "pbt":  # the population is the target (and, but for its worker, the 
     ATTACKS += PBT + (LIES if role == "worker" else RECORDS)
 ATTACKS += {
     "es": [("poisoned_stats", poisoned_stats)],  # finding 4
-    "a3c": [("ps_state", ps_state), ("gradient_flood", gradient_flood)],  # findings 5, 10
+    "a3c": [  # findings 5, 10
+        ("ps_state", ps_state),
+        ("gradient_flood", gradient_flood),
+        ("other's gradient", others_gradient),
+    ],
     "impala": [  # finding 6
         ("steal replies", lambda: r.blpop([inference.reply(SK, 0)], timeout=0.05)),
         ("read requests", lambda: r.lrange(inference.requests(SK, 0), 0, -1)),

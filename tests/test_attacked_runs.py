@@ -4,9 +4,10 @@
 only), keeps making every attack its user allows (``tests/_role_attacker.py``: Lua of its
 own, exhausted stream ids, a counter at the int64 edge, 30 MB metrics entries, the weights,
 config and control, other processes' leases, heartbeats and reply lists, parameter-server
-state and a gradient flood, poisoned ES statistics). What Redis refuses must be refused;
-what goes in, every honest role rides out. No honest process is refused anything: not a script
-its role runs (its rule lists those its role declares, no others), a command or a key."""
+state, another worker's gradient stream and a gradient flood, poisoned ES statistics).
+What Redis refuses must be refused; what goes in, every honest role rides out. No honest
+process is refused anything: not a script its role runs (its rule lists those its role
+declares, no others), a command or a key."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ REFUSED = {
 }  # fmt: skip
 REFUSED_TOO = {
     "impala-central": {"steal replies", "read requests", "drop requests"},
-    "a3c": {"ps_state"},
+    "a3c": {"ps_state", "other's gradient"},
 }
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from qrl.algos import ALGOS
 from qrl.algos.a3c.builder import _optimizer, _policy_value_net
 from qrl.algos.a3c.config import A3CConfig
 from qrl.ps import protocol
@@ -45,10 +46,11 @@ def _server(r, keys, cfg: A3CConfig, shard: int = 0, checkpoint=None) -> Paramet
 
 
 def _send(r, keys, cfg, grad: np.ndarray, version: int, loss: float = 1.0, to: int = 0,
-          **over) -> None:  # fmt: skip
+          worker: int = 0, **over) -> None:  # fmt: skip
+    """A gradient for shard ``to``, pushed to worker ``worker``'s stream of it."""
     sk = protocol.shard_keys(keys, cfg.ps_shards, to)
-    msg = {"shard": to, "version": version, "worker": 0, "loss": loss, "grad": grad, **over}
-    r.xadd(protocol.gradients(sk), {FIELD: encode(protocol.GRADIENT, msg)})
+    msg = {"shard": to, "version": version, "loss": loss, "grad": grad, **over}
+    r.xadd(protocol.gradients(sk, worker), {FIELD: encode(protocol.GRADIENT, msg)})
 
 
 def _grad(ps: ParameterServer, seed: int, scale: float = 0.001) -> np.ndarray:
@@ -76,7 +78,7 @@ def test_gradients_are_applied_one_step_each_and_published(r, keys):
     worker = PSClient(r, keys, cfg, _policy_value_net(cfg, ENV), worker=0)
     assert worker.pull() and worker.versions == [3]
     assert torch.equal(Flat(worker.net, 1).vector(), ref.detach())
-    assert r.xlen(protocol.gradients(keys)) == 0  # acknowledged and deleted
+    assert r.xlen(protocol.gradients(keys, 0)) == 0  # acknowledged and deleted
 
 
 def test_sharded_servers_step_exactly_as_one(r, keys):
@@ -148,7 +150,7 @@ def test_hostile_gradients_never_reach_the_parameters(r, keys):
     ]
     for over in hostile:
         _send(r, keys, cfg, **{"version": 0, **over})
-    stream = protocol.gradients(keys)
+    stream = protocol.gradients(keys, 1)
     r.xadd(stream, {FIELD: b"\x00not a payload"})
     r.xadd(stream, {FIELD: b"x" * (8 << 20)})  # huge
     r.xadd(stream, {b"other": b"field"})
@@ -192,7 +194,7 @@ def test_a_saved_state_claiming_entries_not_yet_made_does_not_freeze_the_server(
     _send(r, keys, cfg, _grad(ps, 0), version=0)
     ps.step(never)
     s = ps.state()
-    s["last_id"] = "99999999999999-0"  # a writer's: every entry to come would be skipped
+    s["last_ids"] = {"0": "99999999999999-0"}  # a writer's: every entry to come would be skipped
     r.set(protocol.state(keys), encode(protocol.STATE, s))
     again = _server(r, keys, cfg)
     assert again.updates == 1
@@ -228,6 +230,53 @@ def test_a_restarted_server_resumes_its_version_and_optimizer_state_once(r, keys
     assert again.updates == 9
 
 
+def test_a_restarted_server_resumes_every_workers_stream_exactly(r, keys):
+    """Killed after applying one gradient of each worker's stream (its state saved, nothing
+    acknowledged) while worker 1's older gradients and worker 0's newer ones still wait: the
+    restarted server skips what it applied of each stream and applies the rest, none twice
+    and none skipped (one last entry for all the streams would skip worker 1's, older than
+    worker 0's first)."""
+    cfg = A3CConfig(ps_batch=2, ps_max_staleness=10**6)
+    ps = _server(r, keys, cfg)
+    for worker in (1, 0):
+        for i in range(3):
+            _send(r, keys, cfg, _grad(ps, 10 * worker + i), version=0, worker=worker)
+    entries = ps.consumer.read()  # the first of each stream (in turns)
+    assert sorted(ps.worker_of[e.stream] for e in entries) == [0, 1]
+    for e in entries:
+        ps.apply(e)
+    ps.persist()  # ... and killed here
+    again = _server(r, keys, cfg)
+    assert again.updates == 2 and set(again.last_ids) == {0, 1}
+    for _ in range(4):
+        again.step(never)
+    assert again.updates == 6 and again.replayed == 2
+    assert not any(r.xlen(stream) for stream in again.streams)
+    assert again.state()["last_ids"] == {
+        str(w): r.xinfo_stream(protocol.gradients(keys, w))["last-generated-id"].decode()
+        for w in (0, 1)
+    }
+
+
+def test_an_older_servers_saved_state_is_resumed(r, keys):
+    """A state saved before the workers had a stream each (one ``last_id`` of the stream they
+    shared, which no server reads now): resumed, as having applied nothing of theirs."""
+    cfg = A3CConfig()
+    ps = _server(r, keys, cfg)
+    _send(r, keys, cfg, _grad(ps, 0), version=0)
+    ps.step(never)
+    s = ps.state()
+    del s["last_ids"]
+    s["last_id"] = "1700000000000-0"
+    r.set(protocol.state(keys), encode(protocol.STATE, s))
+    again = _server(r, keys, cfg)
+    assert again.updates == 1 and again.last_ids == {}
+    assert np.array_equal(_block(again), _block(ps))
+    _send(r, keys, cfg, _grad(ps, 1), version=1, worker=3)
+    again.step(never)
+    assert again.updates == 2 and again.last_ids.keys() == {3}
+
+
 def test_the_checkpoint_restores_an_empty_redis(r, keys, tmp_path):
     cfg = A3CConfig(ps_shards=2)
     path = tmp_path / "checkpoint.pt"
@@ -242,7 +291,7 @@ def test_the_checkpoint_restores_an_empty_redis(r, keys, tmp_path):
         s.step(never)
     shards[0].save()
     for sk in (protocol.shard_keys(keys, 2, k) for k in range(2)):
-        r.delete(protocol.state(sk), protocol.params(sk), protocol.gradients(sk))
+        r.delete(protocol.state(sk), protocol.params(sk), protocol.gradients(sk, 0))
     back = [_server(r, keys, cfg, k, checkpoint=path) for k in range(2)]
     for old, new in zip(shards, back, strict=True):
         assert np.array_equal(_block(new), _block(old))
@@ -271,8 +320,16 @@ def test_shards_on_a_cluster_each_work_on_a_slot_of_their_own(redis_cluster):
     worker.pull()
     assert [s.updates for s in servers] == [3, 3, 3] == worker.versions
     client = connect(redis_cluster.urls[1])
-    client.xadd(protocol.gradients(shards[2]), {FIELD: b"garbage"})  # dead-lettered there
+    client.xadd(protocol.gradients(shards[2], 0), {FIELD: b"garbage"})  # dead-lettered there
     servers[2].step(never)
     assert int(client.hget(shards[2].stats, "rejected")) == 1
     servers[0].publish()
     assert WeightStore(client, keys).version() == 3  # the whole network: 3 gradients
+
+
+def test_qrl_status_lists_each_shards_stream_of_each_worker(keys):
+    a3c = ALGOS["a3c"].streams(keys, {"ps_shards": 2, "workers": 3})
+    assert list(a3c) == [f"gradients:{k}:{w}" for k in range(2) for w in range(3)]
+    assert a3c["gradients:1:2"] == protocol.gradients(protocol.shard_keys(keys, 2, 1), 2)
+    gorila = ALGOS["gorila"].streams(keys, {"learners": 2, "ps_shards": "junk"})
+    assert {"gradients:0:0", "gradients:0:1"} <= gorila.keys() and "gradients:1:0" not in gorila

@@ -74,7 +74,9 @@ def test_a_sigkilled_parameter_server_resumes_from_redis_and_the_run_solves(r, k
         roles.until(lambda: updates() >= 300, "300 gradients applied", 120)
         roles.kill("ps1")
         at = protocol.bounds(_size(cfg), 2)
-        saved = decode(r.get(protocol.state(shards[1])), protocol.state_schema(at[2] - at[1]))
+        schema = protocol.state_schema(at[2] - at[1], len(protocol.workers(cfg.workers)))
+        saved = decode(r.get(protocol.state(shards[1])), schema)
+        assert set(saved["last_ids"]) == {"0", "1"}  # where it is in each worker's stream
         roles.start("ps1", "ps", "a3c", "--id", "1")
         roles.until(
             lambda: f"resumed from Redis at version {saved['version']}" in roles.log("ps1"),

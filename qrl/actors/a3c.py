@@ -39,7 +39,7 @@ class A3CWorker(EnvActor):
         torch.set_num_threads(1)
         super().__init__(cfg, worker_id, env, cfg.envs_per_worker)
         self.net = policy_value_net(cfg, self.env)
-        self.ps = PSClient(client, keys, cfg, self.net, worker_id)
+        self.ps = PSClient(client, keys, cfg, self.net, worker_id, cfg.workers)
         self.gen = torch.Generator().manual_seed(cfg.seed * 10_000 + worker_id)
         self.gradients = self.skipped = 0
 

@@ -45,7 +45,8 @@ class GorilaLearner(DQNLearner):
         return self.cfg.seed * 1000 + self.ident
 
     def start(self, should_stop: StopCheck) -> bool:
-        self.ps = PSClient(self.client, self.keys, self.cfg, self.net, self.ident)
+        cfg = self.cfg
+        self.ps = PSClient(self.client, self.keys, cfg, self.net, self.ident, cfg.learners)
         if not wait_for_weights(self.ps.pull, should_stop):
             return False
         self.target_version = min(self.ps.versions)

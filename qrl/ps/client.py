@@ -69,7 +69,9 @@ def fetch_blocks(
 class PSClient:
     """Pulls the blocks of ``net``'s parameters from the shards (only those with a new
     version) and pushes its gradients to them, each tagged with the version of the block it
-    was computed on. ``versions`` are the blocks' versions held."""
+    was computed on, to worker ``worker``'s own stream of each shard (its user may write no
+    other). Each of the run's ``pushers`` workers has its share of ``ps_queue`` waiting per
+    shard (at least one) before it backs off. ``versions`` are the blocks' versions held."""
 
     def __init__(
         self,
@@ -78,14 +80,16 @@ class PSClient:
         cfg: ParameterServerConfig,
         net: torch.nn.Module,
         worker: int,
+        pushers: int = 1,
     ) -> None:
         self.cfg, self.worker, self.net = cfg, worker, net
         n = cfg.ps_shards
         self.flat = Flat(net, n)
         shards = [protocol.shard_keys(keys, n, k) for k in range(n)]
         self.stores = [WeightStore(client, keys, protocol.params(sk)) for sk in shards]
+        room = -(-cfg.ps_queue // max(pushers, 1))
         self.producers = [
-            StreamProducer(client, protocol.gradients(sk), cfg.ps_queue, keys=sk) for sk in shards
+            StreamProducer(client, protocol.gradients(sk, worker), room, keys=sk) for sk in shards
         ]
         self.versions = [-1] * n
         self.vector = self.flat.vector().cpu()
@@ -112,7 +116,6 @@ class PSClient:
             msg = {
                 "shard": k,
                 "version": self.versions[k],
-                "worker": self.worker,
                 "loss": float(loss),
                 "grad": np.ascontiguousarray(grad[self.flat.block(k)]),
             }

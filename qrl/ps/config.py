@@ -49,7 +49,11 @@ class ParameterServerConfig(BaseModel):
         16, ge=1, le=1024, description="Gradients a server reads (and applies) per cycle."
     )
     ps_queue: int = Field(
-        8, ge=1, le=4096, description="Gradients waiting per shard before workers back off."
+        8,
+        ge=1,
+        le=4096,
+        description="Gradients waiting per shard before workers back off: each worker's own "
+        "stream of a shard holds its share of them (at least 1).",
     )
     ps_grad_dtype: Literal["float32", "float16"] = Field(
         "float32", description="How gradients travel (float16 halves the bytes)."

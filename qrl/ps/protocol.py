@@ -3,16 +3,21 @@
 The parameters, flattened in the network's order, are split into ``ps_shards`` contiguous
 blocks (:func:`bounds`); shard ``k`` lives under the run's ``k``-th shard keys
 (:meth:`qrl.wire.keys.RunKeys.shards`: its own Cluster slot, the run's own keys with one
-shard) and has three keys there:
+shard) and has these keys there:
 
-- ``ps:gradients``: a stream of gradient messages for its block (:func:`gradient_schema`),
-  one per worker step, with the block's version they were computed on and their loss;
+- ``ps:gradients:N``: worker N's stream of gradient messages for the block
+  (:func:`gradient_schema`), one per worker step, with the block's version they were
+  computed on and their loss. One stream per worker number, each writable by that
+  worker's user only (``qrl run join``'s: ``Access.mine`` of the worker roles), so the
+  stream a gradient came from says which worker sent it: the server counts each worker's
+  share of what it applies by its stream, and a message names no worker (a field that
+  could only repeat the stream's number or lie about it);
 - ``ps:params``: its block as a weight store hash ``{version, blob}`` (one array, ``block``),
   the version being the gradients it applied;
 - ``ps:state``: what a restarted server resumes from (:func:`state_schema`): the block, the
-  optimizer's state, the version, the last stream entry applied and the loss statistics,
-  written in one SET after each cycle (before the block is published and the gradients
-  acknowledged).
+  optimizer's state, the version, the last entry applied of each worker's stream and the
+  loss statistics, written in one SET after each cycle (before the block is published and
+  the gradients acknowledged).
 
 The optimizers (Adam, RMSProp) work element by element, so K shards stepping their blocks
 step the whole vector exactly as one server would.
@@ -24,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from qrl.runtime.ids import id_limit
 from qrl.wire.codec import CodecError
 from qrl.wire.keys import MAX_SHARDS, RunKeys
 from qrl.wire.schema import INT_BOUND, Field, Schema, size_cap
@@ -31,15 +37,15 @@ from qrl.wire.schema import INT_BOUND, Field, Schema, size_cap
 GRADIENT = "ps.gradient"
 STATE = "ps.state"
 GRAD_DTYPES = ("float32", "float16")
-MAX_WORKER = 1 << 31
 MAX_LOSS = 1e15  # |loss| a gradient may claim (a real one is far below; squares stay finite)
 MAX_STATE_VERSION = 1 << 50  # a saved version (the weight store's versions stop at 2^53)
 # |parameter| a saved state may hold: an honest one is a few units (each optimizer step moves
 # a parameter by about lr, at most 1, from a clipped gradient); a 1e30 (a writer's) is refused
 MAX_PARAM = 1e4
-# the key names under a shard's prefix: workers push to the first and read the second; only
-# the servers write the second and third (the roles' Access say so: qrl/ps/roles.py)
-GRADIENTS_KEY, PARAMS_KEY, STATE_KEY = "ps:gradients", "ps:params", "ps:state"
+# the key names under a shard's prefix: worker {id} pushes to the first (its own) and reads
+# the second; only the servers write the second and third (the roles' Access say so:
+# qrl/ps/roles.py)
+GRADIENTS_KEY, PARAMS_KEY, STATE_KEY = "ps:gradients:{id}", "ps:params", "ps:state"
 
 
 def shard_keys(keys: RunKeys, n: int, k: int) -> RunKeys:
@@ -47,8 +53,16 @@ def shard_keys(keys: RunKeys, n: int, k: int) -> RunKeys:
     return keys.shards(n)[k]
 
 
-def gradients(sk: RunKeys) -> str:
-    return sk.key(GRADIENTS_KEY)
+def gradients(sk: RunKeys, worker: int) -> str:
+    """Worker ``worker``'s gradient stream among shard keys ``sk``."""
+    return sk.key(GRADIENTS_KEY.replace("{id}", str(worker)))
+
+
+def workers(pushers: int) -> range:
+    """The worker numbers whose streams a server reads, of a run configured for ``pushers``
+    workers: every number a worker process may hold (:func:`qrl.runtime.ids.id_limit`: a
+    worker restarted elsewhere, or one added by hand, takes a number above them)."""
+    return range(id_limit(pushers))
 
 
 def params(sk: RunKeys) -> str:
@@ -79,7 +93,6 @@ def gradient_schema(length: int) -> Schema:
         {
             "shard": Field(int, bounds=(0, MAX_SHARDS - 1)),
             "version": Field(int, bounds=(0, INT_BOUND)),
-            "worker": Field(int, bounds=(0, MAX_WORKER)),
             "loss": Field(float, finite=True, bounds=(-MAX_LOSS, MAX_LOSS)),
             "grad": Field(np.ndarray, dtypes=GRAD_DTYPES, ndim=1, finite=True),
         },
@@ -88,8 +101,12 @@ def gradient_schema(length: int) -> Schema:
     )
 
 
-def state_schema(length: int) -> Schema:
-    """A shard's saved state (``opt``: the optimizer's per-element arrays and its step)."""
+def state_schema(length: int, streams: int) -> Schema:
+    """A shard's saved state of a server reading ``streams`` worker streams (``opt``: the
+    optimizer's per-element arrays and its step; ``last_ids``: worker number -> the last
+    entry of its stream applied). A state without ``last_ids`` (an older server's, whose
+    ``last_id`` was of one stream that all workers shared and no server reads now) is read
+    as having applied nothing of the workers' streams."""
 
     def check(msg: dict[str, Any]) -> None:
         _length("params", length)(msg)
@@ -108,7 +125,8 @@ def state_schema(length: int) -> Schema:
         STATE,
         {
             "version": Field(int, bounds=(0, MAX_STATE_VERSION)),
-            "last_id": Field(str, max_len=64),
+            "last_ids": Field(dict, values=Field(str, max_len=64), max_len=streams, optional=True),
+            "last_id": Field(str, max_len=64, optional=True),  # an older server's: not read
             "params": Field(
                 np.ndarray, dtypes=("float32",), ndim=1, finite=True, bounds=(-MAX_PARAM, MAX_PARAM)
             ),
@@ -116,7 +134,7 @@ def state_schema(length: int) -> Schema:
             "loss": Field(list, max_len=3),
         },
         check=check,
-        max_bytes=size_cap(16 * length),
+        max_bytes=size_cap(16 * length + 64 * streams),
     )
 
 

@@ -21,13 +21,14 @@ SHOWN = (
     "stale", "future", "outlier", "norm", "flood", "rejected",
 )  # fmt: skip
 # what a worker (A3C's actor-learner, Gorila's learner) needs of the servers' keys: it reads
-# the blocks and appends gradients; it never writes a block or a server's saved state, so
-# (on Redis 7, whose read-only key patterns this takes) one worker's user cannot set the
-# parameters a restarted server resumes from. The servers write the three.
-PS_WORKER = Access(reads=(PARAMS_KEY,), writes=(GRADIENTS_KEY,), scripts=PRODUCER_SCRIPTS)
+# the blocks and appends gradients to its own streams (``mine``: a per-instance user, qrl
+# run join's, writes its own number's only, so the server can tell whose a gradient is);
+# it never writes a block or a server's saved state, so (on Redis 7, whose read-only key
+# patterns this takes) one worker's user cannot set the parameters a restarted server
+# resumes from. The servers write them all.
+PS_WORKER = Access(reads=(PARAMS_KEY,), mine=(GRADIENTS_KEY,), scripts=PRODUCER_SCRIPTS)
 PS_SERVER = Access(
-    reads=(),
-    writes=(GRADIENTS_KEY, PARAMS_KEY, STATE_KEY, "weights"),
+    writes=(GRADIENTS_KEY.replace("{id}", "*"), PARAMS_KEY, STATE_KEY, "weights"),
     scripts=(*CONSUMER_SCRIPTS, *PUBLISHER_SCRIPTS),
 )
 
@@ -75,11 +76,25 @@ def ps_role(
     )
 
 
-def gradient_streams(keys: Any, config: dict[str, Any]) -> dict[str, str]:
-    """``qrl status``'s streams: each shard's gradients (``config`` as stored: checked)."""
-    from qrl.ps.protocol import gradients, shard_keys
-    from qrl.wire.keys import MAX_SHARDS
+def gradient_streams(pushers: str) -> Callable[[Any, dict[str, Any]], dict[str, str]]:
+    """``qrl status``'s streams of a run whose config field ``pushers`` counts its workers:
+    each shard's gradient streams of those workers, ``gradients:SHARD:WORKER`` (the servers
+    also read the streams of numbers above them, which a restarted or added worker may hold:
+    not listed)."""
 
-    n = config.get("ps_shards", 1)
-    n = n if isinstance(n, int) and 1 <= n <= MAX_SHARDS else 1
-    return {f"gradients:{k}": gradients(shard_keys(keys, n, k)) for k in range(n)}
+    def streams(keys: Any, config: dict[str, Any]) -> dict[str, str]:
+        from qrl.ps.protocol import gradients, shard_keys
+        from qrl.wire.keys import MAX_SHARDS
+
+        def number(field: str, most: int) -> int:  # (the config as stored: checked)
+            n = config.get(field, 1)
+            return n if isinstance(n, int) and 1 <= n <= most else 1
+
+        n, workers = number("ps_shards", MAX_SHARDS), number(pushers, 4096)
+        return {
+            f"gradients:{k}:{w}": gradients(shard_keys(keys, n, k), w)
+            for k in range(n)
+            for w in range(workers)
+        }
+
+    return streams

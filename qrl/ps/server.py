@@ -2,22 +2,24 @@
 2016): applies the gradients of its block of the parameters as they come, one optimizer step
 each, and publishes the block with a version.
 
-Each cycle it reads up to ``ps_batch`` gradients from its stream and applies them one by one,
-dropping (and counting) a gradient computed on a block more than ``ps_max_staleness``
-versions old (``stale``), on a version it has not reached (``future``: a writer's invention,
-or a server that lost state), or, with ``ps_loss_sigmas``, whose loss is that many standard
-deviations off the running mean (``outlier``, Gorila's rule), and rejecting one whose block
-norm is over the workers' gradient clip (``norm``: no worker of ours sends one), and dropping
-one from a worker that already has its share (``ps_max_share``) of the last gradients applied
-(``flood``). Malformed
+Each cycle it reads up to ``ps_batch`` gradients from its workers' streams (one stream per
+worker number, :func:`qrl.ps.protocol.gradients`: one read over them all, taking a gradient
+of each worker that has one waiting in turn) and applies them one by one, dropping (and
+counting) a gradient computed on a block more than ``ps_max_staleness`` versions old
+(``stale``), on a version it has not reached (``future``: a writer's invention, or a server
+that lost state), or, with ``ps_loss_sigmas``, whose loss is that many standard deviations
+off the running mean (``outlier``, Gorila's rule), and rejecting one whose block norm is over
+the workers' gradient clip (``norm``: no worker of ours sends one), and dropping one from a
+worker that already has its share (``ps_max_share``) of the last gradients applied
+(``flood``): the worker whose stream it came from, whatever the message says. Malformed
 entries never reach it (the stream consumer dead-letters them). Then, in this order: its
-state (block, optimizer state, version, last entry applied, loss statistics) is saved in one
-SET, the block is published, the gradients are acknowledged. A server killed anywhere in
-that resumes from the saved state, skips the entries it already applied and re-reads the
-rest (its consumer name is its shard's). Shard 0 also publishes the whole network to the
-run's weights key every ``ps_publish_s`` and writes the run's checkpoint, with its own
-state, from which shards with nothing in Redis start (the others with their block of the
-network and a fresh optimizer).
+state (block, optimizer state, version, the last entry applied of each worker's stream, loss
+statistics) is saved in one SET, the block is published, the gradients are acknowledged. A
+server killed anywhere in that resumes from the saved state, skips the entries of each
+stream it already applied and re-reads the rest (its consumer name is its shard's). Shard 0
+also publishes the whole network to the run's weights key every ``ps_publish_s`` and writes
+the run's checkpoint, with its own state, from which shards with nothing in Redis start (the
+others with their block of the network and a fresh optimizer).
 """
 
 from __future__ import annotations
@@ -86,7 +88,12 @@ class ParameterServer(Role):
         self.param = torch.nn.Parameter(self.flat.vector()[self.flat.block(shard)].clone())
         self.make_opt, self.opt = make_opt, make_opt([self.param], cfg)
         self.opt_names = state_names(self.opt)
-        self.updates, self.last_id = 0, "0-0"
+        self.updates = 0
+        # the workers' streams (any number a worker process may hold) and the last entry
+        # applied of each (worker number -> entry id; "0-0" when none)
+        self.streams = [protocol.gradients(self.sk, w) for w in protocol.workers(workers)]
+        self.worker_of = {stream: w for w, stream in enumerate(self.streams)}
+        self.last_ids: dict[int, str] = {}
         self.published = -1  # the version of the block last published (read at the start)
         self.loss_stats = [0.0, 0.0, 0.0]  # running mean, variance, count
         self.drops = dict.fromkeys(DROPS, 0)
@@ -102,7 +109,7 @@ class ParameterServer(Role):
         self.consumer = StreamConsumer(  # the shard's dead letters and stats: its slot
             client,
             self.sk,
-            protocol.gradients(self.sk),
+            self.streams,
             protocol.gradient_schema(self.length),
             consumer=f"ps-{shard}",
             count=cfg.ps_batch,
@@ -128,7 +135,7 @@ class ParameterServer(Role):
         }
         return {
             "version": self.updates,
-            "last_id": self.last_id,
+            "last_ids": {str(w): i for w, i in sorted(self.last_ids.items())},
             "params": self.param.detach().cpu().numpy().copy(),
             "opt": opt,
             "loss": [float(x) for x in self.loss_stats],
@@ -145,7 +152,12 @@ class ParameterServer(Role):
         opt = msg["opt"]
         if opt and set(opt) != self.opt_names:
             raise CodecError(f"optimizer state {sorted(opt)}, expected {sorted(self.opt_names)}")
-        protocol.entry_order(msg["last_id"])  # a stream id, or ValueError
+        last_ids = {}
+        for w, entry_id in (msg["last_ids"] or {}).items():
+            if not (w.isdigit() and str(int(w)) == w and int(w) < len(self.streams)):
+                raise CodecError(f"last entry of worker {w!r}: no stream of this server's")
+            protocol.entry_order(entry_id)  # a stream id, or ValueError
+            last_ids[int(w)] = entry_id
         with torch.no_grad():
             self.param.copy_(torch.from_numpy(np.array(msg["params"])))
         self.opt = self.make_opt([self.param], self.cfg)
@@ -153,7 +165,7 @@ class ParameterServer(Role):
             sd = self.opt.state_dict()
             sd["state"] = {0: {k: torch.from_numpy(np.array(v)) for k, v in opt.items()}}
             self.opt.load_state_dict(sd)
-        self.updates, self.last_id = msg["version"], msg["last_id"]
+        self.updates, self.last_ids = msg["version"], last_ids
         self.loss_stats = list(loss)
 
     def restore(self) -> str:
@@ -165,7 +177,7 @@ class ParameterServer(Role):
             raw, why = None, str(e)
         if raw is not None:
             try:
-                msg = decode(raw, protocol.state_schema(self.length))
+                msg = decode(raw, protocol.state_schema(self.length, len(self.streams)))
                 self._version_reachable(msg["version"])
                 self.load_state(msg)
                 self._last_id_at_most_the_streams()
@@ -192,18 +204,19 @@ class ParameterServer(Role):
             )
 
     def _last_id_at_most_the_streams(self) -> None:
-        """A saved last entry past the newest the stream ever made (a writer's) would have
-        the server skip every gradient to come as applied already: it is cut back to it."""
-        try:
-            info = self.client.xinfo_stream(protocol.gradients(self.sk))
-            newest = info["last-generated-id"]
-            newest = newest.decode() if isinstance(newest, bytes) else str(newest)
-        except redis.ResponseError:  # no stream (or not one): nothing was applied from it
-            newest = "0-0"
-        if protocol.entry_order(self.last_id) > protocol.entry_order(newest):
-            log.warning("shard %d: saved last entry %s is past the stream's newest %s: cut back",
-                        self.shard, self.last_id, newest)  # fmt: skip
-            self.last_id = newest
+        """A saved last entry past the newest its stream ever made (a writer's) would have
+        the server skip every gradient to come of that worker as applied already: it is cut
+        back to it."""
+        for w, last in list(self.last_ids.items()):
+            try:
+                newest = self.client.xinfo_stream(self.streams[w])["last-generated-id"]
+                newest = newest.decode() if isinstance(newest, bytes) else str(newest)
+            except redis.ResponseError:  # no stream (or not one): nothing was applied from it
+                newest = "0-0"
+            if protocol.entry_order(last) > protocol.entry_order(newest):
+                log.warning("shard %d: saved last entry %s of worker %d is past its stream's "
+                            "newest %s: cut back", self.shard, last, w, newest)  # fmt: skip
+                self.last_ids[w] = newest
 
     def _from_checkpoint(self, path: Path) -> str:
         ckpt = load_checkpoint(path, self.algo, self.cfg)
@@ -213,7 +226,7 @@ class ParameterServer(Role):
             s = states[self.shard]
             msg = {
                 "version": int(s["version"]),
-                "last_id": "0-0",  # a new stream: entries of a lost Redis are gone
+                "last_ids": {},  # new streams: entries of a lost Redis are gone
                 "params": s["params"].numpy(),
                 "opt": {k: v.numpy() for k, v in s["opt"].items()},
                 "loss": [float(x) for x in s["loss"].tolist()],
@@ -253,15 +266,15 @@ class ParameterServer(Role):
         return True
 
     def apply(self, e: Entry) -> None:
-        m = e.data
-        if protocol.entry_order(e.id) <= protocol.entry_order(self.last_id):
+        m, worker = e.data, self.worker_of[e.stream]  # who sent it: whose stream it is
+        if protocol.entry_order(e.id) <= protocol.entry_order(self.last_ids.get(worker, "0-0")):
             self.replayed += 1  # applied before a restart, not acknowledged then
             return
-        self.last_id = e.id
+        self.last_ids[worker] = e.id
         if m["shard"] != self.shard:
             self.rejected += 1
             why = f"a gradient for shard {m['shard']} on shard {self.shard}'s stream"
-            dead_letter(self.client, self.sk, "ps:gradients", why, None, e.id)
+            dead_letter(self.client, self.sk, self.consumer.source(e.stream), why, None, e.id)
             return
         lag = self.updates - m["version"]
         if lag < 0:
@@ -280,7 +293,7 @@ class ParameterServer(Role):
         if float(grad.norm()) > self.cfg.grad_clip * 1.001 + 1e-6:
             self.drops["norm"] += 1
             return
-        if not self.admit(m["worker"]):
+        if not self.admit(worker):
             self.drops["flood"] += 1
             return
         self.param.grad = grad.to(self.param.device)
@@ -296,11 +309,12 @@ class ParameterServer(Role):
         than its share, and the others' gradients still go in; a worker left alone (the
         others stopped or died) is not held back.
 
-        ``worker`` is the id its message claims: a user with the workers' password may claim
-        any, and many ids get many shares. With per-instance users (each machine its own
-        user and its own ids) the share bounds what one machine applies once the server can
-        tell which user pushed (a gradient stream per worker id, writable by its user only);
-        until then it bounds one process that keeps to its id."""
+        ``worker`` is the number of the stream the gradient came from, never what a message
+        says: with per-instance users (``qrl run join``: each machine its own user, which
+        writes its own number's streams only) the share bounds what one machine gets
+        applied, whatever it claims. A user of the whole role (``qrl run create --acl``'s
+        shared worker user, or no ACL user) writes every worker's stream, so it may still
+        push as many workers and get as many shares."""
         now = time.monotonic()
         self.pushed[worker] = now
         if len(self.pushed) > 2:  # the latest other pusher is always one of the last two

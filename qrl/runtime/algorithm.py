@@ -128,15 +128,18 @@ def actor_role(
     count: str,
     shown: tuple[str, ...] = ("version",),
     acts_on: str | None = "version",
+    mine: tuple[str, ...] = (),
     **more: Any,
 ) -> RoleDef:
     """A role that plays the env with the published weights (keys ``reads``) and feeds the
-    learner (keys ``writes``, with :data:`ACTOR_COMMANDS` only, and qrl's Lua ``scripts``):
-    ``count`` processes, started last, niced in ``qrl train``, stopped by ``--max-steps``,
-    able to take turns in one process; it reports env steps, episode returns, ``shown`` and
-    (``acts_on``) the weights version it acts with. ``more`` overrides other fields."""
+    learner (keys ``writes``, and ``mine``: each process its own, see
+    :class:`qrl.runtime.roles.Access`; with :data:`ACTOR_COMMANDS` only, and qrl's Lua
+    ``scripts``): ``count`` processes, started last, niced in ``qrl train``, stopped by
+    ``--max-steps``, able to take turns in one process; it reports env steps, episode
+    returns, ``shown`` and (``acts_on``) the weights version it acts with. ``more``
+    overrides other fields."""
     fields: dict[str, Any] = {
-        "access": Access(reads, writes, ACTOR_COMMANDS, scripts=scripts),
+        "access": Access(reads, writes, ACTOR_COMMANDS, mine, scripts),
         "reports": Reports("steps", shown, ACTOR_PROGRESS, acts_on),
         "order": 2,
         "count": count,

@@ -1,5 +1,5 @@
-"""A3C: actor-learner processes -> per-shard gradient streams -> parameter-server shards
-(a shared RMSProp) -> the parameters, pulled by the workers."""
+"""A3C: actor-learner processes -> each its own gradient stream of each shard ->
+parameter-server shards (a shared RMSProp) -> the parameters, pulled by the workers."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ ALGORITHM = Algorithm(
             "An A3C actor-learner: steps its envs, pushes gradients to the parameter server "
             "and pulls the parameters it publishes.",
             reads=PS_WORKER.reads,
-            writes=PS_WORKER.writes,
+            writes=(),
+            mine=PS_WORKER.mine,
             scripts=PS_WORKER.scripts,
             count="workers",
             shown=("version", "gradients", "skipped"),
@@ -64,5 +65,5 @@ ALGORITHM = Algorithm(
     ),
     policy=torch_policy(_policy_value_net),
     weights_key=lambda keys: keys.weights,
-    streams=gradient_streams,
+    streams=gradient_streams("workers"),
 )

@@ -1,5 +1,6 @@
 """Gorila: actors -> experience stream -> replay fillers -> prioritized replay -> learners
--> per-shard gradient streams -> parameter-server shards (Adam) -> weights -> actors."""
+-> each its own gradient stream of each shard -> parameter-server shards (Adam) -> weights
+-> actors."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def _actor(ctx: RoleContext) -> Any:
 
 
 def _streams(keys: RunKeys, config: dict[str, Any]) -> dict[str, str]:
-    return {**family.streams(keys, config), **gradient_streams(keys, config)}
+    return {**family.streams(keys, config), **gradient_streams("learners")(keys, config)}
 
 
 ALGORITHM = Algorithm(
@@ -71,7 +72,8 @@ ALGORITHM = Algorithm(
             scripts=(),
             access=Access(
                 reads=PS_WORKER.reads,
-                writes=("replay:*", *PS_WORKER.writes),
+                writes=("replay:*",),
+                mine=PS_WORKER.mine,
                 scripts=(*family.SAMPLER_SCRIPTS, *PS_WORKER.scripts),
             ),
             # the servers' updates are the run's: a learner's feed only the replay's size
