@@ -96,9 +96,11 @@ def _gradient(length: int) -> bytes:
 
 def gradient_flood() -> None:
     """Finding 10: as many in-bounds gradients as one worker can push (to its own stream: the
-    only one its user may write)."""
+    only one its user may write; deleted first, with the ids the exhaust attack used up and
+    the server's group: the server's next read makes the group again)."""
     sk, length = _block()
     pipe = r.pipeline(transaction=False)
+    pipe.delete(ps.gradients(sk, ME))
     for _ in range(200):
         pipe.xadd(ps.gradients(sk, ME), {"d": _gradient(length)})
     pipe.execute()
