@@ -96,6 +96,7 @@ def _created(server: EmbeddedRedis, algo: str, run: str, folder: Path, *settings
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow  # two qrl commands
 @pytest.mark.parametrize(("algo", "role"), [("a3c", "worker"), ("gorila", "learner")])
 def test_a_joined_workers_user_writes_its_own_gradient_streams_only(algo, role, tmp_path):
     run = f"ps-own-{algo}"
