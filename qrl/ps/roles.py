@@ -90,7 +90,7 @@ def gradient_streams(pushers: str) -> Callable[[Any, dict[str, Any]], dict[str, 
             n = config.get(field, 1)
             return n if isinstance(n, int) and 1 <= n <= most else 1
 
-        n, workers = number("ps_shards", MAX_SHARDS), number(pushers, 4096)
+        n, workers = number("ps_shards", MAX_SHARDS), number(pushers, 4096)  # (configs' cap)
         return {
             f"gradients:{k}:{w}": gradients(shard_keys(keys, n, k), w)
             for k in range(n)
