@@ -265,7 +265,7 @@ def test_live_config_read_and_set(private, r, state):
     keys = fresh_keys()
     create_run(r, keys, "impala", ImpalaConfig())
     LIVE_STATES[state](r, keys)
-    bounded(private, lambda c: live._read(live._ReadOnly(c), keys, b""))
+    bounded(private, lambda c: live._read(live.READ.on(c), keys, b""))
     _, cfg = bounded(private, lambda c: live.set_live(c, keys, ImpalaConfig, {"lr": 1e-4}))
     assert cfg.lr == 1e-4
 
