@@ -148,9 +148,15 @@ def run_role(spec: RoleSpec) -> int:
     mine = user_ident(user, spec.run, roledef.name)
     if mine is not None and spec.ident not in ("auto", mine):
         raise LaunchError(f"user {user} is {roledef.name} {mine}: --id {spec.ident} is not its")
+    numbers = algo.numbers(roledef, cfg)  # those whose metrics the run's readers follow
+    wanted = spec.ident if mine is None else mine
+    if wanted != "auto" and wanted not in numbers:
+        raise LaunchError(
+            f"{roledef.name} numbers of run {spec.run!r} go from 0 to {numbers.stop - 1} "
+            f"(twice the configured count, plus 8): {wanted} is not one"
+        )
     if spec.ident == "auto" or mine is not None:
-        count = sum(1 for r, _ in algo.processes(cfg) if r is roledef)
-        lease = claim_id(client, keys, roledef.name, count, only=mine)
+        lease = claim_id(client, keys, roledef.name, algo.count(roledef, cfg), only=mine)
     else:
         lease = hold_id(client, keys, roledef.name, int(spec.ident))
     try:
