@@ -112,6 +112,15 @@ def _algorithm(spec: RoleSpec, client: redis.Redis, keys: RunKeys) -> str:
     return spec.algo
 
 
+def reporters(client: redis.Redis, keys: RunKeys) -> list[tuple[str, int]]:
+    """Every (role, number) that may report in the run of ``keys``, from its config in Redis
+    (:meth:`qrl.runtime.algorithm.Algorithm.reporters`): the processes whose metrics a
+    follower of the run reads (:class:`qrl.runtime.metrics.MetricsReader`)."""
+    name, _ = load_run(client, keys)
+    algo = ALGOS[name]
+    return algo.reporters(load_run_config(client, keys, name, algo.config))
+
+
 def run_role(spec: RoleSpec) -> int:
     """Run the role of ``spec`` in this process until the run stops, a signal comes, or its
     limit is reached; returns how far its counter advanced. SIGINT/SIGTERM before the role
@@ -211,8 +220,8 @@ def _run(
 
         described = {"algo": algo.name, "run": spec.run, "config": cfg.to_dict()}
         writer = follow(
-            opener, keys, spec.run_dir, done, algo.reports, tracking=spec.tracking,
-            config=described,
+            opener, keys, spec.run_dir, done, algo.reports, algo.reporters(cfg),
+            tracking=spec.tracking, config=described,
         )  # fmt: skip
     running.set()
     try:
