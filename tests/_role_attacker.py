@@ -53,15 +53,19 @@ def counter_edge() -> None:
 
 
 def big_metrics() -> None:
-    """Finding 8: entries a reader would fetch whole."""
+    """Finding 8: entries a reader would fetch whole (in its own stream, started afresh:
+    its ids were used up by its other attack)."""
+    r.delete(MINE)
     for _ in range(5):
         r.xadd(MINE, {"d": b"x" * (30 << 20)})
 
 
 def forged_metrics(stream: str) -> None:
     """Reports as the learner, of a million updates: to ``stream`` (another process's,
-    refused; its own, which the readers take as its own report or refuse)."""
+    refused; its own, started afresh, which the readers refuse: a report names no one)."""
     claim = {"role": "learner", "id": 0, "time": time.time(), "values": {"updates": 10**6}}
+    if stream == MINE:
+        r.delete(MINE)
     r.xadd(stream, {"d": encode("metrics", claim)})
 
 
