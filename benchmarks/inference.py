@@ -29,6 +29,7 @@ import numpy as np
 
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
+from qrl.jobs.launch import reporters
 from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import policy_value_net
 from qrl.runtime.metrics import MetricsReader
@@ -64,7 +65,7 @@ def drain(client, stream: str, stop: threading.Event) -> None:
 
 def reports(client, keys: RunKeys, role: str, since: float) -> dict[int, list[dict]]:
     """Each process's reports from ``since`` on, with their times."""
-    reader, out = MetricsReader(client, keys, from_start=True), {}
+    reader, out = MetricsReader(client, keys, reporters(client, keys), from_start=True), {}
     while batch := reader.read():
         for m in batch:
             if m["role"] == role and m["time"] >= since:

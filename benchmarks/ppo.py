@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from qrl.jobs.launch import reporters
 from qrl.runtime.metrics import MetricsReader
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.connection import connect
@@ -45,7 +46,8 @@ from qrl.wire.keys import RunKeys
 
 def learner_reports(url: str, run: str) -> dict[int, dict[str, Any]]:
     """The last report of each learner process of ``run``."""
-    reader, last = MetricsReader(connect(url), RunKeys(run), from_start=True), {}
+    client, keys = connect(url), RunKeys(run)
+    reader, last = MetricsReader(client, keys, reporters(client, keys), from_start=True), {}
     while batch := reader.read():
         for m in batch:
             if m["role"] == "learner":

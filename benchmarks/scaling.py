@@ -9,7 +9,7 @@ For each N: a fresh embedded Redis, a fresh Ape-X run on ``qrl/Sleep-v0`` (``qrl
 a step costs 1 ms of wall time and almost no CPU; CartPole's spaces, 200-step episodes), one
 ``qrl replay`` and N ``qrl actor apex`` processes started as real commands (``--id auto``).
 Once every actor has reported twice and ``--warmup`` seconds more have passed, each actor's
-env-step counter is read from the run's metrics stream (the ``steps`` of its latest report,
+env-step counter is read from the run's metrics (the ``steps`` of its latest report,
 with the report's time) at the start and the end of a ``--window``; total steps/s is the
 sum of the actors' rates. The efficiency is total(N) / (N x total(1)). Goal: >= 0.85 at 32
 actors on a 2-core machine.
@@ -72,6 +72,7 @@ from typing import Any
 import torch
 
 from qrl.algos.apex.config import ApexConfig
+from qrl.jobs.launch import reporters
 from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import q_network
 from qrl.rl.simenv import DEFAULT_QUANTUM, QUANTUM_ENV_VAR, SLEEP_ENV, default_quantum
@@ -169,10 +170,10 @@ class Sample:
 
 
 class Follower:
-    """Folds the run's metrics stream into each role's latest report."""
+    """Folds the run's metrics into each role's latest report."""
 
     def __init__(self, client: Any, keys: RunKeys) -> None:
-        self.reader = MetricsReader(client, keys, from_start=True)
+        self.reader = MetricsReader(client, keys, reporters(client, keys), from_start=True)
         self.actors: dict[int, tuple[float, float, float]] = {}
         self.reports: dict[int, int] = {}
         self.learner: float | None = None

@@ -56,7 +56,7 @@ def weights_version() -> None:
 
 
 def wrong_types() -> None:
-    for key in (keys.control, keys.stats, keys.metrics, keys.deadletter):
+    for key in (keys.control, keys.stats, keys.metrics("actor", 0), keys.deadletter):
         r.delete(key)
         r.set(key, "x")
     r.delete(keys.lease("actor", 0))
@@ -89,10 +89,10 @@ def consumers() -> None:
 def fake_metrics() -> None:
     pipe = r.pipeline(transaction=False)
     for _ in range(1_000):
-        ident = int(rng.integers(1 << 40))
+        ident = int(rng.integers(1 << 40)) if rng.random() < 0.5 else int(rng.integers(32))
         values = {"steps": 1e15, "updates": 1e15, "episodes": 1e15, "return": 1e9}
-        msg = {"role": "actor", "id": ident, "time": time.time(), "values": values}
-        pipe.xadd(keys.metrics, {"d": encode("metrics", msg)})
+        msg = {"time": time.time(), "values": values}
+        pipe.xadd(keys.metrics("actor", ident), {"d": encode("metrics", msg)})
     pipe.execute()
 
 

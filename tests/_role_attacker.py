@@ -7,12 +7,13 @@ kinds of attack it makes, then one line per attack: its name, a colon, then ``re
 
 Where ``tests/_key_attacker.py`` attacks with the run's whole key space, this has only what
 one role's user has: Lua of its own, exhausted stream ids, a counter at the int64 edge,
-oversized metrics entries, the weights, config and control, other processes' leases,
-heartbeats and reply lists, the parameter server's state, another worker's gradient stream
-and a flood of in-bounds gradients on its own, a poisoned ES statistics message. Against a
-PBT population (ALGO ``pbt``): with trial I's worker user (ROLE ``worker``) or the user of a
-process of its segment (any other ROLE), the population's and another trial's keys, and its
-own trial's records. It ends, exit code 0, when its user is deleted."""
+oversized metrics entries, reports posing as the learner (in its own metrics stream and
+in others'), the weights, config and control, other processes' leases, heartbeats and reply
+lists, the parameter server's state, another worker's gradient stream and a flood of
+in-bounds gradients on its own, a poisoned ES statistics message. Against a PBT population
+(ALGO ``pbt``): with trial I's worker user (ROLE ``worker``) or the user of a process of its
+segment (any other ROLE), the population's and another trial's keys, and its own trial's
+records. It ends, exit code 0, when its user is deleted."""
 
 import os
 import sys
@@ -25,8 +26,9 @@ from qrl.algos.es.keys import es_results
 from qrl.algos.impala.keys import trajectories
 from qrl.inference import protocol as inference
 from qrl.ps import protocol as ps
+from qrl.runtime.ids import user_ident
 from qrl.wire.codec import encode
-from qrl.wire.connection import connect
+from qrl.wire.connection import connect, url_user
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore
 
@@ -46,6 +48,7 @@ FEEDS = {  # the stream a role of each algorithm feeds
 }
 FEED = FEEDS.get(algo, keys.experience)
 other = keys.lease(role, 0)  # another process's key (the attacker is never number 0)
+MINE = keys.metrics(role, user_ident(url_user(url), run, role) or 0)  # its own metrics
 
 
 def counter_edge() -> None:
@@ -55,9 +58,20 @@ def counter_edge() -> None:
 
 
 def big_metrics() -> None:
-    """Finding 8: entries a reader would fetch whole."""
+    """Finding 8: entries a reader would fetch whole (in its own stream, started afresh:
+    its ids were used up by its other attack)."""
+    r.delete(MINE)
     for _ in range(5):
-        r.xadd(keys.metrics, {"d": b"x" * (30 << 20)})
+        r.xadd(MINE, {"d": b"x" * (30 << 20)})
+
+
+def forged_metrics(stream: str) -> None:
+    """Reports as the learner, of a million updates: to ``stream`` (another process's,
+    refused; its own, started afresh, which the readers refuse: a report names no one)."""
+    claim = {"role": "learner", "id": 0, "time": time.time(), "values": {"updates": 10**6}}
+    if stream == MINE:
+        r.delete(MINE)
+    r.xadd(stream, {"d": encode("metrics", claim)})
 
 
 def poisoned_stats() -> None:
@@ -118,9 +132,12 @@ ATTACKS = [  # name, one command each: one refused does not spare the next
     ("lua_load", lambda: r.script_load(LOOP)),
     ("function_load", lambda: r.function_load(f"#!lua name=evil\n{LOOP}")),
     *[(f"exhaust {s.rsplit(':', 1)[-1]}", lambda s=s: r.xadd(s, {"d": b"x"}, id=TOP))
-      for s in (keys.metrics, keys.deadletter, FEED)],  # finding 2
+      for s in (MINE, keys.deadletter, FEED)],  # finding 2
     ("counter_edge", counter_edge),  # finding 3
     ("big_metrics", big_metrics),  # finding 8
+    ("metrics as learner", lambda: forged_metrics(keys.metrics("learner", 0))),
+    ("metrics as 0", lambda: forged_metrics(keys.metrics(role, 0))),
+    ("forged metrics", lambda: forged_metrics(MINE)),
     ("set weights", lambda: r.set(keys.weights, b"x")),  # finding 7
     ("del config", lambda: r.delete(keys.config)),
     ("set control", lambda: r.set(keys.control, b"x")),

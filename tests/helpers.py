@@ -383,6 +383,16 @@ def redis_binaries() -> dict[tuple[int, ...], str]:
     return found
 
 
+def run_reader(r: Any, keys: Any, timeout: float = 120.0) -> Any:
+    """A follower of the run of ``keys``'s metrics from their start, once the run exists:
+    its config says which processes may report (:func:`qrl.jobs.launch.reporters`)."""
+    from qrl.jobs.launch import reporters
+    from qrl.runtime.metrics import MetricsReader
+
+    wait_until(lambda: r.exists(keys.config), f"run {keys.run}", timeout)
+    return MetricsReader(r, keys, reporters(r, keys), from_start=True)
+
+
 def redis7() -> str:
     """A redis-server of version 7 or later (read-only key patterns, which ``--acl`` needs),
     else the test is skipped (failed under CI=true)."""

@@ -4,6 +4,7 @@ both are here), real ``qrl`` roles."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import os
 import subprocess
@@ -207,6 +208,8 @@ def test_each_role_works_under_its_own_user(case, tmp_path):
         procs = {}
         for role in (r for r in spec.roles if r.when is None or r.when(cfg)):
             limit = ["--max-updates", "3"] if role.checkpoints else []  # the learner
+            if role.logs_run:  # it follows every process's metrics (EVALSHA_RO) into it
+                limit += ["--run-dir", str(tmp_path / "run")]
             env = {
                 **os.environ,
                 "QRL_REDIS_URL": f"redis://{user_name(run, role.name)}@127.0.0.1:{server.port}/0",
@@ -224,6 +227,9 @@ def test_each_role_works_under_its_own_user(case, tmp_path):
             _learner_updates_then_all_stop(server, spec, keys, learner, procs.values(), tmp_path)
         finally:
             kill_all(procs.values())
+    if any(role.logs_run for role in procs):
+        with (tmp_path / "run" / "metrics.csv").open(newline="") as f:
+            assert int(list(csv.DictReader(f))[-1]["updates"]) >= 3
 
 
 def _learner_updates_then_all_stop(server, spec, keys, learner, procs, folder: Path) -> None:

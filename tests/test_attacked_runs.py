@@ -37,7 +37,7 @@ CASES = {  # case -> algorithm, the role the attacker joins as, settings
 # what no role's user may do, whatever the algorithm (the rest is algorithm-specific)
 REFUSED = {
     "lua_loop", "lua_load", "function_load", "set weights", "del config", "set control",
-    "take lease 0", "heartbeat as 0",
+    "take lease 0", "heartbeat as 0", "metrics as learner", "metrics as 0",
 }  # fmt: skip
 REFUSED_TOO = {
     "impala-central": {"steal replies", "read requests", "drop requests"},

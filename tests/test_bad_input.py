@@ -11,6 +11,7 @@ import pytest
 
 from qrl.actors.es import ESWorker
 from qrl.actors.impala import ImpalaActor
+from qrl.algos import ALGOS
 from qrl.algos.apex.config import ApexConfig
 from qrl.algos.apex_family.messages import experience_schema
 from qrl.algos.es.config import ESConfig
@@ -29,7 +30,7 @@ from tests.corpus import corpus
 from tests.helpers import kill_all, wait_until
 
 PER_STREAM = 3_000  # x 3 role-consumed streams, + metrics and both weight keys: > 10,000
-OTHER = encode("metrics", {"role": "actor", "id": 0, "time": 1.0, "values": {}})
+OTHER = encode("metrics", {"time": 1.0, "values": {}})
 
 
 def _experience(n: int, batch: str) -> dict:
@@ -135,10 +136,11 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
         # and both still learn: valid entries after the attack move their versions
         _learns_after_the_attack(r, impala, es, actor, obs, ecfg, dim)
 
-        # the metrics stream: whoever follows it (qrl train, qrl status, --run-dir) rejects too
-        metrics_msg = {"role": "actor", "id": 0, "time": 1.0, "values": {"steps": 1}}
-        total += _inject(r, apex.metrics, corpus("metrics", metrics_msg, METRICS, OTHER, 500))
-        got = MetricsReader(r, apex, from_start=True).read()
+        # an actor's metrics: whoever follows them (qrl train, --run-dir) rejects too
+        metrics_msg = {"time": 1.0, "values": {"steps": 1}}
+        junk = corpus("metrics", metrics_msg, METRICS, OTHER, 500)
+        total += _inject(r, apex.metrics("actor", 0), junk)
+        got = MetricsReader(r, apex, ALGOS["apex"].reporters(acfg), from_start=True).read()
         assert {m["role"] for m in got} <= {"replay"}  # only the replay role's own reports
         assert _rejected(r, apex, "metrics") == 500
 

@@ -1,6 +1,6 @@
 """Metrics reports and heartbeats from a hostile writer: anything the schemas admit (NaN,
 inf, huge or negative counters, strings and lists where numbers belong, a host name that
-looks like rich markup) neither crashes what ``qrl train`` does with the metrics stream nor
+looks like rich markup) neither crashes what ``qrl train`` does with the metrics nor
 ``qrl status``; bad values are skipped or shown as '?'. Real Redis, the real CLI."""
 
 from __future__ import annotations
@@ -33,10 +33,14 @@ HOSTILE_METRICS = [
 ]
 
 
+# the processes that report here (the runs' reporters)
+SOURCES = [("actor", 0), ("actor", 1), ("learner", 0)] + [(r, i) for r, i, _ in HOSTILE_METRICS]
+
+
 def _hostile_reports(r, keys) -> None:
     for role, ident, values in HOSTILE_METRICS:
-        payload = encode("metrics", {"role": role, "id": ident, "time": 1.0, "values": values})
-        r.xadd(keys.metrics, {FIELD: payload})
+        payload = encode("metrics", {"time": 1.0, "values": values})
+        r.xadd(keys.metrics(role, ident), {FIELD: payload})
 
 
 def test_hostile_metrics_do_not_crash_the_run_log(r, keys, tmp_path, caplog):
@@ -45,7 +49,7 @@ def test_hostile_metrics_do_not_crash_the_run_log(r, keys, tmp_path, caplog):
     _hostile_reports(r, keys)
     _hostile_reports(r, keys)  # twice: each bad value is logged once
     report(r, keys, "actor", 1, steps=30, steps_per_s=10.0, episode_returns=[20.0])
-    reader = MetricsReader(r, keys, from_start=True)
+    reader = MetricsReader(r, keys, SOURCES, from_start=True)
     progress = Progress({**ALGOS["es"].reports, **ALGOS["apex"].reports})  # every role named
     with caplog.at_level(logging.WARNING), RunLog(tmp_path) as out:  # as `qrl train` does
         msgs = reader.read()

@@ -122,7 +122,7 @@ def test_train_takes_the_redis_url_from_the_environment(r, redis_server, tmp_pat
 
 @pytest.mark.slow
 def test_a_rerun_of_a_run_counts_only_its_own_work(r, redis_server, tmp_path):
-    # what an earlier job of the run left in its metrics stream (a PBT trial's last segment)
+    # what an earlier job of the run left in its metrics (a PBT trial's last segment)
     from qrl.runtime.metrics import report
     from qrl.wire.keys import RunKeys
 

@@ -142,7 +142,8 @@ def test_streams_weights_leases_metrics_and_replay_through_a_cluster_client(redi
         lease.release()
 
     report(client, keys, "learner", 0, updates=7)
-    assert [m["values"]["updates"] for m in MetricsReader(client, keys, True).read()] == [7]
+    reader = MetricsReader(client, keys, [("learner", 0)], from_start=True)
+    assert [m["values"]["updates"] for m in reader.read()] == [7]
     status = collect(client, keys)
     assert [p["role"] for p in status["processes"]] == ["learner"]
 

@@ -246,25 +246,30 @@ def test_weights_reader_survives_hostile_weights(reader, client, msg):
 # -- the metrics reader (qrl train's progress) and qrl status's collection
 
 
+# the processes whose reports the strategy's reports pose as
+ROLES = ("actor", "learner", "replay", "worker", "master")
+REPORTERS = [(role, i) for role in ROLES for i in (0, 7)]
+
+
 @pytest.fixture(scope="module")
 def metrics_run(client):
     keys = RunKeys(f"hostile-metrics-{uuid.uuid4().hex[:8]}")
     every_role = {**ALGOS["es"].reports, **ALGOS["apex"].reports}  # the strategy's roles
-    return keys, MetricsReader(client, keys), Progress(every_role)
+    return keys, MetricsReader(client, keys, REPORTERS), Progress(every_role)
 
 
 @hs.HOSTILE
-@given(msg=hs.metrics())
-def test_metrics_reader_and_progress_survive_hostile_reports(metrics_run, client, msg):
+@given(msg=hs.metrics(), source=st.sampled_from(REPORTERS))
+def test_metrics_reader_and_progress_survive_hostile_reports(metrics_run, client, msg, source):
     keys, reader, progress = metrics_run
-    client.xadd(keys.metrics, {FIELD: encode("metrics", msg)})
+    client.xadd(keys.metrics(*source), {FIELD: encode("metrics", msg)})
     for m in reader.read():
         progress.fold(m)
     row = progress.row()
     assert all(v is None or np.isfinite(v) for v in row.values())
     before = progress.value(UPDATES)
-    valid = {"role": "learner", "id": 0, "time": 1.0, "values": {"updates": before + 1}}
-    client.xadd(keys.metrics, {FIELD: encode("metrics", valid)})
+    valid = {"time": 1.0, "values": {"updates": before + 1}}
+    client.xadd(keys.metrics("learner", 0), {FIELD: encode("metrics", valid)})
     for m in reader.read():
         progress.fold(m)
     assert progress.value(UPDATES) == before + 1  # a valid report still counts

@@ -30,14 +30,13 @@ from qrl.inference.server import InferenceServer
 from qrl.inference.stepper import EnvStepper
 from qrl.inference.unrolls import UnrollAgent
 from qrl.rl.envspec import EnvSpec
-from qrl.runtime.metrics import MetricsReader
 from qrl.runtime.runs import create_run
 from qrl.wire.codec import decode, encode
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore
 from tests.cli import ROOT
-from tests.helpers import Roles, wait_until
+from tests.helpers import Roles, run_reader, wait_until
 
 TAU = 0.02  # CartPole's time step
 T, B = 8, 4
@@ -168,7 +167,7 @@ def test_the_actor_process_imports_no_torch(r, keys, redis_server):
 
 
 def _reports(r, keys, role: str) -> list[dict]:
-    reader, out = MetricsReader(r, keys, from_start=True), []
+    reader, out = run_reader(r, keys), []
     while batch := reader.read():
         out += [m["values"] for m in batch if m["role"] == role]
     return out

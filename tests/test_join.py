@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,15 @@ import redis
 from qrl.algos import ALGOS
 from qrl.inference import protocol
 from qrl.jobs.acl import user_name
+from qrl.jobs.launch import reporters
 from qrl.runtime.config import parse_config
 from qrl.runtime.ids import instance_user
+from qrl.runtime.metrics import MetricsReader, report
+from qrl.runtime.runlog import Progress
 from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
+from qrl.wire.streams import FIELD
 from tests.cli import ROOT, qrl
 from tests.helpers import kill_all, redis7, wait_until
 from tests.test_acl import ADMIN, _create, _learner_updates_then_all_stop
@@ -80,6 +86,7 @@ def test_a_joined_stepper_reaches_its_own_lists_lease_and_heartbeat_only(tmp_pat
             lambda: me.delete(keys.lease("stepper", 1)),
             lambda: me.set(keys.proc("stepper.1@h:1"), b"x", ex=10),
             lambda: me.set(keys.proc("stepper.10@h:1"), b"x", ex=10),
+            lambda: me.xadd(keys.metrics("stepper", 1), {"d": b"x"}),
             lambda: me.set(keys.config, b"x"),
         )
         # what stepper 0 does is allowed: under its server's keys (a shard's, with two)
@@ -88,7 +95,7 @@ def test_a_joined_stepper_reaches_its_own_lists_lease_and_heartbeat_only(tmp_pat
             assert me.blpop([protocol.reply(server_keys, 0)], timeout=0.01) is None
         assert me.set(keys.lease("stepper", 0), b"h:1:t", ex=10)
         assert me.set(keys.proc("stepper.0@h:1"), b"x", ex=10)
-        assert me.xadd(keys.metrics, {"d": b"x"})
+        assert me.xadd(keys.metrics("stepper", 0), {"d": b"x"})
         assert admin.lrange(other, 0, -1) == [b"stepper 1's request"]
         # revoked: its connections dropped, its password refused, its keys gone
         done = qrl(
@@ -104,7 +111,9 @@ def test_a_joined_stepper_reaches_its_own_lists_lease_and_heartbeat_only(tmp_pat
             me.get(keys.config)
         with pytest.raises(redis.exceptions.AuthenticationError):
             _as(server, instance_user(run, "stepper", 0), pw / "stepper.0").ping()
-        assert not admin.exists(mine, keys.lease("stepper", 0), keys.proc("stepper.0@h:1"))
+        assert not admin.exists(
+            mine, keys.lease("stepper", 0), keys.proc("stepper.0@h:1"), keys.metrics("stepper", 0)
+        )
         assert admin.exists(other, keys.config)
         done = _join(server, run, "stepper", pw)  # the number is free again: a new password
         assert done.returncode == 0 and f"{run}.stepper.0 " in done.stdout, done.stderr
@@ -130,6 +139,40 @@ def test_a_joined_actor_cannot_touch_another_actors_lease_or_heartbeat(tmp_path)
         # numbers stay below claim_id's limit (2 x 2 actors + 8): epsilons are spread on them
         done = _join(server, run, "actor", pw, "--id", "12")
         assert done.returncode == 1 and "from 0 to 11" in done.stderr
+
+
+def test_a_joined_actor_reports_as_itself_only(tmp_path):
+    """A joined actor writes its own metrics stream only: not another process's, nor the one
+    stream every process reported to before, where it could report as the learner or as
+    another actor. A report in its own stream that names another process is refused, and
+    what the run log shows of it is actor 1's own. It reads every process's reports (a
+    learner's user follows them into its run dir)."""
+    run, keys, pw = "join-metrics", RunKeys("join-metrics"), tmp_path / "pw"
+    with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
+        admin = redis.Redis.from_url(server.url)
+        assert _create(server, "apex", run, pw).returncode == 0
+        assert _join(server, run, "actor", pw, "--id", "1").returncode == 0
+        me = _as(server, instance_user(run, "actor", 1), pw / "actor.1")
+        claim = {"role": "learner", "id": 0, "time": time.time(), "values": {"updates": 10**6}}
+        forged = {FIELD: encode("metrics", claim)}
+        _refused(
+            lambda: me.xadd(keys.key("metrics"), forged),  # the stream all shared, before
+            lambda: me.xadd(keys.metrics("learner", 0), forged),
+            lambda: me.xadd(keys.metrics("actor", 0), forged),
+            lambda: me.delete(keys.metrics("actor", 0)),
+        )
+        report(admin, keys, "actor", 0, steps=100, episode_returns=[10.0])
+        report(admin, keys, "learner", 0, updates=7)
+        report(me, keys, "actor", 1, steps=5, episode_returns=[20.0])  # its own
+        me.xadd(keys.metrics("actor", 1), forged)  # in its own stream, naming the learner
+        for reader in (admin, me):  # EVALSHA_RO: it may only read the others' streams
+            progress = Progress(ALGOS["apex"].reports)
+            for msg in MetricsReader(reader, keys, reporters(admin, keys), True).read():
+                progress.fold(msg)
+            row = progress.row()
+            assert (row["updates"], row["env_steps"], row["episodes"]) == (7, 105, 2), row
+            assert row["episodic_return"] == 15.0
+        assert int(admin.hget(keys.stats, "rejected:metrics")) == 2  # by each reader
 
 
 # each case: the algorithm, its settings and the role whose processes join as their own user

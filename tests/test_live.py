@@ -21,7 +21,7 @@ from qrl.runtime.live import MAX_BYTES, LiveConfig, describe, set_live
 from qrl.runtime.metrics import MetricsReader
 from qrl.runtime.runs import RunNotFound, create_run
 from tests.cli import qrl, role
-from tests.helpers import wait_until
+from tests.helpers import run_reader, wait_until
 
 
 @pytest.fixture
@@ -206,7 +206,7 @@ def test_qrl_run_set_changes_a_live_impala_learners_lr(r, redis_server, keys, tm
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        reader = MetricsReader(r, keys, from_start=True)
+        reader = run_reader(r, keys)
         _learner_reports(reader, lambda v: v["updates"] > 0, 180, "with updates")
         out = qrl("run", "set", keys.run, "lr=1e-4")
         assert out.returncode == 0, out.stderr

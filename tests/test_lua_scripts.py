@@ -107,19 +107,30 @@ def test_stream_read_claim_adopt_prune_ack_and_dead_letter(private, r, state):
     bounded(private, read)  # and again, with what the first call left
 
 
+# the processes a follower reads, the most a config allows (4,096 actors: 8,200 numbers)
+REPORTERS = [("actor", i) for i in range(ids_module.id_limit(4096))] + [("learner", 0)]
+
+
 def _junk_metrics(c: redis.Redis, k: RunKeys) -> None:
     pipe = c.pipeline(transaction=False)
-    for _ in range(3_000):
-        pipe.xadd(k.metrics, {"d": b"x"})
+    for i in range(3_000):
+        pipe.xadd(k.metrics(*REPORTERS[i % 3]), {"d": b"x"})
     pipe.execute()
 
 
 def _metrics_entry(body: bytes, entry_id: str = "*") -> Callable[[redis.Redis, RunKeys], Any]:
-    return lambda c, k: c.xadd(k.metrics, {"d": body}, id=entry_id)
+    return lambda c, k: c.xadd(k.metrics("actor", 1), {"d": body}, id=entry_id)
 
 
 def _metrics_of_type(kind: str) -> Callable[[redis.Redis, RunKeys], Any]:
-    return lambda c, k: WRONG_TYPES[kind](c, k.metrics)
+    return lambda c, k: WRONG_TYPES[kind](c, k.metrics("actor", 1))
+
+
+def _every_stream(c: redis.Redis, k: RunKeys) -> None:
+    pipe = c.pipeline(transaction=False)
+    for source in REPORTERS:
+        pipe.xadd(k.metrics(*source), {"d": b"x"})
+    pipe.execute()
 
 
 METRICS_STATES: dict[str, Callable[[redis.Redis, RunKeys], Any]] = {
@@ -127,20 +138,21 @@ METRICS_STATES: dict[str, Callable[[redis.Redis, RunKeys], Any]] = {
     "oversized entries": lambda c, k: [_metrics_entry(b"y" * (8 << 20))(c, k) for _ in range(4)],
     "ids used up": _metrics_entry(b"x", stream_scripts.LAST_ID),
     "an id ahead of the clock": _metrics_entry(b"x", "99999999999999-0"),
+    "an entry in every stream": _every_stream,
     **{f"{kind}, not a stream": _metrics_of_type(kind) for kind in WRONG_TYPES},
 }
 
 
 @pytest.mark.parametrize("state", METRICS_STATES)
 def test_metrics_range(private, r, state):
-    """A follower of the metrics stream (``RANGE``), from its start and from its newest
-    entry, reads on past whatever is there."""
+    """A follower of the metrics streams (``RANGE``), from their start and from their newest
+    entries, reads on past whatever is there."""
     keys = fresh_keys()
     METRICS_STATES[state](r, keys)
 
     def follow(c: redis.Redis) -> Any:
-        reader = MetricsReader(c, keys, from_start=True)
-        return reader.read(), reader.read(), MetricsReader(c, keys).read()
+        reader = MetricsReader(c, keys, REPORTERS, from_start=True)
+        return reader.read(), reader.read(), MetricsReader(c, keys, REPORTERS).read()
 
     bounded(private, follow)
     bounded(private, follow)  # and again, with what the first calls left
@@ -265,7 +277,7 @@ def test_live_config_read_and_set(private, r, state):
     keys = fresh_keys()
     create_run(r, keys, "impala", ImpalaConfig())
     LIVE_STATES[state](r, keys)
-    bounded(private, lambda c: live._read(live._ReadOnly(c), keys, b""))
+    bounded(private, lambda c: live._read(live.READ.on(c), keys, b""))
     _, cfg = bounded(private, lambda c: live.set_live(c, keys, ImpalaConfig, {"lr": 1e-4}))
     assert cfg.lr == 1e-4
 
@@ -394,7 +406,7 @@ def test_no_script_examines_more_than_its_bound_whatever_its_argv_asks(private, 
     from qrl.wire.scripts import every_script
 
     lua, keys = every_script(), fresh_keys()
-    stream, other, n = keys.metrics, keys.deadletter, stream_scripts.MAX_ENTRIES + 1000
+    stream, other, n = keys.metrics("actor", 0), keys.deadletter, stream_scripts.MAX_ENTRIES + 1000
     pipe = r.pipeline(transaction=False)
     for _ in range(n):
         pipe.xadd(stream, {"d": "x"})
@@ -407,7 +419,7 @@ def test_no_script_examines_more_than_its_bound_whatever_its_argv_asks(private, 
     def call(name: str, keys_: list[str], args: list) -> Any:
         return bounded(private, lambda c: lua[name].on(c)(keys_, args))
 
-    _, rows = call("metrics.range", [stream], ["0-0", huge, huge, 10**18, 0])
+    *_, rows = call("metrics.range", [stream], [huge, huge, 10**18, 0, "0-0"])
     assert len(rows) == 1000  # MetricsReader.COUNT
     _, out = call("streams.read", [stream], ["me", ">", "", huge, huge, 1000, 10**18])
     assert len(out) == stream_scripts.MAX_ENTRIES

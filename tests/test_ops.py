@@ -139,6 +139,14 @@ def test_bad_id_is_rejected(keys, bad):
     assert out.returncode == 2 and "--id" in out.stderr
 
 
+def test_an_id_past_the_numbers_the_run_follows_is_refused(keys):
+    """Numbers go below twice the configured count plus 8, given (``--id``) as claimed:
+    the run's metrics readers follow those processes' streams, and no others."""
+    assert qrl("run", "create", "apex", "--run", keys.run, "--set", "actors=2").returncode == 0
+    out = qrl("actor", "apex", "--run", keys.run, "--id", "12", timeout=120)
+    assert out.returncode == 1 and "go from 0 to 11" in out.stderr, out.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_hand_started_master_writes_csv_and_tensorboard_and_qrl_plot_draws_them(keys, tmp_path):
     import csv

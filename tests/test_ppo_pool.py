@@ -10,9 +10,8 @@ import re
 import pytest
 import torch
 
-from qrl.runtime.metrics import MetricsReader
 from tests.cli import qrl
-from tests.helpers import Roles
+from tests.helpers import Roles, run_reader
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +52,7 @@ def test_two_learners_hold_identical_parameters_after_their_updates(r, keys, tmp
     finally:
         roles.cleanup()
     last = {}
-    for m in MetricsReader(r, keys, from_start=True).read():
+    for m in run_reader(r, keys).read():
         if m["role"] == "learner":
             last[m["id"]] = m["values"]
     assert sorted(last) == [0, 1]

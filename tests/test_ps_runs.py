@@ -13,16 +13,15 @@ from qrl.algos.a3c.config import A3CConfig
 from qrl.ps import protocol
 from qrl.rl.envspec import EnvSpec
 from qrl.rl.evaluate import evaluate
-from qrl.runtime.metrics import MetricsReader
 from qrl.runtime.runs import create_run
 from qrl.wire.codec import decode
 from qrl.wire.weights import WeightStore
 from tests.cli import eval_confirmation, train
-from tests.helpers import Roles
+from tests.helpers import Roles, run_reader
 
 
 def _reports(r, keys, role: str) -> list[dict]:
-    reader, out = MetricsReader(r, keys, from_start=True), []
+    reader, out = run_reader(r, keys), []
     while batch := reader.read():
         out += [m["values"] for m in batch if m["role"] == role]
     return out

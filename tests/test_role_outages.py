@@ -21,10 +21,12 @@ import redis
 from qrl.actors.feed import RateLimit
 from qrl.algos.apex.config import ApexConfig
 from qrl.jobs.acl import user_name
+from qrl.jobs.launch import reporters
 from qrl.runtime.loop import Role, run_role
 from qrl.runtime.metrics import MetricsReader, report
 from qrl.runtime.status import collect
 from qrl.server.embedded import EmbeddedRedis
+from qrl.wire.codec import encode
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.stream_scripts import dead_letter
@@ -50,17 +52,17 @@ def _user(server: EmbeddedRedis, run: str, role: str, folder: Path) -> redis.Red
 
 
 def test_reports_and_dead_letters_go_on_after_their_streams_ids_were_used_up(r, keys, caplog):
-    follower = MetricsReader(r, keys)  # as `qrl train` follows a run, from before the attack
+    follower = MetricsReader(r, keys, [("actor", 0)])  # as `qrl train` follows, before it
     report(r, keys, "actor", 0, steps=1)
     assert [m["values"] for m in follower.read()] == [{"steps": 1}]
-    for stream in (keys.metrics, keys.deadletter):
+    for stream in (keys.metrics("actor", 0), keys.deadletter):
         r.xadd(stream, {"d": b"x"}, id=LAST_ID)
     with caplog.at_level(logging.WARNING):
         assert follower.read() == []  # the junk entry, dead-lettered: the follower is past it
         for i in range(3):  # the first repairs, the others just add
             report(r, keys, "actor", 0, steps=2 + i)
             assert dead_letter(r, keys, "test", "why", b"junk")
-    assert r.xlen(keys.metrics) == 3 and r.xlen(keys.deadletter) == 4
+    assert r.xlen(keys.metrics("actor", 0)) == 3 and r.xlen(keys.deadletter) == 4
     # the follower follows the fresh stream from its start
     got = wait_until(follower.read, "the reports after the repair")
     assert [m["values"]["steps"] for m in got] == [2, 3, 4]
@@ -68,13 +70,28 @@ def test_reports_and_dead_letters_go_on_after_their_streams_ids_were_used_up(r, 
     assert len(used_up) == 1, caplog.messages  # one line per key, not one per report
 
 
+def test_a_flood_of_many_processes_reports_keeps_no_other_process_out(r, keys):
+    """A read takes up to 1,000 entries, the next entry of each stream in turn: the streams
+    a read left unread go first in the next, however many entries the others hold."""
+    flooded = [("actor", i) for i in range(1500)]
+    pipe = r.pipeline(transaction=False)
+    for source in flooded * 3:
+        pipe.xadd(keys.metrics(*source), {FIELD: encode("metrics", {"time": 1.0, "values": {}})})
+    pipe.execute()
+    report(r, keys, "learner", 0, updates=7)
+    reader = MetricsReader(r, keys, [*flooded, ("learner", 0)], from_start=True)
+    first, second = reader.read(), reader.read()
+    assert len(first) == len(second) == MetricsReader.COUNT
+    assert [m["values"] for m in second if m["role"] == "learner"] == [{"updates": 7}]
+
+
 def test_the_metrics_reader_never_fetches_an_entry_larger_than_a_report(r, keys):
     report(r, keys, "actor", 0, steps=1)
-    junk = b"\0" * (16 << 20)
+    junk, stream = b"\0" * (16 << 20), keys.metrics("actor", 0)
     for _ in range(5):
-        r.xadd(keys.metrics, {FIELD: junk})
+        r.xadd(stream, {FIELD: junk})
     report(r, keys, "actor", 0, steps=2)
-    reader = MetricsReader(r, keys, from_start=True)
+    reader = MetricsReader(r, keys, [("actor", 0), ("learner", 0)], from_start=True)
     tracemalloc.start()
     try:
         got = []
@@ -85,7 +102,7 @@ def test_the_metrics_reader_never_fetches_an_entry_larger_than_a_report(r, keys)
         tracemalloc.stop()
     assert [m["values"]["steps"] for m in got] == [1, 2]
     assert peak < 4 << 20, f"{peak / 2**20:.0f} MiB fetched"  # each junk entry is 16 MiB
-    r.xadd(keys.metrics, {FIELD: junk})  # the newest entry: an idle follower never loads it
+    r.xadd(stream, {FIELD: junk})  # the newest entry: an idle follower never loads it
     loads = r.info("commandstats").get("cmdstat_xrevrange", {}).get("calls", 0)
     for _ in range(20):
         assert reader.read() == []
@@ -226,9 +243,9 @@ def test_apex_roles_under_their_own_users_outlive_an_actors_attack(tmp_path):
 
         try:
             wait_until(version, "the learner's first updates", 120, between=alive)
-            follower = MetricsReader(admin, keys)
+            follower = MetricsReader(admin, keys, reporters(admin, keys))
             attacker = _user(server, run, "actor", tmp_path / "pw")
-            attacker.xadd(keys.metrics, {"d": b"x"}, id=LAST_ID)
+            attacker.xadd(keys.metrics("actor", 0), {"d": b"x"}, id=LAST_ID)
             attacker.xadd(keys.deadletter, {"d": b"x"}, id=LAST_ID)
             attacker.xadd(keys.experience, {"d": b"junk"})  # the filler dead-letters it
 
@@ -264,14 +281,14 @@ def test_apex_roles_under_their_own_users_outlive_an_actors_attack(tmp_path):
                 return any(g["last-delivered-id"] != b"0-0" for g in groups if g["name"] == b"qrl")
 
             wait_until(read_again, "the experience stream restarted and read", 60, between=alive)
-            reporters: set[str] = set()
+            heard: set[str] = set()
 
             def reporting() -> bool:
-                reporters.update(f"{m['role']}.{m['id']}" for m in follower.read())
-                return len(reporters) == 4
+                heard.update(f"{m['role']}.{m['id']}" for m in follower.read())
+                return len(heard) == 4
 
             wait_until(reporting, "every role reporting", 60, between=alive)
-            assert reporters == {"replay.0", "learner.0", "actor.0", "actor.1"}
+            assert heard == {"replay.0", "learner.0", "actor.0", "actor.1"}
             assert int(admin.hget(keys.stats, "env_steps")) < 2**40  # reset by an actor
             admin.hset(keys.control, "stop", 1)
             for name, p in procs.items():

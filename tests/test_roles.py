@@ -180,11 +180,14 @@ def test_the_declared_keys_cover_the_algorithms_streams_and_weights(algo):
     """What an algorithm's roles declare is what their ACL users get: every stream its
     status shows is written by one of its roles, and so is every key one of them reads
     (the weights, where they are read; the run's config, its live changes and control flags
-    are written by whoever creates, changes and stops the run)."""
+    are written by whoever creates, changes and stops the run; the metrics every role reads,
+    each process its own)."""
     spec, keys = ALGOS[algo], RunKeys("x")
     access = [role_access(role) for role in spec.roles]
     writes = [p for a in access for p in a.writes]
     streams = [key.split("}:", 1)[1] for key in spec.streams(keys, {"replay_shards": 2}).values()]
     reads = {p for a in access for p in a.reads} - {"config", "config:live", "control"}
+    reads.remove("metrics:*")
+    assert all(f"metrics:{r.name}.*" in a.writes for r, a in zip(spec.roles, access, strict=True))
     for name in [*streams, *reads]:
         assert any(fnmatch.fnmatchcase(name, p) for p in writes), (name, writes)

@@ -19,22 +19,21 @@ from qrl.algos.apex.config import ApexConfig
 from qrl.replay.role import make_replay
 from qrl.rl.simenv import SLEEP_ENV
 from qrl.runtime.control import request_stop
-from qrl.runtime.metrics import MetricsReader
 from qrl.runtime.runs import create_run
 from tests.cli import role
-from tests.helpers import kill_all, wait_until
+from tests.helpers import kill_all, run_reader, wait_until
 
 pytestmark = pytest.mark.slow
 
 
 class Run:
-    """The role processes of one run, and what the metrics stream says about them."""
+    """The role processes of one run, and what their metrics say about them."""
 
     def __init__(self, r, keys, url: str, log_dir: Path) -> None:
         self.r, self.keys, self.log_dir = r, keys, log_dir
         self.env = {**os.environ, "QRL_REDIS_URL": url}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.reader = MetricsReader(r, keys, from_start=True)
+        self.reader = run_reader(r, keys)
         self.actors: dict[int, tuple[float, float]] = {}  # id -> (time, steps) of last report
         self.learner = 0.0  # updates in the learner's last report
 
@@ -52,7 +51,7 @@ class Run:
         )
 
     def follow(self, seconds: float) -> None:
-        """Read the metrics stream for ``seconds``; every role must stay alive."""
+        """Read the metrics for ``seconds``; every role must stay alive."""
         end = time.monotonic() + seconds
         while True:
             for m in self.reader.read(block_ms=100):

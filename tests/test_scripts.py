@@ -135,7 +135,7 @@ def test_no_roles_user_runs_lua_of_its_own(algo, tmp_path):
                 with pytest.raises(redis.exceptions.NoPermissionError):
                     attempt()
             assert KEEP(user, [own], ["me", 10, "keep"]) == 1, role
-            assert live._read(live._ReadOnly(user), keys, b"").stop == 0
+            assert live._read(live.READ.on(user), keys, b"").stop == 0
         assert admin.ping()
 
 

@@ -70,12 +70,12 @@ def test_a_learner_never_resumes_from_a_far_ahead_version(r, keys, redis_server)
 
 def test_wrong_type_control_metrics_and_lease_keys_are_repaired(r, keys, caplog):
     r.set(keys.control, "x")
-    r.hset(keys.metrics, "a", 1)
+    r.hset(keys.metrics("actor", 0), "a", 1)
     r.hset(keys.lease("actor", 0), "a", 1)
     with caplog.at_level(logging.WARNING):
         stop = StopFlag(r, keys, interval=0, signals=False)
         assert not stop() and not stop()
-        reader = MetricsReader(r, keys)
+        reader = MetricsReader(r, keys, [("actor", 0)])
         report(r, keys, "actor", 0, steps=1)
         assert [m["values"]["steps"] for m in reader.read()] == [1]
         lease = claim_id(r, keys, "actor", count=2)
@@ -84,11 +84,11 @@ def test_wrong_type_control_metrics_and_lease_keys_are_repaired(r, keys, caplog)
         r.set(keys.control, "x")
         request_stop(r, keys)
         assert StopFlag(r, keys, interval=0, signals=False)()
-    assert r.type(keys.metrics) == b"stream" and r.type(keys.control) == b"hash"
+    assert r.type(keys.metrics("actor", 0)) == b"stream" and r.type(keys.control) == b"hash"
     repaired = [m for m in caplog.messages if "wrong type" in m]  # once per key
     assert [m.split(" ")[0] for m in repaired] == [
         keys.control,
-        keys.metrics,
+        keys.metrics("actor", 0),
         keys.lease("actor", 0),
     ], repaired
 
@@ -235,7 +235,7 @@ def test_a_metrics_report_is_skipped_while_redis_is_out_of_memory(tight, caplog)
     assert len(oom) == 1 and "metrics report skipped" in oom[0], oom  # not "retrying"
     full(False)
     report(client, keys, "actor", 0, steps=3)
-    assert client.xlen(keys.metrics) == 1
+    assert client.xlen(keys.metrics("actor", 0)) == 1
 
 
 def _throttled(actor, looks: int = 20) -> bool:

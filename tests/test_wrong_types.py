@@ -76,7 +76,8 @@ def _role_keys(keys, algo: str) -> list[str]:
         "ppo": [rollouts(keys)],
         "es": [es_params(keys), es_results(keys)],
     }  # fmt: skip
-    return [keys.control, keys.stats, keys.metrics, keys.deadletter, keys.weights, *own[algo]]
+    metrics = [keys.metrics(r.name, 0) for r in ALGOS[algo].roles]  # each process's
+    return [keys.control, keys.stats, *metrics, keys.deadletter, keys.weights, *own[algo]]
 
 
 def _no_traceback(out) -> None:

@@ -269,7 +269,8 @@ def id_option(role: str) -> Callable[[F], F]:
         show_default=True,
         help=f"{role.capitalize()} number (sets its seeds, and its share of the exploration "
         "where processes explore differently, e.g. Ape-X's epsilons); "
-        f"auto = the run's next free {role} number.",
+        f"auto = the run's next free {role} number. Numbers go below twice the count the "
+        "run is configured for, plus 8.",
     )
 
 

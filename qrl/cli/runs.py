@@ -143,9 +143,9 @@ def _create_users(client: Any, algo: str, keys: Any, folder: Path, cfg: Config) 
 @redis_option()
 def run_join(run: str, role: str, ident: int | None, acl_dir: Path, redis_url: str | None) -> None:
     """Issue one machine its own ACL user for one process of ROLE in RUN, RUN.ROLE.N: what
-    the role's user may do, but of the keys of one process (heartbeats, lease, a stepper's
-    request and reply lists) only its own, so a machine that is taken cannot pose as another.
-    A process connecting as that user is process N. Needs the admin and Redis 7.
+    the role's user may do, but of the keys of one process (heartbeats, lease, metrics, a
+    stepper's request and reply lists) only its own, so a machine that is taken cannot pose
+    as another. A process connecting as that user is process N. Needs the admin and Redis 7.
 
     \b
       qrl run join lunar actor --acl ~/.qrl/lunar      # prints the user and password file
@@ -178,7 +178,8 @@ def run_join(run: str, role: str, ident: int | None, acl_dir: Path, redis_url: s
 @redis_option()
 def run_revoke(run: str, role: str, ident: int, redis_url: str | None) -> None:
     """Delete the ACL user of process N of ROLE in RUN (qrl run join) on every node, which
-    drops its connections, and the keys of that process (heartbeats, lease, reply list)."""
+    drops its connections, and the keys of that process (heartbeats, lease, metrics, reply
+    list)."""
     from qrl.jobs.acl import revoke_user
     from qrl.runtime.ids import instance_user
     from qrl.runtime.runs import RunNotFound, RunUnreadable

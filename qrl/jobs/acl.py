@@ -4,8 +4,9 @@ Each role of an algorithm (from the registry, :mod:`qrl.algos`) gets the user ``
 (:func:`user_name`), limited to its run's keys and, within them, to what the role declares
 (:class:`qrl.runtime.roles.Access`, :func:`role_access`):
 
-- every role reads ``config``, ``config:live`` and ``control`` and writes its own heartbeats
-  and leases (``proc:ROLE.*``, ``lease:ROLE.*``), ``metrics``, ``stats`` and ``deadletter``;
+- every role reads ``config``, ``config:live``, ``control`` and the metrics (``metrics:*``)
+  and writes its own heartbeats, leases and metrics (``proc:ROLE.*``, ``lease:ROLE.*``,
+  ``metrics:ROLE.*``), ``stats`` and ``deadletter``;
 - besides, the keys its declaration names: an actor reads the weights (ES: the parameters)
   and writes the stream it feeds; the replay filler drains those streams into the replay
   (``replay:*``); a learner writes the weights and drains the replay or the streams;
@@ -16,7 +17,7 @@ Each role of an algorithm (from the registry, :mod:`qrl.algos`) gets the user ``
 A machine of a role that runs many processes may get a user of its own instead,
 ``RUN.ROLE.N`` (``qrl run join``, :func:`join_user`; :func:`revoke_user` ends it,
 ``qrl run delete`` ends every one of the run: :func:`joined_users`): the role's access, but of
-the keys of one process (heartbeats, lease, ``Access.mine``) only process N's.
+the keys of one process (heartbeats, lease, metrics, ``Access.mine``) only process N's.
 
 Redis 7 makes the read-only keys read-only per key (``%R~``). Redis 6 has no such
 selector: there an actor's user could still SET or DEL the config and weights it reads, so
@@ -88,15 +89,16 @@ def user_name(run: str, role: str) -> str:
 
 def role_access(role: RoleDef, ident: int | None = None) -> Access:
     """The keys, commands and scripts ``role`` needs: what every role needs (the run's
-    config, its live changes and control flags, which only an admin changes; its own
-    heartbeats and leases, the metrics, stats and dead letters; the scripts of those, and
-    the metrics reader's where it logs the run) and what it declares. ``ident``: process
-    ``ident`` only (a per-instance user), which reaches no other process's keys."""
+    config, its live changes and control flags, which only an admin changes, and every
+    process's metrics; its own heartbeats, leases and metrics, the stats and dead letters;
+    the scripts of those, and the metrics reader's where it logs the run) and what it
+    declares. ``ident``: process ``ident`` only (a per-instance user), which reaches no
+    other process's keys."""
     declared = role.access
     logs = METRICS_SCRIPTS if role.logs_run else ()
     return Access(
-        ("config", "config:live", "control", *declared.reads),
-        (*_own(role, ident), "metrics", "stats", "deadletter", *declared.writes),
+        ("config", "config:live", "control", "metrics:*", *declared.reads),
+        (*_own(role, ident), "stats", "deadletter", *declared.writes),
         declared.commands,
         scripts=tuple(sorted({*EVERY_ROLE_SCRIPTS, *logs, *declared.scripts})),
     )
@@ -111,10 +113,12 @@ def job_scripts(algo: Algorithm) -> tuple[str, ...]:
 
 def _own(role: RoleDef, ident: int | None) -> tuple[str, ...]:
     """The keys of process ``ident`` of ``role`` (``None``: of every process): its
-    heartbeats, its lease and what the role marks as one process's (``Access.mine``)."""
+    heartbeats, its lease, its metrics and what the role marks as one process's
+    (``Access.mine``)."""
     n = "*" if ident is None else str(ident)
     mine = (pattern.replace("{id}", n) for pattern in role.access.mine)
-    return (f"proc:{role.name}.{n}@*", f"lease:{role.name}.{n}", *mine)
+    own = (f"proc:{role.name}.{n}@*", f"lease:{role.name}.{n}", f"metrics:{role.name}.{n}")
+    return (*own, *mine)
 
 
 def script_rules(names: Iterable[str], selectors: bool) -> list[str]:
@@ -275,7 +279,7 @@ def join_user(
 ) -> tuple[str, int, Path]:
     """Issue one machine its own user for process ``ident`` of ``role`` (``None``: the
     smallest number without one), ``RUN.ROLE.N``: the role's reads and writes, but of the
-    keys of one process (heartbeats, lease, ``Access.mine``) only its own. Its password,
+    keys of one process (heartbeats, lease, metrics, ``Access.mine``) only its own. Its password,
     always a fresh one (a revoked machine's is void), goes in ``folder/ROLE.N``. Needs Redis
     7: without read-only key patterns any user of the role could rewrite the config and the
     weights. Returns (user, number, password file)."""
@@ -302,7 +306,7 @@ def join_user(
 
 def revoke_user(client: Any, algo: Algorithm, keys: RunKeys, role: str, ident: int) -> int:
     """End process ``ident`` of ``role``'s per-instance user on every node (Redis drops its
-    connections) and delete the keys of that process (heartbeats, lease, ``Access.mine``),
+    connections) and delete the keys of that process (heartbeats, lease, metrics, ``Access.mine``),
     so a new holder of the number starts clean; returns how many keys went."""
     roledef = algo.role(role)
     delete_users(client, [instance_user(keys.run, role, ident)])

@@ -115,6 +115,15 @@ def _algorithm(spec: RoleSpec, client: redis.Redis, keys: RunKeys) -> str:
     return spec.algo
 
 
+def reporters(client: redis.Redis, keys: RunKeys) -> list[tuple[str, int]]:
+    """Every (role, number) that may report in the run of ``keys``, from its config in Redis
+    (:meth:`qrl.runtime.algorithm.Algorithm.reporters`): the processes whose metrics a
+    follower of the run reads (:class:`qrl.runtime.metrics.MetricsReader`)."""
+    name, _ = load_run(client, keys)
+    algo = ALGOS[name]
+    return algo.reporters(load_run_config(client, keys, name, algo.config))
+
+
 def run_role(spec: RoleSpec) -> int:
     """Run the role of ``spec`` in this process until the run stops, a signal comes, or its
     limit is reached; returns how far its counter advanced. SIGINT/SIGTERM before the role
@@ -151,9 +160,15 @@ def run_role(spec: RoleSpec) -> int:
     mine = user_ident(user, spec.run, roledef.name)
     if mine is not None and spec.ident not in ("auto", mine):
         raise LaunchError(f"user {user} is {roledef.name} {mine}: --id {spec.ident} is not its")
+    numbers = algo.numbers(roledef, cfg)  # those whose metrics the run's readers follow
+    wanted = spec.ident if mine is None else mine
+    if wanted != "auto" and wanted not in numbers:
+        raise LaunchError(
+            f"{roledef.name} numbers of run {spec.run!r} go from 0 to {numbers.stop - 1} "
+            f"(twice the configured count, plus 8): {wanted} is not one"
+        )
     if spec.ident == "auto" or mine is not None:
-        count = sum(1 for r, _ in algo.processes(cfg) if r is roledef)
-        lease = claim_id(client, keys, roledef.name, count, only=mine)
+        lease = claim_id(client, keys, roledef.name, algo.count(roledef, cfg), only=mine)
     else:
         lease = hold_id(client, keys, roledef.name, int(spec.ident))
     try:
@@ -208,8 +223,8 @@ def _run(
 
         described = {"algo": algo.name, "run": spec.run, "config": cfg.to_dict()}
         writer = follow(
-            opener, keys, spec.run_dir, done, algo.reports, tracking=spec.tracking,
-            config=described,
+            opener, keys, spec.run_dir, done, algo.reports, algo.reporters(cfg),
+            tracking=spec.tracking, config=described,
         )  # fmt: skip
     running.set()
     try:

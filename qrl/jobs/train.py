@@ -1,8 +1,8 @@
 """``qrl train``: one command that runs a whole job on one machine.
 
 It starts an embedded Redis (unless given a URL), writes the run's config, starts every
-process of the algorithm's roles (:func:`qrl.jobs.launch.start_process`), follows the metrics
-stream with a live display, evaluates the latest published weights periodically, stops at
+process of the algorithm's roles (:func:`qrl.jobs.launch.start_process`), follows the run's
+metrics with a live display, evaluates the latest published weights periodically, stops at
 the target return (confirmed on ``confirm_episodes`` fresh episodes, 100 by default:
 gymnasium's definition of solving CartPole-v1) or the time/step budget, shuts every
 process down and leaves a run directory: ``config.json``, ``metrics.csv`` and TensorBoard
@@ -283,7 +283,7 @@ class TrainingJob:
         self.stop_flag = StopFlag(client, keys, live=live, local=self.interrupted)
         # from now, before any role starts: a rerun of a run (a PBT trial's next segment)
         # counts its own work, not what earlier jobs of the run reported
-        self.reader = MetricsReader(client, keys)
+        self.reader = MetricsReader(client, keys, self.algo.reporters(self.cfg))
         users = {}
         if launch.acl:
             users = process_users(client, self.algo, keys, self.cfg, self.run_dir / "acl")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import redis
 
 from qrl.runtime.config import Config
+from qrl.runtime.ids import id_limit
 from qrl.runtime.roles import (
     ACTOR_COMMANDS,
     ACTOR_PROGRESS,
@@ -98,7 +99,7 @@ class RoleDef:
     checkpoints: bool = False  # keeps its state in a checkpoint file (one process at most)
     device: bool = False  # runs torch on a device of its choice (--device, --threads)
     nice: bool = False  # qrl train lowers its CPU priority (--actor-nice) for the others
-    logs_run: bool = False  # with --run-dir, follows the metrics stream into the run dir
+    logs_run: bool = False  # with --run-dir, follows the run's metrics into the run dir
     # its processes form one pool (a torch.distributed group): the pool's leader writes the
     # checkpoint, and process 0 alone follows the metrics into the run dir
     group: bool = False
@@ -231,6 +232,21 @@ class Algorithm:
             n = max(n, r.least(cfg)) if r.least else n
             out += [(r, i) for i in range(n)]
         return out
+
+    def count(self, role: RoleDef, cfg: Any) -> int:
+        """How many processes of ``role`` a whole job of ``cfg`` runs (0: none)."""
+        return sum(1 for r, _ in self.processes(cfg) if r is role)
+
+    def numbers(self, role: RoleDef, cfg: Any) -> range:
+        """The numbers a process of ``role`` may hold in a run of ``cfg``: below
+        :func:`qrl.runtime.ids.id_limit` of its count, whether it claims one (``--id auto``),
+        is given one (``--id N``) or joins with a user of its own (``qrl run join``)."""
+        return range(id_limit(self.count(role, cfg)))
+
+    def reporters(self, cfg: Any) -> list[tuple[str, int]]:
+        """Every (role name, number) that may report in a run of ``cfg`` (:meth:`numbers`
+        of each role it runs): whose metrics streams the run's readers follow."""
+        return [(r.name, i) for r in self.roles if self.count(r, cfg) for i in self.numbers(r, cfg)]
 
 
 def torch_policy(

@@ -56,9 +56,11 @@ KEEP = Lua("ids.keep", "ids.holder", "ids.keep")
 
 def id_limit(count: int) -> int:
     """How many numbers :func:`claim_id` hands out for a role the run is configured to have
-    ``count`` processes of: twice that, plus 8. Twice, since a process restarted on another
-    host gets a new number while its old lease lives out its TTL (a rolling restart of all
-    of them at once); 8 for processes started by hand beside the configured ones. Never
+    ``count`` processes of (an explicit ``--id`` and ``qrl run join`` are bounded the same,
+    and the run's metrics readers follow these numbers' streams): twice that, plus 8.
+    Twice, since a process restarted on another host gets a new number while its old lease
+    lives out its TTL (a rolling restart of all of them at once); 8 for processes started
+    by hand beside the configured ones. Never
     more: numbers feed seeds and epsilons, and fake leases must not make them grow."""
     return 2 * max(count, 1) + 8
 

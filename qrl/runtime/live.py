@@ -57,27 +57,6 @@ READ = Lua("live.read", read_only=True)
 SET = Lua("live.set")
 
 
-class _ReadOnly:
-    """:data:`READ` run with EVALSHA_RO (Redis 7: a user that may only read the run's
-    control and live-config keys, ``%R~``, may run it on them), or EVALSHA where the server
-    has no EVALSHA_RO (Redis 6.2, whose users read with plain ``~`` patterns) or the user
-    may not run it (the README's per-run rule, which may write every key of its run)."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.client, self.ro = client, True
-
-    def __call__(self, keys: list[str], args: list[Any]) -> Any:
-        try:
-            return READ(self.client, keys, args, ro=self.ro)
-        except redis.RedisError as e:  # the server's refusal, or the cluster client's
-            text = str(e)
-            unknown = "unknown command" in text or "doesn't exist" in text
-            if not self.ro or not (unknown or isinstance(e, redis.exceptions.NoPermissionError)):
-                raise
-        self.ro = False
-        return READ(self.client, keys, args)
-
-
 class LiveUnreadable(ValueError):
     """The live-config hash holds something no setter wrote."""
 
@@ -181,7 +160,7 @@ def set_live(
         raise ConfigError("no change given (KEY=VALUE)")
     check_fields(cls, changes)
     _, base = load_run(client, keys)
-    read, write = _ReadOnly(client), SET.on(client)
+    read, write = READ.on(client), SET.on(client)
     for _ in range(100):  # another setter wrote in between: read again
         got = _read(read, keys, b"")
         current = got.state.values if got.state else {}
@@ -215,7 +194,7 @@ def _version(raw: bytes) -> int:
 def describe(client: redis.Redis, keys: RunKeys) -> dict[str, Any] | None:
     """What ``qrl status`` shows of the run's live changes: ``None`` if none were made, else
     ``version``, ``values``, ``changed``, ``time`` and ``line`` (or ``unreadable``: why)."""
-    got = _read(_ReadOnly(client), keys, b"")
+    got = _read(READ.on(client), keys, b"")
     if got.problem is not None:
         return {"unreadable": got.problem}
     s = got.state
@@ -248,7 +227,7 @@ class LiveConfig(Generic[C]):
         self.following = True  # False once this user may not read the key (an older ACL)
         self._seen = b""
         self._new = False
-        self._script = _ReadOnly(client)
+        self._script = READ.on(client)
         self.poll()
         self._new = False
         self.applied = self.version  # the version handed over by take(): the role runs it

@@ -1,11 +1,15 @@
-"""Metrics: every role appends small reports to the run's capped metrics stream; anyone can
-follow it (no consumer group: metrics are broadcast, old ones are trimmed)."""
+"""Metrics: every process appends small reports to a capped stream of its own,
+``metrics:ROLE.N`` (:meth:`qrl.wire.keys.RunKeys.metrics`), which only its user may write
+where processes have users of their own (``qrl run join``, ``qrl train --acl``); anyone can
+follow them all (no consumer group: metrics are broadcast, old ones are trimmed). A report
+is the process's whose stream it is in: it names no role or number, so none can pass for
+another."""
 
 from __future__ import annotations
 
 import logging
 import time
-from functools import partial
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -14,7 +18,7 @@ from qrl.runtime.status import beat
 from qrl.wire import clock
 from qrl.wire import stream_scripts as lua
 from qrl.wire.codec import CodecError, decode, encode
-from qrl.wire.faults import repaired, skip_if_full, warn_every, warn_once
+from qrl.wire.faults import delete_broken, repaired, skip_if_full, warn_every, warn_once
 from qrl.wire.keys import RunKeys
 from qrl.wire.schema import Field, Schema
 from qrl.wire.stream_scripts import dead_letter, stored_cap, text
@@ -22,7 +26,10 @@ from qrl.wire.streams import FIELD
 
 log = logging.getLogger(__name__)
 
-MAXLEN = 10_000
+# entries each process's stream keeps: a typical run's ten or so processes (a learner, a
+# replay filler, eight actors), each reporting once a second, keep about the 10,000 entries
+# (a few MiB) that the one stream all of them shared kept, and each its last ~17 minutes
+MAXLEN = 1_000
 
 
 def _check_metrics(msg: dict[str, Any]) -> None:
@@ -37,8 +44,6 @@ def _check_metrics(msg: dict[str, Any]) -> None:
 METRICS = Schema(
     "metrics",
     {
-        "role": Field(str),
-        "id": Field(int),
         "time": Field(float),
         "values": Field(dict, max_len=16_384),  # lists of up to this many numbers, too
     },
@@ -48,20 +53,22 @@ METRICS = Schema(
 
 
 def report(client: redis.Redis, keys: RunKeys, role: str, ident: int = 0, **values: Any) -> None:
-    """Append one report ``values`` (numbers or lists of numbers) from ``role`` #``ident``,
-    and refresh the process's heartbeat (see :mod:`qrl.runtime.status`) in the same round trip.
-    Reports can be lost: while Redis is out of memory they are skipped, not waited for."""
+    """Append one report ``values`` (numbers or lists of numbers) to the stream of ``role``
+    #``ident``, and refresh the process's heartbeat (see :mod:`qrl.runtime.status`) in the
+    same round trip. Reports can be lost: while Redis is out of memory they are skipped, not
+    waited for."""
     now = time.time()
-    payload = encode("metrics", {"role": role, "id": ident, "time": now, "values": values})
+    payload = encode("metrics", {"time": now, "values": values})
+    stream = keys.metrics(role, ident)
 
     def write() -> None:
         pipe = client.pipeline(transaction=False)
-        pipe.xadd(keys.metrics, {FIELD: payload}, maxlen=MAXLEN, approximate=True)
+        pipe.xadd(stream, {FIELD: payload}, maxlen=MAXLEN, approximate=True)
         beat(pipe, keys, role, ident, now, values)
         pipe.execute()
 
     with skip_if_full("metrics report"):
-        repaired(client, keys.metrics, write, None)
+        repaired(client, stream, write, None)
 
 
 def _id(entry_id: str) -> tuple[int, ...]:
@@ -69,85 +76,131 @@ def _id(entry_id: str) -> tuple[int, ...]:
 
 
 class MetricsReader:
-    """Follows the metrics stream from now (or from the start with ``from_start``).
+    """Follows the reports of the processes ``sources``, (role, number) pairs (a run's:
+    :meth:`qrl.runtime.algorithm.Algorithm.reporters`), from now (or from the start with
+    ``from_start``), each from its own stream, all of them in one call of the script
+    ``metrics.range`` (``qrl/wire/lua/metrics.range.lua``) a read. A report is the process's
+    whose stream it came from.
 
-    Anyone with the run's keys can add anything to it: entries are read a bounded number at
-    a time and measured inside Redis first (:data:`qrl.wire.stream_scripts.RANGE`), so one
-    larger than a report can be is skipped and dead-lettered by its size, never fetched; and
-    a stream deleted and started afresh (a role repairs one whose ids were used up) is
-    followed from its new start."""
+    Anyone with a process's keys can add anything to its stream: entries are read a bounded
+    number at a time and measured inside Redis first, so one larger than a report can be is
+    skipped and dead-lettered by its size, never fetched; a stream deleted and started
+    afresh (its process repairs one whose ids were used up) is followed from its new start;
+    one of another Redis type is deleted where this user may (else left unread)."""
 
     COUNT = 1000  # entries one read examines at most
     CAP = stored_cap(METRICS.max_bytes)  # the largest entry a report can be
     BUDGET = 4 * CAP  # bytes one read examines at most (honest reports are ~1,000 times smaller)
 
-    def __init__(self, client: redis.Redis, keys: RunKeys, from_start: bool = False) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        sources: Iterable[tuple[str, int]],
+        from_start: bool = False,
+    ) -> None:
         self.client, self.keys = client, keys
+        self.sources = list(dict.fromkeys(sources))
+        self.streams = [keys.metrics(role, ident) for role, ident in self.sources]
         self._range = lua.RANGE_LUA.on(client)
-        self._next_check = 0.0  # when to look again for a stream started afresh
-        self.last = "0-0" if from_start else self._call(lua.LAST_ID, check=True)[0] or "0-0"
+        self._next_check = 0.0  # when to look again for streams started afresh
+        self._turn = 0  # the stream the range script takes first
+        self.last = ["0-0"] * len(self.streams)  # the id each stream was read up to
+        if not from_start:  # each stream's newest entry: nothing comes after LAST_ID
+            newest, _ = self._call([lua.LAST_ID] * len(self.streams), check=True)
+            for i, entry_id in newest.items():
+                self.last[i] = entry_id
 
-    def _call(self, after: str, check: bool = False) -> tuple[str | None, list]:
-        """One call of the range script: the rows after ``after`` and, with ``check`` where
-        none came and ``after`` is ahead of Redis's clock, the stream's newest id."""
-        args = [after, self.COUNT, self.CAP, self.BUDGET, int(check)]
-        call = partial(self._range, [self.keys.metrics], args)
-        newest, rows = repaired(self.client, self.keys.metrics, call, [None, []])
-        return (None if newest is None else text(newest)), rows
+    def _call(self, cursors: list[str], check: bool = False) -> tuple[dict[int, str], list]:
+        """One call of the range script from ``cursors``: the newest id of each stream it
+        checked (see ``qrl/wire/lua/metrics.range.lua``) and the rows, ``(stream, id, fields
+        or size)``, streams by their index here. The script takes the streams in
+        order, from one that moves on by the rows each call returned: a call that reached
+        its count left some streams unread, and entries flooding the first ones must not
+        keep the others out."""
+        n, k = len(self.streams), self._turn
+        if not n:
+            return {}, []
+        args = [self.COUNT, self.CAP, self.BUDGET, int(check), *cursors[k:], *cursors[:k]]
+        wrong, newest, rows = self._range(self.streams[k:] + self.streams[:k], args)
+
+        def at(i: int) -> int:  # the script's (from 1) as ours
+            return (i - 1 + k) % n
+
+        for i in wrong:
+            delete_broken(self.client, self.streams[at(i)])
+        self._turn = (k + len(rows)) % n
+        newest = {at(i): text(x) for i, x in zip(newest[::2], newest[1::2], strict=True)}
+        return newest, [(at(i), text(entry_id), body) for i, entry_id, body in rows]
 
     def read(self, block_ms: int | None = None) -> list[dict[str, Any]]:
-        """The reports added since the last read; with ``block_ms``, waits up to that long
-        for one (scripts cannot block: it polls, backing off up to 50 ms)."""
+        """The reports added since the last read, as ``{role, id, time, values}``; with
+        ``block_ms``, waits up to that long for one (scripts cannot block: it polls,
+        backing off up to 50 ms, or ten times what a poll took where that is longer: a run
+        configured for thousands of processes has thousands of streams, and its follower
+        keeps Redis busy a small share of the time)."""
         deadline = clock.now() + (block_ms or 0) / 1000
         delay = 0.005
         while True:
+            began = time.monotonic()
             out, came = self._read_once()
-            left = deadline - clock.now()
+            now = clock.now()
+            left = deadline - now
             if out or (left <= 0 and not came):  # junk only: on to what comes after it
                 return out
             if not came:
                 clock.sleep(min(delay, left))
-                delay = min(delay * 2, 0.05)
+                delay = min(delay * 2, max(0.05, 10 * (now - began)))
 
     def _read_once(self) -> tuple[list[dict[str, Any]], bool]:
-        """The reports of one call of the range script, and whether any entry came."""
+        """The reports of one call of the range script, oldest first, and whether any entry
+        came (or a stream started afresh is to be read from its start)."""
         check = time.monotonic() >= self._next_check
         if check:
             self._next_check = time.monotonic() + 1.0
         newest, rows = self._call(self.last, check)
-        if newest is not None and _id(newest) < _id(self.last):
+        afresh = [i for i, n in newest.items() if _id(n) < _id(self.last[i])]
+        for i in afresh:
             warn_every(
-                f"{self.keys.metrics}:followed",  # not repaired()'s: a reporter may log that
+                f"{self.streams[i]}:followed",  # not repaired()'s: its reporter may log that
                 "%s was deleted and started afresh (its ids were used up?): following it "
                 "from its new start",
-                self.keys.metrics,
+                self.streams[i],
                 logger=log,
             )
-            self.last = "0-0"
-            newest, rows = self._call(self.last)
+            self.last[i] = "0-0"
         out = []
-        for row in rows:
-            entry_id, body = text(row[0]), row[1]
-            self.last = entry_id
-            payload, size = None, None
-            try:
-                if isinstance(body, int):  # measured in Redis and left there
-                    size = body
-                    raise CodecError(f"entry over the {self.CAP} bytes a report may take")
-                fields = dict(zip(body[::2], body[1::2], strict=True))
-                payload = fields.get(FIELD)
-                if payload is None:
-                    raise CodecError("metrics entry without payload")
-                out.append(decode(payload, METRICS))
-            except CodecError as e:
-                reason = f"metrics: {e}"  # logged once per reason: the dead letters keep each
-                warn_once(
-                    reason,
-                    "rejected metrics entry %s: %s",
-                    entry_id,
-                    e,
-                    kind="rejected entries",
-                    logger=log,
-                )
-                dead_letter(self.client, self.keys, "metrics", str(e), payload, entry_id, size)
-        return out, bool(rows)
+        for i, entry_id, body in sorted(rows, key=lambda row: _id(row[1])):
+            self.last[i] = entry_id
+            msg = self._decode(self.sources[i], entry_id, body)
+            if msg is not None:
+                out.append(msg)
+        return out, bool(rows or afresh)
+
+    def _decode(self, source: tuple[str, int], entry_id: str, body: Any) -> dict | None:
+        """The report in entry ``entry_id`` of ``source``'s stream (``body``: its fields, or
+        its size where it was too big to fetch); ``None``, dead-lettered, if it is none."""
+        payload, size = None, None
+        try:
+            if isinstance(body, int):  # measured in Redis and left there
+                size = body
+                raise CodecError(f"entry over the {self.CAP} bytes a report may take")
+            fields = dict(zip(body[::2], body[1::2], strict=True))
+            payload = fields.get(FIELD)
+            if payload is None:
+                raise CodecError("metrics entry without payload")
+            return {"role": source[0], "id": source[1], **decode(payload, METRICS)}
+        except CodecError as e:
+            reason = f"metrics: {e}"  # logged once per reason: the dead letters keep each
+            warn_once(
+                reason,
+                "rejected metrics entry %s of %s.%d: %s",
+                entry_id,
+                *source,
+                e,
+                kind="rejected entries",
+                logger=log,
+            )
+            where = f"{source[0]}.{source[1]} {entry_id}"
+            dead_letter(self.client, self.keys, "metrics", str(e), payload, where, size)
+        return None

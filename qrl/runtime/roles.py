@@ -48,13 +48,14 @@ class Access:
     """What one role's user may do: the key names (within the run's prefix and its shards',
     glob patterns allowed, e.g. ``replay:*``) it reads and writes, and its command rule
     (:data:`RUN_COMMANDS`, :data:`ACTOR_COMMANDS` or a rule of your own). Every role also
-    reads ``config`` and ``control`` and writes its heartbeats, leases, ``metrics``, ``stats``
-    and ``deadletter`` (:func:`qrl.jobs.acl.role_access` adds them). ``mine``: the keys of
-    one process of the role, ``{id}`` standing for its number (a stepper's request and reply
-    lists): a per-instance user (``qrl run join``) writes its own number's only, the role's
-    shared user every number's. ``scripts``: the names of qrl's Lua scripts its code runs
-    (e.g. :data:`PRODUCER_SCRIPTS`), the only ones its user may run, besides
-    :data:`EVERY_ROLE_SCRIPTS` (and :data:`METRICS_SCRIPTS` for a role that logs the run)."""
+    reads ``config``, ``control`` and the metrics and writes its heartbeats, leases and
+    metrics, ``stats`` and ``deadletter`` (:func:`qrl.jobs.acl.role_access` adds them).
+    ``mine``: the keys of one process of the role, ``{id}`` standing for its number (a
+    stepper's request and reply lists): a per-instance user (``qrl run join``) writes its
+    own number's only, the role's shared user every number's. ``scripts``: the names of
+    qrl's Lua scripts its code runs (e.g. :data:`PRODUCER_SCRIPTS`), the only ones its user
+    may run, besides :data:`EVERY_ROLE_SCRIPTS` (and :data:`METRICS_SCRIPTS` for a role that
+    logs the run)."""
 
     reads: tuple[str, ...] = ()
     writes: tuple[str, ...] = ()

@@ -1,7 +1,7 @@
 """A run's metrics on disk: ``metrics.csv``, TensorBoard event files and (``--track``)
 Weights & Biases.
 
-:class:`Progress` folds the run's metrics stream (every role's reports) into one row of
+:class:`Progress` folds the run's metrics (every process's reports) into one row of
 stable columns, as the roles declare (:class:`qrl.runtime.roles.Feed`): the columns every
 run has (:data:`qrl.runtime.roles.COLUMNS`) and any its roles add. :class:`RunLog` appends
 that row to ``metrics.csv`` and hands its scalars to the sinks of
@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 
 MAX_COUNT = 10**15  # larger counters are not believed (their sums must fit TensorBoard's int64)
 # sources a sum follows at once: a report from another one forgets the one heard from
-# longest ago (anyone with the run's keys can report as any id; the numbers qrl hands out
-# stay below qrl.runtime.ids.id_limit, 8,200 for the most actors a config allows)
+# longest ago (a report's id is the number of the stream it came from, below
+# qrl.runtime.ids.id_limit, 8,200 for the most actors a config allows; a feed's ``by`` value
+# is the report's own say, bounded only where the feed gives a ``bound``)
 MAX_IDS = 10_000
 RECENT = 50  # the numbers a ``recent`` feed averages
 
@@ -127,7 +128,7 @@ class _Fold:
 
 
 class Progress:
-    """The run so far, folded from its metrics stream as its roles declare (``reports``:
+    """The run so far, folded from its metrics as its roles declare (``reports``:
     role name -> :class:`qrl.runtime.roles.Reports`). Reports of a role not declared are
     ignored."""
 
@@ -272,17 +273,19 @@ def follow(
     run_dir: Path,
     stop: threading.Event,
     reports: Mapping[str, Reports],
+    sources: list[tuple[str, int]],
     every: float = 1.0,
     tracking: Tracking | None = None,
     config: dict[str, Any] | None = None,
 ) -> threading.Thread:
-    """Follow the run's metrics stream from its start in a daemon thread (its own Redis
+    """Follow the run's metrics from their start in a daemon thread (its own Redis
     connection), writing ``run_dir``'s metrics.csv and the sinks of ``tracking`` until
-    ``stop``; ``reports`` are the run's roles' declarations (:class:`Progress`)."""
+    ``stop``; ``reports`` are the run's roles' declarations (:class:`Progress`), ``sources``
+    the processes that may report (:class:`qrl.runtime.metrics.MetricsReader`)."""
 
     def loop() -> None:
         client = connect()
-        reader = MetricsReader(client, keys, from_start=True)
+        reader = MetricsReader(client, keys, sources, from_start=True)
         progress = Progress(reports)
         with RunLog(run_dir, every, tracking, keys.run, config) as out:
             while not stop.is_set():

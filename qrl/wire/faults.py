@@ -193,9 +193,17 @@ def repaired(client: Any, key: str, command: Callable[[], T], default: T) -> T:
             broken = next((why for reply, why in _BROKEN.items() if reply in str(e)), None)
             if broken is None:
                 raise
-        warn_every(key, "%s %s (written by something else): deleting it", key, broken)
-        try:
-            client.delete(key)
-        except NoPermissionError:
+        if not delete_broken(client, key, broken):
             break
     return default
+
+
+def delete_broken(client: Any, key: str, broken: str = _BROKEN["WRONGTYPE "]) -> bool:
+    """Delete ``key``, which someone else broke (``broken`` says how), logged once a minute
+    per key (:func:`warn_every`); False if this user may not delete it."""
+    warn_every(key, "%s %s (written by something else): deleting it", key, broken)
+    try:
+        client.delete(key)
+    except NoPermissionError:
+        return False
+    return True

@@ -115,10 +115,10 @@ class RunKeys:
         """Learner weights: hash {version, blob} written atomically."""
         return self.key("weights")
 
-    @property
-    def metrics(self) -> str:
-        """Metrics reported by every role (capped stream)."""
-        return self.key("metrics")
+    def metrics(self, role: str, ident: int) -> str:
+        """The reports of process number ``ident`` of ``role`` (capped stream, see
+        :mod:`qrl.runtime.metrics`): one per process, which only that process's user writes."""
+        return self.key(f"metrics:{role}.{ident}")
 
     @property
     def stats(self) -> str:

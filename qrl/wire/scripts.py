@@ -30,7 +30,7 @@ from typing import Any
 
 from redis.client import Pipeline
 from redis.cluster import ClusterPipeline, RedisCluster
-from redis.exceptions import NoPermissionError, NoScriptError
+from redis.exceptions import NoPermissionError, NoScriptError, RedisError
 
 from qrl.wire.cluster import ClusterClient
 from qrl.wire.faults import awaiting_scripts, warn_every
@@ -136,12 +136,26 @@ class Lua:
 
 
 class Bound:
-    """A :class:`Lua` bound to a client: ``bound(keys, args)`` runs it there."""
+    """A :class:`Lua` bound to a client: ``bound(keys, args)`` runs it there. A read-only one
+    runs with EVALSHA_RO (Redis 7: a user that may only read its keys, ``%R~``, may run it on
+    them), or EVALSHA where the server has no EVALSHA_RO (Redis 6.2, whose users read with
+    plain ``~`` patterns) or the user may not run it (the README's per-run rule, which may
+    write every key of its run)."""
 
     def __init__(self, script: Lua, client: Any) -> None:
         self.script, self.client, self.sha = script, client, script.sha
+        self.ro = script.read_only
 
     def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
+        if self.ro:
+            try:
+                return self.script(self.client, keys, args, ro=True)
+            except RedisError as e:  # the server's refusal, or the cluster client's
+                text = str(e)
+                unknown = "unknown command" in text or "doesn't exist" in text
+                if not (unknown or isinstance(e, NoPermissionError)):
+                    raise
+            self.ro = False
         return self.script(self.client, keys, args)
 
     def queue(self, pipe: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:

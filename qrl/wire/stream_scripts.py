@@ -113,7 +113,7 @@ MAX_ENTRIES = 4096
 
 LAST_ID = "18446744073709551615-18446744073709551615"  # the largest stream id there is
 
-# a follower's read of a stream it has no group on, the metrics
-# (qrl.runtime.metrics.MetricsReader); asked for what comes after LAST_ID, it answers where
-# the stream ends now
-RANGE_LUA = Lua("metrics.range", constants={"LAST_ID": LAST_ID})
+# a follower's read of the metrics streams, one per process (qrl.runtime.metrics.MetricsReader),
+# all in one call; asked for what comes after LAST_ID, a stream is not read (where it ends
+# now comes back when the caller checks for streams started afresh)
+RANGE_LUA = Lua("metrics.range", read_only=True, constants={"LAST_ID": LAST_ID})
