@@ -233,17 +233,17 @@ class Algorithm:
             out += [(r, i) for i in range(n)]
         return out
 
-    def count(self, role: RoleDef, cfg: Any) -> int:
+    def count(self, role: RoleDef, cfg: Config) -> int:
         """How many processes of ``role`` a whole job of ``cfg`` runs (0: none)."""
         return sum(1 for r, _ in self.processes(cfg) if r is role)
 
-    def numbers(self, role: RoleDef, cfg: Any) -> range:
+    def numbers(self, role: RoleDef, cfg: Config) -> range:
         """The numbers a process of ``role`` may hold in a run of ``cfg``: below
         :func:`qrl.runtime.ids.id_limit` of its count, whether it claims one (``--id auto``),
         is given one (``--id N``) or joins with a user of its own (``qrl run join``)."""
         return range(id_limit(self.count(role, cfg)))
 
-    def reporters(self, cfg: Any) -> list[tuple[str, int]]:
+    def reporters(self, cfg: Config) -> list[tuple[str, int]]:
         """Every (role name, number) that may report in a run of ``cfg`` (:meth:`numbers`
         of each role it runs): whose metrics streams the run's readers follow."""
         return [(r.name, i) for r in self.roles if self.count(r, cfg) for i in self.numbers(r, cfg)]
