@@ -28,8 +28,20 @@ from pathlib import Path
 
 def solve(tree: Path, algo: str, seed: int, budget: float, extra: list[str]) -> tuple[float, bool]:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "qrl.cli", "train", algo, "--seed", str(seed),
-               "--max-time", str(budget), "--run-dir", str(Path(tmp) / "run"), *extra]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "qrl.cli",
+            "train",
+            algo,
+            "--seed",
+            str(seed),
+            "--max-time",
+            str(budget),
+            "--run-dir",
+            str(Path(tmp) / "run"),
+            *extra,
+        ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("QRL_")}  # embedded Redis
         env["PYTHONPATH"] = str(tree)
         t = time.perf_counter()
@@ -61,8 +73,10 @@ def main() -> None:
             for side in order:
                 secs, ok = solve(trees[side], algo, seed, args.budget, extra[side])
                 times[side].append(secs)
-                print(f"{algo} seed {seed} {side}: {secs:.1f}s {'' if ok else '(not solved)'}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"{algo} seed {seed} {side}: {secs:.1f}s {'' if ok else '(not solved)'}",
+                    flush=True,
+                )
         a, b = statistics.median(times["A"]), statistics.median(times["B"])
         print(f"{algo}: median A {a:.1f}s, B {b:.1f}s, ratio B/A {b / a:.2f}", flush=True)
 

@@ -54,10 +54,27 @@ def main() -> None:
                 target=watch, args=(client, RunKeys(run), args.initial_priority, stop, out)
             )
             poll.start()
-            cmd = [sys.executable, "-m", "qrl.cli", "train", "apex-dpg", "--env", args.env,
-                   "--seed", str(seed), "--redis", server.url, "--run", run,
-                   "--target-return", args.target_return, "--max-time", args.budget,
-                   "--run-dir", str(Path(tmp) / "run")]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "qrl.cli",
+                "train",
+                "apex-dpg",
+                "--env",
+                args.env,
+                "--seed",
+                str(seed),
+                "--redis",
+                server.url,
+                "--run",
+                run,
+                "--target-return",
+                args.target_return,
+                "--max-time",
+                args.budget,
+                "--run-dir",
+                str(Path(tmp) / "run"),
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True)
             stop.set()
             poll.join()

@@ -56,8 +56,10 @@ def main() -> None:
         client = redis.Redis.from_url(server.url)
         rates = [round_(client, args.entries) for _ in range(args.rounds)]
     for i, (w, c) in enumerate(rates):
-        print(f"round {i}: writer {w:9,.0f} entries/s, consumer {c:8,.0f} rejected/s, "
-              f"ratio {c / w:.3f}")  # fmt: skip
+        print(
+            f"round {i}: writer {w:9,.0f} entries/s, consumer {c:8,.0f} rejected/s, "
+            f"ratio {c / w:.3f}"
+        )
     ratio = statistics.median(c / w for w, c in rates)
     print(f"median consumer / writer: {ratio:.3f}")
 

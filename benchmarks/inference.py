@@ -157,9 +157,11 @@ def main() -> None:
     p.add_argument("--server-threads", type=int, default=1, help="the server's torch threads")
     p.add_argument("--server-device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument(
-        "--wait-ms", type=float, default=ImpalaConfig().inference_wait_ms,
+        "--wait-ms",
+        type=float,
+        default=ImpalaConfig().inference_wait_ms,
         help="the server's inference_wait_ms",
-    )  # fmt: skip
+    )
     args = p.parse_args()
     with EmbeddedRedis() as server:
         for hidden in args.hidden:

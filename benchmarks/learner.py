@@ -194,9 +194,13 @@ def rounds(
             dt, gpu.side = time.perf_counter() - t, None
             wait, transfer = lrn.wait_s - w0, getattr(lrn, "transfer_s", 0.0) - x0
             ours.append(
-                Round(updates / dt, (wait - transfer) / updates, transfer / updates,
-                      (dt - wait) / updates)
-            )  # fmt: skip
+                Round(
+                    updates / dt,
+                    (wait - transfer) / updates,
+                    transfer / updates,
+                    (dt - wait) / updates,
+                )
+            )
             t, gpu.side = time.perf_counter(), "memory"
             for i in range(updates):  # the new priorities are made, then dropped
                 lrn.update(pool[i % len(pool)])
@@ -241,8 +245,10 @@ def pin(lrn, servers: list) -> None:
         if pid is not None:
             os.sched_setaffinity(pid, rest)
     os.sched_setaffinity(0, {mine})
-    print(f"pinned: learner on CPU {mine} (siblings {sorted(siblings - {mine})} idle), "
-          f"the rest on {len(rest)} CPUs")  # fmt: skip
+    print(
+        f"pinned: learner on CPU {mine} (siblings {sorted(siblings - {mine})} idle), "
+        f"the rest on {len(rest)} CPUs"
+    )
 
 
 def feed_round(
@@ -306,9 +312,13 @@ def setup(args, client, keys: RunKeys, url: str):
         atari = {"env": ENV, "steps_per_update": 0, "stream_maxlen": 100_000} if args.atari else {}
         shards = {"replay_shards": args.cluster} if args.cluster else {}
         cfg = ApexConfig(
-            replay_mode=args.mode, learning_starts=1000, batch_size=args.batch_size, **prefetch,
-            **atari, **shards,
-        )  # fmt: skip
+            replay_mode=args.mode,
+            learning_starts=1000,
+            batch_size=args.batch_size,
+            **prefetch,
+            **atari,
+            **shards,
+        )
         create_run(client, keys, "apex", cfg)
         if args.atari:
             fill_from_actor(client, keys, cfg, args.transitions)
@@ -339,9 +349,11 @@ def main() -> None:
     ap.add_argument("--feed-only", action="store_true", help="the data path alone")
     ap.add_argument("--seconds", type=float, default=10.0, help="per --feed-only round")
     ap.add_argument(
-        "--io-threads", type=int, default=1,
+        "--io-threads",
+        type=int,
+        default=1,
         help="the Redis server's io-threads (replies written by that many threads)",
-    )  # fmt: skip
+    )
     ap.add_argument("--cluster", type=int, default=0, help="(Ape-X) N shards on N nodes")
     ap.add_argument("--pin", action="store_true", help="the learner alone on one CPU")
     args = ap.parse_args()
@@ -385,8 +397,10 @@ def main() -> None:
             ours, mem = rounds(lrn, pool, args.updates, k, args.rounds, gpu, stock, pinned)
             pairs = [o.rate / m.rate for o, m in zip(ours, mem, strict=True)]
             ratio = statistics.median(pairs)
-            for name, r, x in ((f"redis, {k} {data}{'s' * (k > 1)}", med(ours), ratio),
-                               ("memory", med(mem), 1.0)):  # fmt: skip
+            for name, r, x in (
+                (f"redis, {k} {data}{'s' * (k > 1)}", med(ours), ratio),
+                ("memory", med(mem), 1.0),
+            ):
                 print(
                     f"{name:<20} {r.rate:>10.0f} {x:>6.2f}   {r.wait * 1e3:>17.3f}"
                     f" {r.transfer * 1e3:>8.3f} {r.compute * 1e3:>7.3f}"

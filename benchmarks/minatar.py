@@ -58,8 +58,11 @@ def qrl_run(algo: str, game: str, seed: int, seconds: float, run_dir: Path) -> d
     secs = time.perf_counter() - t
     ev = subprocess.run(
         [sys.executable, "-m", "qrl.cli", "eval", str(run_dir), "--episodes", "100"],
-        capture_output=True, text=True, timeout=1200, cwd=where,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=where,
+    )
     found = re.search(r"mean\D*(-?[\d.]+)", ev.stdout)
     rows = _csv(run_dir / "metrics.csv")
     curve = [
@@ -145,19 +148,38 @@ def sb3_child(algo: str, game: str, seed: int, seconds: float, out: Path) -> Non
     policy = {"features_extractor_class": MinAtarNet, "net_arch": []}
     if algo == "sb3-dqn":
         model = DQN(
-            "MlpPolicy", make_vec_env(make, 1, seed=seed), learning_rate=1e-4,
-            buffer_size=100_000, learning_starts=5_000, batch_size=32, train_freq=4,
-            gradient_steps=1, target_update_interval=1_000, exploration_fraction=0.01,
-            exploration_final_eps=0.01, policy_kwargs=policy, seed=seed, verbose=0,
-        )  # fmt: skip
+            "MlpPolicy",
+            make_vec_env(make, 1, seed=seed),
+            learning_rate=1e-4,
+            buffer_size=100_000,
+            learning_starts=5_000,
+            batch_size=32,
+            train_freq=4,
+            gradient_steps=1,
+            target_update_interval=1_000,
+            exploration_fraction=0.01,
+            exploration_final_eps=0.01,
+            policy_kwargs=policy,
+            seed=seed,
+            verbose=0,
+        )
         total = 10_000_000  # exploration over its first 1%: 100k steps
     else:
         linear = lambda v: lambda progress: v * progress  # noqa: E731
         model = PPO(
-            "MlpPolicy", make_vec_env(make, 8, seed=seed), n_steps=128, n_epochs=4,
-            batch_size=256, learning_rate=linear(2.5e-4), clip_range=linear(0.1),
-            ent_coef=0.01, vf_coef=0.5, policy_kwargs=policy, seed=seed, verbose=0,
-        )  # fmt: skip
+            "MlpPolicy",
+            make_vec_env(make, 8, seed=seed),
+            n_steps=128,
+            n_epochs=4,
+            batch_size=256,
+            learning_rate=linear(2.5e-4),
+            clip_range=linear(0.1),
+            ent_coef=0.01,
+            vf_coef=0.5,
+            policy_kwargs=policy,
+            seed=seed,
+            verbose=0,
+        )
         total = 10_000_000
     model.learn(total, callback=Budget())
     returns = []
@@ -191,8 +213,11 @@ def plot(results: dict, path: str) -> None:
             if g != game or not r["curve"]:
                 continue
             t, steps, ret = zip(*r["curve"], strict=True)
-            style = {"label": f"{algo} seed {seed}", "color": colour[algo],
-                     "linestyle": styles[seed % len(styles)]}  # fmt: skip
+            style = {
+                "label": f"{algo} seed {seed}",
+                "color": colour[algo],
+                "linestyle": styles[seed % len(styles)],
+            }
             axes[row][0].plot([x / 60 for x in t], _smooth(ret), **style)
             axes[row][1].plot(steps, _smooth(ret), **style)
         axes[row][0].set(title=f"{game}: training return", xlabel="minutes", ylabel="return")

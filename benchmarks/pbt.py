@@ -41,10 +41,29 @@ EXPLORE = ["lr=1e-5..1e-1:log", "entropy_cost=1e-4..1e-1:log"]
 
 def run(args: argparse.Namespace, seed: int, pbt: bool, root: Path) -> tuple[float, dict]:
     name = f"{'pbt' if pbt else 'random'}-s{seed}"
-    cmd = [sys.executable, "-m", "qrl.cli", "pbt", args.algo, "--env", args.env, "--seed",
-           str(seed), "--population", str(args.population), "--slots", str(args.slots),
-           "--ready", str(args.ready), "--max-time", str(args.max_time), "--name", name,
-           "--run-dir", str(root / name)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "qrl.cli",
+        "pbt",
+        args.algo,
+        "--env",
+        args.env,
+        "--seed",
+        str(seed),
+        "--population",
+        str(args.population),
+        "--slots",
+        str(args.slots),
+        "--ready",
+        str(args.ready),
+        "--max-time",
+        str(args.max_time),
+        "--name",
+        name,
+        "--run-dir",
+        str(root / name),
+    ]
     if args.ready_steps:
         cmd += ["--ready-steps", str(args.ready_steps)]
     if args.quantile:
@@ -64,8 +83,9 @@ def run(args: argparse.Namespace, seed: int, pbt: bool, root: Path) -> tuple[flo
     if proc.returncode != 0:
         wall = max(wall, args.max_time)
     if pbt:
-        subprocess.run([sys.executable, "-m", "qrl.cli", "plot", str(root / name)],
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "qrl.cli", "plot", str(root / name)], capture_output=True
+        )
     lineage = root / name / "lineage.jsonl"
     result["exploits"] = len(lineage.read_text().splitlines()) if lineage.exists() else 0
     # segments trained (cut-short ones left out): the run's length in the unit its schedule
@@ -121,12 +141,17 @@ def main() -> None:
             times[pbt].append(wall)
             segments[pbt] = result["segments"]
             solved = result.get("solved") or {}
-            print(f"seed {seed} {'pbt   ' if pbt else 'random'}: {wall:7.1f} s, solved by "
-                  f"{solved.get('trial', '-')} ({solved.get('return', '-')}), "
-                  f"{result['exploits']} exploits, {result['segments']} segments",
-                  flush=True)  # fmt: skip
-        print(f"seed {seed} ratio pbt/random {times[True][-1] / times[False][-1]:.2f} (in "
-              f"segments {segments[True] / max(segments[False], 1):.2f})", flush=True)  # fmt: skip
+            print(
+                f"seed {seed} {'pbt   ' if pbt else 'random'}: {wall:7.1f} s, solved by "
+                f"{solved.get('trial', '-')} ({solved.get('return', '-')}), "
+                f"{result['exploits']} exploits, {result['segments']} segments",
+                flush=True,
+            )
+        print(
+            f"seed {seed} ratio pbt/random {times[True][-1] / times[False][-1]:.2f} (in "
+            f"segments {segments[True] / max(segments[False], 1):.2f})",
+            flush=True,
+        )
     a, b = statistics.median(times[True]), statistics.median(times[False])
     print(
         f"median pbt {a:.1f} s, random search {b:.1f} s: ratio {a / b:.2f} (goal <= 0.6); "

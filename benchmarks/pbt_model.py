@@ -37,14 +37,27 @@ def quality(lr: float) -> float:
     return math.exp(-((math.log(lr) - LR_BEST) ** 2) / (2 * WIDTH**2))
 
 
-def segments(seed: int, depth: float, sigma: float, quantile: float, resample: float,
-             burn_in: int, exploit: bool = True, cap: int = 1000) -> int:  # fmt: skip
+def segments(
+    seed: int,
+    depth: float,
+    sigma: float,
+    quantile: float,
+    resample: float,
+    burn_in: int,
+    exploit: bool = True,
+    cap: int = 1000,
+) -> int:
     rng = random.Random(seed)
     lr_range = Explore.parse("lr=1e-5..1e-1:log")
     pcfg = PBTConfig(
-        name="model", algo="ppo", env="LunarLander-v3", explore=[lr_range], quantile=quantile,
-        resample=resample, burn_in=burn_in,
-    )  # fmt: skip
+        name="model",
+        algo="ppo",
+        env="LunarLander-v3",
+        explore=[lr_range],
+        quantile=quantile,
+        resample=resample,
+        burn_in=burn_in,
+    )
     trials = [f"t{k}" for k in range(len(DRAWS))]
     lr = dict(zip(trials, DRAWS, strict=True))
     d, score, own = dict.fromkeys(trials, 0.0), dict.fromkeys(trials, 0.0), dict.fromkeys(trials, 0)
@@ -70,8 +83,10 @@ def main() -> None:
             cells = []
             for q, r, b in SETTINGS:
                 got = sorted(segments(s, depth, sigma, q, r, b) for s in runs)
-                cells.append(f"q{q} r{r} b{b}: {statistics.median(got) / base:.2f} "
-                             f"({got[len(got) * 3 // 4] / base:.2f})")  # fmt: skip
+                cells.append(
+                    f"q{q} r{r} b{b}: {statistics.median(got) / base:.2f} "
+                    f"({got[len(got) * 3 // 4] / base:.2f})"
+                )
             print(f"D={depth} sigma={sigma} random {base:.0f}:", " | ".join(cells))
 
 

@@ -58,8 +58,20 @@ from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 
 SHARDS = {"node": (1,), "cluster": (1, 3)}
-HEAD = ["net", "params", "mode", "K", "block MB", "upd/s all", "grads/s", "raw pairs/s", "ratio",
-        "3s/1s", "wait", "dropped"]  # fmt: skip
+HEAD = [
+    "net",
+    "params",
+    "mode",
+    "K",
+    "block MB",
+    "upd/s all",
+    "grads/s",
+    "raw pairs/s",
+    "ratio",
+    "3s/1s",
+    "wait",
+    "dropped",
+]
 WIDTHS = [-4, 9, -8, 2, 8, 9, 8, 11, 6, 6, 5, 7]
 FRAMES = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 
@@ -80,8 +92,9 @@ def build(net: str, cfg: A3CConfig) -> torch.nn.Module:
 
 def serve(url: str, run: str, cfg: A3CConfig, net: str, shard: int, updates, dropped, stop):
     """A server process: steps until ``stop``, its counts in the shared arrays."""
-    ps = ParameterServer(connect(url), RunKeys(run), cfg, shard, build(net, cfg), _optimizer,
-                         algo="a3c")  # fmt: skip
+    ps = ParameterServer(
+        connect(url), RunKeys(run), cfg, shard, build(net, cfg), _optimizer, algo="a3c"
+    )
     ps.start(never)
     while not stop.is_set():
         ps.step(never)
@@ -90,8 +103,9 @@ def serve(url: str, run: str, cfg: A3CConfig, net: str, shard: int, updates, dro
     ps.close(never)
 
 
-def push(url: str, run: str, cfg: A3CConfig, net: str, worker: int, pull_every: int, waited,
-         go, stop):  # fmt: skip
+def push(
+    url: str, run: str, cfg: A3CConfig, net: str, worker: int, pull_every: int, waited, go, stop
+):
     """A pusher process: one fixed gradient, pushed while ``go`` is set, until ``stop``;
     its seconds waiting on a full stream in ``waited``."""
     torch.set_num_threads(1)
@@ -146,10 +160,18 @@ def measure(url: str, net: str, shards: int, args: argparse.Namespace) -> dict[s
     updates, dropped = ctx.Array("q", shards, lock=False), ctx.Array("q", shards, lock=False)
     waited, go, stop = ctx.Array("d", args.pushers, lock=False), ctx.Event(), ctx.Event()
     run = keys.run
-    procs = [ctx.Process(target=serve, args=(url, run, cfg, net, k, updates, dropped, stop),
-                         daemon=True) for k in range(shards)]  # fmt: skip
-    procs += [ctx.Process(target=push, args=(url, run, cfg, net, w, args.pull_every, waited,
-                          go, stop), daemon=True) for w in range(args.pushers)]  # fmt: skip
+    procs = [
+        ctx.Process(target=serve, args=(url, run, cfg, net, k, updates, dropped, stop), daemon=True)
+        for k in range(shards)
+    ]
+    procs += [
+        ctx.Process(
+            target=push,
+            args=(url, run, cfg, net, w, args.pull_every, waited, go, stop),
+            daemon=True,
+        )
+        for w in range(args.pushers)
+    ]
     applied = ps_s = pairs = raw_s = wait = 0.0
     try:
         for p in procs:
@@ -186,9 +208,14 @@ def measure(url: str, net: str, shards: int, args: argparse.Namespace) -> dict[s
         for k in {keys, *keys.shards(shards)}:
             delete_run(client, k)
         client.close()
-    return {"params": total, "block": 4 * length, "applied": applied / ps_s,
-            "raw": pairs / raw_s, "dropped": sum(dropped),
-            "wait": wait / (ps_s * args.pushers)}  # fmt: skip
+    return {
+        "params": total,
+        "block": 4 * length,
+        "applied": applied / ps_s,
+        "raw": pairs / raw_s,
+        "dropped": sum(dropped),
+        "wait": wait / (ps_s * args.pushers),
+    }
 
 
 def row(cells: list[object]) -> str:
@@ -210,8 +237,10 @@ def main() -> None:
     ap.add_argument("--pull-every", type=int, default=0, help="pull every N pushes (0: never)")
     ap.add_argument("--queue", type=int, default=8, help="ps_queue: gradients waiting per shard")
     args = ap.parse_args()
-    print(f"{args.pushers} pushers, {args.rounds} rounds of {args.seconds / args.rounds:g} s "
-          f"each side, pull every {args.pull_every or 'never'}")  # fmt: skip
+    print(
+        f"{args.pushers} pushers, {args.rounds} rounds of {args.seconds / args.rounds:g} s "
+        f"each side, pull every {args.pull_every or 'never'}"
+    )
     print(row(HEAD))
     for mode in args.modes:
         with EmbeddedRedis() if mode == "node" else EmbeddedCluster(3) as server:
@@ -226,10 +255,20 @@ def main() -> None:
                     per = m["applied"] / shards
                     one = per if shards == 1 else one
                     scale = f"{per / one:.2f}" if shards > 1 and one else ""
-                    cells = [net, f"{m['params']:,}", mode, shards, f"{m['block'] / 1e6:.3f}",
-                             f"{m['applied']:,.1f}", f"{per:,.1f}", f"{m['raw']:,.1f}",
-                             f"{per / m['raw']:.2f}", scale, f"{m['wait']:.0%}",
-                             m["dropped"]]  # fmt: skip
+                    cells = [
+                        net,
+                        f"{m['params']:,}",
+                        mode,
+                        shards,
+                        f"{m['block'] / 1e6:.3f}",
+                        f"{m['applied']:,.1f}",
+                        f"{per:,.1f}",
+                        f"{m['raw']:,.1f}",
+                        f"{per / m['raw']:.2f}",
+                        scale,
+                        f"{m['wait']:.0%}",
+                        m["dropped"],
+                    ]
                     print(row(cells), flush=True)
 
 

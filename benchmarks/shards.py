@@ -176,9 +176,13 @@ def measure(
         return len(drawn.ids)
 
     sides = {
-        "q_ins": q_insert, "p_ins": p_insert, "q_smp": q_sample, "p_smp": p_sample,
-        "q_pri": q_prio, "p_pri": p_prio,
-    }  # fmt: skip
+        "q_ins": q_insert,
+        "p_ins": p_insert,
+        "q_smp": q_sample,
+        "p_smp": p_sample,
+        "q_pri": q_prio,
+        "p_pri": p_prio,
+    }
     rates: dict[str, list[float]] = {k: [] for k in sides}
     for _ in range(args.rounds):
         for name, fn in sides.items():
@@ -274,8 +278,11 @@ def pong_batches(url: str, transitions: int, batch: int) -> tuple[FrameLayout, l
             fb = FrameBatch(
                 np.concatenate([g[0] for g in group]),
                 np.asarray([(len(g[1]), len(g[0])) for g in group], np.int32),
-                recs["refs"], recs["action"], recs["ret"], recs["disc"],
-            )  # fmt: skip
+                recs["refs"],
+                recs["action"],
+                recs["ret"],
+                recs["disc"],
+            )
             batches.append((fb, [(g[2], len(g[1])) for g in group]))
             group = []
     return layout, batches
@@ -329,9 +336,11 @@ def main() -> None:
                     else:
                         url = stack.enter_context(EmbeddedCluster(3)).url
                     m = measure(url, where == "cluster", shards, work, args)
-                    for op, q, p in (("insert", m["q_ins"], m["p_ins"]),
-                                     ("sample", m["q_smp"], m["p_smp"]),
-                                     ("prio", m["q_pri"], m["p_pri"])):  # fmt: skip
+                    for op, q, p in (
+                        ("insert", m["q_ins"], m["p_ins"]),
+                        ("sample", m["q_smp"], m["p_smp"]),
+                        ("prio", m["q_pri"], m["p_pri"]),
+                    ):
                         print(
                             f"{work.name:<8} {where:<8} {shards:>2} {op:<7} {q:>10,.0f} "
                             f"{q * mb:>6.1f} {p:>11,.0f} {p * mb:>6.1f} {q / p:>9.2f} "

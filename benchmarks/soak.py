@@ -63,12 +63,30 @@ def main() -> None:
         client = redis.Redis.from_url(server.url)
         run_dir = Path("runs") / f"soak-{time.strftime('%Y%m%d-%H%M%S')}"
         train = subprocess.Popen(
-            [sys.executable, "-m", "qrl.cli", "train", "apex", "--env", args.env,
-             "--redis", server.url, "--run", "soak", "--run-dir", str(run_dir),
-             "--target-return", "1e9", "--max-time", str(args.minutes * 60 + 30),
-             "--eval-every", "60"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "qrl.cli",
+                "train",
+                "apex",
+                "--env",
+                args.env,
+                "--redis",
+                server.url,
+                "--run",
+                "soak",
+                "--run-dir",
+                str(run_dir),
+                "--target-return",
+                "1e9",
+                "--max-time",
+                str(args.minutes * 60 + 30),
+                "--eval-every",
+                "60",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         redis_mem: list[int] = []
         rss: list[dict[str, int]] = []
         try:

@@ -146,7 +146,7 @@ TASKS = {
         module="sb3_contrib",
         policy="MlpLstmPolicy",
         normalize=True,
-    ),  # fmt: skip
+    ),
 }
 
 

@@ -86,15 +86,27 @@ def main() -> None:
         for m in METHODS[r % 3 :] + METHODS[: r % 3]:
             t0 = time.time()
             out = subprocess.run(
-                [sys.executable, __file__, "--method", m, "--t0", repr(t0), "--children",
-                 str(args.children)],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    __file__,
+                    "--method",
+                    m,
+                    "--t0",
+                    repr(t0),
+                    "--children",
+                    str(args.children),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             a, b = map(float, out.stdout.split())
             first[m].append(a)
             last[m].append(b)
-    print(f"{args.children} role processes ready, seconds from the parent's start (median of "
-          f"{args.rounds}):")  # fmt: skip
+    print(
+        f"{args.children} role processes ready, seconds from the parent's start (median of "
+        f"{args.rounds}):"
+    )
     print(f"{'method':12s} {'first ready':>12s} {'all ready':>10s}")
     for m in METHODS:
         print(f"{m:12s} {statistics.median(first[m]):12.2f} {statistics.median(last[m]):10.2f}")

@@ -104,9 +104,15 @@ def fake_leases() -> None:
 
 
 ATTACKS = [
-    weights_version, wrong_types, destroy_group, oversized, flood, consumers,
-    fake_metrics, fake_leases,
-] + ([replay_meta, replay_members] if algo == "apex" else [])  # fmt: skip
+    weights_version,
+    wrong_types,
+    destroy_group,
+    oversized,
+    flood,
+    consumers,
+    fake_metrics,
+    fake_leases,
+] + ([replay_meta, replay_members] if algo == "apex" else [])
 
 made = 0
 while True:

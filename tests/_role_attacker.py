@@ -78,12 +78,19 @@ def poisoned_stats() -> None:
     """Finding 4: one well-formed ES message of huge weight and near-zero variance."""
     n = 4
     msg = {
-        "generation": 0, "job": np.arange(n, dtype=np.int64), "index": np.arange(n),
-        "return_pos": np.zeros(n, np.float32), "return_neg": np.zeros(n, np.float32),
-        "length_pos": np.ones(n, np.int32), "length_neg": np.ones(n, np.int32),
-        "obs_sum": np.full(4, 1e6 * 2**40), "obs_sumsq": np.full(4, 1e12 * 2**40),
-        "obs_count": float(2**40), "worker": 0, "batch": os.urandom(8).hex(),
-    }  # fmt: skip
+        "generation": 0,
+        "job": np.arange(n, dtype=np.int64),
+        "index": np.arange(n),
+        "return_pos": np.zeros(n, np.float32),
+        "return_neg": np.zeros(n, np.float32),
+        "length_pos": np.ones(n, np.int32),
+        "length_neg": np.ones(n, np.int32),
+        "obs_sum": np.full(4, 1e6 * 2**40),
+        "obs_sumsq": np.full(4, 1e12 * 2**40),
+        "obs_count": float(2**40),
+        "worker": 0,
+        "batch": os.urandom(8).hex(),
+    }
     r.xadd(es_results(keys), {"d": encode("es.results", msg)})
 
 
@@ -98,8 +105,13 @@ def ps_state() -> None:
     """Finding 5: a saved state that a restarted shard would resume from, every parameter
     1e30 at version 2^50."""
     sk, length = _block()
-    msg = {"version": 2**50, "last_id": "0-0", "params": np.full(length, 1e30, np.float32),
-           "opt": {}, "loss": []}  # fmt: skip
+    msg = {
+        "version": 2**50,
+        "last_id": "0-0",
+        "params": np.full(length, 1e30, np.float32),
+        "opt": {},
+        "loss": [],
+    }
     r.set(ps.state(sk), encode(ps.STATE, msg))
 
 
@@ -131,8 +143,10 @@ ATTACKS = [  # name, one command each: one refused does not spare the next
     ("lua_loop", lambda: r.eval(LOOP, 1, other)),  # finding 1: every client of Redis BUSY
     ("lua_load", lambda: r.script_load(LOOP)),
     ("function_load", lambda: r.function_load(f"#!lua name=evil\n{LOOP}")),
-    *[(f"exhaust {s.rsplit(':', 1)[-1]}", lambda s=s: r.xadd(s, {"d": b"x"}, id=TOP))
-      for s in (MINE, keys.deadletter, FEED)],  # finding 2
+    *[
+        (f"exhaust {s.rsplit(':', 1)[-1]}", lambda s=s: r.xadd(s, {"d": b"x"}, id=TOP))
+        for s in (MINE, keys.deadletter, FEED)
+    ],  # finding 2
     ("counter_edge", counter_edge),  # finding 3
     ("big_metrics", big_metrics),  # finding 8
     ("metrics as learner", lambda: forged_metrics(keys.metrics("learner", 0))),
@@ -143,7 +157,7 @@ ATTACKS = [  # name, one command each: one refused does not spare the next
     ("set control", lambda: r.set(keys.control, b"x")),
     ("take lease 0", lambda: r.set(other, "evil:1:x")),  # finding 12
     ("heartbeat as 0", lambda: r.set(keys.proc(f"{role}.0@evil:1"), b"x")),
-]  # fmt: skip
+]
 POPULATION, _, TRIAL = run.rpartition("-t")  # a PBT trial's run: POPULATION-tI
 OTHER = f"{POPULATION}-t{1 - int(TRIAL)}" if algo == "pbt" else ""
 PBT = [  # finding 9, as trial I's worker or a process of its segment: the population's keys,
@@ -152,19 +166,19 @@ PBT = [  # finding 9, as trial I's worker or a process of its segment: the popul
     ("other's score", lambda: r.set(RunKeys(OTHER).key("pbt:score"), '{"score": -1e9}')),
     ("other's config", lambda: r.delete(RunKeys(OTHER).config)),
     ("other's lease", lambda: r.set(RunKeys(OTHER).key("pbt:lease"), "evil")),
-]  # fmt: skip
+]
 LIES = [  # as trial I's worker, its own trial's records: its to write, lies within bounds
     ("score 1e300", lambda: r.set(keys.key("pbt:score"), '{"score": 1e300, "time": 0}')),
     ("claim reached", lambda: r.set(keys.key("pbt:reached"), '{"return": 1e9, "time": 0}')),
     ("escapes", lambda: r.set(keys.key("pbt:reached"), '{"return": "\x1b[2J\x1b]0;x\x07"}')),
-]  # fmt: skip
+]
 RECORDS = [  # as a process of trial I's segment (its own user): the records are the slot's
     ("own score", lambda: r.set(keys.key("pbt:score"), '{"score": 1e12, "time": 0}')),
     ("own lineage", lambda: r.set(keys.key("pbt:lineage"), '[{"n": 1, "event": {}}]')),
     ("own claim", lambda: r.set(keys.key("pbt:reached"), '{"return": 1e9, "time": 0}')),
     ("own snapshot", lambda: r.set(keys.key("snapshot"), b"x")),
     ("own lease", lambda: r.set(keys.key("pbt:lease"), "evil")),
-]  # fmt: skip
+]
 if algo == "pbt":  # the population is the target (and, but for its worker, the trial's records)
     ATTACKS = [a for a in ATTACKS if a[0] in ("lua_loop", "lua_load", "function_load")]
     ATTACKS += PBT + (LIES if role == "worker" else RECORDS)

@@ -89,9 +89,14 @@ def eval_confirmation(run_dir: Path) -> str:
     seed = json.loads((run_dir / "config.json").read_text())["config"]["seed"]
     assert result["reached"] and result["confirm_return"] >= result["target"], result
     out = qrl(
-        "eval", str(run_dir), "--episodes", str(result["confirm_episodes"]),
-        "--seed", str(1_000_000 + 10_000 * seed), timeout=300,
-    )  # fmt: skip
+        "eval",
+        str(run_dir),
+        "--episodes",
+        str(result["confirm_episodes"]),
+        "--seed",
+        str(1_000_000 + 10_000 * seed),
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     mean = eval_stats(out.stdout)["mean"]
     assert abs(mean - result["confirm_return"]) <= 0.06, (mean, result)  # printed rounded

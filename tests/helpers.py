@@ -107,8 +107,9 @@ def kill_feed_mid_run(lrn, r, keys, updates: int) -> str:
 
     t = threading.Thread(target=run)
     t.start()
-    wait_until(lambda: lrn.updates, f"{updates} updates", 30, until=lambda u: u >= updates,
-               every=0.05)  # fmt: skip
+    wait_until(
+        lambda: lrn.updates, f"{updates} updates", 30, until=lambda u: u >= updates, every=0.05
+    )
     assert lrn.feed is not None
     os.kill(lrn.feed.pids[0], signal.SIGKILL)
     t.join(30)

@@ -22,10 +22,20 @@ from tests.helpers import SYSTEM_BINARIES, make_runner, skip_or_fail
 
 def _es_job(url: str, run: str, tmp_path) -> subprocess.CompletedProcess[str]:
     return qrl(
-        "train", "es", "--redis", url, "--run", run, "--run-dir", str(tmp_path / run),
-        "--max-time", "90", "--set", "workers=1",
+        "train",
+        "es",
+        "--redis",
+        url,
+        "--run",
+        run,
+        "--run-dir",
+        str(tmp_path / run),
+        "--max-time",
+        "90",
+        "--set",
+        "workers=1",
         timeout=180,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.slow
@@ -75,20 +85,63 @@ def _tls_args(ssl, san: str) -> tuple[str, ...]:
     def sh(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=ssl, check=True, capture_output=True)
 
-    sh("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-       "-days", "1", "-subj", "/CN=qrl-test-ca")  # fmt: skip
-    sh("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
-       "-subj", "/CN=qrl-test-server")  # fmt: skip
+    sh(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=qrl-test-ca",
+    )
+    sh(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=qrl-test-server",
+    )
     (ssl / "ext.cnf").write_text(f"subjectAltName={san}\n")
-    sh("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-       "-CAcreateserial", "-out", "server.crt", "-days", "1", "-extfile", "ext.cnf")  # fmt: skip
+    sh(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "1",
+        "-extfile",
+        "ext.cnf",
+    )
     return (
-        "--tls-port", str(free_port()),
-        "--tls-cert-file", str(ssl / "server.crt"),
-        "--tls-key-file", str(ssl / "server.key"),
-        "--tls-ca-cert-file", str(ssl / "ca.crt"),
-        "--tls-auth-clients", "no",
-    )  # fmt: skip
+        "--tls-port",
+        str(free_port()),
+        "--tls-cert-file",
+        str(ssl / "server.crt"),
+        "--tls-key-file",
+        str(ssl / "server.key"),
+        "--tls-ca-cert-file",
+        str(ssl / "ca.crt"),
+        "--tls-auth-clients",
+        "no",
+    )
 
 
 def _tls_binary() -> str:

@@ -32,9 +32,16 @@ BINARIES = redis_binaries()
 
 def _create(server: EmbeddedRedis, algo: str, run: str, folder: Path, *more: str):
     return qrl(
-        "run", "create", algo, "--run", run, "--acl", str(folder), *more,
+        "run",
+        "create",
+        algo,
+        "--run",
+        run,
+        "--acl",
+        str(folder),
+        *more,
         env={**os.environ, "QRL_REDIS_URL": server.url, "QRL_REDIS_PASSWORD": ""},
-    )  # fmt: skip
+    )
 
 
 def _as(server: EmbeddedRedis, run: str, role: str, folder: Path) -> redis.Redis:
@@ -220,8 +227,11 @@ def test_each_role_works_under_its_own_user(case, tmp_path):
             log = (tmp_path / f"{role.name}.log").open("w")
             procs[role] = subprocess.Popen(
                 [sys.executable, "-m", "qrl.cli", *role.command, *limit],
-                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                env=env,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         try:
             learner = next(p for r, p in procs.items() if r.checkpoints)
             _learner_updates_then_all_stop(server, spec, keys, learner, procs.values(), tmp_path)

@@ -36,9 +36,17 @@ CASES = {  # case -> algorithm, the role the attacker joins as, settings
 }
 # what no role's user may do, whatever the algorithm (the rest is algorithm-specific)
 REFUSED = {
-    "lua_loop", "lua_load", "function_load", "set weights", "del config", "set control",
-    "take lease 0", "heartbeat as 0", "metrics as learner", "metrics as 0",
-}  # fmt: skip
+    "lua_loop",
+    "lua_load",
+    "function_load",
+    "set weights",
+    "del config",
+    "set control",
+    "take lease 0",
+    "heartbeat as 0",
+    "metrics as learner",
+    "metrics as 0",
+}
 REFUSED_TOO = {
     "impala-central": {"steal replies", "read requests", "drop requests"},
     "a3c": {"ps_state", "other's gradient"},
@@ -58,24 +66,51 @@ def test_a_run_solves_while_one_of_its_own_users_attacks_it(case, tmp_path):
         admin = redis.Redis.from_url(server.url)
         log = (tmp_path / "train.log").open("w")
         train = subprocess.Popen(
-            [sys.executable, "-m", "qrl.cli", "train", algo, "--redis", server.url, "--acl",
-             "--run", run, "--run-dir", str(tmp_path / "run"), "--seed", "0",
-             "--max-time", "240", "--eval-every", str(EVAL_EVERY), *settings],
-            cwd=ROOT, env={**env, "QRL_REDIS_URL": ""}, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "qrl.cli",
+                "train",
+                algo,
+                "--redis",
+                server.url,
+                "--acl",
+                "--run",
+                run,
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--seed",
+                "0",
+                "--max-time",
+                "240",
+                "--eval-every",
+                str(EVAL_EVERY),
+                *settings,
+            ],
+            cwd=ROOT,
+            env={**env, "QRL_REDIS_URL": ""},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         procs.append(train)
         try:
             # the honest processes' users exist: join one more, the attacker's machine
             wait_until(
                 lambda: train.poll() is not None or admin.acl_getuser(f"{run}.{role}.0"),
-                "the run's users", timeout=120,
-            )  # fmt: skip
+                "the run's users",
+                timeout=120,
+            )
             assert train.poll() is None, (tmp_path / "train.log").read_text()[-3000:]
             assert not admin.acl_getuser(f"{run}.{role}")  # no user passes for all of them
             joined = qrl(
-                "run", "join", run, role, "--acl", str(tmp_path / "taken"),
+                "run",
+                "join",
+                run,
+                role,
+                "--acl",
+                str(tmp_path / "taken"),
                 env={**env, "QRL_REDIS_URL": server.url},
-            )  # fmt: skip
+            )
             assert joined.returncode == 0, joined.stderr
             user = joined.stdout.split()[2]  # "ACL user RUN.ROLE.N for ROLE N: password in P"
             password = joined.stdout.split()[-1]
@@ -104,11 +139,21 @@ def _attacker(server, user: str, password_file: str, run: str, algo: str, role: 
     """``tests/_role_attacker.py`` as ``user`` (password in ``password_file``), an attack
     every 0.1 s."""
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "_role_attacker.py"),
-         f"redis://{user}@127.0.0.1:{server.port}/0", run, algo, role, "0.1"],
-        cwd=ROOT, env={**env, "QRL_REDIS_PASSWORD": "", "QRL_REDIS_PASSWORD_FILE": password_file},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "tests" / "_role_attacker.py"),
+            f"redis://{user}@127.0.0.1:{server.port}/0",
+            run,
+            algo,
+            role,
+            "0.1",
+        ],
+        cwd=ROOT,
+        env={**env, "QRL_REDIS_PASSWORD": "", "QRL_REDIS_PASSWORD_FILE": password_file},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _no_script_refused(folder) -> None:
@@ -150,20 +195,50 @@ def test_a_pbt_population_solves_while_one_trials_users_attack_it(tmp_path):
         env = {**os.environ, "QRL_REDIS_URL": server.address, "QRL_REDIS_PASSWORD": ADMIN}
         log = (tmp_path / "pbt.log").open("w")
         pbt = subprocess.Popen(
-            [sys.executable, "-m", "qrl.cli", "pbt", "ppo", "--env", "CartPole-v1",
-             "--population", "2", "--slots", "2", "--explore", "lr=1e-4..3e-3:log",
-             "--ready", "40", "--target-return", "60", "--max-time", "240", "--name", name,
-             "--run-dir", str(tmp_path / "run"), "--acl", str(pw)],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "qrl.cli",
+                "pbt",
+                "ppo",
+                "--env",
+                "CartPole-v1",
+                "--population",
+                "2",
+                "--slots",
+                "2",
+                "--explore",
+                "lr=1e-4..3e-3:log",
+                "--ready",
+                "40",
+                "--target-return",
+                "60",
+                "--max-time",
+                "240",
+                "--name",
+                name,
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--acl",
+                str(pw),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         procs = [pbt]
         try:  # the users are there once the last process's is
             wait_until(
                 lambda: pbt.poll() is not None or admin.acl_getuser(f"{name}-t1.actor.1"),
-                "users", timeout=120,
-            )  # fmt: skip
-            users = {"worker": f"{trial}.worker", "actor": f"{trial}.actor.0",
-                     "learner": f"{trial}.learner.0"}  # fmt: skip
+                "users",
+                timeout=120,
+            )
+            users = {
+                "worker": f"{trial}.worker",
+                "actor": f"{trial}.actor.0",
+                "learner": f"{trial}.learner.0",
+            }
             for role, user in users.items():  # a process's password: from its trial's
                 secret = (pw / trial).read_text().strip()
                 path = pw / trial if role == "worker" else tmp_path / f"{role}.pw"
@@ -183,8 +258,15 @@ def test_a_pbt_population_solves_while_one_trials_users_attack_it(tmp_path):
     assert "\x1b" not in out  # nothing a writer wrote reaches the console raw
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     assert result["solved"]["return"] >= 60 and result["solved"]["trial"].startswith(name)
-    refused = {"lua_loop", "lua_load", "function_load", "forge solved", "other's score",
-               "other's config", "other's lease"}  # fmt: skip
+    refused = {
+        "lua_loop",
+        "lua_load",
+        "function_load",
+        "forge solved",
+        "other's score",
+        "other's config",
+        "other's lease",
+    }
     records = {"own score", "own lineage", "own claim", "own snapshot", "own lease"}
     for role, lines in zip(users, reports, strict=True):
         made = _outcomes(lines, refused if role == "worker" else refused | records, least=1)

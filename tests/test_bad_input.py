@@ -113,13 +113,28 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
         obs, _ = actor.envs.reset()
         unrolls, obs = actor.unroll(obs)
         targets = [
-            (apex, apex.experience, "apex.experience", _experience(8, "x"),
-             experience_schema((4,), "float32", 2)),
-            (impala, trajectories(impala), "impala.unrolls", unrolls,
-             unroll_schema((4,), "float32", 2, icfg.unroll)),
-            (es, es_results(es), "es.results", _es_results(ecfg, dim),
-             es_results_schema(4, ecfg.noise_size, dim)),
-        ]  # fmt: skip
+            (
+                apex,
+                apex.experience,
+                "apex.experience",
+                _experience(8, "x"),
+                experience_schema((4,), "float32", 2),
+            ),
+            (
+                impala,
+                trajectories(impala),
+                "impala.unrolls",
+                unrolls,
+                unroll_schema((4,), "float32", 2, icfg.unroll),
+            ),
+            (
+                es,
+                es_results(es),
+                "es.results",
+                _es_results(ecfg, dim),
+                es_results_schema(4, ecfg.noise_size, dim),
+            ),
+        ]
         total = 0
         for _k, stream, kind, msg, schema in targets:
             total += _inject(r, stream, corpus(kind, msg, schema, OTHER, PER_STREAM))

@@ -91,9 +91,12 @@ def test_hostile_heartbeats_do_not_crash_qrl_status(r, keys):
     create_run(r, keys, "apex", ApexConfig())
     report(r, keys, "learner", 0, updates=5, updates_per_s=1.5)  # one honest process
     _heartbeat(
-        r, keys, "a", "[/bold]evil[red]",
+        r,
+        keys,
+        "a",
+        "[/bold]evil[red]",
         {"steps": "many", "steps_per_s": NAN, "version": [1], "inserted": {"x": 1}},
-    )  # fmt: skip
+    )
     _heartbeat(r, keys, "b", "host", {"steps": INF, "steps_per_s": 3.0, "version": "new"})
     _heartbeat(r, keys, "c", "host", {"steps": 1}, started=NAN)  # rejected by the schema
     r.hset(keys.weights, "version", "garbage")

@@ -68,9 +68,16 @@ def test_a_network_too_big_to_publish_ends_the_job_at_once_saying_why(tmp_path):
     # 2 x 4200 x 4200 float32 parameters: weights over the codec's 64 MiB cap, which every
     # actor rejected while the job ran out its budget (here an hour: past the 240 s given it)
     out = qrl(
-        "train", "apex", "--set", "hidden=4200,4200", "--run-dir", str(tmp_path / "run"),
-        "--max-time", "3600", timeout=240,
-    )  # fmt: skip
+        "train",
+        "apex",
+        "--set",
+        "hidden=4200,4200",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--max-time",
+        "3600",
+        timeout=240,
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     said = " ".join(out.stderr.split())  # the console wraps long lines
     assert "learner failed: qrl.wire.schema.CodecError: a 'weights' message of" in said, said
@@ -101,10 +108,17 @@ def test_a_bad_config_file_names_the_file_and_field(tmp_path):
 def test_train_takes_the_redis_url_from_the_environment(r, redis_server, tmp_path):
     run = "env-url-train"
     out = qrl(
-        "train", "es", "--run", run, "--run-dir", str(tmp_path / run), "--max-time", "60",
+        "train",
+        "es",
+        "--run",
+        run,
+        "--run-dir",
+        str(tmp_path / run),
+        "--max-time",
+        "60",
         env={"QRL_REDIS_URL": redis_server.url, "PATH": "/usr/bin:/bin"},
         timeout=240,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     from qrl.wire.keys import RunKeys
 
@@ -129,9 +143,20 @@ def test_a_rerun_of_a_run_counts_only_its_own_work(r, redis_server, tmp_path):
     run = "rerun"
     report(r, RunKeys(run), "actor", 7, steps=10**9, episode_returns=[12345.0] * 1000)
     out = qrl(
-        "train", "ppo", "--redis", redis_server.url, "--run", run, "--run-dir",
-        str(tmp_path / run), "--max-time", "3", "--target-return", "1e9", timeout=240,
-    )  # fmt: skip
+        "train",
+        "ppo",
+        "--redis",
+        redis_server.url,
+        "--run",
+        run,
+        "--run-dir",
+        str(tmp_path / run),
+        "--max-time",
+        "3",
+        "--target-return",
+        "1e9",
+        timeout=240,
+    )
     assert out.returncode == 1, out.stderr[-2000:]
     result = json.loads((tmp_path / run / "result.json").read_text())
     assert 0 < result["env_steps"] < 10**9 and 0 < result["episodic_return"] <= 500, result
@@ -141,15 +166,33 @@ def test_a_rerun_of_a_run_counts_only_its_own_work(r, redis_server, tmp_path):
 def test_a_run_config_json_reproduces_the_run(tmp_path):
     first = tmp_path / "a"
     out = qrl(
-        "train", "es", "--set", "population=24", "--run-dir", str(first), "--max-time", "1",
-        "--target-return", "1e9", timeout=240,
-    )  # fmt: skip
+        "train",
+        "es",
+        "--set",
+        "population=24",
+        "--run-dir",
+        str(first),
+        "--max-time",
+        "1",
+        "--target-return",
+        "1e9",
+        timeout=240,
+    )
     assert out.returncode == 1, out.stderr[-2000:]  # budget ran out: a config.json is there
     again = tmp_path / "b"
     out = qrl(
-        "train", "es", "--config", str(first / "config.json"), "--run-dir", str(again),
-        "--max-time", "1", "--target-return", "1e9", timeout=240,
-    )  # fmt: skip
+        "train",
+        "es",
+        "--config",
+        str(first / "config.json"),
+        "--run-dir",
+        str(again),
+        "--max-time",
+        "1",
+        "--target-return",
+        "1e9",
+        timeout=240,
+    )
     assert out.returncode == 1, out.stderr[-2000:]
     a = json.loads((first / "config.json").read_text())["config"]
     b = json.loads((again / "config.json").read_text())["config"]
@@ -190,9 +233,17 @@ def test_an_env_without_a_threshold_says_so_and_runs_its_budget(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
     env_id = "tests._envs:QrlTestPendulum-v0"  # registered without a threshold
     out = qrl(
-        "train", "es", "--env", env_id, "--max-time", "2", "--run-dir", str(tmp_path / "r"),
-        env=env, timeout=120,
-    )  # fmt: skip
+        "train",
+        "es",
+        "--env",
+        env_id,
+        "--max-time",
+        "2",
+        "--run-dir",
+        str(tmp_path / "r"),
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]  # no target to reach: the budget ran, done
     assert f"{env_id} has no reward threshold" in out.stderr and "--target-return" in out.stderr
     assert json.loads((tmp_path / "r" / "result.json").read_text())["target"] is None

@@ -133,9 +133,12 @@ def test_apex_profile_runs_as_local_processes_and_stops_on_sigterm(tmp_path):
         argv, env = local_command(services["init"], server, tmp_path, secrets)
         assert env["QRL_REDIS_URL"] == server.url  # the admin: the password where it puts it
         example = subprocess.run(  # refused with the example's password
-            argv, env={**env, "QRL_REDIS_URL": server.url.replace(server.password, "change-me-x")},
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            argv,
+            env={**env, "QRL_REDIS_URL": server.url.replace(server.password, "change-me-x")},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert example.returncode == 1 and "example password" in example.stderr, example.stderr
         assert not client.exists(keys.config)  # refused before anything was written
         init = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)

@@ -51,10 +51,14 @@ def test_password_acl_user_and_unix_socket(tmp_path):
 def test_connect_waits_for_a_late_server(tmp_path):
     port = free_port()
     late = subprocess.Popen(
-        ["sh", "-c", f'sleep 0.5; exec "$0" --port {port} --save "" --dir {tmp_path}',
-         find_redis_server()],
+        [
+            "sh",
+            "-c",
+            f'sleep 0.5; exec "$0" --port {port} --save "" --dir {tmp_path}',
+            find_redis_server(),
+        ],
         stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     try:
         assert connect(f"redis://127.0.0.1:{port}/0", wait=10).ping()
     finally:

@@ -194,8 +194,16 @@ class Cluster:
         }
         folder = tmp / f"{profile}-secrets"  # each role's password (a compose secret)
         folder.mkdir()
-        for role in ("actor", "learner", "replay", "master", "worker", "inference", "stepper",
-                     "ps"):  # fmt: skip
+        for role in (
+            "actor",
+            "learner",
+            "replay",
+            "master",
+            "worker",
+            "inference",
+            "stepper",
+            "ps",
+        ):
             (folder / role).write_text(secrets.token_hex(12) + "\n")
             (folder / role).chmod(0o644)  # read by uid 1000 in the container
         settings["QRL_SECRETS"] = str(folder)
@@ -327,10 +335,14 @@ def test_apex_cluster_solves_survives_a_killed_actor_and_stops_cleanly(build, tm
 
         def evaluate() -> float | None:
             out = c.compose(
-                "exec", "-T", "learner", "sh", "-c",
+                "exec",
+                "-T",
+                "learner",
+                "sh",
+                "-c",
                 f"test ! -f /runs/{RUN}/checkpoint.pt || "
                 f"qrl eval /runs/{RUN}/checkpoint.pt --episodes 10",
-            )  # fmt: skip
+            )
             return eval_stats(out)["mean"] if out else None
 
         took = solve(c, t0, evaluate)

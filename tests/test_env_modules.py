@@ -100,8 +100,17 @@ def test_load_policy_and_eval_import_nothing_a_checkpoint_names(module, tmp_path
 @pytest.mark.slow
 def test_load_policy_and_eval_import_the_modules_they_are_told_to(tmp_path):
     run_dir, marker = _plant(tmp_path, "tests._envs:CartPole-v1")
-    out = _in(tmp_path, "-m", "qrl.cli", "eval", str(run_dir), "--episodes", "1",
-              "--env-module", "tests._envs")  # fmt: skip
+    out = _in(
+        tmp_path,
+        "-m",
+        "qrl.cli",
+        "eval",
+        str(run_dir),
+        "--episodes",
+        "1",
+        "--env-module",
+        "tests._envs",
+    )
     assert out.returncode == 0 and "CartPole-v1" in out.stdout, out.stderr[-2000:]
     code = (
         "import qrl\n"

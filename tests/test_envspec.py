@@ -82,8 +82,10 @@ def test_the_launcher_reads_the_spec_once_and_hands_it_to_the_role(r, keys, redi
 def test_the_spec_is_plain_read_only_data():
     pendulum = EnvSpec.of("Pendulum-v1")
     assert (pendulum.obs_shape, pendulum.obs_dtype, pendulum.action_kind) == (
-        (3,), "float32", "continuous",
-    )  # fmt: skip
+        (3,),
+        "float32",
+        "continuous",
+    )
     low, high = pendulum.box_actions()
     assert low.dtype == np.float32 and low.tolist() == [-2.0] and high.tolist() == [2.0]
     with pytest.raises(ValueError, match="read-only"):

@@ -147,8 +147,16 @@ def test_pairs_that_draw_the_same_noise_index_keep_their_own_halves(r, keys, red
     hidden = 143  # CartPole's policy then has 7 x 143 + 2 = 1003 parameters: the table's size
     # seed 5: an initial policy whose episodes last 17-61 steps, by their start; 5 slots: the
     # halves of a pair do not always start (and end) in the same step
-    cfg = ESConfig(seed=5, hidden=(hidden,), noise_size=1003, sigma=1e-30, obs_norm=False,
-                   envs_per_worker=5, batch_pairs=1, push_interval=0.0)  # fmt: skip
+    cfg = ESConfig(
+        seed=5,
+        hidden=(hidden,),
+        noise_size=1003,
+        sigma=1e-30,
+        obs_norm=False,
+        envs_per_worker=5,
+        batch_pairs=1,
+        push_interval=0.0,
+    )
     create_run(r, keys, "es", cfg)
     master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
     assert master.spec.dim == cfg.noise_size
@@ -227,8 +235,9 @@ def test_a_workers_messages_count_exactly_the_steps_they_report(r, keys, redis_s
     """Each message's observation statistics are those of its pairs' episodes (not of every
     step since the last push, episodes in flight included), and it carries at most a
     generation's pairs: what the master's check admits."""
-    cfg = ESConfig(seed=3, population=4, noise_size=10_000, envs_per_worker=5, batch_pairs=3,
-                   push_interval=0.0)  # fmt: skip
+    cfg = ESConfig(
+        seed=3, population=4, noise_size=10_000, envs_per_worker=5, batch_pairs=3, push_interval=0.0
+    )
     create_run(r, keys, "es", cfg)
     master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
     master.start(lambda: False)

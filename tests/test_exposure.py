@@ -40,9 +40,13 @@ def certs(tmp_path):
 
 def _tls_options(files: dict[str, str]) -> list[str]:
     return [
-        "--tls-cert-file", files["server.crt"], "--tls-key-file", files["server.key"],
-        "--tls-ca-cert-file", files["ca.crt"],
-    ]  # fmt: skip
+        "--tls-cert-file",
+        files["server.crt"],
+        "--tls-key-file",
+        files["server.key"],
+        "--tls-ca-cert-file",
+        files["ca.crt"],
+    ]
 
 
 @SLOW
@@ -71,10 +75,24 @@ def test_qrl_redis_with_tls_serves_tls_only(certs, nodes):
 @pytest.mark.parametrize("tls", [False, True], ids=["plain-bus", "tls-bus"])
 def test_a_rogue_node_joins_a_plain_bus_not_a_tls_one(certs, tls):
     binary, files = certs
-    tls_opts = ("--tls-cert-file", files["server.crt"], "--tls-key-file", files["server.key"],
-                "--tls-ca-cert-file", files["ca.crt"], "--tls-auth-clients", "no")  # fmt: skip
-    rogue_args = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                  "--cluster-port", str(free_port()))  # fmt: skip
+    tls_opts = (
+        "--tls-cert-file",
+        files["server.crt"],
+        "--tls-key-file",
+        files["server.key"],
+        "--tls-ca-cert-file",
+        files["ca.crt"],
+        "--tls-auth-clients",
+        "no",
+    )
+    rogue_args = (
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-port",
+        str(free_port()),
+    )
     with (
         EmbeddedCluster(3, PW, tls=tls_opts if tls else (), binary=binary) as cluster,
         EmbeddedRedis(binary=binary, args=rogue_args) as rogue,  # no password, no certificate
@@ -124,9 +142,16 @@ def test_qrl_redis_says_so_when_its_redis_server_has_no_tls(tmp_path):
         (tmp_path / name).write_text("x")
     env = {**os.environ, "QRL_REDIS_PASSWORD": PW, "QRL_REDIS_SERVER": plain[0]}
     done = qrl(
-        "redis", "--tls-cert-file", str(tmp_path / "crt"), "--tls-key-file",
-        str(tmp_path / "key"), "--tls-ca-cert-file", str(tmp_path / "ca"), env=env, timeout=30,
-    )  # fmt: skip
+        "redis",
+        "--tls-cert-file",
+        str(tmp_path / "crt"),
+        "--tls-key-file",
+        str(tmp_path / "key"),
+        "--tls-ca-cert-file",
+        str(tmp_path / "ca"),
+        env=env,
+        timeout=30,
+    )
     assert done.returncode == 1 and "built without TLS" in done.stderr, done.stderr
 
 
@@ -184,8 +209,18 @@ def test_qrl_redis_off_loopback_says_when_its_server_lacks_the_lua_fixes(major):
 def test_the_lua_fixed_releases_are_read_per_line():
     from qrl.server.embedded import lua_fixed
 
-    below = [(6, 2, 14), (6, 2, 19), (6, 0, 20), (7, 0, 15), (7, 1, 0), (7, 2, 10), (7, 4, 5),
-             (8, 0, 3), (8, 2, 1), (5, 0, 14)]  # fmt: skip
+    below = [
+        (6, 2, 14),
+        (6, 2, 19),
+        (6, 0, 20),
+        (7, 0, 15),
+        (7, 1, 0),
+        (7, 2, 10),
+        (7, 4, 5),
+        (8, 0, 3),
+        (8, 2, 1),
+        (5, 0, 14),
+    ]
     fixed = [(6, 2, 20), (7, 2, 11), (7, 4, 6), (8, 0, 4), (8, 2, 2), (8, 4, 0), (9, 0, 0)]
     assert [lua_fixed(v) for v in below] == [False] * len(below)
     assert [lua_fixed(v) for v in fixed] == [True] * len(fixed)

@@ -184,8 +184,12 @@ def test_no_party_but_the_learners_user_reaches_the_groups_rendezvous(tmp_path):
 
         go = _ctx.Event()
         pipes = [_ctx.Pipe(duplex=False) for _ in "ab"]
-        procs = [_ctx.Process(target=_reduce_when_told, args=(url("learner"), keys.run, w, go),
-                              daemon=True) for _, w in pipes]  # fmt: skip
+        procs = [
+            _ctx.Process(
+                target=_reduce_when_told, args=(url("learner"), keys.run, w, go), daemon=True
+            )
+            for _, w in pipes
+        ]
         for p in procs:
             p.start()
         try:

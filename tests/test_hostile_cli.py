@@ -72,9 +72,16 @@ ESC = "\x1b]0;owned\x07\x1b[2J\x1b[31m"  # set the terminal title, clear it, tur
 def _heartbeat(r, keys, role: str, host: str, values: dict) -> None:
     blob = encode(
         "heartbeat",
-        {"role": role, "id": 0, "host": host, "pid": 1, "started": 0.0, "time": 1e12,
-         "values": values},
-    )  # fmt: skip
+        {
+            "role": role,
+            "id": 0,
+            "host": host,
+            "pid": 1,
+            "started": 0.0,
+            "time": 1e12,
+            "values": values,
+        },
+    )
     r.set(keys.proc(f"{role}.0@x:1"), blob, ex=60)
 
 
@@ -170,8 +177,17 @@ def test_qrl_run_list_prints_no_control_characters_or_markup_from_redis():
 
 # a one-second ES job that runs out its budget (ES's first parameters may solve CartPole at
 # the first evaluation: no target it can reach)
-ONE_SECOND_ES = ["es", "--max-time", "1", "--workers", "1", "--eval-episodes", "1",
-                 "--target-return", "1e9"]  # fmt: skip
+ONE_SECOND_ES = [
+    "es",
+    "--max-time",
+    "1",
+    "--workers",
+    "1",
+    "--eval-episodes",
+    "1",
+    "--target-return",
+    "1e9",
+]
 
 
 @pytest.mark.slow

@@ -41,10 +41,22 @@ def test_train_reaches_its_target_under_hostile_writes(algo, redis_server, tmp_p
     )
     try:
         proc = qrl(
-            "train", algo, "--redis", url, "--run", run, "--run-dir", str(tmp_path / "run"),
-            "--seed", "0", "--target-return", "200", "--max-time", "150",
+            "train",
+            algo,
+            "--redis",
+            url,
+            "--run",
+            run,
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--seed",
+            "0",
+            "--target-return",
+            "200",
+            "--max-time",
+            "150",
             timeout=300,
-        )  # fmt: skip
+        )
         assert writer.poll() is None, "the hostile writer stopped"
         assert attacker.poll() is None, "the key attacker stopped"
         finished = time.time()

@@ -157,9 +157,13 @@ def test_the_actor_process_imports_no_torch(r, keys, redis_server):
     try:
         env = {**os.environ, "QRL_RUN": keys.run, "QRL_REDIS_URL": redis_server.url}
         out = subprocess.run(
-            [sys.executable, "-c", _NO_TORCH], cwd=ROOT, env=env, capture_output=True,
-            text=True, timeout=120,
-        )  # fmt: skip
+            [sys.executable, "-c", _NO_TORCH],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         stop.set()
         threads[0].join(10)
@@ -247,11 +251,17 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
     stop, threads = _threads(_loop(server), _loop(actor))
     lst = protocol.requests(keys, 1)  # actor 1's: nobody runs it
     good = {
-        "actor": 1, "life": 5, "seq": 0, "obs": np.zeros((B, 4), np.float32),
-        "reward": np.zeros(B, np.float32), "terminated": np.zeros(B, bool),
-        "truncated": np.zeros(B, bool), "final_obs": np.zeros((0, 4), np.float32),
-        "final_idx": np.zeros(0, np.int32), "sent": 1.0,
-    }  # fmt: skip
+        "actor": 1,
+        "life": 5,
+        "seq": 0,
+        "obs": np.zeros((B, 4), np.float32),
+        "reward": np.zeros(B, np.float32),
+        "terminated": np.zeros(B, bool),
+        "truncated": np.zeros(B, bool),
+        "final_obs": np.zeros((0, 4), np.float32),
+        "final_idx": np.zeros(0, np.int32),
+        "sent": 1.0,
+    }
     hostile = [
         b"garbage",
         b"x" * (8 << 20),  # over the cap: popped and dropped unread
@@ -266,10 +276,10 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
                 "final_idx": np.array([9], np.int32),
                 "final_obs": np.zeros((1, 4), np.float32),
             },
-        ),  # fmt: skip
+        ),
         encode(
             protocol.REPLY, {"life": 1, "seq": 0, "action": np.zeros(B, np.int32), "version": 0}
-        ),  # fmt: skip
+        ),
         encode(protocol.REQUEST, {**good, "actor": 0}),  # posing as actor 0 from 1's list
     ]
     try:

@@ -26,10 +26,19 @@ from tests.test_inference import TAU, _loop, _threads, kill_and_restart
 
 B = 3
 CFG = {
-    "inference": "central", "env": "CartPole-v1", "actors": 2, "envs_per_actor": B,
-    "sequence_length": 8, "overlap": 4, "burn_in": 2, "actor_batch": 4, "lstm": 16,
-    "hidden": (16,), "steps_per_update": 0.0, "stream_maxlen": 100_000,
-}  # fmt: skip
+    "inference": "central",
+    "env": "CartPole-v1",
+    "actors": 2,
+    "envs_per_actor": B,
+    "sequence_length": 8,
+    "overlap": 4,
+    "burn_in": 2,
+    "actor_batch": 4,
+    "lstm": 16,
+    "hidden": (16,),
+    "steps_per_update": 0.0,
+    "stream_maxlen": 100_000,
+}
 
 
 class _Recording(EnvStepper):
@@ -165,11 +174,15 @@ def test_an_r2d2_server_serves_on_past_hostile_requests(r, keys, redis_server):
     actor = EnvStepper(r, keys, cfg, 0)
     stop, threads = _threads(_loop(server), _loop(actor))
     good = {
-        "life": 5, "obs": np.zeros((B, 4), np.float32), "reward": np.zeros(B, np.float32),
-        "terminated": np.zeros(B, bool), "truncated": np.zeros(B, bool),
-        "final_obs": np.zeros((0, 4), np.float32), "final_idx": np.zeros(0, np.int32),
+        "life": 5,
+        "obs": np.zeros((B, 4), np.float32),
+        "reward": np.zeros(B, np.float32),
+        "terminated": np.zeros(B, bool),
+        "truncated": np.zeros(B, bool),
+        "final_obs": np.zeros((0, 4), np.float32),
+        "final_idx": np.zeros(0, np.int32),
         "sent": 1.0,
-    }  # fmt: skip
+    }
     others = (1, max(server.lists))  # the largest number a server takes requests of
     lists = [protocol.requests(keys, a) for a in others]
     try:

@@ -121,3 +121,17 @@ def test_no_config_is_typed_any() -> None:
             if name == "cfg" and annotation is not None and "Any" in ast.unparse(annotation):
                 found.append(f"{path.relative_to(QRL.parent)}:{node.lineno}")
     assert not found, "a config typed Any:\n" + "\n".join(found)
+
+
+def test_no_statement_is_packed_past_the_formatter() -> None:
+    """The formatter lays out every statement: no ``# fmt: skip`` (or ``off``) packs one onto
+    fewer lines, in the package, its tests or its benchmarks."""
+    marker = re.compile(r"#\s*fmt:\s*(skip|off)")
+    packed = [
+        f"{path.relative_to(QRL.parent)}:{n}"
+        for folder in ("qrl", "tests", "benchmarks", "lint")
+        for path in sorted((QRL.parent / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if marker.search(line) and path.name != "test_layout.py"
+    ]
+    assert not packed, f"statements kept from the formatter: {packed[:20]}"

@@ -45,8 +45,11 @@ def test_a_change_is_validated_versioned_and_kept_with_the_earlier_ones(r, run):
 @pytest.mark.parametrize(
     ("changes", "error"),
     [
-        ({"lrr": 1e-4}, "ImpalaConfig: unknown field 'lrr' (did you mean 'lr'? fields that "
-         "may change live: inference_wait_ms, grad_clip, lr, entropy_cost, baseline_cost)"),
+        (
+            {"lrr": 1e-4},
+            "ImpalaConfig: unknown field 'lrr' (did you mean 'lr'? fields that "
+            "may change live: inference_wait_ms, grad_clip, lr, entropy_cost, baseline_cost)",
+        ),
         ({"hidden": [8]}, "ImpalaConfig: hidden cannot change while the run runs"),
         ({"actors": 4}, "actors cannot change while the run runs"),
         ({"unroll": 5}, "unroll cannot change while the run runs"),
@@ -55,7 +58,7 @@ def test_a_change_is_validated_versioned_and_kept_with_the_earlier_ones(r, run):
         ({"lr": "fast"}, "lr='fast': Input should be a valid number"),
         ({}, "no change given"),
     ],
-)  # fmt: skip
+)
 def test_a_refused_change_says_why_in_one_line_and_stores_nothing(r, run, changes, error):
     set_live(r, run, ImpalaConfig, {"lr": 1e-4})
     with pytest.raises(ConfigError, match=re.escape(error)) as refused:
@@ -200,11 +203,25 @@ def _learner_reports(reader: MetricsReader, until, timeout: float, what: str) ->
 def test_qrl_run_set_changes_a_live_impala_learners_lr(r, redis_server, keys, tmp_path):
     run_dir = tmp_path / "run"
     job = role(
-        "train", "impala", "--redis", redis_server.url, "--run", keys.run,
-        "--run-dir", str(run_dir), "--max-time", "300", "--target-return", "1e9",
-        "--eval-every", "1000", "--set", "actors=1",
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        "train",
+        "impala",
+        "--redis",
+        redis_server.url,
+        "--run",
+        keys.run,
+        "--run-dir",
+        str(run_dir),
+        "--max-time",
+        "300",
+        "--target-return",
+        "1e9",
+        "--eval-every",
+        "1000",
+        "--set",
+        "actors=1",
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         reader = run_reader(r, keys)
         _learner_reports(reader, lambda v: v["updates"] > 0, 180, "with updates")

@@ -373,7 +373,7 @@ POPULATION_STATES: dict[str, Callable[..., Any]] = {
         f"a {kind}": _trial(lambda c, ks, kind=kind: [WRONG_TYPES[kind](c, k) for k in ks])
         for kind in WRONG_TYPES
         if kind != "string"
-    },  # fmt: skip
+    },
 }
 
 

@@ -55,9 +55,15 @@ def one_process(algo: str, run_dir: Path, seed: int = 0) -> int:
     cfg = a.config(env=ENVS.get(algo, "CartPole-v1"), seed=seed)
     budget = Budget(target_return=None, max_time=None, max_updates=UPDATES[algo], eval_every=0.2)
     return run_training(
-        a, cfg, budget, redis_url=None, run=f"{algo}-s{seed}", run_dir=run_dir,
-        console=Console(file=io.StringIO()), one_process=True,
-    )  # fmt: skip
+        a,
+        cfg,
+        budget,
+        redis_url=None,
+        run=f"{algo}-s{seed}",
+        run_dir=run_dir,
+        console=Console(file=io.StringIO()),
+        one_process=True,
+    )
 
 
 def weights(run_dir: Path) -> dict[str, bytes]:
@@ -98,10 +104,20 @@ def test_the_command_line_gives_the_weights_of_another_process(tmp_path: Path) -
     assert one_process("apex", tmp_path / "here") == 0
     env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
     out = qrl(
-        "train", "apex", "--one-process", "--env", "CartPole-v1", "--seed", "0",
-        "--max-updates", str(UPDATES["apex"]), "--run-dir", str(tmp_path / "cli"),
-        env={**env, "PYTHONHASHSEED": "12345"}, timeout=240,
-    )  # fmt: skip
+        "train",
+        "apex",
+        "--one-process",
+        "--env",
+        "CartPole-v1",
+        "--seed",
+        "0",
+        "--max-updates",
+        str(UPDATES["apex"]),
+        "--run-dir",
+        str(tmp_path / "cli"),
+        env={**env, "PYTHONHASHSEED": "12345"},
+        timeout=240,
+    )
     assert out.returncode == 1, out.stderr[-3000:]  # its budget ran out short of the target
     assert "4 roles in one process" in " ".join(out.stderr.split())  # (lines wrap at 80)
     assert weights(tmp_path / "cli") == weights(tmp_path / "here")
@@ -119,9 +135,15 @@ def test_a_role_that_fails_ends_the_job_saying_why(tmp_path: Path) -> None:
     a = ALGOS["ppo"]
     budget = Budget(target_return=None, max_time=60, max_updates=3)
     code = run_training(
-        a, a.config(), budget, redis_url=None, run="fails", run_dir=run_dir, console=out,
+        a,
+        a.config(),
+        budget,
+        redis_url=None,
+        run="fails",
+        run_dir=run_dir,
+        console=out,
         one_process=True,
-    )  # fmt: skip
+    )
     assert code == 2
     said = out.file.getvalue()  # type: ignore[attr-defined]
     log = (run_dir / "logs" / "learner0.log").read_text()
@@ -148,9 +170,14 @@ def test_what_cannot_take_turns_is_refused(algo: str, over: dict, why: str, tmp_
     a = ALGOS[algo]
     with pytest.raises(OneProcessRefused) as refused:
         run_training(
-            a, a.config(**over), Budget(), redis_url=None, run="r", run_dir=tmp_path / "r",
+            a,
+            a.config(**over),
+            Budget(),
+            redis_url=None,
+            run="r",
+            run_dir=tmp_path / "r",
             one_process=True,
-        )  # fmt: skip
+        )
     assert str(refused.value).startswith("--one-process " + why.split(": ")[0])
     assert why in str(refused.value)
     assert not (tmp_path / "r").exists()  # refused before anything started
@@ -174,9 +201,20 @@ def test_one_process_solves_cartpole(algo: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
     run_dir = tmp_path / "run"
     out = qrl(
-        "train", algo, "--one-process", "--env", "CartPole-v1", "--seed", "0",
-        "--max-time", "600", "--run-dir", str(run_dir), env=env, timeout=900,
-    )  # fmt: skip
+        "train",
+        algo,
+        "--one-process",
+        "--env",
+        "CartPole-v1",
+        "--seed",
+        "0",
+        "--max-time",
+        "600",
+        "--run-dir",
+        str(run_dir),
+        env=env,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["reached"] and result["target"] == 475.0, result
@@ -207,10 +245,17 @@ def test_turns_go_round_in_seating_order_a_roles_helpers_after_it() -> None:
         say("job", 4)
         assert [s.name for s in table.seats] == ["job"]  # the others ended and left
     assert said == [
-        "job", "a", "a.helper", "b",
-        "job", "a", "a.helper", "b",
-        "job", "job",
-    ]  # fmt: skip
+        "job",
+        "a",
+        "a.helper",
+        "b",
+        "job",
+        "a",
+        "a.helper",
+        "b",
+        "job",
+        "job",
+    ]
     assert [s.exitcode for s in seats] == [0, 0]
 
 

@@ -158,9 +158,15 @@ def test_hand_started_master_writes_csv_and_tensorboard_and_qrl_plot_draws_them(
     run_dir = tmp_path / "run"
     assert qrl("run", "create", "es", "--run", keys.run, "--set", "workers=1").returncode == 0
     master = role(
-        "es", "master", "--run", keys.run, "--run-dir", str(run_dir),
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        "es",
+        "master",
+        "--run",
+        keys.run,
+        "--run-dir",
+        str(run_dir),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     worker = role("es", "worker", "--run", keys.run)
     try:
         st = _wait_status(

@@ -43,8 +43,15 @@ from tests.helpers import pid_alive, redis7, redis_binaries, wait_until
 
 def _pcfg(keys: RunKeys, **kw) -> PBTConfig:
     explore = [Explore.parse("lr=1e-4..1e-2:log"), Explore.parse("entropy_cost=1e-4..1e-1:log")]
-    values = {"name": keys.run, "algo": "ppo", "env": "CartPole-v1", "population": 2,
-              "explore": explore, "target_return": 475.0, **kw}  # fmt: skip
+    values = {
+        "name": keys.run,
+        "algo": "ppo",
+        "env": "CartPole-v1",
+        "population": 2,
+        "explore": explore,
+        "target_return": 475.0,
+        **kw,
+    }
     return PBTConfig(**values)
 
 
@@ -106,8 +113,7 @@ def test_exploit_copies_state_and_hyperparameters_exactly(r, keys, tmp_path):
     before = current(r, pcfg, src)
     event = exploit(r, pop, pcfg, dst, src, random.Random(5), {src: 2.0, dst: 1.0})
     # hyperparameters: the source's, perturbed or redrawn by the same draws
-    want = explore(pcfg, {"lr": before.lr, "entropy_cost": before.entropy_cost},
-                   random.Random(5))  # fmt: skip
+    want = explore(pcfg, {"lr": before.lr, "entropy_cost": before.entropy_cost}, random.Random(5))
     after = current(r, pcfg, dst)
     assert (after.lr, after.entropy_cost) == (want["lr"], want["entropy_cost"])
     assert event["values"] == want and event["source"] == src and event["trial"] == dst
@@ -219,8 +225,17 @@ def test_hostile_scoreboard_entries_crash_nothing_and_cause_no_exploit(r, keys, 
     assert pop.scores(pcfg.trials()) == {t0: 10.0}
     finish(pop, pcfg, t0, {"episodic_return": 10.0})  # posts
     assert take_better(pop, pcfg, t0, random.Random(0)) is None
-    for value in ('"text"', "[1]", "{}", '{"score": true}', '{"score": "1"}', "\xff",
-                  '{"score": 1e300}', '{"score": -1e13}', '{"score": 1e3000}'):  # fmt: skip
+    for value in (
+        '"text"',
+        "[1]",
+        "{}",
+        '{"score": true}',
+        '{"score": "1"}',
+        "\xff",
+        '{"score": 1e300}',
+        '{"score": -1e13}',
+        '{"score": 1e3000}',
+    ):
         r.set(pop.key(t1, "score"), value)
         assert pop.scores(pcfg.trials()) == {t0: 10.0}
     r.set(pop.key(t1, "score"), "z" * 2_000_000)  # over the cap: not read
@@ -438,14 +453,18 @@ def test_a_sigkilled_workers_trial_goes_on_from_its_last_stored_state(redis_serv
     client = connect(redis_server.url)
     # no exploit: a slot taking a low trial would copy the other one's state (this test
     # follows one trial's own state through its worker's death)
-    pcfg = _pcfg(keys, ready_s=6.0, lease_s=5.0, target_return=10_000.0, confirm_episodes=0,
-                 exploit=False)  # fmt: skip
+    pcfg = _pcfg(
+        keys, ready_s=6.0, lease_s=5.0, target_return=10_000.0, confirm_episodes=0, exploit=False
+    )
     pop = setup(client, pcfg)
     env = {**os.environ, "QRL_REDIS_URL": redis_server.url}
     a = subprocess.Popen(
         [sys.executable, "-m", "qrl.cli", "pbt", "worker", keys.run, "--run-dir", str(tmp_path)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     b = None
     try:
 
@@ -474,10 +493,23 @@ def test_a_sigkilled_workers_trial_goes_on_from_its_last_stored_state(redis_serv
         last = SnapshotStore(client, RunKeys(trial)).fetch()  # the last segment a stored
         assert last.updates == first
         b = subprocess.Popen(
-            [sys.executable, "-m", "qrl.cli", "pbt", "worker", keys.run, "--slots", "2",
-             "--run-dir", str(tmp_path / "b")], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "qrl.cli",
+                "pbt",
+                "worker",
+                keys.run,
+                "--slots",
+                "2",
+                "--run-dir",
+                str(tmp_path / "b"),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
         resumed = tmp_path / "b" / trial / "logs" / "learner0.log"
         text = wait_until(
             lambda: resumed.exists() and resumed.read_text(),
@@ -509,10 +541,30 @@ def test_a_sigkilled_workers_trial_goes_on_from_its_last_stored_state(redis_serv
 @pytest.mark.timeout(300)
 def test_qrl_pbt_cli_runs_a_population_and_writes_its_lineage(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
-    proc = qrl("pbt", "ppo", "--env", "CartPole-v1", "--population", "3", "--slots", "2",
-               "--explore", "lr=1e-4..3e-3:log", "--ready-steps", "20000", "--ready", "60",
-               "--max-time", "200",
-               "--name", "cli-pbt", "--run-dir", str(tmp_path), timeout=280, env=env)  # fmt: skip
+    proc = qrl(
+        "pbt",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--population",
+        "3",
+        "--slots",
+        "2",
+        "--explore",
+        "lr=1e-4..3e-3:log",
+        "--ready-steps",
+        "20000",
+        "--ready",
+        "60",
+        "--max-time",
+        "200",
+        "--name",
+        "cli-pbt",
+        "--run-dir",
+        str(tmp_path),
+        timeout=280,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["solved"]["return"] >= 475
@@ -530,9 +582,13 @@ def _control(pcfg: PBTConfig, tmp_path, max_time: float = 2.0) -> tuple[int, str
     out = io.StringIO()
     try:
         code = run_population(
-            pcfg, redis_url=os.environ["QRL_REDIS_URL"], slots=0, run_root=tmp_path,
-            max_time=max_time, console=Console(file=out, force_terminal=True, width=200),
-        )  # fmt: skip
+            pcfg,
+            redis_url=os.environ["QRL_REDIS_URL"],
+            slots=0,
+            run_root=tmp_path,
+            max_time=max_time,
+            console=Console(file=out, force_terminal=True, width=200),
+        )
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)
@@ -567,8 +623,13 @@ def test_a_forged_solve_neither_crashes_the_controller_nor_ends_it_confirmed(
 
 def test_pbt_solved_is_read_only_as_a_solve_of_the_populations_trial(r, keys):
     pop = setup(r, _pcfg(keys))
-    for bad in ("\xff", "[1]", "x" * 100_000, json.dumps({"trial": "other", "return": 1.0}),
-                json.dumps({"trial": f"{keys.run}-t0", "return": float("inf")})):  # fmt: skip
+    for bad in (
+        "\xff",
+        "[1]",
+        "x" * 100_000,
+        json.dumps({"trial": "other", "return": 1.0}),
+        json.dumps({"trial": f"{keys.run}-t0", "return": float("inf")}),
+    ):
         r.set(pop.solved_key, bad)
         assert pop.solved() is None
     r.delete(pop.solved_key)
@@ -649,8 +710,11 @@ def test_a_trials_worker_writes_only_its_trial_and_the_controller_only_the_popul
         assert cpop.scores(pcfg.trials()) == {t1: 5.0} and cpop.reports([t0]).keys() == {t0}
         cpop.solve(t0, 500.0)
         controller.hset(cpop.keys.control, "stop", 1)
-        for attempt in (lambda: cpop.post(t0, 1.0), lambda: cpop.take(t0, "c", 60),
-                        lambda: controller.delete(RunKeys(t0).key("snapshot"))):  # fmt: skip
+        for attempt in (
+            lambda: cpop.post(t0, 1.0),
+            lambda: cpop.take(t0, "c", 60),
+            lambda: controller.delete(RunKeys(t0).key("snapshot")),
+        ):
             with pytest.raises(redis.exceptions.NoPermissionError):
                 attempt()
     six = redis_binaries().get((6,))
@@ -681,10 +745,32 @@ def test_a_population_runs_under_its_acl_users(tmp_path):
         watcher = threading.Thread(target=watch)
         watcher.start()
         try:
-            proc = qrl("pbt", "ppo", "--env", "CartPole-v1", "--population", "2", "--slots", "2",
-                       "--explore", "lr=1e-4..3e-3:log", "--ready", "40", "--target-return", "60",
-                       "--max-time", "200", "--name", "acl-pbt", "--run-dir", str(tmp_path / "run"),
-                       "--acl", str(tmp_path / "pw"), timeout=280, env=env)  # fmt: skip
+            proc = qrl(
+                "pbt",
+                "ppo",
+                "--env",
+                "CartPole-v1",
+                "--population",
+                "2",
+                "--slots",
+                "2",
+                "--explore",
+                "lr=1e-4..3e-3:log",
+                "--ready",
+                "40",
+                "--target-return",
+                "60",
+                "--max-time",
+                "200",
+                "--name",
+                "acl-pbt",
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--acl",
+                str(tmp_path / "pw"),
+                timeout=280,
+                env=env,
+            )
         finally:
             done.set()
             watcher.join()
@@ -758,15 +844,31 @@ def test_a_populations_users_go_when_it_ends_or_is_interrupted(tmp_path):
     with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
         admin = redis.Redis.from_url(server.url)
         env = {**os.environ, "QRL_REDIS_URL": server.address, "QRL_REDIS_PASSWORD": ADMIN}
-        args = ["pbt", "ppo", "--env", "CartPole-v1", "--explore", "lr=1e-4..1e-3", "--slots",
-                "0", "--name", "gone", "--acl", str(tmp_path / "pw")]  # fmt: skip
+        args = [
+            "pbt",
+            "ppo",
+            "--env",
+            "CartPole-v1",
+            "--explore",
+            "lr=1e-4..1e-3",
+            "--slots",
+            "0",
+            "--name",
+            "gone",
+            "--acl",
+            str(tmp_path / "pw"),
+        ]
         done = qrl(*args, "--max-time", "2", "--run-dir", str(tmp_path / "a"), env=env)
         assert done.returncode == 1, done.stderr  # the time ran out
         assert admin.acl_users() == ["default"]
         proc = subprocess.Popen(
             [sys.executable, "-m", "qrl.cli", *args, "--run-dir", str(tmp_path / "b")],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             wait_until(lambda: proc.poll() is not None or len(admin.acl_users()) > 10, "users")
             assert "gone-t3.actor.0" in admin.acl_users()
@@ -868,9 +970,21 @@ def test_qrl_pbt_acl_refusals_are_one_line(tmp_path):
     if six is None:
         return
     env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
-    proc = qrl("pbt", "ppo", "--env", "CartPole-v1", "--explore", "lr=1e-4..1e-3", "--slots", "0",
-               "--run-dir", str(tmp_path / "run"), "--acl", str(tmp_path / "pw"),
-               env={**env, "QRL_REDIS_SERVER": six})  # fmt: skip
+    proc = qrl(
+        "pbt",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--explore",
+        "lr=1e-4..1e-3",
+        "--slots",
+        "0",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--acl",
+        str(tmp_path / "pw"),
+        env={**env, "QRL_REDIS_SERVER": six},
+    )
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and last.startswith("Error: --acl needs Redis 7"), proc.stderr
     assert not (tmp_path / "pw").exists()  # no password was made for users never created

@@ -71,8 +71,10 @@ def test_the_network_is_minatars_for_small_images_and_natures_for_84x84(algo):
     atari = make(cfg, ATARI)
     convs = [m for m in atari.modules() if isinstance(m, torch.nn.Conv2d)]
     assert [(c.out_channels, c.kernel_size[0], c.stride[0]) for c in convs] == [
-        (32, 8, 4), (64, 4, 2), (64, 3, 1)
-    ]  # fmt: skip
+        (32, 8, 4),
+        (64, 4, 2),
+        (64, 3, 1),
+    ]
     assert [m.out_features for m in atari.features if isinstance(m, torch.nn.Linear)] == [512]
     assert _out(atari, ATARI, 2).shape == (2, 6)
 
@@ -138,7 +140,16 @@ def test_a_short_minatar_run_beats_the_random_policy(algo, tmp_path):
     """With the defaults, from the CLI: 2.0 on Breakout (five times the random policy's
     return), confirmed on 100 fresh episodes, within two minutes."""
     result = train(
-        algo, tmp_path / "run", "--env", "MinAtar/Breakout-v1", "--seed", "0",
-        "--target-return", "2", "--max-time", "120", timeout=360,
-    )  # fmt: skip
+        algo,
+        tmp_path / "run",
+        "--env",
+        "MinAtar/Breakout-v1",
+        "--seed",
+        "0",
+        "--target-return",
+        "2",
+        "--max-time",
+        "120",
+        timeout=360,
+    )
     assert result["reached"] and result["confirm_return"] >= 2.0 > 4 * RANDOM_BREAKOUT

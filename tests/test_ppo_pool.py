@@ -15,8 +15,18 @@ from tests.helpers import Roles, run_reader
 
 pytestmark = pytest.mark.slow
 
-SMALL = ("--set", "learners=2", "--set", "actors=1", "--set", "batch_unrolls=16",
-         "--set", "envs_per_actor=8", "--set", "unroll=16")  # fmt: skip
+SMALL = (
+    "--set",
+    "learners=2",
+    "--set",
+    "actors=1",
+    "--set",
+    "batch_unrolls=16",
+    "--set",
+    "envs_per_actor=8",
+    "--set",
+    "unroll=16",
+)
 MORE = {"ppo": ("--set", "epochs=2"), "impala": ()}
 
 
@@ -100,7 +110,9 @@ def test_a_killed_learner_stops_the_other_and_the_pool_resumes_from_the_checkpoi
         ranks = sorted(re.findall(r"learner rank (\d) of 2", logs))
         assert ranks == ["0", "1"]  # a new pool of two (a new generation)
         assert roles.stop("learner-c", "learner-d", "actor") == {
-            "learner-c": 0, "learner-d": 0, "actor": 0
-        }  # fmt: skip
+            "learner-c": 0,
+            "learner-d": 0,
+            "actor": 0,
+        }
     finally:
         roles.cleanup()

@@ -35,10 +35,22 @@ def _int(v) -> int:
 @pytest.mark.timeout(400)
 def test_sigkill_actor_replay_and_learner_loses_and_duplicates_nothing(r, keys, tmp_path):
     created = qrl(
-        "run", "create", "apex", "--run", keys.run,
-        "--set", "actors=2", "--set", "learning_starts=500", "--set", "claim_idle_ms=1500",
-        "--set", "replay_capacity=1000000", "--set", "actor_batch=64",
-    )  # fmt: skip
+        "run",
+        "create",
+        "apex",
+        "--run",
+        keys.run,
+        "--set",
+        "actors=2",
+        "--set",
+        "learning_starts=500",
+        "--set",
+        "claim_idle_ms=1500",
+        "--set",
+        "replay_capacity=1000000",
+        "--set",
+        "actor_batch=64",
+    )
     assert created.returncode == 0, created.stderr
     ckpt = tmp_path / "learner.pt"
     learner = ["learner", "apex", "--checkpoint", str(ckpt), "--checkpoint-every", "2"]
@@ -131,7 +143,9 @@ def test_sigkill_an_es_worker_and_the_generations_go_on(r, keys, tmp_path):
         roles.until(generation, "generations after the restart", until=lambda x: x >= g + 10)
         assert r.xlen(es.deadletter) == 0
         assert roles.stop("worker-b", "worker-c", "master") == {
-            "worker-b": 0, "worker-c": 0, "master": 0,
-        }  # fmt: skip
+            "worker-b": 0,
+            "worker-c": 0,
+            "master": 0,
+        }
     finally:
         roles.cleanup()

@@ -45,8 +45,17 @@ def _server(r, keys, cfg: A3CConfig, shard: int = 0, checkpoint=None) -> Paramet
     return ps
 
 
-def _send(r, keys, cfg, grad: np.ndarray, version: int, loss: float = 1.0, to: int = 0,
-          worker: int = 0, **over) -> None:  # fmt: skip
+def _send(
+    r,
+    keys,
+    cfg,
+    grad: np.ndarray,
+    version: int,
+    loss: float = 1.0,
+    to: int = 0,
+    worker: int = 0,
+    **over,
+) -> None:
     """A gradient for shard ``to``, pushed to worker ``worker``'s stream of it."""
     sk = protocol.shard_keys(keys, cfg.ps_shards, to)
     msg = {"shard": to, "version": version, "loss": loss, "grad": grad, **over}

@@ -32,8 +32,19 @@ def _reports(r, keys, role: str) -> list[dict]:
 def test_train_gorila_cli_solves_cartpole_and_its_checkpoint_evaluates(tmp_path):
     run_dir = tmp_path / "run"
     # an env-step budget (seeds 0-2 solve in 17-45k): the same test on a slow machine
-    result = train("gorila", run_dir, "--env", "CartPole-v1", "--seed", "0", "--max-steps",
-                   "150000", "--learners", "2", timeout=280)  # fmt: skip
+    result = train(
+        "gorila",
+        run_dir,
+        "--env",
+        "CartPole-v1",
+        "--seed",
+        "0",
+        "--max-steps",
+        "150000",
+        "--learners",
+        "2",
+        timeout=280,
+    )
     assert result["reached"] and result["eval_return"] >= 475
     # the checkpoint shard 0 assembled from every shard's block plays the confirmed policy
     assert "gorila step" in eval_confirmation(run_dir)
@@ -82,8 +93,13 @@ def test_a_sigkilled_parameter_server_resumes_from_redis_and_the_run_solves(r, k
             "the restarted shard to resume at its saved version",
         )
         # (training goes on while an evaluation does not confirm, as in qrl train)
-        roles.until(lambda: _solved(r, keys, cfg), "the run to reach 475, confirmed", 200,
-                    until=lambda s: s >= 475, every=2)  # fmt: skip
+        roles.until(
+            lambda: _solved(r, keys, cfg),
+            "the run to reach 475, confirmed",
+            200,
+            until=lambda s: s >= 475,
+            every=2,
+        )
     finally:
         roles.cleanup()
 

@@ -49,9 +49,17 @@ def test_a_workers_user_cannot_write_the_blocks_or_a_servers_state(algo, role, t
     shards = RunKeys(run).shards(2)
     with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
         done = qrl(
-            "run", "create", algo, "--run", run, "--acl", str(tmp_path), "--set", "ps_shards=2",
+            "run",
+            "create",
+            algo,
+            "--run",
+            run,
+            "--acl",
+            str(tmp_path),
+            "--set",
+            "ps_shards=2",
             env={**os.environ, "QRL_REDIS_URL": server.url, "QRL_REDIS_PASSWORD": ""},
-        )  # fmt: skip
+        )
         assert done.returncode == 0, done.stderr
         worker = _as(server, run, role, tmp_path)
         ps = _as(server, run, "ps", tmp_path)
@@ -79,9 +87,16 @@ def test_a_workers_user_cannot_write_the_blocks_or_a_servers_state(algo, role, t
 def _joined(server: EmbeddedRedis, run: str, role: str, n: int, folder: Path) -> redis.Redis:
     """A client as ``role`` ``n``'s own user (``qrl run join --id N``)."""
     done = qrl(
-        "run", "join", run, role, "--acl", str(folder), "--id", str(n),
+        "run",
+        "join",
+        run,
+        role,
+        "--acl",
+        str(folder),
+        "--id",
+        str(n),
         env={**os.environ, "QRL_REDIS_URL": server.url, "QRL_REDIS_PASSWORD": ""},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     password = (folder / f"{role}.{n}").read_text().strip()
     user = f"{run}.{role}.{n}"
@@ -90,9 +105,16 @@ def _joined(server: EmbeddedRedis, run: str, role: str, n: int, folder: Path) ->
 
 def _created(server: EmbeddedRedis, algo: str, run: str, folder: Path, *settings: str) -> None:
     done = qrl(
-        "run", "create", algo, "--run", run, "--acl", str(folder), *settings,
+        "run",
+        "create",
+        algo,
+        "--run",
+        run,
+        "--acl",
+        str(folder),
+        *settings,
         env={**os.environ, "QRL_REDIS_URL": server.url, "QRL_REDIS_PASSWORD": ""},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
 
 

@@ -80,9 +80,13 @@ def test_n_step_targets_over_sequences_match_a_plain_loop():
     boot = rng.standard_normal((b, t + 1))
     for n, gamma in ((1, 0.9), (3, 0.99), (5, 0.97), (20, 0.5)):
         got, valid = n_step_targets(
-            torch.from_numpy(reward), torch.from_numpy(steps), torch.from_numpy(terminal),
-            torch.from_numpy(boot), n, gamma,
-        )  # fmt: skip
+            torch.from_numpy(reward),
+            torch.from_numpy(steps),
+            torch.from_numpy(terminal),
+            torch.from_numpy(boot),
+            n,
+            gamma,
+        )
         want = _targets_by_loop(reward, steps, terminal, boot, n, gamma)
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-10)
         np.testing.assert_array_equal(valid.numpy(), np.arange(t)[None] < steps[:, None])
@@ -98,11 +102,15 @@ def _episode_stream(sequencer, lengths, ends, h_of):
             last = k == n - 1
             h = np.full((1, LSTM), h_of(e, k), np.float32)
             out += sequencer.add(
-                np.array([[e, k]], np.float32), np.array([k % 2]), np.array([float(k)]),
+                np.array([[e, k]], np.float32),
+                np.array([k % 2]),
+                np.array([float(k)]),
                 np.array([[e, k + 1]], np.float32),
-                np.array([last and how == "terminated"]), np.array([last and how == "truncated"]),
-                h, -h,
-            )  # fmt: skip
+                np.array([last and how == "terminated"]),
+                np.array([last and how == "truncated"]),
+                h,
+                -h,
+            )
             assert set(sequencer.slots) <= {0}
     return out
 
@@ -135,8 +143,13 @@ def test_sequences_overlap_and_are_cut_padded_and_masked_at_episode_ends():
     net = RecurrentQNetwork((2,), 2, (8,), LSTM)
     s.h0.zero_(), s.c0.zero_()
     _, _, mask = sequence_td(net, net, s, rule)
-    want = [[True] * 6, [False] * 2 + [True] * 4, [False] * 2 + [True] * 4,
-            [True] * 3 + [False] * 3, [True] * 6]  # fmt: skip
+    want = [
+        [True] * 6,
+        [False] * 2 + [True] * 4,
+        [False] * 2 + [True] * 4,
+        [True] * 3 + [False] * 3,
+        [True] * 6,
+    ]
     assert mask.tolist() == want
 
 
@@ -174,8 +187,10 @@ def test_double_q_targets_unroll_from_the_stored_state_and_rescale():
         q, qt = _unroll_by_steps(net, s), _unroll_by_steps(target, s)
     np.testing.assert_allclose(
         q_taken.detach().numpy(),
-        q[:, :-1].gather(-1, s.action[..., None])[..., 0].numpy(), rtol=1e-5, atol=1e-6,
-    )  # fmt: skip
+        q[:, :-1].gather(-1, s.action[..., None])[..., 0].numpy(),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     boot = value_rescale_inv(qt.gather(-1, q.argmax(-1, keepdim=True))[..., 0], 1e-3)
     want = _targets_by_loop(
         s.reward.numpy(), s.steps.numpy(), s.terminal.numpy(), boot.numpy(), 3, 0.95

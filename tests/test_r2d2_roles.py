@@ -109,9 +109,17 @@ def test_hand_started_roles_fill_the_replay_with_sequences(r, keys, redis_server
 def novel_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("r2d2") / "run"
     result = train(
-        "r2d2", run_dir, "--seed", "0", "--target-return", "150", "--max-time", "120",
-        "--confirm-episodes", "20",
-    )  # fmt: skip
+        "r2d2",
+        run_dir,
+        "--seed",
+        "0",
+        "--target-return",
+        "150",
+        "--max-time",
+        "120",
+        "--confirm-episodes",
+        "20",
+    )
     return result, run_dir
 
 

@@ -46,9 +46,17 @@ def _job(tmp_path, deadline: float):
     keys = RunKeys("faults")
     env = {"QRL_REDIS_URL": server.url}
     created = qrl(
-        "run", "create", "apex", "--run", keys.run, "--set", "actors=1", "--set",
-        "learning_starts=200", env={**os.environ, **env},
-    )  # fmt: skip
+        "run",
+        "create",
+        "apex",
+        "--run",
+        keys.run,
+        "--set",
+        "actors=1",
+        "--set",
+        "learning_starts=200",
+        env={**os.environ, **env},
+    )
     assert created.returncode == 0, created.stderr
     logs = {name: (tmp_path / f"{name}.log").open("w") for name in ROLES}
     procs = {n: _start(a, server.url, keys.run, deadline, logs[n]) for n, a in ROLES.items()}
@@ -193,8 +201,22 @@ def test_qrl_train_stopped_while_its_redis_is_away_ends_at_once(tmp_path):
     run_dir = tmp_path / "run"
     log = (tmp_path / "train.log").open("w")
     env = {k: v for k, v in os.environ.items() if k not in ("QRL_REDIS_URL", "QRL_REDIS_DEADLINE")}
-    argv = ["train", "apex", "--env", "CartPole-v1", "--redis", server.url, "--max-time", "300",
-            "--run", "stopped", "--run-dir", str(run_dir), "--set", "actors=1"]  # fmt: skip
+    argv = [
+        "train",
+        "apex",
+        "--env",
+        "CartPole-v1",
+        "--redis",
+        server.url,
+        "--max-time",
+        "300",
+        "--run",
+        "stopped",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "actors=1",
+    ]
     proc = role(*argv, env=env, stdout=log, stderr=log)
     try:
         wait_until(lambda: _version(server.url, RunKeys("stopped")) > 5, "weights", 120)

@@ -26,9 +26,21 @@ def run_dir(tmp_path_factory) -> Path:
         for var, value in _wandb_offline(tmp_path_factory.mktemp("wandb-home")).items():
             mp.setenv(var, value)
         result = train(
-            "es", run_dir, "--env", "CartPole-v1", "--seed", "1", "--target-return", "150",
-            "--max-time", "90", "--track", "--wandb-project", "qrl-test", timeout=240,
-        )  # fmt: skip
+            "es",
+            run_dir,
+            "--env",
+            "CartPole-v1",
+            "--seed",
+            "1",
+            "--target-return",
+            "150",
+            "--max-time",
+            "90",
+            "--track",
+            "--wandb-project",
+            "qrl-test",
+            timeout=240,
+        )
     assert result["reached"] and result["target"] == 150
     return run_dir
 
@@ -103,9 +115,16 @@ def test_eval_on_another_env_checks_its_spaces(run_dir):
 def test_eval_video_writes_an_mp4_per_episode(run_dir, tmp_path):
     videos = tmp_path / "videos"
     out = qrl(
-        "eval", str(run_dir), "--env", "CartPole-v0", "--episodes", "2", "--video", str(videos),
+        "eval",
+        str(run_dir),
+        "--env",
+        "CartPole-v0",
+        "--episodes",
+        "2",
+        "--video",
+        str(videos),
         timeout=240,
-    )  # fmt: skip
+    )
     assert out.returncode == 0, out.stderr
     files = sorted(videos.glob("*.mp4"))
     assert [f.name for f in files] == ["episode-0-episode-0.mp4", "episode-1-episode-0.mp4"]
@@ -240,9 +259,16 @@ def test_hand_started_master_with_track_logs_to_wandb(redis_server, keys, tmp_pa
     run_dir = tmp_path / "run"
     assert qrl("run", "create", "es", "--run", keys.run, "--set", "workers=1").returncode == 0
     master = role(
-        "es", "master", "--run", keys.run, "--run-dir", str(run_dir), "--track",
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        "es",
+        "master",
+        "--run",
+        keys.run,
+        "--run-dir",
+        str(run_dir),
+        "--track",
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     worker = role("es", "worker", "--run", keys.run, "--max-steps", "5000")
     try:
         assert worker.wait(120) == 0

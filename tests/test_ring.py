@@ -147,10 +147,18 @@ def test_feed_processes_run_as_batch_processes(r, keys, redis_server):
         pids = [*sampler.pids, *loader.pids]
         assert len(pids) == 3
         mine = os.getpriority(os.PRIO_PROCESS, 0)
-        wait_until(lambda: [os.sched_getscheduler(p) for p in pids], "batch policy", 30,
-                   until=lambda got: got == [os.SCHED_BATCH] * 3)  # fmt: skip
-        wait_until(lambda: os.getpriority(os.PRIO_PROCESS, loader.pids[0]), "niceness", 30,
-                   until=lambda n: n == min(mine + ImpalaLearner.loader_nice, 19))  # fmt: skip
+        wait_until(
+            lambda: [os.sched_getscheduler(p) for p in pids],
+            "batch policy",
+            30,
+            until=lambda got: got == [os.SCHED_BATCH] * 3,
+        )
+        wait_until(
+            lambda: os.getpriority(os.PRIO_PROCESS, loader.pids[0]),
+            "niceness",
+            30,
+            until=lambda n: n == min(mine + ImpalaLearner.loader_nice, 19),
+        )
 
 
 def _write_big_then_die(ch: Channel, blob: bytes) -> None:

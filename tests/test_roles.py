@@ -37,15 +37,21 @@ def _cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     """``qrl ARGS`` with the throwaway algorithm in its registry."""
     return subprocess.run(
         [sys.executable, "-m", "tests._random_algo", *args],
-        capture_output=True, text=True, cwd=ROOT, **kw,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        **kw,
+    )
 
 
 def _popen(*args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "tests._random_algo", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def _options(*command: str) -> set[str]:
@@ -106,9 +112,21 @@ def test_a_job_of_new_roles_runs_reports_in_status_and_logs_its_metric(
 ):
     run_dir = tmp_path / "run"
     job = _popen(
-        "train", NAME, "--redis", redis_server.url, "--run", keys.run, "--run-dir",
-        str(run_dir), "--max-time", "8", "--target-return", "1e9", "--device", "cpu",
-    )  # fmt: skip
+        "train",
+        NAME,
+        "--redis",
+        redis_server.url,
+        "--run",
+        keys.run,
+        "--run-dir",
+        str(run_dir),
+        "--max-time",
+        "8",
+        "--target-return",
+        "1e9",
+        "--device",
+        "cpu",
+    )
     try:
         st = _status_until(
             keys.run,

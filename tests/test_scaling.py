@@ -40,9 +40,15 @@ class Run:
     def start(self, name: str, *args: str) -> None:
         with (self.log_dir / f"{name}.log").open("wb") as log:
             self.procs[name] = role(
-                "-v", *args, "--run", self.keys.run,
-                env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                "-v",
+                *args,
+                "--run",
+                self.keys.run,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def logs(self) -> str:
         return "\n".join(

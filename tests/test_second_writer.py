@@ -111,8 +111,15 @@ def test_a_learner_publishes_over_garbage_at_its_own_version_as_it_starts(r, key
     of the hostile-writes test saw Ape-X's actors wait the whole job)."""
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
     create_run(r, keys, "impala", cfg)
-    for junk in ({"blob": b"junk"}, {"blob": encode("weights", {"version": 0, "params": {
-            "other": np.zeros(3, np.float32)}, "meta": None})}):  # fmt: skip
+    for junk in (
+        {"blob": b"junk"},
+        {
+            "blob": encode(
+                "weights",
+                {"version": 0, "params": {"other": np.zeros(3, np.float32)}, "meta": None},
+            )
+        },
+    ):
         r.delete(keys.weights)
         r.hset(keys.weights, mapping={"version": "0", **junk})  # decodes, or fits no net
         lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")

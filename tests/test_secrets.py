@@ -148,10 +148,21 @@ def test_qrl_train_shows_no_password(tmp_path):
         url = f"redis://127.0.0.1:{server.port}/0?password={quote(SECRET, safe='')}"
         run_dir = tmp_path / "run"
         out = qrl(
-            "train", "es", "--redis", url, "--run", "secret-run", "--run-dir", str(run_dir),
-            "--max-time", "1", "--set", "workers=1",
-            env=_env_without_password(), timeout=120,
-        )  # fmt: skip
+            "train",
+            "es",
+            "--redis",
+            url,
+            "--run",
+            "secret-run",
+            "--run-dir",
+            str(run_dir),
+            "--max-time",
+            "1",
+            "--set",
+            "workers=1",
+            env=_env_without_password(),
+            timeout=120,
+        )
         assert out.returncode in (0, 1), out.stderr[-3000:]  # it ran
         assert "password=***" in out.stderr  # the URL it joined, redacted
         logs = "".join(p.read_text() for p in (run_dir / "logs").iterdir())

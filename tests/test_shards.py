@@ -275,9 +275,14 @@ def test_actors_route_env_slots_to_shards_and_fillers_drain_each_shard(r, keys):
     assert shard_of_slots(0, 6, 3).tolist() == [0, 1, 2, 0, 1, 2]
     assert shard_of_slots(1, 2, 3).tolist() == [2, 0]
     cfg = ApexConfig(
-        actors=1, envs_per_actor=6, replay_shards=3, n_step=1, actor_batch=60,
-        steps_per_update=0, replay_capacity=3000,
-    )  # fmt: skip
+        actors=1,
+        envs_per_actor=6,
+        replay_shards=3,
+        n_step=1,
+        actor_batch=60,
+        steps_per_update=0,
+        replay_capacity=3000,
+    )
     create_run(r, keys, "apex", cfg)
     actor = DQNActor(r, keys, cfg, 0)
     WeightStore(r, keys).publish(actor.net, 0)

@@ -29,10 +29,22 @@ def test_sigkill_one_shards_filler_and_restart_it_loses_no_batch(r, keys, tmp_pa
     entries and a new one (``--id auto``) takes its number and shard back; every batch the
     actors' producers had acknowledged ends up in its shard's replay exactly once."""
     created = qrl(
-        "run", "create", "apex", "--run", keys.run, "--set", "replay_shards=3",
-        "--set", "claim_idle_ms=1500", "--set", "replay_capacity=1000000",
-        "--set", "actor_batch=48", "--set", "steps_per_update=0",
-    )  # fmt: skip
+        "run",
+        "create",
+        "apex",
+        "--run",
+        keys.run,
+        "--set",
+        "replay_shards=3",
+        "--set",
+        "claim_idle_ms=1500",
+        "--set",
+        "replay_capacity=1000000",
+        "--set",
+        "actor_batch=48",
+        "--set",
+        "steps_per_update=0",
+    )
     assert created.returncode == 0, created.stderr
     cfg = ApexConfig(replay_shards=3)
     net = q_network(cfg, EnvSpec.of(cfg.env))  # the network the actors build
@@ -85,9 +97,17 @@ def test_sigkill_one_shards_filler_and_restart_it_loses_no_batch(r, keys, tmp_pa
 def test_train_apex_with_three_shards_solves_cartpole(tmp_path):
     run_dir = tmp_path / "run"
     result = train(
-        "apex", run_dir, "--env", "CartPole-v1", "--seed", "0", "--set", "replay_shards=3",
-        "--max-time", "150",
-    )  # fmt: skip
+        "apex",
+        run_dir,
+        "--env",
+        "CartPole-v1",
+        "--seed",
+        "0",
+        "--set",
+        "replay_shards=3",
+        "--max-time",
+        "150",
+    )
     assert result["reached"] and result["eval_return"] >= 475
     logs = run_dir / "logs"
     assert sorted(p.name for p in logs.glob("replay*.log")) == [f"replay{s}.log" for s in range(3)]
@@ -106,10 +126,25 @@ def test_train_apex_with_three_shards_solves_cartpole_on_a_cluster(redis_cluster
     env["QRL_REDIS_PASSWORD"] = redis_cluster.password  # the URL without it: no ps warning
     run_dir = tmp_path / "run"
     out = qrl(
-        "train", "apex", "--env", "CartPole-v1", "--seed", "0", "--run", keys.run,
-        "--run-dir", str(run_dir), "--set", "replay_shards=3", "--max-time", "150",
-        "--redis", redis_cluster.addresses[1], env=env, timeout=400,
-    )  # fmt: skip
+        "train",
+        "apex",
+        "--env",
+        "CartPole-v1",
+        "--seed",
+        "0",
+        "--run",
+        keys.run,
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "replay_shards=3",
+        "--max-time",
+        "150",
+        "--redis",
+        redis_cluster.addresses[1],
+        env=env,
+        timeout=400,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads((run_dir / "result.json").read_text())["reached"]
     held = [{k.decode() for k in node} for node in redis_cluster.keys_per_node(keys.pattern())]

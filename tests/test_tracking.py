@@ -40,14 +40,20 @@ def test_wandb_gets_no_password_from_the_command_line(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     argv = [
-        "--redis", f"redis://qrl:{SECRET}@db.example:6379/0",
+        "--redis",
+        f"redis://qrl:{SECRET}@db.example:6379/0",
         "--redis=redis://:{SECRET}@db.example/0?password={SECRET}".replace("{SECRET}", SECRET),
-        "--password", SECRET, f"--password={SECRET}",
-    ]  # fmt: skip
+        "--password",
+        SECRET,
+        f"--password={SECRET}",
+    ]
     out = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(run_dir), *argv],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert SECRET in out.stdout  # the process's own argv is left as it was
     files = [p for p in tmp_path.rglob("*") if p.is_file()]  # the run's and W&B's own

@@ -70,12 +70,17 @@ def _role_keys(keys, algo: str) -> list[str]:
     """The run's keys a role of ``algo`` reads or writes, the config, leases and
     heartbeats aside."""
     own = {
-        "apex": [keys.experience, keys.replay_priorities, keys.replay_data, keys.replay_meta,
-                 keys.replay_batches],
+        "apex": [
+            keys.experience,
+            keys.replay_priorities,
+            keys.replay_data,
+            keys.replay_meta,
+            keys.replay_batches,
+        ],
         "impala": [trajectories(keys)],
         "ppo": [rollouts(keys)],
         "es": [es_params(keys), es_results(keys)],
-    }  # fmt: skip
+    }
     metrics = [keys.metrics(r.name, 0) for r in ALGOS[algo].roles]  # each process's
     return [keys.control, keys.stats, *metrics, keys.deadletter, keys.weights, *own[algo]]
 

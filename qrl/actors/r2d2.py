@@ -35,9 +35,13 @@ class R2D2Actor(ReplayActor):
     ) -> None:
         super().__init__(client, keys, cfg, actor_id, env)
         self.sequencer = Sequencer(
-            cfg.envs_per_actor, cfg.sequence_length, cfg.overlap, self.obs_shape,
-            self.obs_dtype, cfg.lstm,
-        )  # fmt: skip
+            cfg.envs_per_actor,
+            cfg.sequence_length,
+            cfg.overlap,
+            self.obs_shape,
+            self.obs_dtype,
+            cfg.lstm,
+        )
         self.state = self.net.initial_state(cfg.envs_per_actor)
         self.acted_in = self.state  # the state the last actions were taken in
         self.rule = rule_of(cfg)

@@ -113,9 +113,17 @@ class UnrollActor(VectorActor):
                 trunc_obs.append(true_next[j])
         obs_buf[t_len] = obs
         msg = unroll_message(
-            obs_buf, act_buf, rew_buf, term_buf, trunc_buf, logit_buf, trunc_idx, trunc_obs,
-            version, self.actor_id,
-        )  # fmt: skip
+            obs_buf,
+            act_buf,
+            rew_buf,
+            term_buf,
+            trunc_buf,
+            logit_buf,
+            trunc_idx,
+            trunc_obs,
+            version,
+            self.actor_id,
+        )
         msg["value"] = val_buf
         return {name: msg[name] for name in self.fields}, obs  # those its message carries
 

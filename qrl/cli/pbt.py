@@ -37,50 +37,114 @@ def pbt_group() -> None:
 _options = stack(
     redis_option("Join this Redis instead of starting an embedded one. Default: $QRL_REDIS_URL."),
     click.option("--name", default=None, help="Population name (default ALGO-ENV-sSEED-TIME)."),
-    click.option("--population", type=click.IntRange(2, 64), default=None,
-                 help="Trials (default 4)."),
-    click.option("--explore", "explore", multiple=True, metavar="FIELD=RANGE",
-                 help="An explored live field: FIELD=LOW..HIGH, FIELD=LOW..HIGH:log or "
-                 "FIELD=A,B,C (repeat for more)."),
-    click.option("--ready", "ready_s", type=click.FloatRange(min=1), default=None,
-                 help="Seconds a trial trains between exploit/explore points (default 30)."),
-    click.option("--ready-steps", "ready_steps", type=click.IntRange(min=1), default=None,
-                 help="Env steps a trial trains between them (the same on any machine); "
-                 "--ready then caps a segment's seconds."),
-    click.option("--quantile", type=click.FloatRange(0.01, 0.99), default=None,
-                 help="Truncation selection: the bottom quantile copies the top one; past "
-                 "0.5, the top 1 - quantile (default 0.25)."),
-    click.option("--burn-in", "burn_in", type=click.IntRange(0, 10_000), default=None,
-                 help="Segments a trial trains on its own before it may copy or be copied "
-                 "(default 0)."),
-    click.option("--resample", type=click.FloatRange(0, 1), default=None,
-                 help="Chance an explored value is redrawn instead of perturbed (default 0.25)."),
-    click.option("--score", type=click.Choice(get_args(Score)), default=None,
-                 help="What ranks trials: the recent mean return of their training episodes "
-                 "(default, as the paper does for RL) or their greedy evaluation."),
-    click.option("--random-search", "random_search", is_flag=True,
-                 help="No exploit and explore: the same trials, each on its own draw (the "
-                 "baseline PBT is measured against)."),
-    click.option("--slots", type=click.IntRange(0, 64), default=2, show_default=True,
-                 help="Trials trained at once on this machine (0: only workers elsewhere)."),
-    click.option("--target-return", type=float, default=None,
-                 help="Solved once a trial's evaluation reaches this, confirmed (default: the "
-                 "env's reward threshold)."),
-    click.option("--max-time", type=float, default=1800.0, show_default=True,
-                 help="Wall-clock budget in seconds."),
-    click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-                 help="Where lineage, scores and the trials' dirs go (default runs/NAME)."),
-    click.option("--pbt-config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-                 default=None, help="TOML file of these settings ([pbt] table or top level: "
-                 "population, explore = [...], ready_s, quantile, ...); options override it."),
-    click.option("--acl", "acl", type=click.Path(file_okay=False, path_type=Path), default=None,
-                 metavar="DIR", help="Redis ACL users: NAME.controller (this command, after "
-                 "it set the population up), one per trial, NAME-tI.worker, which writes only "
-                 "its trial's keys, and one per process of a trial's segment (its role's keys of "
-                 "the trial only); passwords in DIR/controller and DIR/NAME-tI (made where "
-                 "missing). Give a worker machine only its trials' files (`qrl pbt worker NAME "
-                 "--acl DIR`). The users are deleted as the population ends. Needs Redis 7."),
-)  # fmt: skip
+    click.option(
+        "--population", type=click.IntRange(2, 64), default=None, help="Trials (default 4)."
+    ),
+    click.option(
+        "--explore",
+        "explore",
+        multiple=True,
+        metavar="FIELD=RANGE",
+        help="An explored live field: FIELD=LOW..HIGH, FIELD=LOW..HIGH:log or "
+        "FIELD=A,B,C (repeat for more).",
+    ),
+    click.option(
+        "--ready",
+        "ready_s",
+        type=click.FloatRange(min=1),
+        default=None,
+        help="Seconds a trial trains between exploit/explore points (default 30).",
+    ),
+    click.option(
+        "--ready-steps",
+        "ready_steps",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Env steps a trial trains between them (the same on any machine); "
+        "--ready then caps a segment's seconds.",
+    ),
+    click.option(
+        "--quantile",
+        type=click.FloatRange(0.01, 0.99),
+        default=None,
+        help="Truncation selection: the bottom quantile copies the top one; past "
+        "0.5, the top 1 - quantile (default 0.25).",
+    ),
+    click.option(
+        "--burn-in",
+        "burn_in",
+        type=click.IntRange(0, 10_000),
+        default=None,
+        help="Segments a trial trains on its own before it may copy or be copied (default 0).",
+    ),
+    click.option(
+        "--resample",
+        type=click.FloatRange(0, 1),
+        default=None,
+        help="Chance an explored value is redrawn instead of perturbed (default 0.25).",
+    ),
+    click.option(
+        "--score",
+        type=click.Choice(get_args(Score)),
+        default=None,
+        help="What ranks trials: the recent mean return of their training episodes "
+        "(default, as the paper does for RL) or their greedy evaluation.",
+    ),
+    click.option(
+        "--random-search",
+        "random_search",
+        is_flag=True,
+        help="No exploit and explore: the same trials, each on its own draw (the "
+        "baseline PBT is measured against).",
+    ),
+    click.option(
+        "--slots",
+        type=click.IntRange(0, 64),
+        default=2,
+        show_default=True,
+        help="Trials trained at once on this machine (0: only workers elsewhere).",
+    ),
+    click.option(
+        "--target-return",
+        type=float,
+        default=None,
+        help="Solved once a trial's evaluation reaches this, confirmed (default: the "
+        "env's reward threshold).",
+    ),
+    click.option(
+        "--max-time",
+        type=float,
+        default=1800.0,
+        show_default=True,
+        help="Wall-clock budget in seconds.",
+    ),
+    click.option(
+        "--run-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Where lineage, scores and the trials' dirs go (default runs/NAME).",
+    ),
+    click.option(
+        "--pbt-config",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        default=None,
+        help="TOML file of these settings ([pbt] table or top level: "
+        "population, explore = [...], ready_s, quantile, ...); options override it.",
+    ),
+    click.option(
+        "--acl",
+        "acl",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        metavar="DIR",
+        help="Redis ACL users: NAME.controller (this command, after "
+        "it set the population up), one per trial, NAME-tI.worker, which writes only "
+        "its trial's keys, and one per process of a trial's segment (its role's keys of "
+        "the trial only); passwords in DIR/controller and DIR/NAME-tI (made where "
+        "missing). Give a worker machine only its trials' files (`qrl pbt worker NAME "
+        "--acl DIR`). The users are deleted as the population ends. Needs Redis 7.",
+    ),
+)
 
 
 def _settings(path: Path | None, given: dict[str, Any]) -> dict[str, Any]:
@@ -103,11 +167,21 @@ def _settings(path: Path | None, given: dict[str, Any]) -> dict[str, Any]:
 
 def pbt_command(algo: Algorithm) -> click.Command:
     def cmd(
-        env: str | None, seed: int | None, config_file: Path | None, overrides: tuple[str, ...],
-        redis_url: str | None, name: str | None, slots: int, max_time: float,
-        run_dir: Path | None, pbt_config: Path | None, random_search: bool,
-        acl: Path | None, device: str = "auto", **given: Any,
-    ) -> None:  # fmt: skip
+        env: str | None,
+        seed: int | None,
+        config_file: Path | None,
+        overrides: tuple[str, ...],
+        redis_url: str | None,
+        name: str | None,
+        slots: int,
+        max_time: float,
+        run_dir: Path | None,
+        pbt_config: Path | None,
+        random_search: bool,
+        acl: Path | None,
+        device: str = "auto",
+        **given: Any,
+    ) -> None:
         from pydantic import ValidationError
 
         from qrl.jobs.acl import AclRefused
@@ -120,8 +194,9 @@ def pbt_command(algo: Algorithm) -> click.Command:
         base = build_config(algo, config_file, overrides, env=env, seed=seed)
         values = _settings(pbt_config, given)
         try:
-            values["explore"] = [Explore.parse(e) if isinstance(e, str) else e
-                                 for e in values.get("explore", [])]  # fmt: skip
+            values["explore"] = [
+                Explore.parse(e) if isinstance(e, str) else e for e in values.get("explore", [])
+            ]
             if not values["explore"]:
                 raise ValueError("pass at least one --explore FIELD=LOW..HIGH (what PBT varies)")
             check_fields(algo.config, [e.field for e in values["explore"]])
@@ -129,9 +204,15 @@ def pbt_command(algo: Algorithm) -> click.Command:
             run_keys(name, "--name")
             if values.get("target_return") is None:
                 values["target_return"] = default_target(base.env)
-            pcfg = PBTConfig(name=name, algo=algo.name, env=base.env, seed=base.seed,
-                             overrides=base.to_dict(), exploit=not random_search,
-                             **values)  # fmt: skip
+            pcfg = PBTConfig(
+                name=name,
+                algo=algo.name,
+                env=base.env,
+                seed=base.seed,
+                overrides=base.to_dict(),
+                exploit=not random_search,
+                **values,
+            )
         except ValidationError as e:  # (a ValueError too: first)
             raise ConfigProblem(one_line(e, PBTConfig)) from None
         except (ValueError, ConfigError) as e:
@@ -140,9 +221,14 @@ def pbt_command(algo: Algorithm) -> click.Command:
             raise ConfigProblem(f"{base.env} has no reward threshold: pass --target-return")
         try:
             code = run_population(
-                pcfg, redis_url=redis_url, slots=slots, run_root=run_dir or Path("runs") / name,
-                max_time=max_time, device=device, acl=acl,
-            )  # fmt: skip
+                pcfg,
+                redis_url=redis_url,
+                slots=slots,
+                run_root=run_dir or Path("runs") / name,
+                max_time=max_time,
+                device=device,
+                acl=acl,
+            )
         except AclRefused as e:
             raise ConfigProblem(str(e)) from None
         sys.exit(code)
@@ -156,19 +242,39 @@ def pbt_command(algo: Algorithm) -> click.Command:
 @pbt_group.command("worker")
 @click.argument("name")
 @redis_option()
-@click.option("--slots", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Trials this worker trains at once.")  # fmt: skip
-@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where the trials' segment dirs go (default runs/NAME).")  # fmt: skip
-@click.option("--acl", "acl", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              default=None, metavar="DIR",
-              help="Train only the trials whose password files (NAME-tI, from `qrl pbt ... "
-              "--acl`) are in DIR, each as its own ACL user (the URL's user is not "
-              "used).")  # fmt: skip
+@click.option(
+    "--slots",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Trials this worker trains at once.",
+)
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the trials' segment dirs go (default runs/NAME).",
+)
+@click.option(
+    "--acl",
+    "acl",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="Train only the trials whose password files (NAME-tI, from `qrl pbt ... "
+    "--acl`) are in DIR, each as its own ACL user (the URL's user is not "
+    "used).",
+)
 @device_option
 @VERBOSE
-def worker(name: str, redis_url: str | None, slots: int, run_dir: Path | None,
-           acl: Path | None, device: str) -> None:  # fmt: skip
+def worker(
+    name: str,
+    redis_url: str | None,
+    slots: int,
+    run_dir: Path | None,
+    acl: Path | None,
+    device: str,
+) -> None:
     """Train trials of population NAME until it is solved or stopped (`qrl run stop NAME`)."""
     from qrl.pbt.acl import trial_urls
     from qrl.pbt.controller import work

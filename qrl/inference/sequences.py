@@ -58,9 +58,15 @@ class SequenceTrack(Track):
             true_next[req["final_idx"]] = req["final_obs"]
         s = self.sequencer
         done = s.add(
-            self.obs, self.action, req["reward"], true_next, term, trunc, self.acted_h,
+            self.obs,
+            self.action,
+            req["reward"],
+            true_next,
+            term,
+            trunc,
+            self.acted_h,
             self.acted_c,
-        )  # fmt: skip
+        )
         self.feed.add(done, s.slots)
         ended = term | trunc
         self.h[ended], self.c[ended] = 0.0, 0.0
@@ -99,9 +105,15 @@ class SequenceAgent(Agent):
         b = cfg.envs_per_actor
         feed = old.feed if isinstance(old, SequenceTrack) else None
         tr = SequenceTrack(
-            a, req["life"], req["seq"],
+            a,
+            req["life"],
+            req["seq"],
             sequencer=Sequencer(
-                b, cfg.sequence_length, cfg.overlap, self.env.obs_shape, self.env.obs_dtype,
+                b,
+                cfg.sequence_length,
+                cfg.overlap,
+                self.env.obs_shape,
+                self.env.obs_dtype,
                 cfg.lstm,
             ),
             feed=feed or ReplayFeed(self.client, self.keys, cfg, a, self.message),
@@ -109,7 +121,7 @@ class SequenceAgent(Agent):
             obs=req["obs"],
             h=np.zeros((b, cfg.lstm), np.float32),
             c=np.zeros((b, cfg.lstm), np.float32),
-        )  # fmt: skip
+        )
         if req["seq"]:  # its episodes began before this server knew it (a restart, a gap):
             tr.sequencer.first = [False] * b  # zeros are no episode's exact starting state
         return tr

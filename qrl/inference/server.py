@@ -271,9 +271,13 @@ class InferenceServer(Role):
         for i, tr in enumerate(tracks):
             tr.reply = encode(
                 protocol.REPLY,
-                {"life": tr.life, "seq": tr.seq, "action": actions[i * b : (i + 1) * b],
-                 "version": self.version},
-            )  # fmt: skip
+                {
+                    "life": tr.life,
+                    "seq": tr.seq,
+                    "action": actions[i * b : (i + 1) * b],
+                    "version": self.version,
+                },
+            )
 
     def answer(self, items: list[Track]) -> None:
         """Every reply in one round trip (a reply list someone broke: that actor resends)."""
@@ -312,8 +316,14 @@ def server_maker(
     def make(ctx: Any) -> InferenceServer:
         env, device = ctx.env or EnvSpec.of(ctx.cfg.env), pick_device(ctx.device)
         return InferenceServer(
-            ctx.client, ctx.keys, ctx.cfg, ctx.ident, agent(ctx, env, device), device=device,
-            threads=ctx.threads, env=env,
-        )  # fmt: skip
+            ctx.client,
+            ctx.keys,
+            ctx.cfg,
+            ctx.ident,
+            agent(ctx, env, device),
+            device=device,
+            threads=ctx.threads,
+            env=env,
+        )
 
     return make

@@ -66,8 +66,10 @@ class UnrollTrack(Track):
     def advance(self, req: dict[str, Any]) -> None:
         t = self.t
         self.reward[t], self.terminated[t], self.truncated[t] = (
-            req["reward"], req["terminated"], req["truncated"],
-        )  # fmt: skip
+            req["reward"],
+            req["terminated"],
+            req["truncated"],
+        )
         for j, final in zip(req["final_idx"], req["final_obs"], strict=True):
             if req["truncated"][j]:  # V-trace bootstraps from a cut episode's last state
                 self.trunc.append((t, int(j)))
@@ -85,9 +87,17 @@ class UnrollTrack(Track):
         """The finished unroll, encoded as a local actor would send it; the next starts
         where it ended."""
         msg = unroll_message(
-            self.obs, self.action, self.reward, self.terminated, self.truncated, self.logits,
-            self.trunc, self.trunc_obs, self.version, self.actor,
-        )  # fmt: skip
+            self.obs,
+            self.action,
+            self.reward,
+            self.terminated,
+            self.truncated,
+            self.logits,
+            self.trunc,
+            self.trunc_obs,
+            self.version,
+            self.actor,
+        )
         payload = encode(self.kind, msg)
         self.obs[0] = self.obs[-1]
         self.t, self.version, self.trunc, self.trunc_obs = 0, 2**62, [], []
@@ -157,8 +167,15 @@ def unroll_agent(
 
     def make(ctx: Any, env: EnvSpec, device: torch.device) -> UnrollAgent:
         return UnrollAgent(
-            ctx.client, ctx.keys, ctx.cfg, ctx.ident, env, net(ctx.cfg, env), stream(ctx.keys),
-            kind, device,
-        )  # fmt: skip
+            ctx.client,
+            ctx.keys,
+            ctx.cfg,
+            ctx.ident,
+            env,
+            net(ctx.cfg, env),
+            stream(ctx.keys),
+            kind,
+            device,
+        )
 
     return make

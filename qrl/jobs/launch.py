@@ -203,19 +203,34 @@ def _run(
     try:
         env = EnvSpec.of(cfg.env)  # read once: the role gets it, no role makes an env to read it
         ctx = RoleContext(
-            client, opener, keys, cfg, ident, spec.device, spec.threads, checkpoint, env,
+            client,
+            opener,
+            keys,
+            cfg,
+            ident,
+            spec.device,
+            spec.threads,
+            checkpoint,
+            env,
             snapshot=spec.snapshot if roledef.checkpoints else None,
-        )  # fmt: skip
+        )
         role = roledef.make(ctx)
     except (RuntimeError, ValueError) as e:  # CheckpointError is a ValueError
         raise LaunchError(str(e)) from e
     if role.name != roledef.name:  # its reports would match no declaration
         raise LaunchError(f"{algo.name}'s {roledef.name!r} made a role named {role.name!r}")
     log.info(
-        "%s %d of run %r (%s on %s, config %s), pid %d (nice %d) on %s", roledef.name, ident,
-        spec.run, algo.name, cfg.env, cfg.digest(), os.getpid(), os.nice(0),
+        "%s %d of run %r (%s on %s, config %s), pid %d (nice %d) on %s",
+        roledef.name,
+        ident,
+        spec.run,
+        algo.name,
+        cfg.env,
+        cfg.digest(),
+        os.getpid(),
+        os.nice(0),
         socket.gethostname(),
-    )  # fmt: skip
+    )
     done = threading.Event()
     writer = None
     if follows:
@@ -223,9 +238,15 @@ def _run(
 
         described = {"algo": algo.name, "run": spec.run, "config": cfg.to_dict()}
         writer = follow(
-            opener, keys, spec.run_dir, done, algo.reports, algo.reporters(cfg),
-            tracking=spec.tracking, config=described,
-        )  # fmt: skip
+            opener,
+            keys,
+            spec.run_dir,
+            done,
+            algo.reports,
+            algo.reporters(cfg),
+            tracking=spec.tracking,
+            config=described,
+        )
     running.set()
     try:
         return loop.run_role(

@@ -239,8 +239,10 @@ class ESMaster(Role):
         self.publish()
         log.warning(
             "the parameters key held version %d, not generation %d: published again as %d",
-            stored, lost, self.generation,
-        )  # fmt: skip
+            stored,
+            lost,
+            self.generation,
+        )
 
     def fold(self, e: Entry) -> None:
         """Take one results entry into the current generation (or drop it as stale)."""

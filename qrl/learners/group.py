@@ -118,8 +118,10 @@ def _wait(client, keys, gen, world, deadline, should_stop, timeout_s) -> bool:
             raw = b""
         n = int(raw) if raw.isdigit() and len(raw) <= 6 else 0
         if not 0 < n <= world:
-            raise RuntimeError(f"the learner group of run {keys.run} was abandoned while it "
-                               "formed (a learner gave up?): restart the learners")  # fmt: skip
+            raise RuntimeError(
+                f"the learner group of run {keys.run} was abandoned while it "
+                "formed (a learner gave up?): restart the learners"
+            )
         if n == world:
             return True
         if time.monotonic() >= deadline:
@@ -174,8 +176,10 @@ class RedisStore(dist.Store):
             value = self.client.hget(self.key, key)
             if value is not None and len(value) <= _MAX_VALUE:
                 return value
-        raise RuntimeError(f"{self.key} holds no store value of {key!r} (over {_MAX_VALUE} "
-                           "bytes, or gone): restart the learners")  # fmt: skip
+        raise RuntimeError(
+            f"{self.key} holds no store value of {key!r} (over {_MAX_VALUE} "
+            "bytes, or gone): restart the learners"
+        )
 
     def check(self, keys: list[str]) -> bool:
         return all(self.client.hexists(self.key, k) for k in keys)
@@ -187,8 +191,10 @@ class RedisStore(dist.Store):
             if self.should_stop():
                 raise _Stopped
             if time.monotonic() >= deadline:
-                raise RuntimeError(f"the learner group's store {self.key}: {keys} not set "
-                                   f"within {seconds:g} s (a learner is gone?)")  # fmt: skip
+                raise RuntimeError(
+                    f"the learner group's store {self.key}: {keys} not set "
+                    f"within {seconds:g} s (a learner is gone?)"
+                )
             time.sleep(_POLL / 5)
 
     def delete_key(self, key: str) -> bool:
@@ -231,10 +237,17 @@ class LearnerGroup:
 
     @classmethod
     def join(
-        cls, client, keys: RunKeys, world: int, device: torch.device, *, timeout_s: float = 60.0,
-        should_stop: Callable[[], bool] = lambda: False, host: str | None = None,
+        cls,
+        client,
+        keys: RunKeys,
+        world: int,
+        device: torch.device,
+        *,
+        timeout_s: float = 60.0,
+        should_stop: Callable[[], bool] = lambda: False,
+        host: str | None = None,
         collective_timeout_s: float = 300.0,
-    ) -> LearnerGroup | None:  # fmt: skip
+    ) -> LearnerGroup | None:
         """Join the run's group of ``world`` learners (world 1: alone, no torch.distributed).
         None if ``should_stop()`` turned true while waiting; TimeoutError if the group did not
         form within ``timeout_s``. ``host``: this learner's address for the others (default
@@ -267,9 +280,12 @@ class LearnerGroup:
             # binds the interface of the address the others were told
             os.environ["GLOO_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"] = interface_of(host)
             dist.init_process_group(
-                "nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
-                world_size=world, timeout=datetime.timedelta(seconds=collective_timeout_s),
-            )  # fmt: skip
+                "nccl" if device.type == "cuda" else "gloo",
+                store=store,
+                rank=rank,
+                world_size=world,
+                timeout=datetime.timedelta(seconds=collective_timeout_s),
+            )
             formed = True
             return cls(rank, world, device, store)
         except _Stopped:
@@ -288,9 +304,11 @@ class LearnerGroup:
             fn(*args)
         except RuntimeError as e:  # DistBackendError included
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise GroupLost(f"learner rank {self.rank} of {self.world}: the group's {what} failed "
-                            f"({first[:300]}): a learner of the group is gone; restart the "
-                            "learners, they resume from the checkpoint") from e  # fmt: skip
+            raise GroupLost(
+                f"learner rank {self.rank} of {self.world}: the group's {what} failed "
+                f"({first[:300]}): a learner of the group is gone; restart the "
+                "learners, they resume from the checkpoint"
+            ) from e
 
     @staticmethod
     def grads(params: Iterable[torch.nn.Parameter]) -> list[torch.Tensor]:
@@ -335,8 +353,10 @@ class LearnerGroup:
 
     def _agree(self, what: str, signs: torch.Tensor, src: int) -> None:
         if not bool((signs == signs[src]).all()):  # a broadcast of other sizes would hang
-            raise RuntimeError(f"learner rank {self.rank}: the learners' {what} differ "
-                               f"({signs.tolist()}): start all with the same config")  # fmt: skip
+            raise RuntimeError(
+                f"learner rank {self.rank}: the learners' {what} differ "
+                f"({signs.tolist()}): start all with the same config"
+            )
 
     def _broadcast(self, tensors: list[torch.Tensor], src: int) -> None:
         """Copy rank ``src``'s ``tensors`` into every rank's: one broadcast per dtype."""

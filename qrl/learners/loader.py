@@ -47,8 +47,13 @@ class Stacked:
 Out = Callable[[int, tuple[int, ...]], np.ndarray]  # (column number, shape) -> where it goes
 _COLUMNS = ("obs", "action", "reward", "done", "logits", "value")
 _FROM = {"done": "terminated"}  # the message field a column starts from, where not its own
-_DTYPES = {"action": np.int64, "reward": np.float32, "done": np.bool_, "logits": np.float32,
-           "value": np.float32}  # fmt: skip
+_DTYPES = {
+    "action": np.int64,
+    "reward": np.float32,
+    "done": np.bool_,
+    "logits": np.float32,
+    "value": np.float32,
+}
 
 
 def stack(datas: list[dict[str, Any]], out: Out | None = None) -> Stacked:
@@ -116,8 +121,9 @@ class Loader(Feed):
 
     def __init__(self, spec: LoaderSpec, slots: int) -> None:
         ctx = clock.current().helpers()
-        super().__init__(ctx, SlotRing(ctx, spec.columns(), slots), _loader_main, [(spec,)],
-                         ["loader process"])  # fmt: skip
+        super().__init__(
+            ctx, SlotRing(ctx, spec.columns(), slots), _loader_main, [(spec,)], ["loader process"]
+        )
         self._cols: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self._no_trunc = (
             np.zeros((0, *spec.obs_shape), spec.obs_dtype),
@@ -153,9 +159,14 @@ class Loader(Feed):
 def _loader_main(spec: LoaderSpec, ring: SlotRing, halt: Any, parent: int) -> None:
     with feeding(ring, parent, spec.nice):
         consumer = StreamConsumer(
-            spec.connect(), spec.keys, spec.stream, spec.schema(), count=1, block_ms=100,
+            spec.connect(),
+            spec.keys,
+            spec.stream,
+            spec.schema(),
+            count=1,
+            block_ms=100,
             claim_idle_ms=spec.claim_idle_ms,
-        )  # fmt: skip
+        )
         held: dict[int, list[Entry]] = {}  # the entries of each slot in the learner's hands
         free: list[int] = []
         pending: list[Entry] = []

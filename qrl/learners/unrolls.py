@@ -42,10 +42,17 @@ class UnrollBatch:
         t = tensor_on(device)
         c = s.cols
         return cls(
-            s.versions, t(c["obs"]), t(c["action"]), t(c["reward"]), t(c["done"]),
-            t(c["logits"]), t(s.trunc_obs), t(s.trunc_idx),
-            t(c["value"]) if "value" in c else None, s.slot,
-        )  # fmt: skip
+            s.versions,
+            t(c["obs"]),
+            t(c["action"]),
+            t(c["reward"]),
+            t(c["done"]),
+            t(c["logits"]),
+            t(s.trunc_obs),
+            t(s.trunc_idx),
+            t(c["value"]) if "value" in c else None,
+            s.slot,
+        )
 
     def own(self) -> UnrollBatch:
         """A copy in memory of its own (kept past its slot's release)."""
@@ -109,11 +116,19 @@ class UnrollLearner(FedLearner):
         cfg, env = self.cfg, self.env
         shape, dtype, n = env.obs_shape, env.obs_dtype, env.discrete_actions()
         return LoaderSpec(
-            self.client_factory, self.keys, type(self).stream(self.keys),
+            self.client_factory,
+            self.keys,
+            type(self).stream(self.keys),
             partial(type(self).schema, shape, dtype, n, cfg.unroll, cfg.envs_per_actor),
-            cfg.batch_unrolls // cfg.learners, cfg.envs_per_actor, cfg.unroll, tuple(shape),
-            str(dtype), n, cfg.claim_idle_ms, self.loader_nice,
-        )  # fmt: skip
+            cfg.batch_unrolls // cfg.learners,
+            cfg.envs_per_actor,
+            cfg.unroll,
+            tuple(shape),
+            str(dtype),
+            n,
+            cfg.claim_idle_ms,
+            self.loader_nice,
+        )
 
     def loader_slots(self) -> int:
         return SLOTS

@@ -105,25 +105,33 @@ class PBTConfig(BaseModel):
     explore: list[Explore] = Field(min_length=1, max_length=32)
     overrides: dict[str, Any] = Field(default_factory=dict, description="Base config (--set).")
     ready_s: float = Field(
-        30.0, gt=0, le=86_400,
+        30.0,
+        gt=0,
+        le=86_400,
         description="Seconds a trial trains between two exploit/explore points (its segment).",
-    )  # fmt: skip
+    )
     ready_steps: int | None = Field(
-        None, ge=1, le=10**12,
+        None,
+        ge=1,
+        le=10**12,
         description="Env steps a segment trains (the paper's ready rule; the same on any "
         "machine); ready_s is then the most it may take.",
-    )  # fmt: skip
+    )
     quantile: float = Field(
-        0.25, gt=0, lt=1,
+        0.25,
+        gt=0,
+        lt=1,
         description="Truncation selection: the bottom quantile copies the top one (past 0.5, "
         "the top 1 - quantile).",
-    )  # fmt: skip
+    )
     burn_in: int = Field(
-        0, ge=0, le=10_000,
+        0,
+        ge=0,
+        le=10_000,
         description="Segments a trial trains on its own before it may copy or be copied (Ray "
         "Tune's burn-in): a first ranking can put a policy that collapsed at once above one "
         "still learning.",
-    )  # fmt: skip
+    )
     resample: float = Field(0.25, ge=0, le=1, description="Chance an explored value is redrawn.")
     perturb: tuple[float, float] = (0.8, 1.2)
     target_return: float | None = None

@@ -46,9 +46,13 @@ log = logging.getLogger(__name__)
 
 
 def _slot_main(
-    url: str, name: str, run_root: Path, device: str, log_path: Path,
+    url: str,
+    name: str,
+    run_root: Path,
+    device: str,
+    log_path: Path,
     trial_urls: dict[str, str] | None,
-) -> None:  # fmt: skip
+) -> None:
     from qrl.pbt.worker import slot
 
     die_with_parent()
@@ -64,9 +68,13 @@ def _slot_main(
 
 
 def start_slots(
-    url: str, name: str, run_root: Path, slots: int, device: str,
+    url: str,
+    name: str,
+    run_root: Path,
+    slots: int,
+    device: str,
     trial_urls: dict[str, str] | None = None,
-) -> list[Any]:  # fmt: skip
+) -> list[Any]:
     """``slots`` worker slot processes on this machine, logging to ``run_root/logs``
     (``trial_urls``: see :func:`qrl.pbt.worker.slot`)."""
     (run_root / "logs").mkdir(parents=True, exist_ok=True)
@@ -94,9 +102,13 @@ def stop_slots(procs: list[Any]) -> None:
 
 
 def work(
-    url: str, name: str, run_root: Path, slots: int, device: str,
+    url: str,
+    name: str,
+    run_root: Path,
+    slots: int,
+    device: str,
     trial_urls: dict[str, str] | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """``qrl pbt worker``: ``slots`` slots until each ends (the population solved, or ``qrl
     run stop``) or SIGINT/SIGTERM stops them; 0 if every slot ended cleanly. (The slots are
     this process's children: a signal to it alone must reach them, or it would wait on them
@@ -213,10 +225,16 @@ class Follower:
 
 
 def run_population(
-    pcfg: PBTConfig, *, redis_url: str | None, slots: int, run_root: Path,
-    max_time: float | None, device: str = "auto", console: Console | None = None,
+    pcfg: PBTConfig,
+    *,
+    redis_url: str | None,
+    slots: int,
+    run_root: Path,
+    max_time: float | None,
+    device: str = "auto",
+    console: Console | None = None,
     acl: Path | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """Run population ``pcfg``; exit code 0 if a trial was confirmed at the target, 1 if the
     time ran out first, 2 if every slot failed or it was interrupted. ``acl``: make the
     population's ACL users, passwords in that folder (:mod:`qrl.pbt.acl`), run the controller,

@@ -154,9 +154,12 @@ class Population:
         return bool(self._take(keys=[self.key(trial, "lease")], args=args))
 
     def claim(
-        self, worker: str, lease_s: float, trials: list[str],
+        self,
+        worker: str,
+        lease_s: float,
+        trials: list[str],
         via: Mapping[str, Population] | None = None,
-    ) -> str | None:  # fmt: skip
+    ) -> str | None:
         """One of ``trials`` for ``worker`` to run for up to ``lease_s``, or None (all are
         held); ``via``: each trial's Population to take it through (its worker's user)."""
         via = via or dict.fromkeys(trials, self)

@@ -31,13 +31,24 @@ def collect(client: redis.Redis, name: str, events: int = 10) -> dict[str, Any]:
             values = {e.field: getattr(cfg, e.field) for e in pcfg.explore}
         except UNREADABLE:
             values = {}
-        rows.append({"trial": trial, "worker": holders.get(trial), "segments": segments[trial],
-                     "score": scores.get(trial), "values": values})  # fmt: skip
+        rows.append(
+            {
+                "trial": trial,
+                "worker": holders.get(trial),
+                "segments": segments[trial],
+                "score": scores.get(trial),
+                "values": values,
+            }
+        )
     return {
-        "population": name, "algo": pcfg.algo, "env": pcfg.env, "trials": rows,
-        "lineage": pop.lineage(trials)[-events:], "solved": pop.solved(),
+        "population": name,
+        "algo": pcfg.algo,
+        "env": pcfg.env,
+        "trials": rows,
+        "lineage": pop.lineage(trials)[-events:],
+        "solved": pop.solved(),
         "target_return": pcfg.target_return,
-    }  # fmt: skip
+    }
 
 
 def _num(x: Any) -> Text:
@@ -47,16 +58,22 @@ def _num(x: Any) -> Text:
 
 
 def render(status: dict[str, Any]) -> Group:
-    title = (f"population {status['population']}: {status['algo']} on {status['env']}, "
-             f"target {status['target_return']}")  # fmt: skip
+    title = (
+        f"population {status['population']}: {status['algo']} on {status['env']}, "
+        f"target {status['target_return']}"
+    )
     trials = Table(title=title)
     fields = list(status["trials"][0]["values"]) if status["trials"] else []
     for col in ("trial", "worker", "segments", "score", *fields):
         trials.add_column(col)
     for row in status["trials"]:
-        trials.add_row(row["trial"], _num(row["worker"]), _num(row["segments"]),
-                       _num(row["score"]),
-                       *(_num(row["values"].get(f)) for f in fields))  # fmt: skip
+        trials.add_row(
+            row["trial"],
+            _num(row["worker"]),
+            _num(row["segments"]),
+            _num(row["score"]),
+            *(_num(row["values"].get(f)) for f in fields),
+        )
     lineage = Table(title="exploit/explore (latest last)")
     for col in ("when", "trial", "took", "its score", "score", "values"):
         lineage.add_column(col)
@@ -64,8 +81,14 @@ def render(status: dict[str, Any]) -> Group:
         ago = f"{time.time() - e['time']:.0f}s ago" if isinstance(e.get("time"), float) else "-"
         values = e.get("values") if isinstance(e.get("values"), dict) else {}
         shown = ", ".join(f"{k}={_num(v)}" for k, v in values.items())
-        lineage.add_row(ago, _num(e.get("trial")), _num(e.get("source")),
-                        _num(e.get("source_score")), _num(e.get("score")), _num(shown))  # fmt: skip
+        lineage.add_row(
+            ago,
+            _num(e.get("trial")),
+            _num(e.get("source")),
+            _num(e.get("source_score")),
+            _num(e.get("score")),
+            _num(shown),
+        )
     solved = status["solved"]
     end = f"solved by {solved['trial']} ({solved['return']:.4g})" if solved else "not solved"
     return Group(trials, lineage, end)

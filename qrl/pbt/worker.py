@@ -56,9 +56,16 @@ def worker_id() -> str:
 
 
 def segment(
-    client: redis.Redis, url: str, pcfg: PBTConfig, trial: str, run_dir: Path, device: str,
-    interrupted: threading.Event, renew: Callable[[], None] | None = None, acl: bool = False,
-) -> dict[str, Any]:  # fmt: skip
+    client: redis.Redis,
+    url: str,
+    pcfg: PBTConfig,
+    trial: str,
+    run_dir: Path,
+    device: str,
+    interrupted: threading.Event,
+    renew: Callable[[], None] | None = None,
+    acl: bool = False,
+) -> dict[str, Any]:
     """Train ``trial`` for one segment (``renew`` called about every half second); ``qrl
     train``'s result (result.json). ``acl``: ``url`` is the trial's user's, and each process
     of the segment runs as its own user (:func:`qrl.pbt.acl.role_urls`)."""
@@ -71,9 +78,13 @@ def segment(
     # (it keeps evaluation under a fifth of the time), so a short one is evaluated too
     every = max(1.0, pcfg.ready_s / 4) if pcfg.ready_steps is None else 1.0
     budget = Budget(
-        target_return=pcfg.target_return, max_time=pcfg.ready_s, max_steps=pcfg.ready_steps,
-        eval_every=every, eval_episodes=pcfg.eval_episodes, confirm_episodes=pcfg.confirm_episodes,
-    )  # fmt: skip
+        target_return=pcfg.target_return,
+        max_time=pcfg.ready_s,
+        max_steps=pcfg.ready_steps,
+        eval_every=every,
+        eval_episodes=pcfg.eval_episodes,
+        confirm_episodes=pcfg.confirm_episodes,
+    )
     # the learner resumes from this file and leaves its state there as it stops: only this
     # slot's user writes the trial's snapshot in Redis, no process of the segment may
     store, snapshot = SnapshotStore(client, keys), run_dir / "snapshot"
@@ -82,10 +93,19 @@ def segment(
     disconnect(client)  # the segment's roles are forked: they inherit no connection
     with open(os.devnull, "w") as quiet:  # its progress: the trial's run dir and logs
         run_training(
-            algo, cfg, budget, redis_url=url, run=trial, run_dir=run_dir, device=device,
-            console=Console(file=quiet), snapshot=snapshot, interrupted=interrupted,
-            on_tick=renew, role_urls=urls,
-        )  # fmt: skip
+            algo,
+            cfg,
+            budget,
+            redis_url=url,
+            run=trial,
+            run_dir=run_dir,
+            device=device,
+            console=Console(file=quiet),
+            snapshot=snapshot,
+            interrupted=interrupted,
+            on_tick=renew,
+            role_urls=urls,
+        )
     try:
         store.from_file(snapshot)
     except redis.ResponseError as e:  # e.g. BUSY: the learner's checkpoint here still has it
@@ -114,9 +134,12 @@ class Renewal:
 
 
 def slot(
-    url: str, name: str, run_root: Path, device: str = "auto",
+    url: str,
+    name: str,
+    run_root: Path,
+    device: str = "auto",
     trial_urls: dict[str, str] | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """Run trials of population ``name`` one segment at a time until it is solved or this
     process is asked to stop (SIGINT/SIGTERM); the number of segments run. ``trial_urls``:
     the trials this slot may run, each with the URL that runs it (as its worker's ACL user,
@@ -147,9 +170,16 @@ def slot(
                 disconnect(other.client)
             try:
                 result = segment(
-                    mine.client, urls[trial], pcfg, trial, run_root / trial, device, stop.local,
-                    renew, acl=trial_urls is not None,
-                )  # fmt: skip
+                    mine.client,
+                    urls[trial],
+                    pcfg,
+                    trial,
+                    run_root / trial,
+                    device,
+                    stop.local,
+                    renew,
+                    acl=trial_urls is not None,
+                )
             except UNREADABLE as e:  # its run's config, as someone rewrote it: not this slot's end
                 warn_once(f"{trial}: {e}", "%s: cannot train %s: %s", me, trial, e, logger=log)
                 time.sleep(1.0)

@@ -45,9 +45,12 @@ class Flat:
 
 
 def fetch_blocks(
-    stores: list[WeightStore], versions: list[int], flat: Flat, vector: torch.Tensor,
+    stores: list[WeightStore],
+    versions: list[int],
+    flat: Flat,
+    vector: torch.Tensor,
     skip: int | None = None,
-) -> bool:  # fmt: skip
+) -> bool:
     """Copy into ``vector`` every shard's block (but ``skip``'s) published since
     ``versions``, which it updates; whether any came. A block that is not a float32 block of
     this network (a writer's) is passed over: the old one is kept."""

@@ -17,9 +17,19 @@ from qrl.runtime.roles import (
 )
 
 SHOWN = (
-    "staleness_p50", "staleness_max", "lag_0", "lag_1_3", "lag_4_15", "lag_16_up",
-    "stale", "future", "outlier", "norm", "flood", "rejected",
-)  # fmt: skip
+    "staleness_p50",
+    "staleness_max",
+    "lag_0",
+    "lag_1_3",
+    "lag_4_15",
+    "lag_16_up",
+    "stale",
+    "future",
+    "outlier",
+    "norm",
+    "flood",
+    "rejected",
+)
 # what a worker (A3C's actor-learner, Gorila's learner) needs of the servers' keys: it reads
 # the blocks and appends gradients to its own streams (``mine``: a per-instance user, qrl
 # run join's, writes its own number's only, so the server can tell whose a gradient is);
@@ -53,10 +63,16 @@ def ps_role(
         torch.manual_seed(ctx.cfg.seed)  # every shard cuts its block of the same network
         net = build(ctx.cfg, ctx.env or EnvSpec.of(ctx.cfg.env))
         return ParameterServer(
-            ctx.client, ctx.keys, ctx.cfg, ctx.ident, net, optimizer, algo=algo,
+            ctx.client,
+            ctx.keys,
+            ctx.cfg,
+            ctx.ident,
+            net,
+            optimizer,
+            algo=algo,
             checkpoint=ctx.checkpoint,
             workers=getattr(ctx.cfg, pushers),
-        )  # fmt: skip
+        )
 
     return RoleDef(
         "ps",

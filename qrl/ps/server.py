@@ -214,8 +214,14 @@ class ParameterServer(Role):
             except redis.ResponseError:  # no stream (or not one): nothing was applied from it
                 newest = "0-0"
             if protocol.entry_order(last) > protocol.entry_order(newest):
-                log.warning("shard %d: saved last entry %s of worker %d is past its stream's "
-                            "newest %s: cut back", self.shard, last, w, newest)  # fmt: skip
+                log.warning(
+                    "shard %d: saved last entry %s of worker %d is past its stream's "
+                    "newest %s: cut back",
+                    self.shard,
+                    last,
+                    w,
+                    newest,
+                )
                 self.last_ids[w] = newest
 
     def _from_checkpoint(self, path: Path) -> str:
@@ -241,8 +247,13 @@ class ParameterServer(Role):
     # -- the role
     def start(self, should_stop: StopCheck) -> bool:
         how = self.restore()
-        log.info("ps shard %d of %d (%d parameters): %s", self.shard, self.cfg.ps_shards,
-                 self.length, how)  # fmt: skip
+        log.info(
+            "ps shard %d of %d (%d parameters): %s",
+            self.shard,
+            self.cfg.ps_shards,
+            self.length,
+            how,
+        )
         self.published = self.store.version()
         if self.published != self.updates:
             self.publish_block()

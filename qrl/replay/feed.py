@@ -40,16 +40,21 @@ class Feed:
     errors say that name)."""
 
     def __init__(
-        self, ctx: Any, ring: SlotRing, target: Callable[..., None], args: list[tuple],
+        self,
+        ctx: Any,
+        ring: SlotRing,
+        target: Callable[..., None],
+        args: list[tuple],
         names: list[str],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.ring = ring
         self._halt = ctx.Event()
         self._procs = [
-            ctx.Process(target=target, args=(*a, ring, self._halt, os.getpid()), name=n,
-                        daemon=True)
+            ctx.Process(
+                target=target, args=(*a, ring, self._halt, os.getpid()), name=n, daemon=True
+            )
             for a, n in zip(args, names, strict=True)
-        ]  # fmt: skip
+        ]
         for p in self._procs:
             p.start()
         self._checked = 0.0  # when the processes were last seen alive

@@ -290,9 +290,12 @@ class FrameLayout(RecordLayout):
             raise ValueError("chunk record out of bounds")
         need = sorted({j // g for j in refs})
         blocks, _ = _checked_blocks(blob, at, end, need)
-        return (action, ret, disc), refs, g, {
-            b: self._block(block, b, f, g) for b, block in zip(need, blocks, strict=True)
-        }  # fmt: skip
+        return (
+            (action, ret, disc),
+            refs,
+            g,
+            {b: self._block(block, b, f, g) for b, block in zip(need, blocks, strict=True)},
+        )
 
 
 def _checked_blocks(

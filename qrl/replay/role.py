@@ -97,8 +97,11 @@ class ReplayFiller(Role):
         if cfg.replay_shards > 1:
             log.info(
                 "filler %d drains shard %d of %d (each shard needs a filler: fillers 0-%d)",
-                ident, self.shard, cfg.replay_shards, cfg.replay_shards - 1,
-            )  # fmt: skip
+                ident,
+                self.shard,
+                cfg.replay_shards,
+                cfg.replay_shards - 1,
+            )
 
     def spec(self, cfg: ReplayConfig, env: EnvSpec) -> tuple[RecordLayout, Schema]:
         """The replay's record layout and the schema of the stream's messages."""

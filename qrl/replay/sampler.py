@@ -72,11 +72,14 @@ class Sampler(Feed):
 
     def __init__(self, spec: SamplerSpec, samplers: int = 1, prefetch: int = 4) -> None:
         ctx = clock.current().helpers()
-        ring = BatchRing(ctx, spec.layout.dtype, spec.batch_size, max(prefetch, samplers),
-                         owners=samplers)  # fmt: skip
-        names = ["sampler process"] if samplers == 1 else [
-            f"sampler process {k}" for k in range(samplers)
-        ]  # fmt: skip
+        ring = BatchRing(
+            ctx, spec.layout.dtype, spec.batch_size, max(prefetch, samplers), owners=samplers
+        )
+        names = (
+            ["sampler process"]
+            if samplers == 1
+            else [f"sampler process {k}" for k in range(samplers)]
+        )
         super().__init__(ctx, ring, _sampler_main, [(spec, k) for k in range(samplers)], names)
 
     def release(self, slot: int | None, priorities: np.ndarray | None = None) -> None:

@@ -158,7 +158,8 @@ def stack(sequences: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     """Sequences as one array per field (the message's and the record's dtypes)."""
     dtypes = {"steps": np.int32, "terminal": np.bool_, "first": np.bool_}
     return {
-        k: np.asarray([s[k] for s in sequences], dtypes.get(k)) if k in dtypes
+        k: np.asarray([s[k] for s in sequences], dtypes.get(k))
+        if k in dtypes
         else np.stack([s[k] for s in sequences])
         for k in FIELDS
-    }  # fmt: skip
+    }

@@ -52,10 +52,13 @@ def conv_torso(obs_shape: tuple[int, ...], conv: str, scale: float) -> tuple[nn.
         stack, width = [nn.Conv2d(c, 16, 3, stride=1), nn.ReLU()], 128
     else:
         stack = [
-            nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
-        ]  # fmt: skip
+            nn.Conv2d(c, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
+        ]
         width = 512
         if min(h, w) < 36:
             raise ValueError(f"images of {h}x{w} are too small for the Nature CNN (36x36 or more)")

@@ -180,8 +180,12 @@ def claim_id(
             waiting = True
             log.warning(
                 "every number of %s from %d to %d is held (the run is configured for %d): "
-                "waiting for one to be free", role, numbers.start, numbers.stop - 1, count,
-            )  # fmt: skip
+                "waiting for one to be free",
+                role,
+                numbers.start,
+                numbers.stop - 1,
+                count,
+            )
         time.sleep(_FULL_WAIT)
 
 

@@ -264,9 +264,14 @@ class LiveConfig(Generic[C]):
 
     def _refuse(self, why: str) -> None:
         warn_once(
-            f"{self.keys.run}: {why}", "live config of run %s refused (%s): config v%d kept",
-            self.keys.run, why, self.version, kind="live config", logger=log,
-        )  # fmt: skip
+            f"{self.keys.run}: {why}",
+            "live config of run %s refused (%s): config v%d kept",
+            self.keys.run,
+            why,
+            self.version,
+            kind="live config",
+            logger=log,
+        )
 
     def _take_in(self, state: LiveState) -> None:
         if state.version <= self.version:
@@ -292,6 +297,10 @@ class LiveConfig(Generic[C]):
                     f.write(json.dumps(line) + "\n")
             except OSError as e:
                 warn_once(
-                    f"{self.record}: {e}", "cannot record live config changes in %s: %s",
-                    self.record, e, kind="live config", logger=log,
-                )  # fmt: skip
+                    f"{self.record}: {e}",
+                    "cannot record live config changes in %s: %s",
+                    self.record,
+                    e,
+                    kind="live config",
+                    logger=log,
+                )

@@ -111,8 +111,13 @@ def draw_population(run_dir: Path) -> Any:
     with (run_dir / "scores.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
     explored = settings.get("explore", [])
-    fig, axes = plt.subplots(1 + len(explored), 1, figsize=(8, 3.2 * (1 + len(explored))),
-                             constrained_layout=True, squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        1 + len(explored),
+        1,
+        figsize=(8, 3.2 * (1 + len(explored))),
+        constrained_layout=True,
+        squeeze=False,
+    )
     trials = sorted({row["trial"] for row in rows})
     events = []
     if (run_dir / "lineage.jsonl").exists():
@@ -129,8 +134,9 @@ def draw_population(run_dir: Path) -> Any:
         axes[0][0].axhline(target, linestyle="--", color="grey", label=f"target {target:g}")
     # pbt.json files from before the score setting ranked by evaluation
     scored = "training return" if settings.get("score", "eval") == "train" else "evaluation"
-    axes[0][0].set(ylabel=f"score ({scored})", title=f"{run_dir.name}: population "
-                   f"({len(events)} exploits)")  # fmt: skip
+    axes[0][0].set(
+        ylabel=f"score ({scored})", title=f"{run_dir.name}: population ({len(events)} exploits)"
+    )
     axes[0][0].legend(loc="lower right", fontsize="small")
     for ax, spec in zip((a[0] for a in axes[1:]), explored, strict=True):
         ax.set(ylabel=spec["field"], yscale="log" if spec["kind"] == "log" else "linear")

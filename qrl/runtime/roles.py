@@ -98,9 +98,19 @@ EVALS = Column("evals", digits=None, start=0)  # qrl train's: a row where it gre
 LOSS = Column("loss", "losses/loss")
 POLICY_LAG = Column("policy_lag", "charts/policy_lag")
 COLUMNS = (
-    TIME, ENV_STEPS, ENV_STEPS_PER_S, UPDATES, UPDATES_PER_S, REPLAY_SIZE, EPISODES,
-    EPISODIC_RETURN, EVAL_RETURN, EVALS, LOSS, POLICY_LAG,
-)  # fmt: skip
+    TIME,
+    ENV_STEPS,
+    ENV_STEPS_PER_S,
+    UPDATES,
+    UPDATES_PER_S,
+    REPLAY_SIZE,
+    EPISODES,
+    EPISODIC_RETURN,
+    EVAL_RETURN,
+    EVALS,
+    LOSS,
+    POLICY_LAG,
+)
 
 
 @dataclass(frozen=True)

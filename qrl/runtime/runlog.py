@@ -73,9 +73,15 @@ def _checked(name: str, x: Any, count: bool, where: str) -> float | None:
     if isinstance(x, list) or (count and not 0 <= x <= MAX_COUNT):
         what = f"count from 0 to {MAX_COUNT}" if count else "number"
         warn_once(
-            f"{where}:{name}", "ignoring %s=%s from %s: not a %s",
-            name, reprlib.repr(x), where, what, kind="bad value", logger=log,
-        )  # fmt: skip
+            f"{where}:{name}",
+            "ignoring %s=%s from %s: not a %s",
+            name,
+            reprlib.repr(x),
+            where,
+            what,
+            kind="bad value",
+            logger=log,
+        )
         return None
     return int(x) if count else float(x)
 

@@ -71,9 +71,14 @@ def finite_values(
             continue
         bad.append(name)
         warn_once(
-            f"{where}:{name}", "ignoring %s=%s from %s: not a finite number",
-            name, reprlib.repr(x), where, kind="bad value", logger=log,
-        )  # fmt: skip
+            f"{where}:{name}",
+            "ignoring %s=%s from %s: not a finite number",
+            name,
+            reprlib.repr(x),
+            where,
+            kind="bad value",
+            logger=log,
+        )
     return good, bad
 
 
@@ -189,9 +194,13 @@ def collect(
             hb = printable(decode(blob, HEARTBEAT))
         except CodecError as e:
             warn_once(
-                f"heartbeat:{e}", "ignoring a heartbeat of run %s: %s", keys.run, e,
-                kind="bad heartbeat", logger=log,
-            )  # fmt: skip
+                f"heartbeat:{e}",
+                "ignoring a heartbeat of run %s: %s",
+                keys.run,
+                e,
+                kind="bad heartbeat",
+                logger=log,
+            )
             continue
         where = f"heartbeat {hb['role']}.{hb['id']}@{hb['host']}:{hb['pid']}"
         hb["values"], hb["bad"] = finite_values(hb["values"], where)

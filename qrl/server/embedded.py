@@ -81,9 +81,17 @@ def tls_args(cert: str, key: str, ca: str) -> tuple[str, ...]:
     """redis-server's options serving TLS with these files (clients need no certificate;
     the cluster bus, where used, always checks its peers' against ``ca``)."""
     return (
-        "--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", ca,
-        "--tls-auth-clients", "no", "--tls-replication", "yes",
-    )  # fmt: skip
+        "--tls-cert-file",
+        cert,
+        "--tls-key-file",
+        key,
+        "--tls-ca-cert-file",
+        ca,
+        "--tls-auth-clients",
+        "no",
+        "--tls-replication",
+        "yes",
+    )
 
 
 _UNITS = {"": 1, "k": 1000, "kb": 1024, "m": 10**6, "mb": 1024**2, "g": 10**9, "gb": 1024**3}
@@ -199,16 +207,25 @@ class EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
             self.binary,
-            "--port", str(self.port),
-            "--bind", self.host,
-            "--dir", str(self.data_dir),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--daemonize", "no",
-            "--protected-mode", "no",
-            "--logfile", str(self.data_dir / "redis.log"),
-            "--loglevel", "warning",
-        ]  # fmt: skip
+            "--port",
+            str(self.port),
+            "--bind",
+            self.host,
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+            "--logfile",
+            str(self.data_dir / "redis.log"),
+            "--loglevel",
+            "warning",
+        ]
         cmd += list(self.args)
         conf = None
         if self.password:  # in a file only this user can read, gone once the server is up

@@ -223,15 +223,25 @@ def decode(payload: bytes, schema: Schema, *, max_bytes: int | None = None) -> d
     try:  # the limits as keywords spelled out: a ** expansion costs
         if len(raw) <= uncounted:
             msg = msgpack.unpackb(
-                raw, max_str_len=strs, max_array_len=items, max_map_len=items,
-                max_bin_len=bins, max_ext_len=0,
-            )  # fmt: skip
+                raw,
+                max_str_len=strs,
+                max_array_len=items,
+                max_map_len=items,
+                max_bin_len=bins,
+                max_ext_len=0,
+            )
         else:
             hook = _container_counter()
             msg = msgpack.unpackb(
-                raw, max_str_len=strs, max_array_len=items, max_map_len=items,
-                max_bin_len=bins, max_ext_len=0, list_hook=hook, object_hook=hook,
-            )  # fmt: skip
+                raw,
+                max_str_len=strs,
+                max_array_len=items,
+                max_map_len=items,
+                max_bin_len=bins,
+                max_ext_len=0,
+                list_hook=hook,
+                object_hook=hook,
+            )
     except Exception as e:  # msgpack raises several types for malformed input
         raise CodecError(f"malformed msgpack: {type(e).__name__}: {e}") from e
     if type(msg) is not list or len(msg) != 3:

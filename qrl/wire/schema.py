@@ -31,10 +31,20 @@ INT_BOUND = 1 << 53  # default |int field| (exact as a float, safe in int64 arit
 _DTYPES: tuple[np.dtype, ...] = tuple(
     np.dtype(name).newbyteorder("<")
     for name in (
-        "bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
-        "float16", "float32", "float64",
+        "bool",
+        "uint8",
+        "int8",
+        "uint16",
+        "int16",
+        "uint32",
+        "int32",
+        "uint64",
+        "int64",
+        "float16",
+        "float32",
+        "float64",
     )
-)  # fmt: skip
+)
 _CODE_OF_NAME = {dt.name: i for i, dt in enumerate(_DTYPES)}
 ALLOWED_DTYPES: frozenset[str] = frozenset(dt.name for dt in _DTYPES)
 _HEADERS = [struct.Struct(f"<BB{n}I") for n in range(MAX_NDIM + 1)]
@@ -218,9 +228,16 @@ class Schema:
         lim = self.limits
         plan = tuple((n, f, f.type is np.ndarray, f.optional) for n, f in self.fields.items())
         return Decoding(
-            self.max_bytes, lim["max_str_len"], lim["max_array_len"], lim["max_bin_len"],
-            self.uncounted_bytes, self.kind, self.fields.keys(), plan, self.check,
-        )  # fmt: skip
+            self.max_bytes,
+            lim["max_str_len"],
+            lim["max_array_len"],
+            lim["max_bin_len"],
+            self.uncounted_bytes,
+            self.kind,
+            self.fields.keys(),
+            plan,
+            self.check,
+        )
 
     @cached_property
     def limits(self) -> dict[str, int]:

@@ -68,9 +68,13 @@ DEAD_LETTER_LUA = Lua("streams.dead_letter", *REPAIRS, "streams.dead_letter")
 
 
 def dead_letter_call(
-    keys: RunKeys, source: str, reason: str, payload: bytes | None, entry_id: str = "",
+    keys: RunKeys,
+    source: str,
+    reason: str,
+    payload: bytes | None,
+    entry_id: str = "",
     size: int | None = None,
-) -> tuple[list[str], list[Any]]:  # fmt: skip
+) -> tuple[list[str], list[Any]]:
     """The keys and arguments of :data:`DEAD_LETTER_LUA` for one rejected payload."""
     payload = payload or b""
     fields = {

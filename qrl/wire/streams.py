@@ -276,9 +276,14 @@ class StreamConsumer:
         for stream, eid, reason, payload, size in rejected:
             source = self.source(stream)
             faults.warn_once(
-                f"{source}: {reason}", "rejected %s entry %s: %s", source, eid, reason,
-                kind="rejected entries", logger=log,
-            )  # fmt: skip
+                f"{source}: {reason}",
+                "rejected %s entry %s: %s",
+                source,
+                eid,
+                reason,
+                kind="rejected entries",
+                logger=log,
+            )
             calls.append(
                 (self._dead, *dead_letter_call(self.keys, source, reason, payload, eid, size))
             )
@@ -321,9 +326,13 @@ class StreamConsumer:
         return stored_cap(self.schema.max_bytes if self.max_bytes is None else self.max_bytes)
 
     def _fetch(
-        self, mode: str, streams: list[str], cursor: str = "", count: int | None = None,
+        self,
+        mode: str,
+        streams: list[str],
+        cursor: str = "",
+        count: int | None = None,
         scan: int | None = None,
-    ) -> tuple[str | None, list[Entry], bool]:  # fmt: skip
+    ) -> tuple[str | None, list[Entry], bool]:
         """One call of the read script (``qrl/wire/lua/streams.read.lua``) on ``streams``,
         examining up to ``scan`` (default ``count``) entries and about ``count`` x cap bytes:
         the next cursor, the good entries newly delivered to us (skipping any we already

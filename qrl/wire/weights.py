@@ -171,8 +171,11 @@ class WeightStore:
                 log.warning(
                     "%s holds version %d, not older than this writer's %d: another writer? "
                     "publishing above it (version %d) and carrying on from there",
-                    self.key, stored, version, stored + 1,
-                )  # fmt: skip
+                    self.key,
+                    stored,
+                    version,
+                    stored + 1,
+                )
             version = int(stored) + 1
         log.warning("%s: another writer keeps getting ahead; not published this time", self.key)
         return version

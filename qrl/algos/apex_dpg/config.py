@@ -50,10 +50,13 @@ class ApexDPGConfig(GradientClip, ReplayConfig):
     # exploration
     # live: an actor computes its sigmas again (qrl.actors.replay.ReplayActor.reconfigure)
     noise_base: float = Field(
-        0.4, gt=0, lt=1, description="Gaussian exploration: env slot i's sigma is "
+        0.4,
+        gt=0,
+        lt=1,
+        description="Gaussian exploration: env slot i's sigma is "
         "noise_base^(1 + i * noise_alpha / (N - 1)) (in [-1, 1] units, like Ape-X epsilons).",
         json_schema_extra=LIVE,
-    )  # fmt: skip
+    )
     noise_alpha: float = Field(
         3.0, ge=0, description="Exploration noise exponent spread.", json_schema_extra=LIVE
     )

@@ -59,8 +59,10 @@ def es_results_schema(
         check_obs_stats(msg["obs_count"], msg["obs_sum"], msg["obs_sumsq"])
         steps = int(msg["length_pos"].sum(dtype=np.int64) + msg["length_neg"].sum(dtype=np.int64))
         if msg["obs_count"] > steps:
-            raise CodecError(f"observation count {msg['obs_count']} exceeds the {steps} steps "
-                             "of the episodes reported")  # fmt: skip
+            raise CodecError(
+                f"observation count {msg['obs_count']} exceeds the {steps} steps "
+                "of the episodes reported"
+            )
 
     def vec(dtype: str, lo: float, hi: float) -> Field:
         return Field(np.ndarray, dtypes=(dtype,), ndim=1, finite=True, bounds=(lo, hi))
