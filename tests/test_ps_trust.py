@@ -33,6 +33,7 @@ from qrl.wire.scripts import load_scripts
 from qrl.wire.streams import FIELD
 from tests.cli import qrl
 from tests.helpers import redis7
+from tests.test_acl import _create
 from tests.test_ps import _block, _grad, _net, _send, _server, never
 
 ADMIN = "admin-pw-for-ps-tests"
@@ -103,28 +104,14 @@ def _joined(server: EmbeddedRedis, run: str, role: str, n: int, folder: Path) ->
     return redis.Redis(server.host, server.port, username=user, password=password)
 
 
-def _created(server: EmbeddedRedis, algo: str, run: str, folder: Path, *settings: str) -> None:
-    done = qrl(
-        "run",
-        "create",
-        algo,
-        "--run",
-        run,
-        "--acl",
-        str(folder),
-        *settings,
-        env={**os.environ, "QRL_REDIS_URL": server.url, "QRL_REDIS_PASSWORD": ""},
-    )
-    assert done.returncode == 0, done.stderr
-
-
 @pytest.mark.slow  # two qrl commands
 @pytest.mark.parametrize(("algo", "role"), [("a3c", "worker"), ("gorila", "learner")])
 def test_a_joined_workers_user_writes_its_own_gradient_streams_only(algo, role, tmp_path):
     run = f"ps-own-{algo}"
     shards = RunKeys(run).shards(2)
     with EmbeddedRedis(password=ADMIN, binary=redis7()) as server:
-        _created(server, algo, run, tmp_path, "--set", "ps_shards=2")
+        done = _create(server, algo, run, tmp_path, "--set", "ps_shards=2")
+        assert done.returncode == 0, done.stderr
         me = _joined(server, run, role, 1, tmp_path)
         for sk in shards:
             mine, other = protocol.gradients(sk, 1), protocol.gradients(sk, 0)
