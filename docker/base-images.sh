@@ -4,9 +4,11 @@
 # from Debian's packages and loaded with `docker import`.
 #   qrl-base:bookworm    for python:3.11-slim  (Debian's python3 3.11, venv, pip)
 #   qrl-redis:bookworm   for redis:7           (Debian's redis-server 7.0)
+#   qrl-prometheus:bookworm for prom/prometheus (Debian's prometheus 2.42: the metrics profile)
 # Use them through the compose variables, e.g. in .env:
 #   QRL_BASE_IMAGE=qrl-base:bookworm
 #   QRL_REDIS_IMAGE=qrl-redis:bookworm
+#   QRL_PROMETHEUS_IMAGE=qrl-prometheus:bookworm
 # This host's CA bundle goes into both (and PIP_CERT names it), so that pip in a build
 # trusts what this host trusts. Needs root, debootstrap and a Debian mirror.
 # Usage: docker/base-images.sh [MIRROR]   (an image that exists already is kept)
@@ -40,3 +42,6 @@ make_image qrl-base:bookworm python3,python3-venv,python3-pip,ca-certificates \
 make_image qrl-redis:bookworm redis-server,ca-certificates \
     'WORKDIR /data' \
     'CMD ["redis-server"]'
+make_image qrl-prometheus:bookworm prometheus,ca-certificates \
+    'WORKDIR /prometheus' \
+    'ENTRYPOINT ["/usr/bin/prometheus"]'

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -32,6 +33,19 @@ from qrl.cli.options import (
     help="Flag a process whose last heartbeat is older than this many seconds.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON (for scripts).")
+@click.option(
+    "--serve",
+    "port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve the status as Prometheus metrics on this port (/metrics) until stopped.",
+)
+@click.option(
+    "--bind",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address --serve listens on (0.0.0.0: every interface).",
+)
 def status_cmd(
     redis_url: str | None,
     run: str | None,
@@ -39,9 +53,13 @@ def status_cmd(
     interval: float,
     stale_after: float,
     as_json: bool,
+    port: int | None,
+    bind: str,
 ) -> None:
     """Every live process of a run, throughput per role, streams and consumer-group lag,
-    replay size, weight version, policy lag and dead letters; stale heartbeats flagged."""
+    replay size, weight version, policy lag and dead letters; stale heartbeats flagged.
+    With --serve, the same as Prometheus metrics (qrl_env_steps_per_s, qrl_updates_per_s,
+    qrl_policy_lag, qrl_stream_pending, qrl_process_up, ...), read afresh at each scrape."""
     from qrl.runtime.runs import list_runs
 
     client = connect_or_fail(redis_url)
@@ -51,6 +69,10 @@ def status_cmd(
             raise click.UsageError(f"pass --run (runs in this Redis: {', '.join(runs) or 'none'})")
         run = runs[0]
     keys = run_keys(run)
+    if port is not None and not client.exists(keys.config):  # an exporter may start first
+        click.echo(f"waiting for run {run!r} to be created")
+        while not client.exists(keys.config):
+            time.sleep(1.0)
     if not client.exists(keys.config) and client.exists(keys.key("pbt:config")):
         from qrl.pbt.status import show  # a population (qrl pbt)
 
@@ -59,6 +81,9 @@ def status_cmd(
     if not client.exists(keys.config):
         raise click.ClickException(f"no run {run!r} in this Redis")
     collect, reports = _collector(client, keys, stale_after)
+    if port is not None:
+        _serve(client, run, collect, reports, bind, port)
+        return
     if as_json:
         while True:
             click.echo(json.dumps(collect()))
@@ -118,6 +143,32 @@ def _collector(client: Any, keys: Any, stale_after: float) -> tuple[Any, dict[st
         )
 
     return status, reports
+
+
+def _serve(
+    client: Any, run: str, collect: Any, reports: dict[str, Any], bind: str, port: int
+) -> None:
+    """Answer Prometheus scrapes of ``run`` on ``bind:port`` until Ctrl-C or SIGTERM."""
+    import signal
+    import threading
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from qrl.runtime.prometheus import StatusCollector
+
+    registry = CollectorRegistry(auto_describe=False)  # described by a scrape, not at start
+    registry.register(StatusCollector(run, collect, reports, client))
+    try:
+        server, _ = start_http_server(port, addr=bind, registry=registry)
+    except OSError as e:
+        raise click.ClickException(f"cannot serve on {bind}:{port}: {e}") from e
+    host, bound = server.server_address[:2]
+    click.echo(f"serving run {run}'s status on http://{host}:{bound}/metrics (Ctrl-C stops)")
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    with contextlib.suppress(KeyboardInterrupt):
+        stopped.wait()
+    server.shutdown()
 
 
 def register(main: click.Group) -> None:
