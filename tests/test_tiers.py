@@ -44,7 +44,9 @@ def test_plain_pytest_leaves_out_every_marked_tier_and_only_those():
     args = shlex.split(PYTEST["addopts"])
     tier = args[args.index("-m") + 1]
     assert re.fullmatch(r"not \w+( and not \w+)*", tier), tier
-    assert set(re.findall(r"not (\w+)", tier)) == markers == {"slow", "cluster", "docker"}
+    assert (
+        set(re.findall(r"not (\w+)", tier)) == markers == {"slow", "cluster", "docker", "network"}
+    )
     assert "--strict-markers" in args  # a marker not in the list is an error, not a new tier
 
 

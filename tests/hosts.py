@@ -1,0 +1,161 @@
+"""Machines emulated on this one: each host a network namespace of its own, all on one
+bridge (in a namespace of its own too: nothing of this machine's own network is touched),
+with a chosen bandwidth and a chosen round trip to Redis.
+
+* Bandwidth: a token bucket (``tc qdisc ... tbf``) on both ends of each host's link.
+* Latency: this kernel has no ``netem``, so Redis is reached through a delaying TCP relay
+  (:mod:`tests._relay`) on the Redis host, which adds half the round trip each way. Every
+  role talks to Redis only, so every path of a run pays it. :meth:`Hosts.ping_ms` measures
+  what a client gets.
+* Addresses: 10.213.N.0/24 with N random, only inside the namespaces made here; removed
+  (namespaces, links, bridge and processes) on exit.
+
+Needs root and ``ip netns``; :func:`check_netns` says why not where they are missing."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def check_netns() -> str | None:
+    """Why hosts cannot be emulated here (``None``: they can)."""
+    if os.geteuid() != 0:
+        return "emulated hosts need root (ip netns)"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "emulated hosts need iproute2 (ip, tc)"
+    probe = f"qrl-probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"ip netns add failed: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+
+class Hosts:
+    """``names`` hosts (the first is Redis's), each ``rate`` bits/s to the bridge (``None``:
+    unlimited). Use as a context manager; :meth:`start` runs a command on a host."""
+
+    def __init__(self, names: Sequence[str], rate: float | None = None) -> None:
+        self.names = list(names)
+        self.rate = rate
+        self.tag = f"{os.getpid() % 10000}{random.randrange(100):02d}"
+        self.net = f"10.213.{random.randrange(1, 255)}"
+        self.procs: list[subprocess.Popen] = []
+
+    def ns(self, host: str) -> str:
+        return f"qrl{self.tag}-{host}"
+
+    def addr(self, host: str) -> str:
+        return f"{self.net}.{self.names.index(host) + 1}"
+
+    def __enter__(self) -> Hosts:
+        try:
+            self._make()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _make(self) -> None:
+        switch = self.ns("switch")
+        _ip("netns", "add", switch)
+        _ip("-n", switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", switch, "link", "set", "br0", "up")
+        for i, host in enumerate(self.names):
+            ns, port = self.ns(host), f"p{i}"
+            _ip("netns", "add", ns)
+            # one veth pair per host: eth0 in the host, pI on the switch's bridge
+            _ip(
+                "-n",
+                ns,
+                "link",
+                "add",
+                "eth0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                port,
+                "netns",
+                switch,
+            )
+            _ip("-n", switch, "link", "set", port, "master", "br0", "up")
+            _ip("-n", ns, "addr", "add", f"{self.addr(host)}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            if self.rate is not None:
+                for where, dev in ((ns, "eth0"), (switch, port)):
+                    self._limit(where, dev)
+
+    def _limit(self, ns: str, dev: str) -> None:
+        """A token bucket of ``rate`` on ``dev``'s egress (a burst of 1 ms of it, at least
+        64 KiB; packets wait up to 50 ms before they are dropped)."""
+        burst = max(int(self.rate / 8 / 1000), 65536)
+        tc = ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{int(self.rate)}bit"]
+        cmd = ["ip", "netns", "exec", ns, *tc, "burst", str(burst), "latency", "50ms"]
+        subprocess.run(cmd, check=True, capture_output=True)
+
+    def start(self, host: str, argv: Sequence[str], **kw) -> subprocess.Popen:
+        """``argv`` run in ``host``'s namespace (stopped on exit)."""
+        proc = subprocess.Popen(["ip", "netns", "exec", self.ns(host), *argv], **kw)
+        self.procs.append(proc)
+        return proc
+
+    def python(self, host: str, args: Sequence[str], **kw) -> subprocess.Popen:
+        """``python ARGS`` from the repository root on ``host``."""
+        env = {**os.environ, **kw.pop("env", {})}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        return self.start(host, [sys.executable, *args], cwd=ROOT, env=env, **kw)
+
+    def relay(self, host: str, port: int, to: str, rtt_ms: float) -> subprocess.Popen:
+        """A delaying relay on ``host``, listening on its address at ``port`` and forwarding
+        to ``to`` (in its namespace) with ``rtt_ms`` / 2 added each way."""
+        listen = f"{self.addr(host)}:{port}"
+        args = ["-m", "tests._relay", "--listen", listen, "--to", to, "--delay-ms", str(rtt_ms / 2)]
+        proc = self.python(host, args, stdout=subprocess.PIPE, text=True)
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the relay on {listen} did not start")
+        return proc
+
+    def ping_ms(self, host: str, url: str, n: int = 50) -> float:
+        """The median round trip of a Redis PING from ``host`` to ``url``, in ms."""
+        code = (
+            "import statistics, sys, time\n"
+            "from qrl.wire.connection import connect\n"
+            "c = connect(sys.argv[1]); c.ping(); out = []\n"
+            f"for _ in range({n}):\n"
+            "    t = time.perf_counter(); c.ping(); out.append(time.perf_counter() - t)\n"
+            "print(statistics.median(out) * 1000)\n"
+        )
+        proc = self.python(host, ["-c", code, url], stdout=subprocess.PIPE, text=True)
+        out, _ = proc.communicate(timeout=60)
+        return float(out.strip())
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop the processes, the last started first (roles before the Redis they finish
+        with), then remove the namespaces and with them every link and address."""
+        for proc in reversed(self.procs):
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for host in [*self.names, "switch"]:
+            subprocess.run(["ip", "netns", "del", self.ns(host)], capture_output=True)
