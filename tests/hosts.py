@@ -10,6 +10,10 @@ with a chosen bandwidth and a chosen round trip to Redis.
 * Addresses: 10.213.N.0/24 with N random, only inside the namespaces made here; removed
   (namespaces, links, bridge and processes) on exit.
 
+A :class:`Deployment` is a run's Redis on such hosts as a remote one would be: TLS, an admin
+password, one ACL user per role (``qrl run create --acl``), roles started on the hosts as
+those users, the admin's own connection through a Unix socket (no network).
+
 Needs root and ``ip netns``; :func:`check_netns` says why not where they are missing."""
 
 from __future__ import annotations
@@ -17,11 +21,19 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import secrets
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+import redis
+
+from tests.cli import qrl
+from tests.helpers import wait_until
+from tests.test_access import _tls_args, _tls_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -159,3 +171,64 @@ class Hosts:
                 proc.wait()
         for host in [*self.names, "switch"]:
             subprocess.run(["ip", "netns", "del", self.ns(host)], capture_output=True)
+
+
+TLS_PORT, RELAY_PORT = 6379, 6380  # on the Redis host: the server's, the relay's
+
+
+@dataclass
+class Deployment:
+    """Redis on the ``redis`` host of ``hosts`` (TLS, an admin password) behind a relay
+    adding ``rtt_ms``; ``ping_ms``: the round trip an actor host measured through it."""
+
+    hosts: Hosts
+    admin: redis.Redis
+    admin_url: str
+    password: str
+    ca: Path
+    secrets: Path
+    ping_ms: float
+
+    def create(self, algo: str, run: str, *args: str) -> None:
+        """``qrl run create ALGO --acl``: the run and one ACL user per role."""
+        env = {**os.environ, "QRL_REDIS_PASSWORD": self.password}
+        acl = ["--run", run, "--acl", str(self.secrets), *args]
+        made = qrl("run", "create", algo, "--redis", self.admin_url, *acl, env=env, timeout=120)
+        if made.returncode != 0:
+            raise RuntimeError(f"qrl run create failed: {made.stderr[-2000:]}")
+
+    def role(self, run: str, host: str, role: str, args: Sequence[str], log: Path) -> None:
+        """``qrl ARGS`` on ``host`` as the run's ``role`` user, over TLS through the relay;
+        its output in ``log``."""
+        where = f"{self.hosts.addr('redis')}:{RELAY_PORT}"
+        env = {
+            "QRL_RUN": run,
+            "QRL_REDIS_URL": f"rediss://{run}.{role}@{where}/0?ssl_ca_certs={self.ca}",
+            "QRL_REDIS_PASSWORD_FILE": str(self.secrets / role),
+            "QRL_REDIS_PASSWORD": "",
+        }
+        out = log.open("w")
+        self.hosts.python(host, ["-m", "qrl.cli", "-v", *args], env=env, stdout=out, stderr=out)
+
+
+@contextlib.contextmanager
+def deployment(
+    tmp: Path, names: Sequence[str], rate: float | None, rtt_ms: float
+) -> Iterator[Deployment]:
+    """Hosts ``names`` (the first runs Redis) with a :class:`Deployment` on them."""
+    binary = _tls_binary()
+    with Hosts(names, rate=rate) as hosts:
+        redis_host = names[0]
+        args = list(_tls_args(tmp / "tls", f"IP:{hosts.addr(redis_host)}"))
+        args[1] = str(TLS_PORT)  # its own namespace: any port is free
+        password, sock = secrets.token_hex(16), tmp / "redis.sock"
+        server = [binary, "--port", "0", "--bind", "127.0.0.1", "--unixsocket", str(sock)]
+        server += ["--requirepass", password, "--save", "", "--appendonly", "no", *args]
+        hosts.start(redis_host, server, stdout=subprocess.DEVNULL)
+        admin = redis.Redis(unix_socket_path=str(sock), password=password)
+        wait_until(lambda: sock.exists() and admin.ping(), "the Redis host's server", 30)
+        hosts.relay(redis_host, RELAY_PORT, f"127.0.0.1:{TLS_PORT}", rtt_ms)
+        ca = tmp / "tls" / "ca.crt"
+        url = f"rediss://:{password}@{hosts.addr(redis_host)}:{RELAY_PORT}/0?ssl_ca_certs={ca}"
+        ping = hosts.ping_ms(names[-1], url)
+        yield Deployment(hosts, admin, f"unix://{sock}", password, ca, tmp / "acl", ping)

@@ -1,0 +1,155 @@
+"""Throughput across emulated machines: Redis on one host, the learner (and replay, parameter
+server, inference server or ES master) on another, actors on two more; every role over TLS
+as its own ACL user; a chosen round trip to Redis and bandwidth per link (tests/hosts.py:
+network namespaces, tbf, a delaying relay). Needs root and ``ip netns``.
+
+    sudo python benchmarks/network.py                       # every setup, RTT and rate
+    python benchmarks/network.py --setups apex impala --rtts 0 5 --rates 1e9
+
+For each setup, RTT and rate: a fresh run (CartPole-v1, its defaults, seed 0), ``--warmup``
+seconds to start, then over ``--window`` seconds env steps/s and updates/s (from the
+processes' heartbeats, as ``qrl status`` reads them) and the mean policy lag; with each
+number the ratio to the setup's RTT 0 at the same rate (through the relay too: the relay's
+own cost is in both). The PING round trip an actor host measured through the relay is
+printed with each RTT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the test harness's hosts (tests/hosts.py)
+
+from qrl.algos import ALGOS  # noqa: E402
+from qrl.runtime.roles import ENV_STEPS, UPDATES  # noqa: E402
+from qrl.runtime.runlog import Progress  # noqa: E402
+from qrl.runtime.status import collect  # noqa: E402
+from qrl.wire.keys import RunKeys  # noqa: E402
+from tests.hosts import check_netns, deployment  # noqa: E402
+
+HOSTS = ["redis", "learner", "actor0", "actor1"]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A run's algorithm, its ``qrl run create`` arguments, and its roles: (host, ACL role,
+    ``qrl`` arguments); the actor-side ones once per actor host."""
+
+    algo: str
+    create: tuple[str, ...]
+    central: tuple[tuple[str, str, tuple[str, ...]], ...]
+    acting: tuple[str, tuple[str, ...]]
+
+
+def _learner(algo: str) -> tuple[str, str, tuple[str, ...]]:
+    return ("learner", "learner", ("learner", algo, "--device", "cpu"))
+
+
+SETUPS = {
+    "apex": Setup(
+        "apex",
+        (),
+        (("learner", "replay", ("replay",)), _learner("apex")),
+        ("actor", ("actor", "apex")),
+    ),
+    "impala": Setup("impala", (), (_learner("impala"),), ("actor", ("actor", "impala"))),
+    "impala-central": Setup(
+        "impala",
+        ("--set", "inference=central"),
+        (_learner("impala"), ("learner", "inference", ("inference", "impala", "--device", "cpu"))),
+        ("stepper", ("stepper", "impala")),
+    ),
+    "a3c": Setup("a3c", (), (("learner", "ps", ("ps", "a3c")),), ("worker", ("worker", "a3c"))),
+    "es": Setup("es", (), (("learner", "master", ("es", "master")),), ("worker", ("es", "worker"))),
+}
+
+
+def progress(admin, run: str, algo: str) -> tuple[float, float, float | None]:
+    """Env steps and updates so far (the run's live processes' last reports, folded as
+    ``qrl train`` folds them) and the policy lag ``qrl status`` shows."""
+    keys = RunKeys(run)
+    reports = ALGOS[algo].reports
+    s = collect(admin, keys, weights_key=ALGOS[algo].weights_key(keys), reports=reports)
+    p = Progress(reports)
+    for proc in s["processes"]:
+        if not proc["stale"]:
+            p.fold(proc)
+    return p.value(ENV_STEPS) or 0.0, p.value(UPDATES) or 0.0, s["policy_lag"]
+
+
+def measure(name: str, rtt: float, rate: float, warmup: float, window: float) -> dict:
+    setup = SETUPS[name]
+    with tempfile.TemporaryDirectory() as tmp, deployment(Path(tmp), HOSTS, rate, rtt) as d:
+        run, logs = f"bench-{name}", Path(tmp) / "logs"
+        logs.mkdir()
+        d.create(setup.algo, run, "--env", "CartPole-v1", "--seed", "0", *setup.create)
+        for host, role, args in setup.central:
+            d.role(run, host, role, args, logs / f"{role}.log")
+        role, args = setup.acting
+        for i, host in enumerate(("actor0", "actor1")):
+            d.role(run, host, role, args, logs / f"{role}{i}.log")
+        time.sleep(warmup)  # the roles start, connect and reach their pace
+        t0, (steps0, updates0, _) = time.monotonic(), progress(d.admin, run, setup.algo)
+        lags = []
+        while time.monotonic() - t0 < window:
+            time.sleep(1.0)  # one look a second, as qrl status --watch
+            lag = progress(d.admin, run, setup.algo)[2]
+            if lag is not None:
+                lags.append(lag)
+        steps1, updates1, _ = progress(d.admin, run, setup.algo)
+        secs = time.monotonic() - t0
+        return {
+            "setup": name,
+            "rtt_ms": rtt,
+            "rate_bps": rate,
+            "ping_ms": round(d.ping_ms, 2),
+            "env_steps_per_s": round((steps1 - steps0) / secs, 1),
+            "updates_per_s": round((updates1 - updates0) / secs, 2),
+            "policy_lag": round(statistics.mean(lags), 2) if lags else None,
+        }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
+    ap.add_argument("--rtts", nargs="+", type=float, default=[0, 1, 5, 20], help="ms")
+    ap.add_argument("--rates", nargs="+", type=float, default=[1e9, 1e8], help="bits/s per link")
+    ap.add_argument("--warmup", type=float, default=15.0, help="seconds before measuring")
+    ap.add_argument("--window", type=float, default=20.0, help="seconds measured")
+    ap.add_argument("--out", type=Path, default=None, help="also append the rows (JSON lines)")
+    args = ap.parse_args()
+    why = check_netns()
+    if why:
+        sys.exit(why)
+    rtts = sorted(set(args.rtts) | {0.0})  # the baseline of every ratio
+    print("setup           rate      RTT  ping ms  env steps/s (x RTT 0)  updates/s (x RTT 0)  lag")
+    for name in args.setups:
+        for rate in args.rates:
+            base = None
+            for rtt in rtts:
+                row = measure(name, rtt, rate, args.warmup, args.window)
+                base = base or row
+                steps = row["env_steps_per_s"] / max(base["env_steps_per_s"], 1e-9)
+                updates = row["updates_per_s"] / max(base["updates_per_s"], 1e-9)
+                row.update(steps_ratio=round(steps, 2), updates_ratio=round(updates, 2))
+                print(
+                    f"{name:15} {rate / 1e6:5.0f}Mb {rtt:5.1f} {row['ping_ms']:8.2f} "
+                    f"{row['env_steps_per_s']:12.1f} ({steps:4.2f}) {row['updates_per_s']:12.2f} "
+                    f"({updates:4.2f}) {row['policy_lag']}",
+                    flush=True,
+                )
+                if args.out is not None:
+                    with args.out.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
