@@ -53,6 +53,7 @@ from functools import cache, partial
 import numpy as np
 import torch
 from atari_bytes import ENV, fill_from_actor
+from qrl.learners.apex import ApexLearner
 from redis.cluster import RedisCluster
 
 from qrl.actors.impala import ImpalaActor
@@ -61,7 +62,6 @@ from qrl.algos.apex.config import ApexConfig
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
 from qrl.algos.r2d2.config import R2D2Config
-from qrl.learners.apex import ApexLearner
 from qrl.learners.impala import ImpalaLearner
 from qrl.learners.loader import Loader
 from qrl.learners.r2d2 import R2D2Learner
