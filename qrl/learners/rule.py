@@ -29,7 +29,7 @@ class Rule:
     replaces: :meth:`reconfigure`) and implements :meth:`optimizer` and :meth:`loss`."""
 
     net: torch.nn.Module
-    cfg: Any
+    cfg: Config
     # whether an update whose every step was skipped still counts (PPO: its batch is spent,
     # and the update count paces its actors)
     counts_skipped = False

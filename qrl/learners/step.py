@@ -6,12 +6,11 @@ while the run runs)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from qrl.learners.group import LearnerGroup
 from qrl.learners.rule import Rule
+from qrl.runtime.config import Config
 from qrl.runtime.loop import StopCheck
 
 
@@ -53,7 +52,7 @@ class LocalStep:
         opt.step()
         return True
 
-    def after(self, updates: int, cfg: Any) -> None:
+    def after(self, updates: int, cfg: Config) -> None:
         """Nothing after an update."""
 
     def metrics(self) -> dict[str, float]:
