@@ -8,17 +8,18 @@ time goes, and what the data path alone delivers.
     python benchmarks/learner.py --algo r2d2 [--updates 300]
     python benchmarks/learner.py --algo impala [--updates 1000] [--feed-only]
 
-Both sides run the same learner with its defaults: ``ApexLearner`` (double DQN, dueling,
-Adam, publishing weights every 10 updates; CartPole-v1), ``R2D2Learner`` (the LSTM
-Q-network on qrl/CartPoleNoVel-v1) or ``ImpalaLearner`` (V-trace; CartPole-v1, ``passes=1``
-so that every update takes a new batch). "redis": the replay learners take prioritized
-batches sampled from a filled Redis replay by their sampler processes (``--samplers``: each
-count its own rounds), which also write the priorities back; IMPALA's loader process reads
-the trajectory stream (filled before each round with a real actor's unrolls), decodes and
-stacks them, and acknowledges them after the update. Either hands batches over in a
-shared-memory ring (qrl/replay/ring.py). "memory" cycles through batches already on the
-device. Rounds alternate within one start of the learner (the data processes' start, a
-``spawn`` of ~1 s, is not counted); the ratio is the median over the pairs of redis / memory
+Both sides run the same learner with its defaults, as its builder makes it: Ape-X's
+(``DQNRule``: double DQN, dueling, Adam, publishing weights every 10 updates; CartPole-v1),
+R2D2's (``R2D2Rule``: the LSTM Q-network on qrl/CartPoleNoVel-v1) or IMPALA's
+(``ImpalaRule``: V-trace; CartPole-v1, ``passes=1`` so that every update takes a new
+batch). "redis": the replay learners take prioritized batches sampled from a filled Redis
+replay by their sampler processes (``--samplers``: each count its own rounds), which also
+write the priorities back; IMPALA's loader process reads the trajectory stream (filled
+before each round with a real actor's unrolls), decodes and stacks them, and acknowledges
+them after the update. Either hands batches over in a shared-memory ring
+(qrl/replay/ring.py). "memory" cycles through batches already on the device. Rounds
+alternate within one start of the learner (the data processes' start, a ``spawn`` of ~1 s,
+is not counted); the ratio is the median over the pairs of redis / memory
 (goal >= 0.95). Per
 update: ``wait`` for a batch, ``transfer`` (its tensors made on the device from the ring
 slot: views on CPU, an asynchronous copy from pinned memory on CUDA, whose end the compute
@@ -57,19 +58,17 @@ from redis.cluster import RedisCluster
 
 from qrl.actors.impala import ImpalaActor
 from qrl.actors.r2d2 import R2D2Actor
+from qrl.algos import ALGOS
 from qrl.algos.apex.config import ApexConfig
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
 from qrl.algos.r2d2.config import R2D2Config
-from qrl.learners.apex import ApexLearner
-from qrl.learners.impala import ImpalaLearner
-from qrl.learners.loader import Loader
-from qrl.learners.r2d2 import R2D2Learner
 from qrl.learners.unrolls import stack_unrolls
 from qrl.replay.role import make_replay
 from qrl.replay.sampler import Sampler
 from qrl.replay.sequences import SequenceFiller, sequence_spec
 from qrl.rl.envspec import EnvSpec
+from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.runs import create_run
 from qrl.server.embedded import EmbeddedRedis
 from qrl.server.embedded_cluster import EmbeddedCluster
@@ -167,13 +166,11 @@ def rounds(
     timed from its ``slots + 1``-th update on: the batches loaded during the memory round
     before it are not counted as free."""
     never = lambda: False  # noqa: E731
-    if "samplers" in type(lrn.cfg).model_fields:  # (an older tree has one sampler)
-        lrn.cfg = lrn.cfg.replace(samplers=samplers)
+    if hasattr(lrn.source, "samplers"):  # (IMPALA's: one loader)
+        lrn.source.samplers = samplers
     ahead = getattr(lrn.cfg, "prefetch", 4) + 1
     if stock is not None:
         stock(WARMUP + blocks * (updates + ahead))
-    if hasattr(lrn, "send_priorities"):  # an older tree sent them to its sampler here
-        lrn.send_priorities = lambda b: None
     ours, mem = [], []
 
     def steps(n: int) -> None:
@@ -188,11 +185,11 @@ def rounds(
         steps(WARMUP)
         for _ in range(blocks):
             steps(ahead)
-            w0, x0 = lrn.wait_s, getattr(lrn, "transfer_s", 0.0)
+            w0, x0 = lrn.wait_s, lrn.source.transfer_s
             t, gpu.side = time.perf_counter(), "redis"
             steps(updates)
             dt, gpu.side = time.perf_counter() - t, None
-            wait, transfer = lrn.wait_s - w0, getattr(lrn, "transfer_s", 0.0) - x0
+            wait, transfer = lrn.wait_s - w0, lrn.source.transfer_s - x0
             ours.append(
                 Round(
                     updates / dt,
@@ -202,8 +199,8 @@ def rounds(
                 )
             )
             t, gpu.side = time.perf_counter(), "memory"
-            for i in range(updates):  # the new priorities are made, then dropped
-                lrn.update(pool[i % len(pool)])
+            for i in range(updates):  # the new priorities are made, then dropped (no slot)
+                lrn.train(pool[i % len(pool)])
             if lrn.device.type == "cuda":
                 torch.cuda.synchronize(lrn.device)
             dt, gpu.side = time.perf_counter() - t, None
@@ -241,7 +238,7 @@ def pin(lrn, servers: list) -> None:
     rest = set(cpus) - siblings - {mine}
     if not rest:
         raise SystemExit("--pin: no CPU is left for the data processes")
-    for pid in [*lrn.feed.pids, *(s.proc.pid for s in servers)]:
+    for pid in [*lrn.source.feed.pids, *(s.proc.pid for s in servers)]:
         if pid is not None:
             os.sched_setaffinity(pid, rest)
     os.sched_setaffinity(0, {mine})
@@ -259,12 +256,12 @@ def feed_round(
     one server, the rate many samplers can reach is at most a million over it)."""
     if unrolls is not None:  # what the loader can read in ``seconds`` at 200k steps/s
         unrolls.stock(int(seconds * 200_000) // (lrn.cfg.batch_unrolls * lrn.cfg.unroll))
-        source = Loader(lrn.loader_spec(), lrn.loader_slots())
+        source = lrn.source.source.open()  # the loader of IMPALA's Passes
         take = lambda timeout: source.get(timeout)  # noqa: E731
         size = lambda s: s.cols["action"].size  # noqa: E731
         give = source.used
     else:
-        source = Sampler(lrn.sampler_spec(), samplers, lrn.cfg.prefetch)
+        source = Sampler(lrn.source.spec, samplers, lrn.cfg.prefetch)
         take, size, give = source.get, lambda s: len(s.ids), source.release
     try:
         while (s := take(30)) is None:
@@ -285,6 +282,12 @@ def med(rounds: list[Round]) -> Round:
     return Round(*(statistics.median(getattr(r, f) for r in rounds) for f in Round.__annotations__))
 
 
+def learner(algo: str, client, keys: RunKeys, cfg, url: str, device: str):
+    """``algo``'s learner as its builder makes it."""
+    role = next(r for r in ALGOS[algo].roles if r.name == "learner")
+    return role.make(RoleContext(client, partial(connect, url), keys, cfg, 0, device))
+
+
 def setup(args, client, keys: RunKeys, url: str):
     """The run, its data (a filled replay, or unrolls to stock the stream with), the learner,
     and batches in memory."""
@@ -292,7 +295,7 @@ def setup(args, client, keys: RunKeys, url: str):
     if args.algo == "impala":
         cfg = ImpalaConfig(passes=1)
         create_run(client, keys, "impala", cfg)
-        lrn = ImpalaLearner(partial(connect, url), keys, cfg, device=args.device)
+        lrn = learner("impala", client, keys, cfg, url, args.device)
         unrolls = Unrolls(client, keys, cfg)
         return (
             lrn,
@@ -307,7 +310,7 @@ def setup(args, client, keys: RunKeys, url: str):
         fill_from_actor(client, keys, cfg, args.transitions, R2D2Actor, SequenceFiller)
         layout = sequence_spec(cfg, EnvSpec.of(cfg.env))[0]
         replay = make_replay(client, keys, cfg, seed=0, layout=layout)
-        lrn = R2D2Learner(partial(connect, url), keys, cfg, device=args.device)
+        lrn = learner("r2d2", client, keys, cfg, url, args.device)
     else:
         atari = {"env": ENV, "steps_per_update": 0, "stream_maxlen": 100_000} if args.atari else {}
         shards = {"replay_shards": args.cluster} if args.cluster else {}
@@ -326,9 +329,9 @@ def setup(args, client, keys: RunKeys, url: str):
             for shard in range(cfg.replay_shards):
                 part = make_replay(client, keys, cfg, seed=0, shard=shard)
                 fill(part, args.transitions // cfg.replay_shards, rng)
-        lrn = ApexLearner(partial(connect, url), keys, cfg, device=args.device)
-        replay = lrn.sampler_spec().replay(seed=0)  # every shard, as the samplers draw
-    pool = [lrn.batch_type(replay.sample(cfg.batch_size, cfg.beta), lrn.device) for _ in range(64)]
+        lrn = learner("apex", client, keys, cfg, url, args.device)
+        replay = lrn.source.spec.replay(seed=0)  # every shard, as the samplers draw
+    pool = [lrn.source.make(replay.sample(cfg.batch_size, cfg.beta), lrn.device) for _ in range(64)]
     return lrn, pool, None, f"batch {cfg.batch_size}, replay of {replay.size()}"
 
 
@@ -374,7 +377,8 @@ def main() -> None:
         client = connect(server.url)
         lrn, pool, unrolls, what = setup(args, client, keys, server.url)
         stock = unrolls.stock if unrolls is not None else None
-        print(f"{args.algo}: {lrn.cfg.env} {lrn.env.obs_shape}, device {lrn.device}, {what}")
+        shape = EnvSpec.of(lrn.cfg.env).obs_shape
+        print(f"{args.algo}: {lrn.cfg.env} {shape}, device {lrn.device}, {what}")
         if args.feed_only:
             feeds = {k: [] for k in args.samplers}
             for _ in range(args.rounds):

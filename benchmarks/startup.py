@@ -26,7 +26,7 @@ import sys
 import time
 
 METHODS = ("fork", "forkserver", "spawn")
-ROLE_MODULES = ("qrl.actors.dqn", "qrl.learners.apex", "qrl.replay.role")
+ROLE_MODULES = ("qrl.actors.dqn", "qrl.learners.dqn", "qrl.replay.role")
 
 
 def _child(q, t0: float, learner: bool) -> None:  # noqa: ANN001

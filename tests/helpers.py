@@ -89,6 +89,20 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def make_learner(url: str, keys: Any, cfg: Any, device: str = "cpu", **fields: Any) -> Any:
+    """The learner of ``cfg``'s algorithm as its builder makes it for a role context of
+    ``fields`` (``checkpoint``, ``snapshot``, ``ident``...)."""
+    from qrl.algos import ALGOS
+    from qrl.runtime.algorithm import RoleContext
+    from qrl.wire.connection import connect
+
+    algo = next(a for a in ALGOS.values() if type(cfg) is a.config)
+    role = next(r for r in algo.roles if r.name == "learner")
+    opener = functools.partial(connect, url)
+    ident = fields.pop("ident", 0)
+    return role.make(RoleContext(opener(), opener, keys, cfg, ident, device, **fields))
+
+
 def kill_feed_mid_run(lrn, r, keys, updates: int) -> str:
     """Run learner ``lrn`` as its role does (in a thread), SIGKILL its first feed process
     (sampler or loader) after ``updates`` updates, and return the error the role stopped
@@ -110,8 +124,8 @@ def kill_feed_mid_run(lrn, r, keys, updates: int) -> str:
     wait_until(
         lambda: lrn.updates, f"{updates} updates", 30, until=lambda u: u >= updates, every=0.05
     )
-    assert lrn.feed is not None
-    os.kill(lrn.feed.pids[0], signal.SIGKILL)
+    assert lrn.source.feed is not None
+    os.kill(lrn.source.feed.pids[0], signal.SIGKILL)
     t.join(30)
     assert not t.is_alive() and errors, "the learner went on without its feed"
     return str(errors[0])

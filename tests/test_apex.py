@@ -3,7 +3,6 @@ import json
 import os
 import subprocess
 import sys
-from functools import partial
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from tests.helpers import (
     experience,
     fill_replay,
     kill_feed_mid_run,
+    make_learner,
     not_none,
     skip_or_fail,
     wait_until,
@@ -262,14 +262,11 @@ def test_restarted_learner_resumes_from_its_checkpoint(r, keys, redis_server, tm
 
 
 def test_learner_fails_loudly_when_its_sampler_dies(r, keys, redis_server):
-    from qrl.learners.apex import ApexLearner
-    from qrl.wire.connection import connect
-
     cfg = ApexConfig(learning_starts=100)
     create_run(r, keys, "apex", cfg)
     replay = make_replay(r, keys, cfg)
     fill_replay(replay, np.zeros((200, 4), np.float32))
-    lrn = ApexLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    lrn = make_learner(redis_server.url, keys, cfg)
     # it trains on what the sampler sends, then stops naming the sampler
     assert "sampler process (exit code -9)" in kill_feed_mid_run(lrn, r, keys, 20)
 
@@ -280,9 +277,7 @@ def test_a_batch_skipped_for_a_non_finite_loss_is_not_drawn_forever(r, keys, red
     batch now goes to the replay's lowest priority, and the learner makes progress."""
     import threading
 
-    from qrl.learners.apex import ApexLearner
     from qrl.replay.store import P_HI, P_LO
-    from qrl.wire.connection import connect
 
     cfg = ApexConfig(learning_starts=100, batch_size=32)
     create_run(r, keys, "apex", cfg)
@@ -293,7 +288,7 @@ def test_a_batch_skipped_for_a_non_finite_loss_is_not_drawn_forever(r, keys, red
     ret[:16] = 3.3e38  # stored before the schema bounded returns: two overflow a batch's loss
     prio = np.where(ret > 1, P_HI, 1.0)
     fill_replay(replay, obs, ret=ret, disc=np.full(300, 0.9), priority=prio)
-    lrn = ApexLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    lrn = make_learner(redis_server.url, keys, cfg)
     t = threading.Thread(target=run_role, args=(lrn, r, keys, 0, lambda: False), daemon=True)
     t.start()
     try:
@@ -303,11 +298,11 @@ def test_a_batch_skipped_for_a_non_finite_loss_is_not_drawn_forever(r, keys, red
         t.join(30)
     assert lrn.skipped >= 1  # skipped some, then went on
     # exactly what happens to a skipped batch: its transitions sink to the lowest priority
-    lrn.start_threads()
-    b = wait_until(lambda: lrn.next_batch(1.0), "a batch", until=not_none, every=0)
+    lrn.source.start(lrn.fail)
+    b = wait_until(lambda: lrn.source.next(1.0, 0), "a batch", until=not_none, every=0)
     b.ret[:] = float("inf")
     assert np.isnan(lrn.train(b))  # the update, then the slot goes back with its priorities
-    lrn.stop_threads()  # writes the priorities given back so far
+    lrn.source.stop()  # writes the priorities given back so far
     assert set(r.zmscore(keys.replay_priorities, b.ids)) == {P_LO}
 
 

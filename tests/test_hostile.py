@@ -24,8 +24,8 @@ from qrl.algos.apex.config import ApexConfig
 from qrl.algos.es.config import ESConfig
 from qrl.algos.es.keys import es_params
 from qrl.algos.impala.config import ImpalaConfig
+from qrl.learners.base import Learner
 from qrl.learners.es import ESMaster
-from qrl.learners.impala import ImpalaLearner
 from qrl.learners.unrolls import stack_unrolls
 from qrl.replay.role import ReplayFiller
 from qrl.rl.models import QNetwork
@@ -40,6 +40,7 @@ from qrl.wire.keys import RunKeys
 from qrl.wire.streams import FIELD, Entry
 from qrl.wire.weights import WeightStore, module_arrays
 from tests import strategies as hs
+from tests.helpers import make_learner
 
 pytestmark = pytest.mark.slow
 
@@ -122,19 +123,17 @@ def test_replay_insert_survives_hostile_experience(filler, msg):
 
 @pytest.fixture(scope="module")
 def impala(client, redis_server):
-    lrn = ImpalaLearner(
-        partial(connect, redis_server.url), _run(client, "impala", IMPALA), IMPALA, "cpu"
-    )
+    lrn = make_learner(redis_server.url, _run(client, "impala", IMPALA), IMPALA)
     lrn.publish()
     yield lrn
     lrn.close(NEVER)
 
 
-def _feed(lrn: ImpalaLearner, msg: dict) -> None:
+def _feed(lrn: Learner, msg: dict) -> None:
     """As the learner's step takes a batch from its loader: decoded, stacked, admitted (the
     policy lag), trained on."""
-    data = decode(encode("impala.unrolls", msg), lrn.loader_spec().schema())
-    batch = lrn.admit(stack_unrolls([Entry("0-1", data)], lrn.device))
+    data = decode(encode("impala.unrolls", msg), lrn.source.source.spec.schema())
+    batch = lrn.source.source.admit(stack_unrolls([Entry("0-1", data)], lrn.device), lrn.updates)
     if batch is not None:
         lrn.train(batch)
 

@@ -1,5 +1,3 @@
-from functools import partial
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -9,15 +7,13 @@ from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
 from qrl.algos.impala.messages import unroll_schema
 from qrl.algos.impala.vtrace import vtrace
-from qrl.learners.impala import ImpalaLearner
 from qrl.learners.unrolls import stack_unrolls
 from qrl.runtime.loop import run_role
 from qrl.runtime.runs import create_run
 from qrl.wire.codec import CodecError, decode, encode
-from qrl.wire.connection import connect
 from qrl.wire.streams import GROUP, Entry
 from tests.cli import eval_confirmation, train
-from tests.helpers import impala_unrolls, kill_feed_mid_run, wait_until
+from tests.helpers import impala_unrolls, kill_feed_mid_run, make_learner, wait_until
 
 
 def random_inputs(t=12, b=5, seed=0, gamma=0.9):
@@ -120,47 +116,47 @@ def test_unroll_messages_validate_and_stack(r, keys):
 def test_learner_drops_unrolls_beyond_max_policy_lag(r, keys, redis_server):
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=8, max_policy_lag=5, unroll=10)
     create_run(r, keys, "impala", cfg)
-    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    lrn = make_learner(redis_server.url, keys, cfg)
     lrn.updates = 100
-    lrn.weights.publish(lrn.net, version=100)
+    lrn.publisher.weights.publish(lrn.net, version=100)
     for version in (10, 98):  # one entry far too old, one fresh
         r.xadd(
             trajectories(keys),
             {"d": encode("impala.unrolls", impala_unrolls(cfg, r, keys, version))},
         )
     assert run_role(lrn, r, keys, 0, lambda: False, limit=1) == 1
-    assert lrn.dropped == 4  # the old entry's 4 unrolls
+    assert lrn.source.source.admit.dropped == 4  # the old entry's 4 unrolls
     assert r.xlen(trajectories(keys)) == 0 and r.xpending(trajectories(keys), GROUP)["pending"] == 0
-    assert lrn.weights.version() == 101
+    assert lrn.publisher.weights.version() == 101
 
 
 def test_learner_reuses_a_batch_only_while_no_fresh_one_waits(r, keys, redis_server):
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10, passes=3)
     create_run(r, keys, "impala", cfg)
-    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    lrn = make_learner(redis_server.url, keys, cfg)
     stream = trajectories(keys)
     for _ in range(2):
         r.xadd(stream, {"d": encode("impala.unrolls", impala_unrolls(cfg, r, keys))})
-    lrn.start_threads()
+    lrn.source.start(lrn.fail)
     try:
         loaded = lambda: [g["pending"] for g in r.xinfo_groups(stream)] == [2]  # noqa: E731
         wait_until(loaded, "both entries loaded")
         before = [p.detach().clone() for p in lrn.net.parameters()]
         for fresh, left in ((True, 1), (True, 0), (False, 0), (False, 0)):
             if fresh:  # a fresh batch waits: no reuse of the first
-                wait_until(lrn.feed.waiting, "the batch loaded")
-            assert fresh == lrn.feed.waiting()
-            batch = lrn.next_batch(timeout=5)
+                wait_until(lrn.source.feed.waiting, "the batch loaded")
+            assert fresh == lrn.source.feed.waiting()
+            batch = lrn.source.next(5, lrn.updates)
             assert batch is not None and (batch.slot is not None) == fresh
-            assert np.isfinite(lrn.update(batch))
+            assert np.isfinite(lrn.train(batch))
             # acknowledged once, after the first pass (by the loader, within 0.1 s)
             wait_until(lambda left=left: r.xlen(stream) == left, "acknowledged")
-        assert lrn.next_batch(timeout=0.5) is None  # the second batch had its three passes
-        assert lrn.reused == 2 and lrn.updates == 4
+        assert lrn.source.next(0.5, lrn.updates) is None  # the second batch had its three passes
+        assert lrn.source.reused == 2 and lrn.updates == 4
         assert int(lrn.opt.state[next(lrn.net.parameters())]["step"]) == 4
         assert any(not torch.equal(a, b) for a, b in zip(before, lrn.net.parameters(), strict=True))
     finally:
-        lrn.stop_threads()
+        lrn.source.stop()
     assert r.xpending(stream, GROUP)["pending"] == 0
 
 
@@ -169,23 +165,23 @@ def test_a_reused_batch_is_its_own_copy_once_its_slot_goes_back(r, keys, redis_s
     the first pass, so the batch kept for more passes is a copy, unchanged by the next."""
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10, passes=2)
     create_run(r, keys, "impala", cfg)
-    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
-    lrn.start_threads()
+    lrn = make_learner(redis_server.url, keys, cfg)
+    lrn.source.start(lrn.fail)
     try:
         msg = impala_unrolls(cfg, r, keys)
         r.xadd(trajectories(keys), {"d": encode("impala.unrolls", msg)})
-        batch = lrn.next_batch(timeout=10)
+        batch = lrn.source.next(10, lrn.updates)
         assert batch is not None and batch.slot is not None
         np.testing.assert_array_equal(batch.obs.numpy(), msg["obs"])
-        lrn.update(batch)
-        again = lrn._again
+        lrn.train(batch)
+        again = lrn.source.again
         assert again is not None and again.slot is None
         other = {**msg, "obs": msg["obs"] + 1}  # fills the slot the first batch was in
         r.xadd(trajectories(keys), {"d": encode("impala.unrolls", other)})
-        wait_until(lrn.feed.waiting, "the next batch loaded")
+        wait_until(lrn.source.feed.waiting, "the next batch loaded")
         np.testing.assert_array_equal(again.obs.numpy(), msg["obs"])
     finally:
-        lrn.stop_threads()
+        lrn.source.stop()
 
 
 @pytest.mark.slow
@@ -210,8 +206,8 @@ def test_train_impala_cli_learns_cartpole(tmp_path):
 def test_non_finite_loss_publishes_nothing_and_does_not_loop(r, keys, redis_server):
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
     create_run(r, keys, "impala", cfg)
-    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
-    lrn.weights.publish(lrn.net, version=0)
+    lrn = make_learner(redis_server.url, keys, cfg)
+    lrn.publisher.weights.publish(lrn.net, version=0)
     with torch.no_grad():
         next(lrn.net.parameters()).fill_(float("nan"))  # a diverged learner
     for _ in range(3):
@@ -224,7 +220,7 @@ def test_non_finite_loss_publishes_nothing_and_does_not_loop(r, keys, redis_serv
 
     assert run_role(lrn, r, keys, 0, stop) == 0
     assert lrn.skipped == 3 and lrn.updates == 0
-    assert lrn.weights.version() == 0  # the NaN weights were never published
+    assert lrn.publisher.weights.version() == 0  # the NaN weights were never published
     # the skipped unrolls were consumed once, not redelivered forever
     assert r.xlen(trajectories(keys)) == 0 and r.xpending(trajectories(keys), GROUP)["pending"] == 0
 
@@ -262,8 +258,8 @@ def test_a_terminal_step_at_the_time_limit_does_not_bootstrap(r, keys, redis_ser
     cfg = ImpalaConfig(env=env_id, unroll=7, envs_per_actor=2, batch_unrolls=2)
     create_run(r, keys, "impala", cfg)
     msg = impala_unrolls(cfg, r, keys)
-    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
-    entry = Entry("1-0", decode(encode("impala.unrolls", msg), lrn.loader_spec().schema()))
+    lrn = make_learner(redis_server.url, keys, cfg)
+    entry = Entry("1-0", decode(encode("impala.unrolls", msg), lrn.source.source.spec.schema()))
     b = stack_unrolls([entry], lrn.device)
     ends = np.zeros((7, 2), bool)
     ends[[2, 5]] = True  # steps 3 and 6 of the unroll end an episode
@@ -287,7 +283,7 @@ def test_learner_fails_loudly_when_its_loader_dies(r, keys, redis_server):
     then exits non-zero); its entries stay pending in the group for a restarted learner."""
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
     create_run(r, keys, "impala", cfg)
-    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    lrn = make_learner(redis_server.url, keys, cfg)
     msg = encode("impala.unrolls", impala_unrolls(cfg, r, keys))
     for _ in range(3):
         r.xadd(trajectories(keys), {"d": msg})

@@ -123,12 +123,12 @@ def test_a_role_that_joins_later_starts_with_the_changes_made(r, run):
 def test_a_checkpoint_of_a_changed_run_resumes_at_the_runs_learning_rate(
     redis_server, run, tmp_path
 ):
-    from qrl.learners.impala import ImpalaLearner
+    from qrl.learners.base import Learner
     from qrl.runtime.checkpoint import CheckpointError, load_checkpoint
+    from tests.helpers import make_learner
 
-    def learner(cfg: ImpalaConfig) -> ImpalaLearner:
-        connect = lambda: redis.Redis.from_url(redis_server.url)  # noqa: E731
-        return ImpalaLearner(connect, run, cfg, device="cpu", checkpoint=tmp_path / "c.pt")
+    def learner(cfg: ImpalaConfig) -> Learner:
+        return make_learner(redis_server.url, run, cfg, checkpoint=tmp_path / "c.pt")
 
     learner(ImpalaConfig(lr=1e-4, grad_clip=1.0)).save()  # written after `qrl run set`
     with pytest.raises(CheckpointError, match=re.escape("differs in ['unroll']")):

@@ -1,8 +1,6 @@
 """Observation scaling by the space's bounds, and a learner that publishes before it makes
 its optimizer."""
 
-from functools import partial
-
 import numpy as np
 import torch
 
@@ -64,8 +62,7 @@ def test_the_learner_publishes_its_weights_before_it_makes_its_optimizer(
 ):
     """Making torch's first optimizer imports torch._dynamo (1-2 s): actors wait for the
     first weights, so they are published first. A resumed optimizer keeps its state."""
-    from qrl.learners.apex import ApexLearner
-    from qrl.wire.connection import connect
+    from tests.helpers import make_learner
 
     cfg = ApexConfig(learning_starts=10**9)  # the sampler waits: nothing to train on
     create_run(r, keys, "apex", cfg)
@@ -73,12 +70,14 @@ def test_the_learner_publishes_its_weights_before_it_makes_its_optimizer(
 
     published_then: list[int] = []  # the version in Redis when each optimizer was made
 
-    class Observed(ApexLearner):
-        def optimizer(self) -> torch.optim.Optimizer:
-            published_then.append(WeightStore(r, keys).version())
-            return super().optimizer()
+    lrn = make_learner(redis_server.url, keys, cfg, checkpoint=ckpt)
+    made = lrn.rule.optimizer
 
-    lrn = Observed(partial(connect, redis_server.url), keys, cfg, "cpu", checkpoint=ckpt)
+    def observed() -> torch.optim.Optimizer:
+        published_then.append(WeightStore(r, keys).version())
+        return made()
+
+    lrn.rule.optimizer = observed
     assert lrn._opt is None and WeightStore(r, keys).version() == -1
     assert lrn.start(lambda: False)
     try:
@@ -89,8 +88,8 @@ def test_the_learner_publishes_its_weights_before_it_makes_its_optimizer(
         lrn.opt.step()
         lrn.save()
     finally:
-        lrn.stop_threads()
-    again = ApexLearner(partial(connect, redis_server.url), keys, cfg, "cpu", checkpoint=ckpt)
+        lrn.source.stop()
+    again = make_learner(redis_server.url, keys, cfg, checkpoint=ckpt)
     assert again._opt is None
     steps = {float(s["step"]) for s in again.opt.state_dict()["state"].values()}
     assert steps == {1.0}

@@ -2,7 +2,6 @@
 stale-rollout rule, with one learner (the pool of several: tests/test_ppo_pool.py)."""
 
 import time
-from functools import partial
 
 import numpy as np
 import pytest
@@ -14,14 +13,13 @@ from qrl.algos.ppo.config import PPOConfig
 from qrl.algos.ppo.gae import gae
 from qrl.algos.ppo.keys import rollouts
 from qrl.algos.ppo.messages import KIND, rollout_schema
-from qrl.learners.ppo import PPOLearner
+from qrl.learners.base import Learner
 from qrl.runtime.config import ConfigError, parse_config
 from qrl.runtime.runs import create_run
 from qrl.wire.codec import CodecError, decode, encode
-from qrl.wire.connection import connect
 from qrl.wire.streams import GROUP
 from tests.cli import eval_confirmation, train
-from tests.helpers import wait_until
+from tests.helpers import make_learner, wait_until
 
 
 def gae_by_definition(rewards, discounts, values, bootstrap, lam):
@@ -57,13 +55,13 @@ def test_gae_matches_its_definition(lam):
     torch.testing.assert_close(ret, want + args["values"])
 
 
-def _learner(r, keys, redis_server, **over) -> PPOLearner:
+def _learner(r, keys, redis_server, **over) -> Learner:
     cfg = PPOConfig(**{"envs_per_actor": 4, "batch_unrolls": 4, "unroll": 8, **over})
     create_run(r, keys, "ppo", cfg)
-    return PPOLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    return make_learner(redis_server.url, keys, cfg)
 
 
-def _rollouts(lrn: PPOLearner, r, keys, version: int = 0) -> dict:
+def _rollouts(lrn: Learner, r, keys, version: int = 0) -> dict:
     """A real actor's message, acted with ``version``."""
     actor = PPOActor(r, keys, lrn.cfg, actor_id=0)
     actor.version = version
@@ -96,7 +94,7 @@ def test_batch_unrolls_is_shared_equally_by_the_learners():
     assert parse_config(PPOConfig, {"learners": 4, "batch_unrolls": 32}).learners == 4
 
 
-def _run_until(lrn: PPOLearner, done) -> None:
+def _run_until(lrn: Learner, done) -> None:
     stop = lambda: False  # noqa: E731
     assert lrn.start(stop)
     try:
@@ -110,8 +108,8 @@ def test_an_update_trains_on_fresh_rollouts_publishes_and_acknowledges(r, keys, 
     r.xadd(rollouts(keys), {"d": encode(KIND, _rollouts(lrn, r, keys, version=0))})
     before = [p.detach().clone() for p in lrn.net.parameters()]
     _run_until(lrn, lambda: lrn.updates >= 1)
-    assert lrn.updates == 1 and lrn.grad_steps == 6  # epochs x minibatches
-    assert lrn.weights.version() == 1
+    assert lrn.updates == 1 and lrn.rule.grad_steps == 6  # epochs x minibatches
+    assert lrn.publisher.weights.version() == 1
     assert any(not torch.equal(a, b) for a, b in zip(before, lrn.net.parameters(), strict=True))
     wait_until(lambda: r.xpending(rollouts(keys), GROUP)["pending"] == 0, "the acknowledgement")
 
@@ -123,8 +121,10 @@ def test_stale_rollouts_are_dropped_and_counted(r, keys, redis_server):
     for version in (7, 2**53, 9):
         r.xadd(rollouts(keys), {"d": encode(KIND, _rollouts(lrn, r, keys, version))})
     _run_until(lrn, lambda: lrn.updates >= 11)
-    assert lrn.stale == 8 and lrn.updates == 11  # the two dropped entries' 4 rollouts each
-    assert lrn.extra_metrics()["stale"] == 8
+    assert (
+        lrn.source.admit.stale == 8 and lrn.updates == 11
+    )  # the two dropped entries' 4 rollouts each
+    assert lrn.metrics()["stale"] == 8
     wait_until(lambda: r.xpending(rollouts(keys), GROUP)["pending"] == 0, "the acknowledgements")
 
 
@@ -165,21 +165,21 @@ def test_a_paced_learner_reads_no_further_than_its_batch(r, keys, redis_server, 
     for _ in range(4):
         r.xadd(rollouts(keys), {"d": encode(KIND, _rollouts(lrn, r, keys))})
     held = lambda: r.xpending(rollouts(keys), GROUP)["pending"]  # noqa: E731
-    lrn.start_threads()
+    lrn.source.start(lrn.fail)
     try:
-        batch = lrn.take(timeout=10)
+        batch = lrn.source.take(timeout=10)
         assert batch is not None and batch.action.shape[1] == 4
         if paced:  # the batch in hand, nothing read ahead: an absence, so time must pass
             time.sleep(0.5)
             assert held() == 1
         else:
             wait_until(held, "the loader to read ahead", 10, until=lambda n: n == 4)
-        lrn.used(batch)
-        assert lrn.take(timeout=10) is not None
+        lrn.source.used(batch)
+        assert lrn.source.take(timeout=10) is not None
         if paced:
             wait_until(lambda: held() == 1, "the next entry only")
     finally:
-        lrn.stop_threads()
+        lrn.source.stop()
 
 
 @pytest.mark.slow

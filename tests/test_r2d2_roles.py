@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from functools import partial
 
 import gymnasium as gym
 import numpy as np
@@ -26,15 +25,19 @@ from qrl.runtime.runs import create_run
 from qrl.wire.codec import encode
 from qrl.wire.weights import WeightStore
 from tests.cli import ROOT, eval_confirmation, qrl, train
-from tests.helpers import experience, not_none, random_sequences, sequence_message, wait_until
+from tests.helpers import (
+    experience,
+    make_learner,
+    not_none,
+    random_sequences,
+    sequence_message,
+    wait_until,
+)
 
 LSTM = 8
 
 
 def test_learner_writes_the_priority_mix_back(r, keys, redis_server):
-    from qrl.learners.r2d2 import R2D2Learner
-    from qrl.wire.connection import connect
-
     cfg = R2D2Config(
         sequence_length=6,
         lstm=LSTM,
@@ -48,17 +51,19 @@ def test_learner_writes_the_priority_mix_back(r, keys, redis_server):
     layout, _ = sequence_spec(cfg, EnvSpec.of(cfg.env))
     batch = random_sequences(np.random.default_rng(5), 40, 6, obs_dim=2)
     make_replay(r, keys, cfg, layout=layout).insert(layout.pack_columns(**batch), np.ones(40))
-    lrn = R2D2Learner(partial(connect, redis_server.url), keys, cfg, "cpu")
-    lrn.start_threads()
+    lrn = make_learner(redis_server.url, keys, cfg)
+    lrn.source.start(lrn.fail)
     try:
-        b = wait_until(lambda: lrn.next_batch(1.0), "a batch", until=not_none, every=0)
+        b = wait_until(lambda: lrn.source.next(1.0, 0), "a batch", until=not_none, every=0)
+        rule = lrn.rule
         with torch.no_grad():
-            q, y, mask = sequence_td(lrn.net, lrn.target, b.seq, lrn.rule)
+            q, y, mask = sequence_td(rule.net, rule.target, b.seq, rule.sequences)
             want = sequence_priority(y - q, mask, 0.9).numpy()
+            given = rule.loss(b, 0).priorities  # returned by the loss, for the replay
+        np.testing.assert_allclose(given.numpy(), want, rtol=1e-5, atol=1e-6)
         assert np.isfinite(lrn.train(b))  # the update, then the slot back with the priorities
-        np.testing.assert_allclose(b.priority.numpy(), want, rtol=1e-5, atol=1e-6)
     finally:
-        lrn.stop_threads()
+        lrn.source.stop()
     got = np.array(r.zmscore(keys.replay_priorities, b.ids))
     np.testing.assert_allclose(got, np.maximum(want + 1e-6, 1e-6), rtol=1e-4)
 

@@ -17,18 +17,18 @@ import redis
 import torch
 
 from qrl.algos.impala.config import ImpalaConfig
-from qrl.learners.impala import ImpalaLearner
+from qrl.learners.impala import LOADER_NICE
 from qrl.learners.replay import Batch
 from qrl.replay.frames import layout_for
 from qrl.replay.ring import NAP_S, BatchRing, Channel
 from qrl.replay.sampler import Sampler, SamplerSpec
 from qrl.replay.store import PrioritizedReplay, Sample
 from qrl.runtime.runs import create_run
-from qrl.wire.connection import connect
 from tests.helpers import (
     LAYOUT,
     check_records,
     int_ids,
+    make_learner,
     make_records,
     skip_or_fail,
     wait_until,
@@ -142,7 +142,7 @@ def test_feed_processes_run_as_batch_processes(r, keys, redis_server):
         started.callback(sampler.stop)
         cfg = ImpalaConfig()
         create_run(r, keys, "impala", cfg)
-        loader = ImpalaLearner(functools.partial(connect, redis_server.url), keys, cfg).start_feed()
+        loader = make_learner(redis_server.url, keys, cfg).source.source.open()
         started.callback(loader.stop)
         pids = [*sampler.pids, *loader.pids]
         assert len(pids) == 3
@@ -157,7 +157,7 @@ def test_feed_processes_run_as_batch_processes(r, keys, redis_server):
             lambda: os.getpriority(os.PRIO_PROCESS, loader.pids[0]),
             "niceness",
             30,
-            until=lambda n: n == min(mine + ImpalaLearner.loader_nice, 19),
+            until=lambda n: n == min(mine + LOADER_NICE, 19),
         )
 
 

@@ -21,7 +21,6 @@ from qrl.algos.es.strategy import PolicySpec
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
 from qrl.learners.es import ESMaster
-from qrl.learners.impala import ImpalaLearner
 from qrl.replay.role import make_replay
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.loop import run_role
@@ -30,7 +29,7 @@ from qrl.wire.codec import encode
 from qrl.wire.connection import connect
 from qrl.wire.streams import FIELD
 from qrl.wire.weights import WeightStore, module_arrays
-from tests.helpers import es_payload, fill_replay, impala_unrolls, wait_until
+from tests.helpers import es_payload, fill_replay, impala_unrolls, make_learner, wait_until
 
 GARBAGE = [  # what the weights hash may hold after someone else wrote it
     {"version": "garbage", "blob": b"junk"},
@@ -80,7 +79,7 @@ def test_garbage_in_the_weights_key_is_ignored_by_readers_and_overwritten(r, key
 def test_impala_learner_publishes_above_a_second_writer(r, keys, redis_server):
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
     create_run(r, keys, "impala", cfg)
-    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    lrn = make_learner(redis_server.url, keys, cfg)
     msg = {FIELD: encode("impala.unrolls", impala_unrolls(cfg, r, keys))}
 
     def train_once() -> None:  # the learner's loop, one update at a time
@@ -92,14 +91,17 @@ def test_impala_learner_publishes_above_a_second_writer(r, keys, redis_server):
     lrn.start(lambda: False)
     try:
         train_once()
-        assert lrn.updates == 1 == lrn.weights.version()
+        assert lrn.updates == 1 == lrn.publisher.weights.version()
         WeightStore(r, keys).publish(_net(5), version=50)  # someone else's weights, newer
         train_once()  # no ValueError: published above them
-        assert lrn.updates == 51 == lrn.weights.version()
+        assert lrn.updates == 51 == lrn.publisher.weights.version()
         for garbage in GARBAGE[:2]:
             r.hset(keys.weights, mapping=garbage)
             train_once()
-            assert lrn.weights.version() == lrn.updates and lrn.weights.fetch() is not None
+            assert (
+                lrn.publisher.weights.version() == lrn.updates
+                and lrn.publisher.weights.fetch() is not None
+            )
         assert lrn.updates == 53
     finally:
         lrn.close(lambda: True)
@@ -122,12 +124,12 @@ def test_a_learner_publishes_over_garbage_at_its_own_version_as_it_starts(r, key
     ):
         r.delete(keys.weights)
         r.hset(keys.weights, mapping={"version": "0", **junk})  # decodes, or fits no net
-        lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+        lrn = make_learner(redis_server.url, keys, cfg)
         lrn.start(lambda: False)
         try:
             w = WeightStore(r, keys).fetch()
             assert w is not None and w.version == lrn.updates == 1
-            assert lrn.weights.load_into(lrn.net) == 1  # what the actors take: it fits
+            assert lrn.publisher.weights.load_into(lrn.net) == 1  # what the actors take: it fits
         finally:
             lrn.close(lambda: True)
 
@@ -139,7 +141,7 @@ def test_a_learner_waiting_for_data_publishes_again_over_a_writers_blob(r, keys,
     job). The learner sees its blob gone and publishes again as a new version."""
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
     create_run(r, keys, "impala", cfg)
-    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    lrn = make_learner(redis_server.url, keys, cfg)
     lrn.start(lambda: False)
     try:
         started = lrn.updates
@@ -189,13 +191,11 @@ def test_es_master_publishes_above_a_second_writer_and_survives_garbage(r, keys,
 
 
 def test_apex_learner_publishes_above_a_second_writer(r, keys, redis_server):
-    from qrl.learners.apex import ApexLearner
-
     cfg = ApexConfig(learning_starts=100, publish_every=5)
     create_run(r, keys, "apex", cfg)
     replay = make_replay(r, keys, cfg)
     fill_replay(replay, np.zeros((200, 4), np.float32))
-    lrn = ApexLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
+    lrn = make_learner(redis_server.url, keys, cfg)
     stop = threading.Event()
     errors: list[BaseException] = []
 
@@ -218,15 +218,15 @@ def test_apex_learner_publishes_above_a_second_writer(r, keys, redis_server):
     try:
         above(lambda: lrn.updates, "updates", 9)
         WeightStore(r, keys).publish(module_arrays(lrn.net), version=1000)
-        above(lrn.weights.version, "the weights' version", 1000)
+        above(lrn.publisher.weights.version, "the weights' version", 1000)
         r.hset(keys.weights, "version", "garbage")
-        above(lrn.weights.version, "the weights' version", 1001)
+        above(lrn.publisher.weights.version, "the weights' version", 1001)
     finally:
         stop.set()
         t.join(60)
     assert not errors and not t.is_alive()
-    assert lrn.updates > 1001 and lrn.weights.version() == lrn.updates
-    assert lrn.weights.fetch().version == lrn.updates
+    assert lrn.updates > 1001 and lrn.publisher.weights.version() == lrn.updates
+    assert lrn.publisher.weights.fetch().version == lrn.updates
 
 
 def test_qrl_train_evaluation_skips_parameters_that_do_not_fit(r, keys):

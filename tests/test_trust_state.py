@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from functools import partial
 
 import pytest
 import redis
@@ -24,7 +23,7 @@ from qrl.wire.codec import encode
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import MAX_AHEAD, MAX_VERSION, WeightStore, module_arrays
-from tests.helpers import wait_until
+from tests.helpers import make_learner, wait_until
 
 
 def _net(seed: int = 0) -> torch.nn.Module:
@@ -51,16 +50,15 @@ def test_a_far_ahead_weights_version_is_garbage_overwritten_not_adopted(r, keys)
 
 def test_a_learner_never_resumes_from_a_far_ahead_version(r, keys, redis_server):
     from qrl.algos.impala.config import ImpalaConfig
-    from qrl.learners.impala import ImpalaLearner
     from qrl.runtime.runs import create_run
 
     cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=4, unroll=10)
     create_run(r, keys, "impala", cfg)
-    lrn = ImpalaLearner(partial(connect, redis_server.url), keys, cfg, "cpu")
-    WeightStore(r, keys).publish(lrn.published(), version=MAX_VERSION - 1)  # valid blob
+    lrn = make_learner(redis_server.url, keys, cfg)
+    WeightStore(r, keys).publish(lrn.rule.published(), version=MAX_VERSION - 1)  # valid blob
     lrn.start(lambda: False)
     try:
-        assert lrn.updates == 0 and lrn.weights.version() == 0
+        assert lrn.updates == 0 and lrn.publisher.weights.version() == 0
     finally:
         lrn.close(lambda: True)
 

@@ -1,6 +1,6 @@
-"""The Ape-X DPG learner, TD3-style (Fujimoto et al. 2018) on the Ape-X replay: the
-sampler process, batches, IS weights and priority updates are the Ape-X learner's
-(:class:`qrl.learners.replay.ReplayLearner`); the loss is DPG's.
+"""The Ape-X DPG learner's update rule, TD3-style (Fujimoto et al. 2018) on the Ape-X replay:
+the sampler processes, batches, IS weights and priority updates are the Ape-X family's
+(:class:`qrl.learners.replay.ReplaySource`); the loss is DPG's.
 
 * Twin critics, the target taking the smaller of the two target critics: one critic's
   overestimation is what the actor learns to exploit in DDPG.
@@ -24,27 +24,28 @@ import numpy as np
 import torch
 from torch import nn
 
+from qrl.algos.apex_dpg.config import ApexDPGConfig
 from qrl.algos.apex_dpg.dpg import ActorCritic, critic_target, polyak, unscale_action
 from qrl.learners.base import adam
-from qrl.learners.replay import Batch, ReplayLearner
+from qrl.learners.replay import Batch
+from qrl.learners.rule import Rule, Update
 from qrl.replay.role import experience_spec
+from qrl.rl.envspec import EnvSpec
 
 
-class ApexDPGLearner(ReplayLearner):
-    algo = "apex-dpg"
-
-    def build(self) -> torch.nn.Module:
-        cfg, obs_shape = self.cfg, self.env.obs_shape
-        low, high = self.env.box_actions()
-        self.low = torch.tensor(low, device=self.device)
-        self.high = torch.tensor(high, device=self.device)
-        net = ActorCritic(obs_shape, len(low), cfg.hidden).to(self.device)
-        self.target = ActorCritic(obs_shape, len(low), cfg.hidden).to(self.device)
+class DPGRule(Rule):
+    def __init__(self, cfg: ApexDPGConfig, env: EnvSpec, device: torch.device) -> None:
+        self.cfg, obs_shape = cfg, env.obs_shape
+        low, high = env.box_actions()
+        self.low = torch.tensor(low, device=device)
+        self.high = torch.tensor(high, device=device)
+        net = ActorCritic(obs_shape, len(low), cfg.hidden).to(device)
+        self.target = ActorCritic(obs_shape, len(low), cfg.hidden).to(device)
         self.target.requires_grad_(False)
         self.actor_view = nn.ModuleDict({"actor": net.actor})  # what is published
-        self.layout, _ = experience_spec(self.env)
+        self.layout, _ = experience_spec(env)
         self.q_mean = float("nan")
-        return net
+        self.net = net
 
     def optimizer(self) -> torch.optim.Optimizer:
         net, cfg = self.net, self.cfg
@@ -61,23 +62,25 @@ class ApexDPGLearner(ReplayLearner):
     def published(self) -> nn.Module:
         return self.actor_view
 
-    def loss(self, b: Batch) -> torch.Tensor:
+    def begin(self) -> None:
+        self.target.load_state_dict(self.net.state_dict())
+
+    def loss(self, b: Batch, updates: int) -> Update:
         cfg, net = self.cfg, self.net
         target = critic_target(
             self.target, b.ret, b.disc, b.next_obs, cfg.target_noise, cfg.noise_clip
         )
         q1, q2 = net.critic(b.obs, unscale_action(b.action, self.low, self.high))
-        b.priority = (target - q1).detach().abs()
+        priorities = (target - q1).detach().abs()
         loss = (b.weight * ((q1 - target) ** 2 + (q2 - target) ** 2)).mean()
-        if (self.updates + 1) % cfg.policy_delay == 0:
+        if (updates + 1) % cfg.policy_delay == 0:
             loss = loss - net.critic.q1_frozen(b.obs, net.actor(b.obs)).mean()
         self.q_mean = float(q1.detach().mean())
-        return loss
+        return Update(loss, priorities)
 
-    def after_step(self, b: Batch) -> None:
-        self.keep_priorities(b)
+    def after_step(self, updates: int, steps: int) -> None:
         polyak(self.target, self.net, self.cfg.tau)
 
-    def extra_metrics(self) -> dict[str, float]:
+    def metrics(self) -> dict[str, float]:
         q = self.q_mean if np.isfinite(self.q_mean) else 0.0
-        return {**super().extra_metrics(), "q_mean": q}
+        return {"q_mean": q}

@@ -1,9 +1,19 @@
-"""What every torch learner shares: device choice, resuming (:mod:`qrl.learners.resume`), the
-guarded optimizer step, weight publication, the learner pool, and its part of the role loop
-(:mod:`qrl.runtime.loop`).
+"""The learner role: one class for every torch learner, composed of parts that each
+algorithm's builder (``qrl/algos/NAME/builder.py``) passes in:
 
-A subclass builds its network and optimizer, starts its data-loading threads, and turns a
-batch into a loss; the rest is here and in the loop.
+- a batch source (:class:`Source`: the replay's samplers, :mod:`qrl.learners.replay`; the
+  unroll loader, :mod:`qrl.learners.unrolls`), started and stopped with the learner;
+- an update rule (:class:`qrl.learners.rule.Rule`): the network(s), the optimizer, a batch
+  made losses;
+- how a gradient becomes a step (:class:`qrl.learners.step.LocalStep`, or Gorila's push to
+  the parameter server);
+- a publisher (:class:`qrl.learners.publish.Publisher`) and a checkpointer
+  (:class:`qrl.learners.resume.Checkpointer`), each ``None`` where the learner keeps
+  neither (Gorila's: its parameter server does).
+
+:meth:`Learner.train` is the one update path: it counts updates and skipped steps,
+publishes, and hands the batch back to its source (acknowledged, or released with its new
+priorities).
 
 The pool (a config with ``learners`` > 1, :class:`qrl.runtime.config.LearnerPool`): the
 learners meet through Redis (:class:`qrl.learners.group.LearnerGroup`), start from the state
@@ -23,22 +33,21 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import redis
 import torch
 
 from qrl.learners.group import GroupLost, LearnerGroup
-from qrl.learners.resume import load_optimizer, resume, settle
+from qrl.learners.publish import Publisher
+from qrl.learners.resume import Checkpointer, Resumed, load_optimizer
+from qrl.learners.rule import Rule, Update
+from qrl.learners.step import LocalStep
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.algorithm import RoleContext
-from qrl.runtime.checkpoint import save_checkpoint
 from qrl.runtime.config import Config, LearnerPool, live_fields
 from qrl.runtime.loop import Role, StopCheck
-from qrl.runtime.snapshot import capture, write_file
-from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore
 
 log = logging.getLogger(__name__)
@@ -63,48 +72,98 @@ def adam(params: Any, **kwargs: Any) -> torch.optim.Adam:
     return torch.optim.Adam(params, fused=True, **kwargs)
 
 
-class Learner(Role):
-    """Base learner. Subclasses set ``algo`` and implement ``build``, ``optimizer``,
-    ``next_batch`` and ``loss``; they may override ``start_threads``/``stop_threads``,
-    ``after_step``, ``extra_metrics`` and ``learning_rates``. The config has ``grad_clip``
-    (:class:`qrl.runtime.config.GradientClip`), read at every update, and the learning
-    rates that :meth:`learning_rates` names: both may change while the run runs."""
+def prepare(ctx: RoleContext) -> tuple[torch.device, EnvSpec]:
+    """What comes before a learner's parts are built: its device and env spec (the
+    launcher's, read once), torch's threads (actors share the cores: one compute thread by
+    default) and seed (the networks' first weights follow from it)."""
+    device = pick_device(ctx.device)
+    torch.set_num_threads(ctx.threads)
+    torch.manual_seed(ctx.cfg.seed)
+    return device, ctx.env or EnvSpec.of(ctx.cfg.env)
 
-    algo = ""
+
+class Source(Protocol):
+    """Where a learner's batches come from (:class:`qrl.learners.fed.FedSource`)."""
+
+    transfer_s: float  # seconds making batches' tensors
+
+    def start(self, fail: Callable[[str], None]) -> None:
+        """Start loading (``fail``: what a loader that cannot go on calls)."""
+
+    def stop(self) -> None: ...
+
+    def next(self, timeout: float, updates: int) -> Any | None:
+        """The next batch, ``None`` if none came within ``timeout`` seconds (``updates``:
+        the learner's, which the policy lag is measured against)."""
+
+    def done(self, batch: Any, update: Update | None) -> None:
+        """The learner is done with ``batch``: ``update`` is its last step's output, or
+        ``None`` if no step was taken."""
+
+    def metrics(self) -> dict[str, float]: ...
+
+
+class Learner(Role):
+    """A learner: its ``rule``'s network trained on its ``source``'s batches, each gradient
+    made a step by ``step`` (by default its own optimizer's), the weights published by
+    ``publisher`` and its state kept by ``checkpointer``. The config has ``grad_clip``
+    (:class:`qrl.runtime.config.GradientClip`) and the learning rates the rule names: both
+    may change while the run runs."""
+
     name = "learner"
     counter = "updates"
 
     def __init__(
         self,
-        client_factory: Callable[[], redis.Redis],
-        keys: RunKeys,
-        cfg: Config,
-        device: str = "auto",
-        checkpoint: Path | None = None,
-        threads: int = 1,
-        env: EnvSpec | None = None,
-        snapshot: Path | None = None,
+        ctx: RoleContext,
+        device: torch.device,
+        rule: Rule,
+        source: Source,
+        *,
+        step: Any = None,
+        publisher: Publisher | None = None,
+        checkpointer: Checkpointer | None = None,
+        client: redis.Redis | None = None,
     ) -> None:
-        self.client_factory, self.keys, self.cfg = client_factory, keys, cfg
-        self.env = env or EnvSpec.of(cfg.env)  # what build reads: the launcher's, read once
-        self.client = client_factory()
-        self.device = pick_device(device)
-        torch.set_num_threads(threads)  # actors share the cores: one compute thread by default
-        torch.manual_seed(cfg.seed)
+        self.keys, self.cfg, self.device = ctx.keys, ctx.cfg, device
+        self.client = client or ctx.connect()  # its own (the pool's rendezvous, the weights)
+        self.rule, self.source = rule, source
+        self.step_part = step or LocalStep()
+        self.publisher, self.checkpointer = publisher, checkpointer
+        self.net = rule.net
         self.stopping = threading.Event()
-        self.net = self.build()
         self._opt: torch.optim.Optimizer | None = None
-        self.skipped = 0  # for a non-finite loss
-        # seconds waiting for data (of them: making the batch's tensors), averaging gradients
-        self.wait_s, self.transfer_s, self.allreduce_s = 0.0, 0.0, 0.0
-        self.group = LearnerGroup(0, 1, self.device)  # alone until start() joins the pool
+        self.skipped = 0  # steps not taken for a non-finite loss or gradient
+        self.wait_s = 0.0  # seconds waiting for data
+        self.group = LearnerGroup(0, 1, device)  # alone until start() joins the pool
         self.held: Any = None  # this learner's batch, waiting for the pool's
         self.losses: list[float] = []  # since the last report
-        self.checkpoint = checkpoint
-        self.snapshot = snapshot  # the state a PBT slot hands in, and takes back as it stops
-        self.resumed = resume(self.net, self.algo, cfg, checkpoint, snapshot)
+        self.resumed = checkpointer.resume(self.net, ctx.cfg) if checkpointer else Resumed()
         self.updates = self.resumed.updates
-        self.weights = WeightStore(self.client, keys)
+
+    @classmethod
+    def publishing(
+        cls,
+        ctx: RoleContext,
+        device: torch.device,
+        rule: Rule,
+        source: Source,
+        algo: str,
+        every: int = 1,
+    ) -> Learner:
+        """The usual learner: it steps its own optimizer, publishes the run's weights every
+        ``every`` updates, and keeps its state in its checkpoint (of ``algo``) and the run's
+        snapshot."""
+        client = ctx.connect()
+        return cls(
+            ctx,
+            device,
+            rule,
+            source,
+            publisher=Publisher(WeightStore(client, ctx.keys), every),
+            checkpointer=Checkpointer(algo, ctx.checkpoint, ctx.snapshot),
+            client=client,
+        )
 
     @property
     def opt(self) -> torch.optim.Optimizer:
@@ -113,140 +172,68 @@ class Learner(Role):
         so the learner publishes its initial weights first and the actors start meanwhile
         (:meth:`start`)."""
         if self._opt is None:
-            self._opt = self.optimizer()
+            self._opt = self.step_part.optimizer(self.rule)
             if load_optimizer(self._opt, self.resumed):
                 self._set_learning_rates()  # the run's, not those saved with the state
         return self._opt
 
-    @classmethod
-    def from_context(cls, ctx: RoleContext) -> Learner:
-        """The learner a role context asks for (what the builders' ``make`` returns)."""
-        return cls(
-            ctx.connect,
-            ctx.keys,
-            ctx.cfg,
-            ctx.device,
-            checkpoint=ctx.checkpoint,
-            threads=ctx.threads,
-            env=ctx.env,
-            snapshot=ctx.snapshot,
-        )
+    # -- one update
+    def train(self, batch: Any) -> float:
+        """One update on ``batch``: a guarded step on each of the rule's parts of it; the
+        mean loss of the steps taken (NaN if none: then, unless the rule counts such an
+        update, it is not counted and nothing is published). The batch goes back to its
+        source in any case."""
+        losses: list[float] = []
+        kept: Update | None = None
+        try:
+            for part in self.rule.parts(batch, self.group):
+                out = self.rule.loss(part, self.updates)
+                if self.group.world == 1 and not torch.isfinite(out.loss):
+                    self._skip("loss")  # (in a pool its gradient is not finite either)
+                    continue
+                if not self.step_part.take(
+                    out.loss, self.net, self.opt, self.group, self.cfg.grad_clip
+                ):
+                    self._skip("gradient")
+                    continue
+                kept = out
+                losses.append(out.loss.item())
+            if losses or self.rule.counts_skipped:
+                self.updates += 1
+                self.rule.after_step(self.updates, len(losses))
+                self.step_part.after(self.updates, self.cfg)
+                if self.publisher is not None and self.publisher.due(self.updates):
+                    self.publish()
+        finally:
+            self.source.done(batch, kept)
+        return float(np.mean(losses)) if losses else float("nan")
 
-    # -- for subclasses
-    def build(self) -> torch.nn.Module:
-        """The network (and whatever else the learner needs: target networks, consumers)."""
-        raise NotImplementedError
-
-    def optimizer(self) -> torch.optim.Optimizer:
-        """The optimizer of ``self.net``."""
-        raise NotImplementedError
-
-    def next_batch(self, timeout: float) -> Any | None:
-        """The next batch, or ``None`` if none came within ``timeout`` seconds."""
-        raise NotImplementedError
-
-    def loss(self, batch: Any) -> torch.Tensor:
-        raise NotImplementedError
-
-    def after_step(self, batch: Any) -> None:
-        """Called after a successful optimizer step (priorities, acks, target sync)."""
-
-    def after_skip(self, batch: Any) -> None:
-        """Called when ``batch`` gave a non-finite loss or gradient and no step was taken."""
-
-    def start_threads(self) -> None:
-        """Start what loads batches: a process (IMPALA and PPO: the loader; the replay
-        learners' sampler)."""
-
-    def stop_threads(self) -> None:
-        """Stop what :meth:`start_threads` started."""
-
-    def extra_metrics(self) -> dict[str, float]:
-        return {}
-
-    def learning_rates(self) -> list[float]:
-        """The learning rate of each of the optimizer's parameter groups, from ``self.cfg``:
-        ``cfg.lr`` (:class:`qrl.runtime.config.LearningRate`) for one group by default."""
-        return [self.cfg.lr]
-
-    def published(self) -> torch.nn.Module:
-        """What actors need and the weights carry: the whole network unless a subclass
-        publishes less (Ape-X DPG: the actor network, its names as in ``self.net``)."""
-        return self.net
-
-    # -- shared
-    def update(self, batch: Any) -> float:
-        """One guarded gradient step; returns the loss (NaN if skipped because the loss or
-        the gradient is not finite: then no step is taken and nothing is published)."""
-        loss = self.loss(batch)
-        if self.group.world == 1 and not torch.isfinite(loss):
-            return self._skip(batch, "loss")  # (in a pool its gradient is not finite either)
-        if not self.step_on(loss):
-            return self._skip(batch, "gradient")
-        self.updates += 1
-        self.after_step(batch)
-        if self.updates % self.cfg.publish_every == 0:
-            self.publish()
-        return loss.item()
-
-    def step_on(self, loss: torch.Tensor) -> bool:
-        """Backward, the gradient averaged over the pool, clipped, one optimizer step; False
-        (no step) if the gradient is not finite. A non-finite loss on one learner makes the
-        average non-finite on all of them: they all skip together."""
-        alone = self.group.world == 1
-        self.opt.zero_grad(set_to_none=alone)
-        loss.backward()
-        params = list(self.net.parameters())
-        if not alone:
-            self.allreduce_s += self.group.all_reduce_mean_(self.group.grads(params))
-        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
-        if not torch.isfinite(norm):
-            self.opt.zero_grad(set_to_none=True)
-            return False
-        self.opt.step()
-        return True
-
-    def _skip(self, batch: Any, what: str) -> float:
+    def _skip(self, what: str) -> None:
         self.skipped += 1
-        log.warning(
-            "non-finite %s at update %d: skipped, weights not published", what, self.updates
-        )
-        self.after_skip(batch)
-        return float("nan")
+        log.warning("non-finite %s at update %d: step skipped", what, self.updates)
 
     def publish(self) -> None:
         """Publish the weights as version ``updates`` (in a pool: the leader); if another
-        writer stored a newer version, they go above it and the learner counts on from there (see
-        :meth:`qrl.wire.weights.WeightStore.publish`). Parameters that are not finite are never
-        published."""
-        if not self.group.leader:
-            return
-        module = self.published()
-        if not all(torch.isfinite(p).all() for p in module.parameters()):
-            log.error("parameters at update %d are not finite: not published", self.updates)
-            return
-        self.updates = self.weights.publish(module, version=self.updates)
+        writer stored a newer version, they go above it and the learner counts on from
+        there."""
+        if self.publisher is not None and self.group.leader:
+            self.updates = self.publisher.publish(self.rule.published(), self.updates)
 
     def reconfigure(self, cfg: Config) -> None:
-        """A live config change: the learning rates go to the optimizer at once."""
+        """A live config change: the rule reads it, the learning rates go to the optimizer
+        at once."""
         super().reconfigure(cfg)
+        self.rule.reconfigure(cfg)
         self._set_learning_rates()
 
     def _set_learning_rates(self) -> None:
         groups = self.opt.param_groups
-        for group, lr in zip(groups, self.learning_rates(), strict=True):
+        for group, lr in zip(groups, self.rule.learning_rates(), strict=True):
             group["lr"] = lr
 
     def save(self) -> None:
-        if not self.group.leader:
-            return
-        if self.checkpoint is not None:
-            save_checkpoint(self.checkpoint, self.algo, self.cfg, self.net, self.opt, self.updates)
-        if self.snapshot is not None:
-            try:
-                write_file(self.snapshot, capture(self.net, self.opt, self.updates))
-            except OSError as e:  # the checkpoint above holds it
-                log.warning("could not save the snapshot to %s: %s", self.snapshot, e)
+        if self.checkpointer is not None and self.group.leader:
+            self.checkpointer.save(self.cfg, self.net, self.opt, self.updates)
 
     # -- the role (run by :func:`qrl.runtime.loop.run_role`)
     def start(self, should_stop: StopCheck) -> bool:
@@ -264,18 +251,22 @@ class Learner(Role):
         self.group = group
         if group.world > 1:
             log.info("learner rank %d of %d", group.rank, group.world)
-        self.updates, behind = settle(self.weights, self.published(), self.updates)
-        if behind:  # actors start from the learner's initial (or resumed) weights
-            self.publish()
+        if self.publisher is not None:
+            self.updates, behind = self.publisher.settle(self.rule.published(), self.updates)
+            if behind:  # actors start from the learner's initial (or resumed) weights
+                self.publish()
+        if not self.step_part.start(should_stop):  # (Gorila's: the first pull)
+            return False
         self.stopping.clear()
-        self.start_threads()
+        self.rule.begin()
+        self.source.start(self.fail)
         _ = self.opt  # made now, while the actors start on the published weights
         if group.world > 1:  # every learner from the state of the one furthest on
             synced = group.sync(self.net, self.opt, self.updates)
             if synced != self.updates:
                 log.info("took the pool's state at update %d (had %d)", synced, self.updates)
             self.updates = synced
-            if self.weights.version() != self.updates:
+            if self.publisher is not None and self.publisher.behind(self.updates):
                 self.publish()
         return True
 
@@ -284,12 +275,12 @@ class Learner(Role):
         one)."""
         if self.stopping.is_set():
             return False
-        if not self.weights.kept():  # a writer's blob in place of ours: actors that rejected
-            self.updates += 1  # it wait for a new version (see qrl.wire.weights)
-            self.publish()
+        if self.publisher is not None and not self.publisher.kept():
+            self.updates += 1  # a writer's blob in place of ours: actors that rejected it
+            self.publish()  # wait for a new version (see qrl.wire.weights)
         if self.held is None:
             t0 = time.monotonic()
-            self.held = self.next_batch(0.2)
+            self.held = self.source.next(0.2, self.updates)
             self.wait_s += time.monotonic() - t0
         if self.group.world == 1:
             batch, self.held = self.held, None
@@ -312,10 +303,6 @@ class Learner(Role):
             return False
         return True
 
-    def train(self, batch: Any) -> float:
-        """Train on one batch: one :meth:`update` (PPO: epochs of minibatches); the loss."""
-        return self.update(batch)
-
     def _agree(self, should_stop: StopCheck) -> tuple[bool, bool]:
         """One collective: (every learner holds a batch, one of them stops); the leader's
         live hyperparameters become everyone's."""
@@ -334,11 +321,13 @@ class Learner(Role):
             "updates": self.updates,
             "loss": float(np.mean(finite)) if finite else 0.0,
             "wait_s": self.wait_s,
-            "transfer_s": self.transfer_s,
+            "transfer_s": self.source.transfer_s,
             "skipped": self.skipped,
             "lr": float(self.opt.param_groups[0]["lr"]),  # what the optimizer steps with
             **(self.group_metrics() if self.group.world > 1 else {}),
-            **self.extra_metrics(),
+            **self.source.metrics(),
+            **self.rule.metrics(),
+            **self.step_part.metrics(),
         }
 
     def group_metrics(self) -> dict[str, float]:
@@ -348,16 +337,18 @@ class Learner(Role):
         crc = 0
         for p in self.net.parameters():
             crc = zlib.crc32(p.detach().cpu().numpy().tobytes(), crc)
-        return {"rank": self.group.rank, "allreduce_s": self.allreduce_s, "params_crc": crc}
+        allreduce_s = self.step_part.allreduce_s
+        return {"rank": self.group.rank, "allreduce_s": allreduce_s, "params_crc": crc}
 
     def close(self, should_stop: StopCheck) -> None:
         self.stopping.set()
-        self.stop_threads()
-        if self.weights.version() < self.updates:
+        self.source.stop()
+        if self.publisher is not None and self.publisher.stale(self.updates):
             self.publish()
         self.group.close()
 
     def fail(self, what: str) -> None:
-        """Called by a data thread that cannot go on: the learner stops and exits non-zero."""
+        """Called by a batch source that cannot go on: the learner stops and exits
+        non-zero."""
         super().fail(what)
         self.stopping.set()

@@ -1,6 +1,6 @@
-"""What the learners fed by processes through a ring (:mod:`qrl.replay.feed`) share: the
-replay learners (their samplers) and the unroll learners (their loader). :class:`FedLearner`
-starts and stops the feed and takes batches from it as tensors.
+"""What the batch sources fed by processes through a ring (:mod:`qrl.replay.feed`) share: the
+replay's (its samplers) and the unrolls' (their loader). :class:`FedSource` starts and stops
+the feed and takes batches from it as tensors.
 
 On CPU a batch's tensors are the ring slot's own memory; on CUDA the ring is page-locked,
 so copies from a slot to the GPU run asynchronously (``non_blocking``), overlapping the
@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from qrl.learners.base import Learner
 from qrl.replay.feed import Feed
 from qrl.replay.ring import SlotRing
 
@@ -47,22 +46,28 @@ def tensor_on(device: torch.device) -> Callable[[np.ndarray], torch.Tensor]:
     return lambda a: torch.from_numpy(a).to(device, non_blocking=True)
 
 
-class FedLearner(Learner):
-    """A learner whose batches come from a :class:`~qrl.replay.feed.Feed` (``start_feed``:
-    started with the learner, stopped with it)."""
+class FedSource:
+    """A batch source fed by a :class:`~qrl.replay.feed.Feed` (:meth:`open`: started with the
+    learner, stopped with it; its ring pinned for copies to CUDA). A subclass opens its feed
+    and makes its items batches."""
 
-    feed: Feed | None = None
-    _pinned = False
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.feed: Feed | None = None
+        self.transfer_s = 0.0  # seconds making batches' tensors
+        self._pinned = False
+        self._fail: Callable[[str], None] = _unheard
 
-    def start_feed(self) -> Feed:
+    def open(self) -> Feed:
         raise NotImplementedError
 
-    def start_threads(self) -> None:
-        """Start the feed's processes (no thread)."""
-        self.feed = self.start_feed()
+    def start(self, fail: Callable[[str], None]) -> None:
+        """Start the feed's processes (no thread); ``fail`` hears why it cannot go on."""
+        self._fail = fail
+        self.feed = self.open()
         self._pinned = pin(self.feed.ring, self.device)
 
-    def stop_threads(self) -> None:
+    def stop(self) -> None:
         if self.feed is not None:
             self.feed.stop()
             if self._pinned:
@@ -77,7 +82,7 @@ class FedLearner(Learner):
         try:
             item = self.feed.get(timeout) if self.feed is not None else None
         except RuntimeError as e:
-            self.fail(str(e))
+            self._fail(str(e))
             return None
         if item is None:
             return None
@@ -85,3 +90,10 @@ class FedLearner(Learner):
         batch = make(item)
         self.transfer_s += time.monotonic() - t0
         return batch
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+
+def _unheard(what: str) -> None:
+    raise RuntimeError(what)

@@ -1,21 +1,24 @@
-"""The Gorila learner (Nair et al. 2015): one of ``learners`` processes that each sample the
-prioritized replay, compute the double-DQN gradient (:class:`qrl.learners.dqn.DQNLearner`)
-on the parameters they last pulled from the parameter server (:mod:`qrl.ps`) and push it
-there instead of stepping an optimizer. The target network takes the pulled parameters
-every ``target_update`` versions of them. The servers publish the weights and write the
-checkpoint; a learner keeps nothing of its own (a restarted one pulls and goes on)."""
+"""The Gorila learner's step (Nair et al. 2015): one of ``learners`` processes that each
+sample the prioritized replay, compute the double-DQN gradient
+(:class:`qrl.learners.dqn.DQNRule`) on the parameters they last pulled from the parameter
+server (:mod:`qrl.ps`) and push it there instead of stepping an optimizer
+(:class:`PSStep`). The target network takes the pulled parameters every ``target_update``
+versions of them. The servers publish the weights and write the checkpoint; a learner keeps
+nothing of its own (a restarted one pulls and goes on): its builder passes no publisher and
+no checkpointer."""
 
 from __future__ import annotations
 
-from typing import Any
-
+import redis
 import torch
 
-from qrl.learners.dqn import DQNLearner
-from qrl.learners.replay import Batch
+from qrl.algos.gorila.config import GorilaConfig
+from qrl.learners.dqn import DQNRule
+from qrl.learners.group import LearnerGroup
+from qrl.learners.rule import Rule
 from qrl.ps.client import PSClient
-from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.loop import StopCheck
+from qrl.wire.keys import RunKeys
 from qrl.wire.weights import wait_for_weights
 
 
@@ -23,72 +26,62 @@ def _never() -> bool:
     return False
 
 
-class GorilaLearner(DQNLearner):
-    algo = "gorila"
-    ident = 0
-    ps: PSClient
-    should_stop: StopCheck = _never
+class PSStep:
+    """A gradient pushed to the parameter server (learner ``ident`` of ``cfg.learners``), the
+    parameters pulled every ``pull_every`` updates, ``rule``'s target network synced."""
 
-    @classmethod
-    def from_context(cls, ctx: RoleContext) -> GorilaLearner:
-        learner = super().from_context(ctx)
-        assert isinstance(learner, GorilaLearner)
-        learner.ident = ctx.ident
-        return learner
+    allreduce_s = 0.0  # (never in a pool)
 
-    def optimizer(self) -> torch.optim.Optimizer:
-        # never stepped (the servers step theirs): the base zeroes gradients with it and
+    def __init__(
+        self, client: redis.Redis, keys: RunKeys, cfg: GorilaConfig, rule: DQNRule, ident: int
+    ) -> None:
+        self.client, self.keys, self.cfg, self.rule, self.ident = client, keys, cfg, rule, ident
+        self.should_stop: StopCheck = _never
+        self.ps: PSClient | None = None
+        self.target_version = -1
+
+    def optimizer(self, rule: Rule) -> torch.optim.Optimizer:
+        # never stepped (the servers step theirs): the learner zeroes gradients with it and
         # reports its learning rate
-        return torch.optim.SGD(self.net.parameters(), lr=self.cfg.lr)
-
-    def sample_seed(self) -> int:
-        return self.cfg.seed * 1000 + self.ident
+        return torch.optim.SGD(rule.net.parameters(), lr=self.cfg.lr)
 
     def start(self, should_stop: StopCheck) -> bool:
-        cfg = self.cfg
-        self.ps = PSClient(self.client, self.keys, cfg, self.net, self.ident, cfg.learners)
+        """The first pull: False if stopped before the servers published."""
+        cfg, self.should_stop = self.cfg, should_stop
+        self.ps = PSClient(self.client, self.keys, cfg, self.rule.net, self.ident, cfg.learners)
         if not wait_for_weights(self.ps.pull, should_stop):
             return False
         self.target_version = min(self.ps.versions)
-        self.start_threads()  # the target network starts as the pulled one
-        return True
+        return True  # (the target network starts as the pulled one: DQNRule.begin)
 
-    def step(self, should_stop: StopCheck) -> bool:
-        self.should_stop = should_stop
-        return super().step(should_stop)
-
-    def step_on(self, loss: torch.Tensor) -> bool:
+    def take(
+        self,
+        loss: torch.Tensor,
+        net: torch.nn.Module,
+        opt: torch.optim.Optimizer,
+        group: LearnerGroup,
+        clip: float,
+    ) -> bool:
         """Backward, clipped, and pushed to the servers (not stepped here); False if the
         gradient is not finite."""
-        self.opt.zero_grad(set_to_none=False)
+        assert self.ps is not None
+        opt.zero_grad(set_to_none=False)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), self.cfg.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
         if not torch.isfinite(norm):
             return False
         self.ps.push(float(loss), self.should_stop)  # (not sent if stopped while waiting)
         return True
 
-    def after_step(self, b: Batch) -> None:
-        self.keep_priorities(b)
-        if self.updates % self.cfg.pull_every == 0:
+    def after(self, updates: int, cfg: GorilaConfig) -> None:
+        assert self.ps is not None
+        if updates % cfg.pull_every == 0:
             self.ps.pull()
-        if min(self.ps.versions) - self.target_version >= self.cfg.target_update:
-            self.target.load_state_dict(self.net.state_dict())
+        if min(self.ps.versions) - self.target_version >= cfg.target_update:
+            self.rule.sync_target()
             self.target_version = min(self.ps.versions)
 
-    def publish(self) -> None:
-        """Nothing: the parameter server publishes."""
-
-    def save(self) -> None:
-        """Nothing: the parameter server writes the checkpoint."""
-
-    def close(self, should_stop: StopCheck) -> None:
-        self.stopping.set()
-        self.stop_threads()
-
-    def extra_metrics(self) -> dict[str, Any]:
-        return {
-            **super().extra_metrics(),
-            "version": min(self.ps.versions),
-            "backpressure_s": self.ps.waited_s(),
-        }
+    def metrics(self) -> dict[str, float]:
+        if self.ps is None:
+            return {}
+        return {"version": min(self.ps.versions), "backpressure_s": self.ps.waited_s()}

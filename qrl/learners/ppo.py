@@ -1,71 +1,79 @@
-"""The PPO learner (Schulman et al. 2017), alone or one of a pool of ``learners`` synchronous
-processes (OpenAI Five, DD-PPO: the pool is :class:`qrl.learners.base.Learner`'s).
+"""The PPO learner's parts (Schulman et al. 2017), alone or one of a pool of ``learners``
+synchronous processes (OpenAI Five, DD-PPO: the pool is :class:`qrl.learners.base.Learner`'s).
 
 Each update, every learner takes its share of the rollouts (``batch_unrolls / learners``)
-from the rollout stream's consumer group, drops those acted with weights more than
-``max_policy_lag`` updates old or claiming weights not yet published (counted as
-``stale``), computes GAE with advantages normalized over the whole pool's batch, and runs
-``epochs`` passes of ``minibatches`` minibatches of PPO's clipped objective (optionally
-clipped value loss, entropy bonus), each gradient averaged over the pool before the step.
-Then the leader publishes the weights and the entries are acknowledged.
+from the rollout stream's consumer group (:class:`qrl.learners.unrolls.UnrollSource`),
+drops those acted with weights more than ``max_policy_lag`` updates old or claiming weights
+not yet published (:class:`Fresh`, counted as ``stale``), computes GAE with advantages
+normalized over the whole pool's batch, and runs ``epochs`` passes of ``minibatches``
+minibatches of PPO's clipped objective (optionally clipped value loss, entropy bonus): the
+parts of one update (:meth:`PPORule.parts`), each gradient averaged over the pool before
+its step. Then the leader publishes the weights and the entries are acknowledged.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from qrl.algos.ppo.config import PPOConfig
 from qrl.algos.ppo.gae import gae
-from qrl.algos.ppo.keys import rollouts
-from qrl.algos.ppo.messages import rollout_schema
 from qrl.learners.base import adam
-from qrl.learners.unrolls import UnrollBatch, UnrollLearner
+from qrl.learners.group import LearnerGroup
+from qrl.learners.rule import Rule, Update
+from qrl.learners.unrolls import UnrollBatch
+from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import policy_value_net
 
 log = logging.getLogger(__name__)
 
+# a minibatch: observations, actions, old log-probabilities, advantages, old values, returns
+Minibatch = tuple[torch.Tensor, ...]
 
-class PPOLearner(UnrollLearner):
-    algo = "ppo"
-    stream = rollouts
-    schema = rollout_schema
 
-    def build(self) -> torch.nn.Module:
-        cfg = self.cfg
-        self.obs_shape = self.env.obs_shape
-        net = policy_value_net(cfg, self.env).to(self.device)
-        self.gen = torch.Generator(device=self.device).manual_seed(cfg.seed)
-        self.stale = 0  # rollouts dropped for exceeding max_policy_lag
-        self.grad_steps = 0
+class Fresh:
+    """Keeps the rollouts acted at most ``limit`` updates before and none acted by weights
+    not yet published (a learner restarted behind its actors); counts the lag of those
+    acted before and the others as ``stale``."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.stale = 0  # rollouts dropped
         self.lag: list[float] = []
-        self.stats: dict[str, list[float]] = {"kl": [], "clip_frac": [], "entropy": []}
-        return net
 
-    def optimizer(self) -> torch.optim.Optimizer:
-        return adam(self.net.parameters(), lr=self.cfg.lr, eps=1e-5)
-
-    def loader_slots(self) -> int:
-        return 1 if self.cfg.pace_actors else super().loader_slots()  # one batch per version:
-        # no reading ahead
-
-    def next_batch(self, timeout: float) -> UnrollBatch | None:
-        b = self.take(timeout)
-        if b is None:
-            return None
-        lag = self.updates - b.versions
-        fresh = (lag >= 0) & (lag <= self.cfg.max_policy_lag)  # none acted by future weights
+    def __call__(self, b: UnrollBatch, updates: int) -> UnrollBatch | None:
+        lag = updates - b.versions
+        fresh = (lag >= 0) & (lag <= self.limit)  # none acted by future weights
         self.lag.extend(lag[lag >= 0].tolist())
         if not fresh.all():
-            keep = torch.from_numpy(fresh).to(self.device)
+            keep = torch.from_numpy(fresh).to(b.obs.device)
             self.stale += int((~keep).sum())
             if not keep.any():
-                self.used(b)
                 return None
             b = b.select(keep)
         return b
+
+    def metrics(self) -> dict[str, float]:
+        lag, self.lag = self.lag, []
+        return {"policy_lag": float(np.mean(lag)) if lag else 0.0, "stale": float(self.stale)}
+
+
+class PPORule(Rule):
+    counts_skipped = True  # the batch is spent and the update paces the actors
+
+    def __init__(self, cfg: PPOConfig, env: EnvSpec, device: torch.device) -> None:
+        self.cfg, self.device, self.obs_shape = cfg, device, env.obs_shape
+        self.net = policy_value_net(cfg, env).to(device)
+        self.gen = torch.Generator(device=device).manual_seed(cfg.seed)
+        self.grad_steps = 0
+        self.stats: dict[str, list[float]] = {"kl": [], "clip_frac": [], "entropy": []}
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        return adam(self.net.parameters(), lr=self.cfg.lr, eps=1e-5)
 
     def _targets(self, b: UnrollBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """GAE advantages and returns ``[T, B]``; where a time limit cut an episode its reward
@@ -78,13 +86,14 @@ class PPOLearner(UnrollLearner):
         assert b.value is not None
         return gae(reward, discounts, b.value, bootstrap, cfg.gae_lambda)
 
-    def train(self, b: UnrollBatch) -> float:
-        """One PPO update on this learner's share; returns the mean loss (NaN if every
-        minibatch step was skipped)."""
+    def parts(self, b: UnrollBatch, group: LearnerGroup) -> Iterator[Minibatch]:
+        """``epochs`` shuffles of this learner's share into ``minibatches`` minibatches (the
+        same number on every learner: one all-reduce each), advantages normalized over the
+        pool's whole batch."""
         assert b.value is not None
         adv, ret = self._targets(b)
-        n = adv.numel()  # advantages normalized over the whole pool's batch
-        s = self.group.sum(
+        n = adv.numel()
+        s = group.sum(
             torch.tensor([n, float(adv.sum()), float((adv**2).sum())], dtype=torch.float64)
         )
         mean = s[1] / s[0]
@@ -94,33 +103,14 @@ class PPOLearner(UnrollLearner):
         old_logp = F.log_softmax(b.logits, -1).reshape(n, -1).gather(1, action[:, None])[:, 0]
         obs = b.obs[:-1].reshape(n, *self.obs_shape)
         data = (obs, action, old_logp, adv, b.value.reshape(-1), ret.reshape(-1))
-        losses = []
         for _ in range(self.cfg.epochs):
             perm = torch.randperm(n, generator=self.gen, device=self.device)
-            # the same number of minibatches on every learner: one all-reduce each
             for mb in torch.tensor_split(perm, self.cfg.minibatches):
-                loss = self.minibatch_loss(*(x[mb] for x in data))
-                if self.step_on(loss):
-                    self.grad_steps += 1
-                    losses.append(loss.item())
-                else:
-                    self.skipped += 1
-                    log.warning("non-finite gradient at update %d: step skipped", self.updates)
-        self.updates += 1
-        self.publish()
-        self.used(b)
-        return float(np.mean(losses)) if losses else float("nan")
+                yield tuple(x[mb] for x in data)
 
-    def minibatch_loss(
-        self,
-        obs: torch.Tensor,
-        action: torch.Tensor,
-        old_logp: torch.Tensor,
-        adv: torch.Tensor,
-        old_v: torch.Tensor,
-        ret: torch.Tensor,
-    ) -> torch.Tensor:
+    def loss(self, part: Minibatch, updates: int) -> Update:
         """PPO's loss on one minibatch: clipped surrogate, (clipped) value loss, entropy."""
+        obs, action, old_logp, adv, old_v, ret = part
         cfg = self.cfg
         logits, v = self.net(obs)
         logp_all = F.log_softmax(logits, -1)
@@ -137,15 +127,12 @@ class PPOLearner(UnrollLearner):
             self.stats["kl"].append(float(((ratio - 1) - log_ratio).mean()))
             self.stats["clip_frac"].append(float(((ratio - 1).abs() > cfg.clip).float().mean()))
             self.stats["entropy"].append(float(entropy))
-        return pg_loss + cfg.value_cost * 0.5 * v_loss.mean() - cfg.entropy_cost * entropy
+        return Update(pg_loss + cfg.value_cost * 0.5 * v_loss.mean() - cfg.entropy_cost * entropy)
 
-    def extra_metrics(self) -> dict[str, float]:
-        lag, self.lag = self.lag, []
+    def after_step(self, updates: int, steps: int) -> None:
+        self.grad_steps += steps
+
+    def metrics(self) -> dict[str, float]:
         stats = {k: float(np.mean(v)) if v else 0.0 for k, v in self.stats.items()}
         self.stats = {k: [] for k in self.stats}
-        return {
-            "policy_lag": float(np.mean(lag)) if lag else 0.0,
-            "stale": float(self.stale),
-            "grad_steps": float(self.grad_steps),
-            **stats,
-        }
+        return {"grad_steps": float(self.grad_steps), **stats}

@@ -1,20 +1,21 @@
-"""The R2D2 learner: the Ape-X learner's sampler process, priority writes, target syncs and
-skipped-batch handling (:class:`qrl.learners.replay.ReplayLearner`) on a replay of sequences;
-the loss is R2D2's (:mod:`qrl.algos.r2d2.rule`): the LSTM unrolled from each
-sequence's stored state,
-n-step double-Q targets under the value rescaling, loss after the burn-in, and the
-sequence priority ``eta max|delta| + (1 - eta) mean|delta|`` written back."""
+"""The R2D2 learner's update rule, on the Ape-X family's replay source
+(:class:`qrl.learners.replay.ReplaySource`) of sequences: the LSTM unrolled from each
+sequence's stored state (:mod:`qrl.algos.r2d2.rule`), n-step double-Q targets under the
+value rescaling, loss after the burn-in, the sequence priority
+``eta max|delta| + (1 - eta) mean|delta|`` returned for the replay, and the target network
+copied every ``target_update`` updates."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
+from qrl.algos.r2d2.config import R2D2Config
 from qrl.algos.r2d2.rule import Sequences, rule_of, sequence_loss, sequence_priority, sequence_td
 from qrl.learners.base import adam
-from qrl.learners.replay import ReplayLearner
+from qrl.learners.rule import Rule, Update
 from qrl.replay.sequences import sequence_spec
 from qrl.replay.store import Sample
+from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import recurrent_q_network
 
 
@@ -25,28 +26,27 @@ class SequenceBatch:
         self.ids, self.slot = s.ids, s.slot
         self.seq = Sequences.of(s.batch, device)
         self.weight = torch.from_numpy(s.weights).to(device)
-        self.priority: torch.Tensor | None = None
-        self.new_priorities: np.ndarray | None = None
 
 
-class R2D2Learner(ReplayLearner):
-    algo = "r2d2"
-    batch_type = SequenceBatch
-
-    def build(self) -> torch.nn.Module:
-        cfg = self.cfg
-        self.target = recurrent_q_network(cfg, self.env).to(self.device).requires_grad_(False)
-        self.rule = rule_of(cfg)
-        self.layout, _ = sequence_spec(cfg, self.env)
-        return recurrent_q_network(cfg, self.env).to(self.device)
+class R2D2Rule(Rule):
+    def __init__(self, cfg: R2D2Config, env: EnvSpec, device: torch.device) -> None:
+        self.cfg = cfg
+        self.target = recurrent_q_network(cfg, env).to(device).requires_grad_(False)
+        self.sequences = rule_of(cfg)  # its maths' settings
+        self.layout, _ = sequence_spec(cfg, env)
+        self.net = recurrent_q_network(cfg, env).to(device)
 
     def optimizer(self) -> torch.optim.Optimizer:
         return adam(self.net.parameters(), lr=self.cfg.lr, eps=self.cfg.adam_eps)
 
-    def start_items(self) -> int:
-        return self.cfg.start_sequences
+    def begin(self) -> None:
+        self.target.load_state_dict(self.net.state_dict())
 
-    def loss(self, b: SequenceBatch) -> torch.Tensor:  # type: ignore[override]
-        q, y, mask = sequence_td(self.net, self.target, b.seq, self.rule)
-        b.priority = sequence_priority((y - q).detach(), mask, self.rule.eta)
-        return sequence_loss(q, y, mask, b.weight)
+    def loss(self, b: SequenceBatch, updates: int) -> Update:
+        q, y, mask = sequence_td(self.net, self.target, b.seq, self.sequences)
+        priorities = sequence_priority((y - q).detach(), mask, self.sequences.eta)
+        return Update(sequence_loss(q, y, mask, b.weight), priorities)
+
+    def after_step(self, updates: int, steps: int) -> None:
+        if updates % self.cfg.target_update == 0:
+            self.target.load_state_dict(self.net.state_dict())

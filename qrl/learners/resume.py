@@ -10,7 +10,8 @@ version (its update count):
 :func:`resume` loads the first two into the network when the learner is made;
 :func:`load_optimizer` gives the optimizer its part once it exists (it is made late: see
 ``Learner.opt``); :func:`settle` reconciles the third as the learner starts, and says
-whether its weights must be published for the actors to start from.
+whether its weights must be published for the actors to start from. A learner's
+:class:`Checkpointer` resumes from the first two and saves to them.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from qrl.runtime.checkpoint import load_checkpoint
+from qrl.runtime.checkpoint import load_checkpoint, save_checkpoint
 from qrl.runtime.config import Config
-from qrl.runtime.snapshot import load_model, optimizer_state, read_file
+from qrl.runtime.snapshot import capture, load_model, optimizer_state, read_file, write_file
 from qrl.wire.codec import CodecError
 from qrl.wire.weights import WeightStore, ahead, fits
 
@@ -102,3 +103,25 @@ def settle(weights: WeightStore, module: torch.nn.Module, updates: int) -> tuple
     if stored == updates and not fits(module, weights.fetch()):
         stored = -1
     return updates, stored != updates
+
+
+class Checkpointer:
+    """A learner's own state in its checkpoint file and the run's snapshot file (either may
+    be ``None``): resumed from as the learner is made, saved to by the pool's leader."""
+
+    def __init__(self, algo: str, checkpoint: Path | None, snapshot: Path | None) -> None:
+        self.algo, self.checkpoint, self.snapshot = algo, checkpoint, snapshot
+
+    def resume(self, net: torch.nn.Module, cfg: Config) -> Resumed:
+        return resume(net, self.algo, cfg, self.checkpoint, self.snapshot)
+
+    def save(
+        self, cfg: Config, net: torch.nn.Module, opt: torch.optim.Optimizer, updates: int
+    ) -> None:
+        if self.checkpoint is not None:
+            save_checkpoint(self.checkpoint, self.algo, cfg, net, opt, updates)
+        if self.snapshot is not None:
+            try:
+                write_file(self.snapshot, capture(net, opt, updates))
+            except OSError as e:  # the checkpoint above holds it
+                log.warning("could not save the snapshot to %s: %s", self.snapshot, e)

@@ -1,7 +1,8 @@
-"""What the unroll learners (IMPALA, PPO) share: the batch of unrolls as tensors, and the
+"""The unroll learners' batch source (IMPALA, PPO): the batch of unrolls as tensors, and the
 loader process (:mod:`qrl.learners.loader`) that reads, decodes and stacks stream entries
 into ring slots while the gradient loop runs. Entries are acknowledged only after the update
-that used them (:meth:`UnrollLearner.used`)."""
+that used them (:meth:`UnrollSource.done`). An algorithm's ``admit`` filter drops the
+unrolls it will not learn from (by their policy lag) and counts them."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Protocol
 
 import numpy as np
+import redis
 import torch
 
-from qrl.learners.fed import FedLearner, tensor_on
+from qrl.learners.fed import FedSource, tensor_on
 from qrl.learners.loader import Loader, LoaderSpec, Stacked, stack
+from qrl.learners.rule import Update
+from qrl.rl.envspec import EnvSpec
+from qrl.runtime.config import Unrolls
 from qrl.wire.keys import RunKeys
 from qrl.wire.schema import Schema
 from qrl.wire.streams import Entry
@@ -103,23 +109,42 @@ def stack_unrolls(entries: list[Entry], device: torch.device) -> UnrollBatch:
     return UnrollBatch.of(stack([e.data for e in entries]), device)
 
 
-class UnrollLearner(FedLearner):
-    """A learner of unroll batches from a stream: the loader process, its start and stop, and
-    taking a batch as tensors. A subclass names the stream and the message schema."""
+class Admit(Protocol):
+    """An algorithm's filter of the unrolls it learns from (IMPALA's, PPO's)."""
 
-    stream: Callable[[RunKeys], str]
-    schema: Callable[..., Schema]  # (obs_shape, obs_dtype, n_actions, unroll, envs)
-    loader_nice = 0  # niceness the loader process adds to the learner's
-    feed: Loader | None = None
+    def __call__(self, b: UnrollBatch, updates: int) -> UnrollBatch | None:
+        """``b``, or only the unrolls of it to learn from at ``updates`` updates (``None``:
+        none)."""
 
-    def loader_spec(self) -> LoaderSpec:
-        cfg, env = self.cfg, self.env
+    def metrics(self) -> dict[str, float]: ...
+
+
+class UnrollSource(FedSource):
+    """Batches of unrolls from ``stream`` (its messages of ``schema(obs_shape, obs_dtype,
+    n_actions, unroll, envs)``), ``slots`` loaded ahead, by a loader process ``nice`` below
+    the learner; ``admit`` filters each batch."""
+
+    def __init__(
+        self,
+        connect: Callable[[], redis.Redis],
+        keys: RunKeys,
+        cfg: Unrolls,
+        env: EnvSpec,
+        device: torch.device,
+        *,
+        stream: str,
+        schema: Callable[..., Schema],
+        admit: Admit,
+        slots: int = SLOTS,
+        nice: int = 0,
+    ) -> None:
+        super().__init__(device)
         shape, dtype, n = env.obs_shape, env.obs_dtype, env.discrete_actions()
-        return LoaderSpec(
-            self.client_factory,
-            self.keys,
-            type(self).stream(self.keys),
-            partial(type(self).schema, shape, dtype, n, cfg.unroll, cfg.envs_per_actor),
+        self.spec = LoaderSpec(
+            connect,
+            keys,
+            stream,
+            partial(schema, shape, dtype, n, cfg.unroll, cfg.envs_per_actor),
             cfg.batch_unrolls // cfg.learners,
             cfg.envs_per_actor,
             cfg.unroll,
@@ -127,21 +152,42 @@ class UnrollLearner(FedLearner):
             str(dtype),
             n,
             cfg.claim_idle_ms,
-            self.loader_nice,
+            nice,
         )
+        self.slots, self.admit = slots, admit
+        self.feed: Loader | None = None
 
-    def loader_slots(self) -> int:
-        return SLOTS
-
-    def start_feed(self) -> Loader:
-        return Loader(self.loader_spec(), self.loader_slots())
+    def open(self) -> Loader:
+        return Loader(self.spec, self.slots)
 
     def take(self, timeout: float) -> UnrollBatch | None:
         """The next batch as tensors on the device, ``None`` if none came within
         ``timeout`` (or the loader failed: then the learner stops)."""
         return self.fetch(timeout, lambda s: UnrollBatch.of(s, self.device))
 
+    def next(self, timeout: float, updates: int) -> UnrollBatch | None:
+        """The next batch, filtered (one left with no unrolls is used up at once)."""
+        b = self.take(timeout)
+        if b is None:
+            return None
+        kept = self.admit(b, updates)
+        if kept is None:
+            self.used(b)
+        return kept
+
+    def waiting(self) -> bool:
+        """Whether a batch is loaded, ready to take."""
+        return self.feed is not None and self.feed.waiting()
+
+    def done(self, b: UnrollBatch, update: Update | None) -> None:
+        """Used, whether or not a step was taken on it (the same unrolls would give the same
+        loss again)."""
+        self.used(b)
+
     def used(self, b: UnrollBatch) -> None:
         """Done with ``b``: its slot goes back, its entries are acknowledged."""
         if b.slot is not None and self.feed is not None:
             self.feed.used(b.slot)
+
+    def metrics(self) -> dict[str, float]:
+        return self.admit.metrics()

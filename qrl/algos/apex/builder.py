@@ -21,9 +21,16 @@ def _actor(ctx: RoleContext) -> Any:
 
 
 def _learner(ctx: RoleContext) -> Any:
-    from qrl.learners.apex import ApexLearner
+    """Ape-X's learner: the double-DQN rule on the replay's batches."""
+    from qrl.learners.base import Learner, prepare
+    from qrl.learners.dqn import DQNRule
+    from qrl.learners.replay import ReplaySource
 
-    return ApexLearner.from_context(ctx)
+    cfg = ctx.cfg
+    device, env = prepare(ctx)
+    rule = DQNRule(cfg, env, device)
+    source = ReplaySource(ctx.connect, ctx.keys, cfg, device, rule.layout)
+    return Learner.publishing(ctx, device, rule, source, "apex", cfg.publish_every)
 
 
 def _q_network(cfg: ApexConfig, env: EnvSpec) -> Any:

@@ -24,9 +24,16 @@ def _actor(ctx: RoleContext) -> Any:
 
 
 def _learner(ctx: RoleContext) -> Any:
-    from qrl.learners.apex_dpg import ApexDPGLearner
+    """Ape-X DPG's learner: the TD3-style rule on the replay's batches."""
+    from qrl.learners.apex_dpg import DPGRule
+    from qrl.learners.base import Learner, prepare
+    from qrl.learners.replay import ReplaySource
 
-    return ApexDPGLearner.from_context(ctx)
+    cfg = ctx.cfg
+    device, env = prepare(ctx)
+    rule = DPGRule(cfg, env, device)
+    source = ReplaySource(ctx.connect, ctx.keys, cfg, device, rule.layout)
+    return Learner.publishing(ctx, device, rule, source, "apex-dpg", cfg.publish_every)
 
 
 def _policy(cfg: ApexDPGConfig, env: EnvSpec, params: dict[str, Any]) -> Policy:

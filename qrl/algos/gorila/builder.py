@@ -33,9 +33,22 @@ def _optimizer(params: list[torch.nn.Parameter], cfg: GorilaConfig) -> torch.opt
 
 
 def _learner(ctx: RoleContext) -> Any:
-    from qrl.learners.gorila import GorilaLearner
+    """A Gorila learner: the double-DQN rule on the replay's batches (each learner its own
+    draws), its gradients pushed to the parameter server; it publishes nothing and keeps no
+    checkpoint (the servers do)."""
+    from qrl.learners.base import Learner, prepare
+    from qrl.learners.dqn import DQNRule
+    from qrl.learners.gorila import PSStep
+    from qrl.learners.replay import ReplaySource
 
-    return GorilaLearner.from_context(ctx)
+    cfg = ctx.cfg
+    device, env = prepare(ctx)
+    rule = DQNRule(cfg, env, device, own_target=False)
+    seed = cfg.seed * 1000 + ctx.ident
+    source = ReplaySource(ctx.connect, ctx.keys, cfg, device, rule.layout, seed=seed)
+    client = ctx.connect()
+    step = PSStep(client, ctx.keys, cfg, rule, ctx.ident)
+    return Learner(ctx, device, rule, source, step=step, client=client)
 
 
 def _actor(ctx: RoleContext) -> Any:

@@ -31,9 +31,29 @@ def _actor(ctx: RoleContext) -> Any:
 
 
 def _learner(ctx: RoleContext) -> Any:
-    from qrl.learners.impala import ImpalaLearner
+    """IMPALA's learner: the V-trace rule on the trajectory stream's unrolls (lagging ones
+    dropped, a batch taken again while no fresh one waits)."""
+    from qrl.algos.impala.messages import unroll_schema
+    from qrl.learners.base import Learner, prepare
+    from qrl.learners.impala import LOADER_NICE, ImpalaRule, Lag, Passes
+    from qrl.learners.unrolls import UnrollSource
 
-    return ImpalaLearner.from_context(ctx)
+    cfg = ctx.cfg
+    device, env = prepare(ctx)
+    rule = ImpalaRule(cfg, env, device)
+    unrolls = UnrollSource(
+        ctx.connect,
+        ctx.keys,
+        cfg,
+        env,
+        device,
+        stream=trajectories(ctx.keys),
+        schema=unroll_schema,
+        admit=Lag(cfg.max_policy_lag),
+        nice=LOADER_NICE,
+    )
+    source = Passes(unrolls, cfg.passes)
+    return Learner.publishing(ctx, device, rule, source, "impala", cfg.publish_every)
 
 
 def _policy_value_net(cfg: ImpalaConfig, env: EnvSpec) -> Any:

@@ -29,9 +29,29 @@ def _actor(ctx: RoleContext) -> Any:
 
 
 def _learner(ctx: RoleContext) -> Any:
-    from qrl.learners.ppo import PPOLearner
+    """PPO's learner: the clipped objective's epochs of minibatches on the rollout stream's
+    fresh rollouts, published every update. With ``pace_actors`` its loader reads nothing
+    ahead (one batch per version)."""
+    from qrl.algos.ppo.messages import rollout_schema
+    from qrl.learners.base import Learner, prepare
+    from qrl.learners.ppo import Fresh, PPORule
+    from qrl.learners.unrolls import SLOTS, UnrollSource
 
-    return PPOLearner.from_context(ctx)
+    cfg = ctx.cfg
+    device, env = prepare(ctx)
+    rule = PPORule(cfg, env, device)
+    source = UnrollSource(
+        ctx.connect,
+        ctx.keys,
+        cfg,
+        env,
+        device,
+        stream=rollouts(ctx.keys),
+        schema=rollout_schema,
+        admit=Fresh(cfg.max_policy_lag),
+        slots=1 if cfg.pace_actors else SLOTS,
+    )
+    return Learner.publishing(ctx, device, rule, source, "ppo")
 
 
 def _policy_value_net(cfg: PPOConfig, env: EnvSpec) -> Any:

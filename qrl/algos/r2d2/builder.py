@@ -34,9 +34,24 @@ def _replay(ctx: RoleContext) -> Any:
 
 
 def _learner(ctx: RoleContext) -> Any:
-    from qrl.learners.r2d2 import R2D2Learner
+    """R2D2's learner: its rule on the replay's sequences, once it holds start_sequences."""
+    from qrl.learners.base import Learner, prepare
+    from qrl.learners.r2d2 import R2D2Rule, SequenceBatch
+    from qrl.learners.replay import ReplaySource
 
-    return R2D2Learner.from_context(ctx)
+    cfg = ctx.cfg
+    device, env = prepare(ctx)
+    rule = R2D2Rule(cfg, env, device)
+    source = ReplaySource(
+        ctx.connect,
+        ctx.keys,
+        cfg,
+        device,
+        rule.layout,
+        batch=SequenceBatch,
+        start_items=cfg.start_sequences,
+    )
+    return Learner.publishing(ctx, device, rule, source, "r2d2", cfg.publish_every)
 
 
 def _q_network(cfg: R2D2Config, env: EnvSpec) -> Any:
