@@ -146,8 +146,8 @@ class Actor(Role):
     ) -> None:
         self.cfg, self.name = cfg, name
         self.runner, self.policy = runner, policy
-        self.weights: WeightsClient = weights or NoWeights()
-        self.sink: Sink = sink or NoSink()
+        self.weights: WeightsClient = NoWeights() if weights is None else weights
+        self.sink: Sink = NoSink() if sink is None else sink
 
     @property
     def steps(self) -> int:
