@@ -20,16 +20,19 @@ layout (obs and next obs stacks raw in every record) is measured on 1000 transit
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import lz4.block
 import numpy as np
 import redis
 
-from qrl.actors.dqn import DQNActor
+from qrl.actors.actor import Actor
+from qrl.algos import ALGOS
 from qrl.algos.apex.config import ApexConfig
 from qrl.replay.frames import FrameBatch, FrameLayout, FrameReplay
 from qrl.replay.role import ReplayFiller
 from qrl.replay.store import PrioritizedReplay, RecordLayout
+from qrl.runtime.algorithm import RoleContext
 from qrl.runtime.runs import create_run
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.connection import connect
@@ -63,26 +66,31 @@ def frame_sizes(client: redis.Redis, keys: RunKeys, layout: FrameLayout) -> list
     return sizes
 
 
+def actor_of(algo: str, client: redis.Redis, keys: RunKeys, cfg: Any, ident: int = 0) -> Actor:
+    """``algo``'s actor as its builder makes it for process ``ident``."""
+    return ALGOS[algo].role("actor").make(RoleContext(client, lambda: client, keys, cfg, ident))
+
+
 def fill_from_actor(
     client: redis.Redis,
     keys: RunKeys,
     cfg: ApexConfig,
     n: int,
-    actor_type: type = DQNActor,
+    algo: str = "apex",
     filler_type: type = ReplayFiller,
-) -> DQNActor:
+) -> Actor:
     """A real actor (with the initial weights, published) and a replay filler for each replay
     shard on the run; they play until ``n`` items (transitions; R2D2's sequences) were
     inserted."""
-    actor = actor_type(client, keys, cfg, actor_id=0)
+    actor = actor_of(algo, client, keys, cfg)
     shards = getattr(cfg, "replay_shards", 1)
     fillers = [filler_type(client, keys, cfg, ident) for ident in range(shards)]
-    WeightStore(client, keys).publish(actor.net, version=0)
+    WeightStore(client, keys).publish(actor.weights.net, version=0)
     never = lambda: False  # noqa: E731
     actor.start(never)
     while sum(f.inserted for f in fillers) < n:
         actor.step(never)
-        if actor.units % 32 == 0:
+        if actor.weights.units % 32 == 0:
             for f in fillers:
                 while f.consumer.process(f.handle, block_ms=1):
                     pass
@@ -111,11 +119,11 @@ def scale_up(client: redis.Redis, keys: RunKeys, layout: FrameLayout, total: int
     return (held - int(client.info("memory")["used_memory"])) / n
 
 
-def plain_bytes(client: redis.Redis, actor: DQNActor, n: int) -> float:
+def plain_bytes(client: redis.Redis, actor: Actor, n: int) -> float:
     """Bytes per transition with obs and next obs raw in every record (today's layout)."""
     keys = RunKeys("bench-plain")
-    replay = PrioritizedReplay(client, keys, RecordLayout(actor.obs_shape, "uint8"), n)
-    obs = actor.obs
+    replay = PrioritizedReplay(client, keys, RecordLayout(actor.runner.obs_shape, "uint8"), n)
+    obs = actor.runner.obs
     stacks = np.repeat(obs, -(-n // len(obs)), axis=0)[:n]
     recs = replay.layout.pack(stacks, np.zeros(n), np.zeros(n), np.ones(n), stacks)
     for s in range(0, n, 100):
@@ -146,7 +154,7 @@ def main() -> None:
         actor = fill_from_actor(client, keys, cfg, args.transitions)
         n = int(client.zcard(keys.replay_priorities))
         usage = replay_bytes(client, keys) / n
-        layout = FrameLayout(actor.obs_shape, "uint8", actor.n_actions)
+        layout = FrameLayout(actor.runner.obs_shape, "uint8", actor.runner.env.discrete_actions())
         sizes = frame_sizes(client, keys, layout)
         held = int(client.info("memory")["used_memory"])
         big = scale_up(client, keys, layout, args.million) if args.million else 0.0

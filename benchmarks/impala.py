@@ -2,8 +2,8 @@
 
     python benchmarks/impala.py [--seconds 3] [--rounds 3]
 
-Actor frames/s: the same ``ImpalaActor`` unroll loop with the stream push (encode + bounded
-XADD) against without it. Goal: ratio >= 0.95. A frame is one environment step
+Actor frames/s: the same IMPALA actor's unroll loop (``Actor.unit``) with the stream push
+(encode + bounded XADD) against without it. Goal: ratio >= 0.95. A frame is one environment step
 (CartPole-v1). Rounds alternate; medians are printed.
 
 The learner's side (fed through the stream vs from memory) is ``benchmarks/learner.py
@@ -16,7 +16,8 @@ import argparse
 import statistics
 import time
 
-from qrl.actors.impala import ImpalaActor
+from atari_bytes import actor_of
+
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
 from qrl.runtime.runs import create_run
@@ -28,19 +29,20 @@ from qrl.wire.keys import RunKeys
 
 def actor_rates(url: str, keys: RunKeys, cfg: ImpalaConfig, seconds: float, rounds: int):
     client = connect(url)
-    actor = ImpalaActor(client, keys, cfg, 1)
-    actor.producer.maxlen = 10**9  # measure the push, not a consumer: the stream is cleared
-    actor.version = 0
-    obs, _ = actor.envs.reset()
+    actor = actor_of("impala", client, keys, cfg, 1)
+    actor.sink.producer.maxlen = 10**9  # measure the push, not a consumer: the stream is cleared
+    actor.weights.version = 0
+    actor.runner.reset()
     with_push, without = [], []
     for _ in range(rounds):
         for push, out in ((True, with_push), (False, without)):
             steps0, t = actor.steps, time.perf_counter()
             while time.perf_counter() - t < seconds:
-                msg, obs = actor.unroll(obs)
+                actor.unit(lambda: False)
+                msg = actor.sink.unroll
                 if push:
-                    actor.producer.add(encode("impala.unrolls", msg))
-                actor.refresh_weights()
+                    actor.sink.producer.add(encode("impala.unrolls", msg))
+                actor.weights.refresh()
             out.append((actor.steps - steps0) / (time.perf_counter() - t))
             client.delete(trajectories(keys))
     return statistics.median(with_push), statistics.median(without)

@@ -53,11 +53,9 @@ from functools import cache, partial
 
 import numpy as np
 import torch
-from atari_bytes import ENV, fill_from_actor
+from atari_bytes import ENV, actor_of, fill_from_actor
 from redis.cluster import RedisCluster
 
-from qrl.actors.impala import ImpalaActor
-from qrl.actors.r2d2 import R2D2Actor
 from qrl.algos import ALGOS
 from qrl.algos.apex.config import ApexConfig
 from qrl.algos.impala.config import ImpalaConfig
@@ -127,13 +125,13 @@ class Unrolls:
 
     def __init__(self, client, keys: RunKeys, cfg: ImpalaConfig) -> None:
         self.client, self.stream = client, trajectories(keys)
-        actor = ImpalaActor(client, keys, cfg, 0)
-        actor.version = 0
-        obs, _ = actor.envs.reset()
+        actor = actor_of("impala", client, keys, cfg)
+        actor.weights.version = 0
+        actor.runner.reset()
         self.msgs = []
         for _ in range(8):
-            msg, obs = actor.unroll(obs)
-            self.msgs.append(msg)
+            actor.unit(lambda: False)
+            self.msgs.append(actor.sink.unroll)
         self.payloads = [encode("impala.unrolls", m) for m in self.msgs]
         self.per_batch = -(-cfg.batch_unrolls // cfg.envs_per_actor)
 
@@ -307,7 +305,7 @@ def setup(args, client, keys: RunKeys, url: str):
     if args.algo == "r2d2":
         cfg = R2D2Config(steps_per_update=0, **prefetch)
         create_run(client, keys, "r2d2", cfg)
-        fill_from_actor(client, keys, cfg, args.transitions, R2D2Actor, SequenceFiller)
+        fill_from_actor(client, keys, cfg, args.transitions, "r2d2", SequenceFiller)
         layout = sequence_spec(cfg, EnvSpec.of(cfg.env))[0]
         replay = make_replay(client, keys, cfg, seed=0, layout=layout)
         lrn = learner("r2d2", client, keys, cfg, url, args.device)

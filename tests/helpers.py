@@ -336,15 +336,28 @@ def es_payload(
     )
 
 
+def make_actor(algo: str, r, keys, cfg, ident: int = 0, role: str = "actor"):
+    """``algo``'s actor (or its ``role``) as its builder makes it for process ``ident``."""
+    from qrl.algos import ALGOS
+    from qrl.runtime.algorithm import RoleContext
+
+    return ALGOS[algo].role(role).make(RoleContext(r, lambda: r, keys, cfg, ident))
+
+
+def next_unroll(actor) -> dict:
+    """The fields of the next unroll an unroll algorithm's actor makes, not pushed; its envs
+    are reset first if it has not started."""
+    if not hasattr(actor.runner, "obs"):
+        actor.runner.reset()
+    assert actor.unit(lambda: False)
+    return actor.sink.unroll
+
+
 def impala_unrolls(cfg, r, keys, version: int = 0) -> dict:
     """An ``impala.unrolls`` message as a real IMPALA actor makes it."""
-    from qrl.actors.impala import ImpalaActor  # torch: not for the scripts that need ITEM
-
-    actor = ImpalaActor(r, keys, cfg, actor_id=0)
-    actor.version = version
-    obs, _ = actor.envs.reset()
-    msg, _ = actor.unroll(obs)
-    return msg
+    actor = make_actor("impala", r, keys, cfg)
+    actor.weights.version = version
+    return next_unroll(actor)
 
 
 # -- streams

@@ -22,6 +22,7 @@ from tests.helpers import (
     experience,
     fill_replay,
     kill_feed_mid_run,
+    make_actor,
     make_learner,
     not_none,
     skip_or_fail,
@@ -76,6 +77,18 @@ def test_per_actor_epsilons_follow_the_paper():
     expected = 0.4 ** (1 + np.arange(n) * 7 / (n - 1))
     np.testing.assert_allclose(eps, expected)
     assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4**8)
+
+
+def test_a_live_config_change_sets_the_actors_epsilons_again(r, keys):
+    cfg = ApexConfig(actors=2, envs_per_actor=4)
+    create_run(r, keys, "apex", cfg)
+    actor = make_actor("apex", r, keys, cfg, 1)
+    np.testing.assert_array_equal(actor.policy.eps, epsilons(cfg, 1))
+    live = cfg.model_copy(update={"eps_base": 0.2})
+    actor.reconfigure(live)
+    assert actor.cfg is live
+    np.testing.assert_array_equal(actor.policy.eps, epsilons(live, 1))
+    assert (actor.policy.eps < epsilons(cfg, 1)).all()  # a lower base: lower epsilons
 
 
 @pytest.fixture(scope="module")

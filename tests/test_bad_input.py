@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from qrl.actors.es import ESWorker
-from qrl.actors.impala import ImpalaActor
 from qrl.algos import ALGOS
 from qrl.algos.apex.config import ApexConfig
 from qrl.algos.apex_family.messages import experience_schema
@@ -27,7 +26,7 @@ from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WEIGHTS, WeightStore, module_arrays
 from tests.cli import role
 from tests.corpus import corpus
-from tests.helpers import kill_all, wait_until
+from tests.helpers import kill_all, make_actor, next_unroll, wait_until
 
 PER_STREAM = 3_000  # x 3 role-consumed streams, + metrics and both weight keys: > 10,000
 OTHER = encode("metrics", {"time": 1.0, "values": {}})
@@ -108,10 +107,9 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
         es_blob = r.hget(es_params(es), "blob")
         dim = ESWorker(r, es, ecfg, 0).spec.dim
 
-        actor = ImpalaActor(r, impala, icfg, actor_id=0)
-        assert actor.refresh_weights() and actor.version == 0  # its unrolls say version 0
-        obs, _ = actor.envs.reset()
-        unrolls, obs = actor.unroll(obs)
+        actor = make_actor("impala", r, impala, icfg)
+        assert actor.weights.refresh() and actor.weights.version == 0  # its unrolls say 0
+        unrolls = next_unroll(actor)
         targets = [
             (
                 apex,
@@ -149,7 +147,7 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
         assert r.hget(impala.weights, "blob") == impala_blob
         assert r.hget(es_params(es), "blob") == es_blob
         # and both still learn: valid entries after the attack move their versions
-        _learns_after_the_attack(r, impala, es, actor, obs, ecfg, dim)
+        _learns_after_the_attack(r, impala, es, actor, ecfg, dim)
 
         # an actor's metrics: whoever follows them (qrl train, --run-dir) rejects too
         metrics_msg = {"time": 1.0, "values": {"steps": 1}}
@@ -172,7 +170,7 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
         # what must stay intact is what the readers hold). The writers are stopped first: a
         # running learner or master puts its own blob back within a second of seeing a
         # writer's in its key, and a reader rightly takes that one.
-        total += _attack_weights(r, impala, actor, "weights", 400)
+        total += _attack_weights(r, impala, actor.weights, "weights", 400)
         total += _attack_weights(r, es, ESWorker(r, es, ecfg, 0), "es:params", 400)
         assert total > 10_000
         # every dead letter says why
@@ -183,13 +181,12 @@ def test_malformed_payloads_on_every_stream_and_weight_key(r, keys):
         kill_all(roles)
 
 
-def _learns_after_the_attack(r, impala, es, actor, obs, ecfg: ESConfig, dim: int) -> None:
+def _learns_after_the_attack(r, impala, es, actor, ecfg: ESConfig, dim: int) -> None:
     """A batch's worth of valid unrolls makes the IMPALA learner publish a newer version,
     a generation's worth of valid results makes the ES master publish the next one."""
     impala_version = WeightStore(r, impala).version()
     for _ in range(-(-actor.cfg.batch_unrolls // actor.cfg.envs_per_actor)):
-        unrolls, obs = actor.unroll(obs)
-        r.xadd(trajectories(impala), {"d": encode("impala.unrolls", unrolls)})
+        r.xadd(trajectories(impala), {"d": encode("impala.unrolls", next_unroll(actor))})
     generation = int(r.hget(es_params(es), "version"))
     for i in range(ecfg.population // 2 // 4):  # _es_results holds 4 pairs
         results = {**_es_results(ecfg, dim), "generation": generation, "batch": f"good-{i}"}
@@ -201,12 +198,13 @@ def _learns_after_the_attack(r, impala, es, actor, obs, ecfg: ESConfig, dim: int
 
 def _attack_weights(r, keys: RunKeys, reader, field: str, n: int) -> int:
     """Store ``n`` malformed blobs, one newer version at a time, and let ``reader`` (an
-    actor or ES worker) poll each: it must reject every one and keep its parameters."""
+    actor's weights client or an ES worker) poll each: it must reject every one and keep its
+    parameters."""
     store = WeightStore(r, keys, keys.weights if field == "weights" else es_params(keys))
     current = store.fetch()
     assert current is not None
     if hasattr(reader, "net"):
-        reader.refresh_weights()
+        reader.refresh()
         before = {k: v.copy() for k, v in module_arrays(reader.net).items()}
     else:
         reader.adopt(reader.newer())
@@ -218,7 +216,7 @@ def _attack_weights(r, keys: RunKeys, reader, field: str, n: int) -> int:
         [(category, blob)] = corpus("weights", msg, WEIGHTS, OTHER, 1, seed=i, bombs=i == 0)
         r.hset(store.key, mapping={"version": version, "blob": blob})
         if hasattr(reader, "net"):
-            assert not reader.refresh_weights(), category
+            assert not reader.refresh(), category
         else:
             assert reader.newer() is None, category
     assert _rejected(r, keys, field) == n

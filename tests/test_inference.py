@@ -21,13 +21,14 @@ import numpy as np
 import pytest
 import torch
 
+from qrl.actors.envs import EnvRunner
 from qrl.algos.impala.builder import _policy_value_net
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
 from qrl.algos.impala.messages import KIND, unroll_schema
 from qrl.inference import protocol
 from qrl.inference.server import InferenceServer
-from qrl.inference.stepper import EnvStepper
+from qrl.inference.stepper import stepper
 from qrl.inference.unrolls import UnrollAgent
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.runs import create_run
@@ -82,16 +83,21 @@ def _physical(u: dict) -> None:
         assert np.allclose(final[[0, 2]] - obs[t, b, [0, 2]], TAU * obs[t, b, [1, 3]], atol=1e-4)
 
 
-class _Recording(EnvStepper):
-    """An actor that keeps what it saw and did."""
+class _Recording(EnvRunner):
+    """An actor's envs that keep what it saw and did."""
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.seen: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def step_envs(self, actions):
+    def step(self, actions):
         self.seen.append((np.array(self.obs), np.array(actions)))
-        return super().step_envs(actions)
+        return super().step(actions)
+
+
+def _recording(r, keys, cfg, ident: int):
+    """A stepper whose envs keep what it saw and did."""
+    return stepper(r, keys, cfg, ident, runner=_Recording(cfg, ident))
 
 
 def _threads(*loops) -> tuple[threading.Event, list[threading.Thread]]:
@@ -114,7 +120,7 @@ def _loop(role):
 def test_the_unrolls_are_the_steps_each_actor_took(r, keys, redis_server):
     cfg = _setup(r, keys)
     server = _server(r, keys, cfg)
-    actors = [_Recording(r, keys, cfg, i) for i in range(2)]
+    actors = [_recording(r, keys, cfg, i) for i in range(2)]
     stop, threads = _threads(_loop(server), *map(_loop, actors))
     got: list[dict] = []
     try:
@@ -131,10 +137,10 @@ def test_the_unrolls_are_the_steps_each_actor_took(r, keys, redis_server):
             _physical(u)
             assert u["version"] == 0
             for t in range(T):
-                obs, action = actor.seen[k * T + t]
+                obs, action = actor.runner.seen[k * T + t]
                 np.testing.assert_array_equal(u["obs"][t], obs)
                 np.testing.assert_array_equal(u["action"][t], action)
-            np.testing.assert_array_equal(u["obs"][T], actor.seen[(k + 1) * T][0])
+            np.testing.assert_array_equal(u["obs"][T], actor.runner.seen[(k + 1) * T][0])
     m = server.metrics()
     assert m["unrolls"] == len(got) and m["dropped"] == 0 and m["rejected"] == 0
     assert 1 <= m["batch"] <= 2
@@ -239,15 +245,15 @@ def test_a_wait_shorter_than_a_millisecond_is_not_a_wait_forever(r, keys, redis_
     """The last slice of an actor's wait for its reply can be a few microseconds; Redis 6.2
     truncates BLPOP's timeout to whole milliseconds and blocks forever on 0 (the client's
     socket timeout then kills the actor's loop: CI, 2026-11-30)."""
-    actor = EnvStepper(r, keys, _setup(r, keys), 0)
+    actor = stepper(r, keys, _setup(r, keys), 0)
     for timeout in (0.0, 1e-5, 9e-4):
-        assert actor._exchange(None, timeout) is None  # no server: nothing to wait for
+        assert actor.policy._exchange(None, timeout) is None  # no server: nothing to wait for
 
 
 def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, redis_server):
     cfg = _setup(r, keys, stream_maxlen=100_000)  # no learner: room for every unroll
     server = _server(r, keys, cfg)
-    actor = EnvStepper(r, keys, cfg, 0)
+    actor = stepper(r, keys, cfg, 0)
     stop, threads = _threads(_loop(server), _loop(actor))
     lst = protocol.requests(keys, 1)  # actor 1's: nobody runs it
     good = {
@@ -314,7 +320,7 @@ def test_servers_on_a_cluster_each_serve_their_actors_on_a_slot_of_their_own(red
     mine = [protocol.server_keys(keys, 2, s) for s in (0, 1)]
     assert len({keys.slot(), *(k.slot() for k in mine)}) == 3
     servers = [_server(connect(redis_cluster.urls[s]), keys, cfg, s) for s in (0, 1)]
-    actors = [EnvStepper(connect(redis_cluster.urls[a % 3]), keys, cfg, a) for a in range(4)]
+    actors = [stepper(connect(redis_cluster.urls[a % 3]), keys, cfg, a) for a in range(4)]
     stop, threads = _threads(*map(_loop, servers), *map(_loop, actors))
     try:
         wait_until(lambda: min(a.steps for a in actors) >= 20 * T * B, "every actor to step", 90)

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from qrl.actors.envs import EnvRunner
 from qrl.algos.r2d2.builder import _q_network
 from qrl.algos.r2d2.config import R2D2Config
 from qrl.inference import protocol
 from qrl.inference.sequences import SequenceAgent
 from qrl.inference.server import InferenceServer
-from qrl.inference.stepper import EnvStepper
+from qrl.inference.stepper import stepper
 from qrl.replay.sequences import max_rows, sequence_spec
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.runs import create_run
@@ -41,18 +42,23 @@ CFG = {
 }
 
 
-class _Recording(EnvStepper):
-    """An actor that keeps what it saw, did, and which of its episodes ended."""
+class _Recording(EnvRunner):
+    """An actor's envs that keep what it saw, did, and which of its episodes ended."""
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.seen: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
-    def step_envs(self, actions):
+    def step(self, actions):
         obs = np.array(self.obs)
-        s = super().step_envs(actions)
+        s = super().step(actions)
         self.seen.append((obs, np.array(actions), s.terminated | s.truncated))
         return s
+
+
+def _recording(r, keys, cfg, ident: int):
+    """A stepper whose envs keep what it saw, did, and which of its episodes ended."""
+    return stepper(r, keys, cfg, ident, runner=_Recording(cfg, ident))
 
 
 @torch.no_grad()
@@ -82,7 +88,7 @@ def _find(seq: dict, seen) -> tuple[int, int] | None:
     return None
 
 
-def _steps_of(actor: _Recording, n: int) -> None:
+def _steps_of(actor, n: int) -> None:
     stop, threads = _threads(_loop(actor))
     try:
         wait_until(lambda: actor.steps >= n * B, f"{n} steps of an actor", 60)
@@ -99,8 +105,8 @@ def test_r2d2_sequences_are_one_slots_steps_with_their_lstm_state(r, keys, redis
     WeightStore(r, keys).publish(net, version=0)
     agent = SequenceAgent(r, keys, cfg, 0, env, _q_network(cfg, env), torch.device("cpu"))
     server = InferenceServer(r, keys, cfg, 0, agent, device="cpu")
-    other = _Recording(r, keys, cfg, 1)
-    lives = [_Recording(r, keys, cfg, 0), _Recording(r, keys, cfg, 0)]  # one process, restarted
+    other = _recording(r, keys, cfg, 1)
+    lives = [_recording(r, keys, cfg, 0), _recording(r, keys, cfg, 0)]  # one process, restarted
     stop, threads = _threads(_loop(server), _loop(other))
     try:
         for actor in lives:  # the first one stops mid-sequence; the second starts afresh
@@ -112,16 +118,16 @@ def test_r2d2_sequences_are_one_slots_steps_with_their_lstm_state(r, keys, redis
             t.join(10)
     _, schema = sequence_spec(cfg, env, max_rows(cfg))
     found = {id(a): 0 for a in (*lives, other)}
-    states = {id(a): _states(net, a.seen) for a in (*lives, other)}
+    states = {id(a): _states(net, a.runner.seen) for a in (*lives, other)}
     for _, fields in r.xrange(keys.experience):
         msg = decode(fields[b"d"], schema)
         mine = [other] if msg["actor"] == 1 else lives
         for k in range(len(msg["steps"])):
             seq = {f: msg[f][k] for f in ("obs", "action", "steps", "h0", "first")}
-            where = [(a, w) for a in mine if (w := _find(seq, a.seen)) is not None]
+            where = [(a, w) for a in mine if (w := _find(seq, a.runner.seen)) is not None]
             assert where, f"a sequence of actor {msg['actor']} is no run of its steps"
             actor, (t, j) = where[0]
-            start = t == 0 or actor.seen[t - 1][2][j]
+            start = t == 0 or actor.runner.seen[t - 1][2][j]
             assert bool(seq["first"]) == start
             np.testing.assert_allclose(seq["h0"], states[id(actor)][t][j], atol=1e-5)
             found[id(actor)] += 1
@@ -171,7 +177,7 @@ def test_an_r2d2_server_serves_on_past_hostile_requests(r, keys, redis_server):
     WeightStore(r, keys).publish(_q_network(cfg, env), version=0)
     agent = SequenceAgent(r, keys, cfg, 0, env, _q_network(cfg, env), torch.device("cpu"))
     server = InferenceServer(r, keys, cfg, 0, agent, device="cpu")
-    actor = EnvStepper(r, keys, cfg, 0)
+    actor = stepper(r, keys, cfg, 0)
     stop, threads = _threads(_loop(server), _loop(actor))
     good = {
         "life": 5,

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import qrl
-from qrl.actors.ppo import PPOActor
 from qrl.algos.ppo.config import PPOConfig
 from qrl.algos.ppo.gae import gae
 from qrl.algos.ppo.keys import rollouts
@@ -19,7 +18,7 @@ from qrl.runtime.runs import create_run
 from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.streams import GROUP
 from tests.cli import eval_confirmation, train
-from tests.helpers import make_learner, wait_until
+from tests.helpers import make_actor, make_learner, next_unroll, wait_until
 
 
 def gae_by_definition(rewards, discounts, values, bootstrap, lam):
@@ -63,11 +62,9 @@ def _learner(r, keys, redis_server, **over) -> Learner:
 
 def _rollouts(lrn: Learner, r, keys, version: int = 0) -> dict:
     """A real actor's message, acted with ``version``."""
-    actor = PPOActor(r, keys, lrn.cfg, actor_id=0)
-    actor.version = version
-    obs, _ = actor.envs.reset()
-    msg, _ = actor.unroll(obs)
-    return msg
+    actor = make_actor("ppo", r, keys, lrn.cfg)
+    actor.weights.version = version
+    return next_unroll(actor)
 
 
 def test_rollouts_carry_values_and_are_validated(r, keys, redis_server):
@@ -128,7 +125,7 @@ def test_stale_rollouts_are_dropped_and_counted(r, keys, redis_server):
     wait_until(lambda: r.xpending(rollouts(keys), GROUP)["pending"] == 0, "the acknowledgements")
 
 
-def _act_until_it_waits(actor: PPOActor) -> None:
+def _act_until_it_waits(actor) -> None:
     """Step ``actor`` until it would wait, for credit (paced) or for room in the stream: its
     stop check is asked only there, and says stop."""
     while actor.step(lambda: True):
@@ -142,12 +139,12 @@ def test_actors_send_one_batch_per_published_version(r, keys, redis_server, ahea
     over = {"pace_actors": False} if ahead is None else {"batches_ahead": ahead}
     lrn = _learner(r, keys, redis_server, actors=2, batch_unrolls=8, **over)
     lrn.publish()
-    actor = PPOActor(r, keys, lrn.cfg, actor_id=0)
+    actor = make_actor("ppo", r, keys, lrn.cfg)
     assert actor.start(lambda: False)
     _act_until_it_waits(actor)
     lrn.updates += 1
     lrn.publish()
-    actor.refresh_weights()  # as its steps do every weight_poll unrolls
+    actor.weights.refresh()  # as its steps do every weight_poll unrolls
     _act_until_it_waits(actor)
     schema = rollout_schema((4,), "float32", 2, 8)
     versions = [decode(f[b"d"], schema)["version"] for _, f in r.xrange(rollouts(keys))]
@@ -155,7 +152,7 @@ def test_actors_send_one_batch_per_published_version(r, keys, redis_server, ahea
         assert len(versions) == lrn.cfg.stream_maxlen
     else:  # out of credit: it waited for the next version, sending nothing unpaced
         assert versions == [0] * (1 + ahead) + [1]
-        assert actor.credit == 0 and actor.metrics()["unpaced"] == 0
+        assert actor.weights.credit == 0 and actor.metrics()["unpaced"] == 0
 
 
 @pytest.mark.parametrize("paced", [True, False])

@@ -12,7 +12,6 @@ import pytest
 import redis
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
-from qrl.actors.dqn import DQNActor
 from qrl.algos import ALGOS
 from qrl.algos.apex.config import ApexConfig
 from qrl.jobs.acl import run_rule
@@ -33,6 +32,7 @@ from tests.helpers import (
     check_records,
     chi2_critical,
     chi2_stat,
+    make_actor,
     make_records,
     make_runner,
 )
@@ -284,13 +284,12 @@ def test_actors_route_env_slots_to_shards_and_fillers_drain_each_shard(r, keys):
         replay_capacity=3000,
     )
     create_run(r, keys, "apex", cfg)
-    actor = DQNActor(r, keys, cfg, 0)
-    WeightStore(r, keys).publish(actor.net, 0)
-    assert actor.refresh_weights()
-    obs, _ = actor.envs.reset()
+    actor = make_actor("apex", r, keys, cfg)
+    WeightStore(r, keys).publish(actor.weights.net, 0)
+    assert actor.start(lambda: False)
     for _ in range(100):
-        obs = actor.advance(obs, lambda: False)
-    actor.finish(lambda: False)
+        assert actor.step(lambda: False)
+    actor.close(lambda: False)
     assert actor.steps == 600 and not r.exists(keys.experience)  # no unsharded stream
     shards = keys.shards(3)
     fillers = [ReplayFiller(r, keys, cfg, ident) for ident in (0, 1, 2, 4)]

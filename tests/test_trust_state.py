@@ -23,7 +23,7 @@ from qrl.wire.codec import encode
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import MAX_AHEAD, MAX_VERSION, WeightStore, module_arrays
-from tests.helpers import make_learner, wait_until
+from tests.helpers import make_actor, make_learner, wait_until
 
 
 def _net(seed: int = 0) -> torch.nn.Module:
@@ -236,38 +236,38 @@ def test_a_metrics_report_is_skipped_while_redis_is_out_of_memory(tight, caplog)
     assert client.xlen(keys.metrics("actor", 0)) == 1
 
 
-def _throttled(actor, looks: int = 20) -> bool:
-    """Whether the actor's rate limit holds it through ``looks`` looks at the learner's
-    progress (it asks whether to stop at each; told to after the last)."""
+def _throttled(actor, steps: int, looks: int = 20) -> bool:
+    """Whether the actor's rate limit holds it, at ``steps`` env steps of its own, through
+    ``looks`` looks at the learner's progress (it asks whether to stop at each; told to after
+    the last)."""
     asked = itertools.count(1)
-    return not actor.throttle(lambda: next(asked) > looks)
+    return not actor.sink.throttle(steps, actor.weights, lambda: next(asked) > looks)
 
 
 def test_apex_rate_limit_trusts_neither_an_injected_version_nor_stats(r, keys):
-    from qrl.actors.dqn import DQNActor
     from qrl.algos.apex.config import ApexConfig
     from qrl.runtime.runs import create_run
 
     cfg = ApexConfig(actors=2, envs_per_actor=2, learning_starts=100, steps_per_update=10)
     create_run(r, keys, "apex", cfg)
-    actor = DQNActor(r, keys, cfg, 0)
-    WeightStore(r, keys).publish(actor.net, 0)
-    assert actor.refresh_weights()
-    actor.steps = 150  # past learning_starts, the learner at update 0: held
-    assert _throttled(actor)
+    actor = make_actor("apex", r, keys, cfg)
+    WeightStore(r, keys).publish(actor.weights.net, 0)
+    assert actor.weights.refresh()
+    steps = 150  # past learning_starts, the learner at update 0: held
+    assert _throttled(actor, steps)
     r.hset(keys.weights, "version", MAX_VERSION - 1)  # no weights of that version: ignored
-    assert _throttled(actor)
+    assert _throttled(actor, steps)
     r.hset(keys.stats, "env_steps", -(10**15))  # the run's count lowered: its own still holds
-    assert _throttled(actor)
+    assert _throttled(actor, steps)
     for garbage in ("x", 2**63 - 1):  # not a count, one that overflows: reset
         r.hset(keys.stats, "env_steps", garbage)
-        assert _throttled(actor)
+        assert _throttled(actor, steps)
     r.hset(keys.stats, "env_steps", 10**15)  # raised: it counts its fair share, not that
-    actor.steps = 10
-    assert not _throttled(actor)
+    steps = 10
+    assert not _throttled(actor, steps)
     r.delete(keys.stats)
     r.set(keys.stats, "x")  # the wrong type: repaired
-    assert not _throttled(actor) and r.type(keys.stats) == b"hash"
+    assert not _throttled(actor, steps) and r.type(keys.stats) == b"hash"
 
 
 def test_a_wrong_type_key_a_user_may_not_delete_is_read_as_nothing(r, keys, redis_server):

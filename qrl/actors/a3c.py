@@ -1,87 +1,143 @@
-"""The A3C actor-learner (Mnih et al. 2016): steps its vector envs ``unroll`` steps with the
-parameters it last pulled, computes the n-step advantage actor-critic gradient (entropy
-bonus, clipped norm) and pushes it to the parameter-server shards, then pulls the blocks
-they published since (every ``pull_every`` gradients). Where a time limit cut an episode its
-last reward gets ``gamma V(final observation)``, as IMPALA's and PPO's do."""
+"""The A3C actor-learner's parts (Mnih et al. 2016): it steps its vector envs ``unroll``
+steps with the parameters it last pulled (:class:`A3CPolicy`), computes the n-step advantage
+actor-critic gradient (entropy bonus, clipped norm) and pushes it to the parameter-server
+shards (:class:`GradientSink`), then pulls the blocks they published since, every
+``pull_every`` gradients (:class:`PSWeights`). Where a time limit cut an episode its last
+reward gets ``gamma V(final observation)``, as IMPALA's and PPO's do."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-import redis
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qrl.actors.envs import EnvActor
+from qrl.actors.actor import WeightsClient
+from qrl.actors.envs import Step
 from qrl.algos.a3c.config import A3CConfig
 from qrl.ps.client import PSClient
-from qrl.rl.envspec import EnvSpec
-from qrl.rl.models import policy_value_net
 from qrl.runtime.loop import StopCheck
-from qrl.wire.keys import RunKeys
 from qrl.wire.weights import wait_for_weights
 
 log = logging.getLogger(__name__)
 
+# what the gradient needs of an action: log-softmax of its logits, the value, the action
+Acted = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
-class A3CWorker(EnvActor):
-    name = "worker"
 
-    def __init__(
-        self,
-        client: redis.Redis,
-        keys: RunKeys,
-        cfg: A3CConfig,
-        worker_id: int = 0,
-        env: EnvSpec | None = None,
-    ) -> None:
-        torch.set_num_threads(1)
-        super().__init__(cfg, worker_id, env, cfg.envs_per_worker)
-        self.net = policy_value_net(cfg, self.env)
-        self.ps = PSClient(client, keys, cfg, self.net, worker_id, cfg.workers)
+class A3CPolicy:
+    """Actions sampled from ``net``'s softmax (the worker's own generator, seeded by
+    ``cfg.seed`` and ``worker_id``), with the graph the gradient is taken through."""
+
+    def __init__(self, net: torch.nn.Module, cfg: A3CConfig, worker_id: int) -> None:
+        self.net = net
         self.gen = torch.Generator().manual_seed(cfg.seed * 10_000 + worker_id)
-        self.gradients = self.skipped = 0
 
-    def start(self, should_stop: StopCheck) -> bool:
-        if not wait_for_weights(self.ps.pull, should_stop):
-            return False
-        self.obs, _ = self.envs.reset()
+    def act(self, obs: np.ndarray, should_stop: StopCheck) -> tuple[np.ndarray, Acted]:
+        logits, v = self.net(torch.as_tensor(obs))
+        logp_all = F.log_softmax(logits, -1)
+        action = torch.multinomial(logp_all.exp().detach(), 1, generator=self.gen)[:, 0]
+        return action.numpy(), (logp_all, v, action)
+
+    def observe(self, step: Step) -> None:
+        pass
+
+    def reconfigure(self, cfg: A3CConfig) -> None:
+        pass
+
+    def metrics(self) -> dict[str, Any]:
+        return {}
+
+
+class PSWeights:
+    """The parameters from the parameter-server shards (:class:`qrl.ps.client.PSClient`),
+    pulled every ``pull_every`` gradients (sent or skipped)."""
+
+    def __init__(self, ps: PSClient, pull_every: int) -> None:
+        self.ps, self.pull_every = ps, pull_every
+        self.units = 0
+
+    @property
+    def version(self) -> int:
+        return self.ps.version
+
+    def wait(self, should_stop: StopCheck) -> bool:
+        return wait_for_weights(self.ps.pull, should_stop)
+
+    def refresh(self) -> bool:
+        return self.ps.pull()
+
+    def ready(self, should_stop: StopCheck) -> bool:
         return True
 
-    def step(self, should_stop: StopCheck) -> bool:
+    def done(self) -> None:
+        self.units += 1
+        if self.units % self.pull_every == 0:
+            self.ps.pull()
+
+    def metrics(self) -> dict[str, Any]:
+        return {"version": self.ps.version}
+
+
+class GradientSink:
+    """The advantage actor-critic gradient of ``cfg.unroll`` steps, pushed to the
+    parameter-server shards through ``ps``: a unit is one unroll, one gradient."""
+
+    def __init__(self, net: torch.nn.Module, ps: PSClient, cfg: A3CConfig) -> None:
+        self.net, self.ps, self.cfg = net, ps, cfg
+        self.gradients = self.skipped = 0
+        self._begin()
+
+    def _begin(self) -> None:
+        self.logps: list[torch.Tensor] = []
+        self.entropies: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.rewards: list[torch.Tensor] = []
+        self.discounts: list[torch.Tensor] = []
+
+    def reconfigure(self, cfg: A3CConfig) -> None:
+        self.cfg = cfg  # its loss weights and clip are live
+
+    def add(
+        self, obs: np.ndarray, actions: np.ndarray, extra: Acted, step: Step, version: int
+    ) -> bool:
+        cfg, (logp_all, v, action) = self.cfg, extra
+        reward = torch.as_tensor(step.rewards * cfg.reward_scale, dtype=torch.float32)
+        if step.truncated.any():  # the value of where a time limit stopped the episode
+            with torch.no_grad():
+                _, v_next = self.net(torch.as_tensor(step.true_next[step.truncated]))
+            reward[torch.from_numpy(step.truncated)] += cfg.gamma * v_next
+        self.logps.append(logp_all.gather(1, action[:, None])[:, 0])
+        self.entropies.append(-(logp_all.exp() * logp_all).sum(-1))
+        self.values.append(v)
+        self.rewards.append(reward)
+        self.discounts.append(
+            cfg.gamma * torch.as_tensor(~(step.terminated | step.truncated)).float()
+        )
+        self.last_obs = step.next_obs
+        return len(self.rewards) == cfg.unroll
+
+    def flush(self, steps: int, weights: WeightsClient, should_stop: StopCheck) -> bool:
+        """The unroll's gradient, pushed (skipped if not finite); False if stopped while a
+        shard's stream was full."""
         cfg = self.cfg
-        logps, entropies, values, rewards, discounts = [], [], [], [], []
-        for _ in range(cfg.unroll):
-            logits, v = self.net(torch.as_tensor(self.obs))
-            logp_all = F.log_softmax(logits, -1)
-            action = torch.multinomial(logp_all.exp().detach(), 1, generator=self.gen)[:, 0]
-            s = self.step_envs(action.numpy())
-            reward = torch.as_tensor(s.rewards * cfg.reward_scale, dtype=torch.float32)
-            if s.truncated.any():  # the value of where a time limit stopped the episode
-                with torch.no_grad():
-                    _, v_next = self.net(torch.as_tensor(s.true_next[s.truncated]))
-                reward[torch.from_numpy(s.truncated)] += cfg.gamma * v_next
-            logps.append(logp_all.gather(1, action[:, None])[:, 0])
-            entropies.append(-(logp_all.exp() * logp_all).sum(-1))
-            values.append(v)
-            rewards.append(reward)
-            discounts.append(cfg.gamma * torch.as_tensor(~(s.terminated | s.truncated)).float())
-            self.obs = s.next_obs
         with torch.no_grad():
-            ret = self.net(torch.as_tensor(self.obs))[1]
+            ret = self.net(torch.as_tensor(self.last_obs))[1]
         returns = []
-        for r, d in zip(reversed(rewards), reversed(discounts), strict=True):
+        for r, d in zip(reversed(self.rewards), reversed(self.discounts), strict=True):
             ret = r + d * ret
             returns.append(ret)
         ret_t = torch.stack(returns[::-1])
-        v_t = torch.stack(values)
+        v_t = torch.stack(self.values)
         adv = ret_t - v_t.detach()
         loss = (
-            -(torch.stack(logps) * adv).mean()
+            -(torch.stack(self.logps) * adv).mean()
             + cfg.value_cost * F.mse_loss(v_t, ret_t)
-            - cfg.entropy_cost * torch.stack(entropies).mean()
+            - cfg.entropy_cost * torch.stack(self.entropies).mean()
         )
+        self._begin()
         self.net.zero_grad(set_to_none=False)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.net.parameters(), cfg.grad_clip)
@@ -92,14 +148,13 @@ class A3CWorker(EnvActor):
             return False
         else:
             self.gradients += 1
-        if (self.gradients + self.skipped) % cfg.pull_every == 0:
-            self.ps.pull()
         return True
+
+    def close(self, steps: int, weights: WeightsClient, should_stop: StopCheck) -> None:
+        pass  # an unroll not complete makes no gradient
 
     def metrics(self) -> dict[str, Any]:
         return {
-            **self.episodes(),
-            "version": self.ps.version,
             "gradients": self.gradients,
             "skipped": self.skipped,
             "backpressure_s": self.ps.waited_s(),

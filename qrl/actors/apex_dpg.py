@@ -1,12 +1,12 @@
-"""The Ape-X DPG actor: the Ape-X actor (vector envs, n-step returns, shards, pushing,
-throttling: :class:`qrl.actors.replay.TransitionActor`) with a deterministic policy plus Gaussian
-exploration noise, one sigma per env slot spread like Ape-X's epsilons, actions scaled to
-the Box's bounds and clipped there.
+"""The Ape-X DPG actor's policy and priorities, for the Ape-X actor's other parts (vector
+envs, n-step returns, shards, pushing, throttling: :mod:`qrl.actors.replay`): a
+deterministic policy plus Gaussian exploration noise, one sigma per env slot spread like
+Ape-X's epsilons, actions scaled to the Box's bounds and clipped there (:class:`NoisyDPG`).
 
 Actors hold only the actor network (the learner publishes nothing else), so they cannot
-compute a TD error: a new transition gets ``initial_priority``, above the learner's TD
-errors, so it is sampled soon and then carries its |TD error| (prioritized replay's
-"new transitions at the maximal priority", Schaul et al. 2016)."""
+compute a TD error: a new transition gets ``initial_priority`` (:func:`initial_priorities`),
+above the learner's TD errors, so it is sampled soon and then carries its |TD error|
+(prioritized replay's "new transitions at the maximal priority", Schaul et al. 2016)."""
 
 from __future__ import annotations
 
@@ -15,30 +15,52 @@ from typing import Any
 import numpy as np
 import torch
 
-from qrl.actors.replay import TransitionActor, spread
-from qrl.algos.apex_dpg.dpg import explore, policy_net, scale_action
-from qrl.rl.envspec import EnvSpec
+from qrl.actors.envs import Step
+from qrl.actors.replay import spread
+from qrl.algos.apex_dpg.config import ApexDPGConfig
+from qrl.algos.apex_dpg.dpg import explore, scale_action
+from qrl.runtime.loop import StopCheck
 
 
-class ApexDPGActor(TransitionActor):
-    action_dtype: Any = np.float32
+class NoisyDPG:
+    """``net``'s (``policy_net``) actions plus each env slot's Gaussian noise (drawn from
+    the actor's own generator, seeded by ``cfg.seed`` and ``actor_id``), scaled to the
+    Box's bounds ``low``, ``high``."""
 
-    def action_size(self, env: EnvSpec) -> int:
-        self.low, self.high = env.box_actions()
-        return len(self.low)
+    def __init__(
+        self,
+        net: torch.nn.Module,
+        cfg: ApexDPGConfig,
+        actor_id: int,
+        low: np.ndarray,
+        high: np.ndarray,
+    ) -> None:
+        self.net, self.actor_id, self.low, self.high = net, actor_id, low, high
+        self.rng = np.random.default_rng(cfg.seed * 10_000 + actor_id)
+        self.reconfigure(cfg)
 
-    def make_net(self) -> torch.nn.Module:
-        return policy_net(self.obs_shape, self.n_actions, self.cfg.hidden)
-
-    def explore(self) -> None:
-        self.sigma = spread(self.cfg.noise_base, self.cfg.noise_alpha, self.cfg, self.actor_id)
+    def reconfigure(self, cfg: ApexDPGConfig) -> None:
+        self.sigma = spread(cfg.noise_base, cfg.noise_alpha, cfg, self.actor_id)
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray) -> np.ndarray:
+    def act(self, obs: np.ndarray, should_stop: StopCheck) -> tuple[np.ndarray, None]:
         a = self.net["actor"](torch.from_numpy(np.asarray(obs))).numpy()
-        return scale_action(explore(a, self.sigma, self.rng), self.low, self.high)
+        return scale_action(explore(a, self.sigma, self.rng), self.low, self.high), None
 
-    def priorities(
-        self, obs: np.ndarray, act: np.ndarray, ret: np.ndarray, disc: np.ndarray, nxt: np.ndarray
-    ) -> np.ndarray:
-        return np.full(len(ret), self.cfg.initial_priority, np.float32)
+    def observe(self, step: Step) -> None:
+        pass
+
+    def metrics(self) -> dict[str, Any]:
+        return {}
+
+
+def initial_priorities(
+    priority: float,
+    obs: np.ndarray,
+    act: np.ndarray,
+    ret: np.ndarray,
+    disc: np.ndarray,
+    nxt: np.ndarray,
+) -> np.ndarray:
+    """``priority`` for every new transition."""
+    return np.full(len(ret), priority, np.float32)

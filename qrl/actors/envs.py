@@ -1,7 +1,12 @@
-"""What every actor that steps vector envs shares, torch or not: the envs, their steps with
-the final observation of each ended episode, and the episode statistics it reports. The
-actors that hold a network (:class:`qrl.actors.base.VectorActor`) and the env steppers of
-central inference (:mod:`qrl.inference.stepper`, no torch) build on it."""
+"""The env runner every actor steps its envs with, torch or not: the vector envs, their
+steps with the final observation of each ended episode, and the episode statistics the
+actor reports. The actors of :mod:`qrl.actors.actor` hold one, the env steppers of central
+inference (:mod:`qrl.inference.stepper`, no torch) too.
+
+The episode statistics are counted here rather than by gymnasium's
+``RecordEpisodeStatistics``: its vector wrapper reports them through the step's info dict
+(arrays and masks per step, to be unpacked again for each ended episode), the same sums with
+more work on the hot path, and ours need ``info["final_obs"]`` at the same place anyway."""
 
 from __future__ import annotations
 
@@ -12,7 +17,6 @@ import numpy as np
 from qrl.rl.envs import make_vector_env
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.config import Config
-from qrl.runtime.loop import Role
 
 
 class Step(NamedTuple):
@@ -26,29 +30,31 @@ class Step(NamedTuple):
     truncated: np.ndarray
 
 
-class EnvActor(Role):
+class EnvRunner:
     """``envs`` (default ``cfg.envs_per_actor``) copies of ``cfg.env`` (seeded by
-    ``cfg.seed`` and ``actor_id``), stepped together; subclasses implement :meth:`step`.
-    ``self.env`` describes the env (read once, :class:`qrl.rl.envspec.EnvSpec`: given, or read from
-    ``cfg.env``)."""
-
-    name = "actor"
-    counter = "steps"
+    ``cfg.seed`` and ``actor_id``), stepped together; ``obs`` is what they show now.
+    ``env`` describes the env (read once, :class:`qrl.rl.envspec.EnvSpec`: given, or read
+    from ``cfg.env``)."""
 
     def __init__(
         self, cfg: Config, actor_id: int, env: EnvSpec | None = None, envs: int | None = None
     ) -> None:
-        self.cfg, self.actor_id = cfg, actor_id
         self.env = env or EnvSpec.of(cfg.env)
         self.obs_shape, self.obs_dtype = self.env.obs_shape, self.env.obs_dtype
         n = cfg.envs_per_actor if envs is None else envs
         self.envs = make_vector_env(cfg.env, n, seed=cfg.seed * 10_000 + actor_id * 100)
+        self.obs: np.ndarray
         self.steps = 0
         self.ep_return = np.zeros(n)
         self.ep_length = np.zeros(n, dtype=np.int64)
         self.finished: list[tuple[float, int]] = []
 
-    def step_envs(self, actions: np.ndarray) -> Step:
+    def reset(self) -> np.ndarray:
+        """Reset every env; the first observations."""
+        self.obs, _ = self.envs.reset()
+        return self.obs
+
+    def step(self, actions: np.ndarray) -> Step:
         """Step every env."""
         next_obs, rewards, term, trunc, info = self.envs.step(actions)
         ended = term | trunc
@@ -63,6 +69,7 @@ class EnvActor(Role):
             self.finished.append((float(self.ep_return[j]), int(self.ep_length[j])))
             self.ep_return[j], self.ep_length[j] = 0.0, 0
         self.steps += len(actions)
+        self.obs = next_obs
         return Step(next_obs, true_next, rewards, term, trunc)
 
     def episodes(self) -> dict[str, Any]:

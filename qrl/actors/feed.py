@@ -1,6 +1,6 @@
 """Replay items on their way to the Ape-X family's sharded experience streams, and the rate
 limit against the learner: what an actor that feeds the replay needs besides its envs. The
-actors (:class:`qrl.actors.replay.ReplayActor`) use one of each; an inference server of
+actors (:class:`qrl.actors.replay.ReplaySink`) use one of each; an inference server of
 R2D2 (:mod:`qrl.inference.sequences`) one feed per actor it acts for and one limit.
 
 Follow one batch: :meth:`ReplayFeed.add` keeps the items a step completed, with their env

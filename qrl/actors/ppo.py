@@ -1,5 +1,7 @@
-"""The PPO actor: rollouts with the behaviour logits and values to the rollout stream
-(:class:`qrl.actors.unrolls.UnrollActor`); ``qrl/learners/ppo.py`` consumes them.
+"""The PPO actor's sink and weights client: rollouts with the behaviour logits and values to
+the rollout stream (:func:`rollout_sink`, a :class:`qrl.actors.unrolls.UnrollSink`);
+``qrl/learners/ppo.py`` consumes them. Its policy is the unroll algorithms'
+(:class:`qrl.actors.unrolls.SampledPolicy`).
 
 Paced by the published version (``pace_actors``): each new version gives an actor its share
 of one batch (``batch_unrolls / (actors * envs_per_actor)`` entries) to send, and it holds at
@@ -7,14 +9,18 @@ most ``1 + batches_ahead`` shares (it starts full). The actors together then mak
 per update: with ``batches_ahead`` 1 they act on the next batch while the learners train on
 this one, so rollouts are one update old when trained on and the two sides overlap; with 0
 they take turns. Either way no rollout is made only to be dropped as stale, and the actors
-cannot race ahead of learners that share their CPU."""
+cannot race ahead of learners that share their CPU. The pacing counts versions as they are
+loaded, so it lives in the weights client (:class:`PacedWeights`)."""
 
 from __future__ import annotations
 
-import numpy as np
-import redis
+from typing import Any
 
-from qrl.actors.unrolls import UnrollActor
+import redis
+import torch
+
+from qrl.actors.unrolls import UnrollSink
+from qrl.actors.weights import Weights
 from qrl.algos.ppo.config import PPOConfig
 from qrl.algos.ppo.keys import rollouts
 from qrl.algos.ppo.messages import rollout_schema
@@ -24,19 +30,21 @@ from qrl.wire import clock
 from qrl.wire.keys import RunKeys
 
 
-class PPOActor(UnrollActor):
-    schema = staticmethod(rollout_schema)
-    stream = staticmethod(rollouts)
+def rollout_sink(
+    client: redis.Redis, keys: RunKeys, cfg: PPOConfig, actor_id: int, env: EnvSpec
+) -> UnrollSink:
+    return UnrollSink(client, keys, rollouts(keys), cfg, actor_id, env, rollout_schema)
+
+
+class PacedWeights(Weights):
+    """The weights client of a PPO actor: a share of credit per version loaded; with
+    ``pace_actors``, a unit waits for credit (:meth:`ready`)."""
 
     def __init__(
-        self,
-        client: redis.Redis,
-        keys: RunKeys,
-        cfg: PPOConfig,
-        actor_id: int = 0,
-        env: EnvSpec | None = None,
+        self, client: redis.Redis, keys: RunKeys, net: torch.nn.Module, cfg: PPOConfig
     ) -> None:
-        super().__init__(client, keys, cfg, actor_id, env)
+        super().__init__(client, keys, net, cfg.weight_poll)
+        self.paced = cfg.pace_actors
         self.share = -(-cfg.batch_unrolls // (cfg.actors * cfg.envs_per_actor))
         self.most = self.share * (1 + cfg.batches_ahead)
         self.credit = self.most  # entries it may send before a new version comes
@@ -44,9 +52,9 @@ class PPOActor(UnrollActor):
         self.version_at, self.interval = clock.now(), 1.0  # seconds between versions
         self.unpaced = 0  # entries sent without credit because no new version came
 
-    def refresh_weights(self) -> bool:
+    def refresh(self) -> bool:
         before = self.version
-        if not super().refresh_weights():
+        if not super().refresh():
             return False
         if before >= 0:  # a share per version published since (the first weights: none)
             self.credit = min(self.most, self.credit + self.share * (self.version - before))
@@ -55,10 +63,12 @@ class PPOActor(UnrollActor):
         self.version_at = now
         return True
 
-    def _wait_for_credit(self, should_stop: StopCheck) -> bool:
+    def ready(self, should_stop: StopCheck) -> bool:
         """Wait until this actor may send another entry; False if stopped. If no new version
         comes in three times the usual interval (fewer actors than ``actors`` run, or
         rollouts were lost), it sends one more so the learners can go on."""
+        if not self.paced:
+            return True
         start = clock.now()
         deadline = start + max(1.0, 3 * self.interval)
         try:
@@ -68,18 +78,15 @@ class PPOActor(UnrollActor):
                 if clock.now() > deadline:
                     self.unpaced += 1
                     return True
-                if not self.refresh_weights():
+                if not self.refresh():
                     clock.sleep(0.002)
             return True
         finally:
             self.paced_s += clock.now() - start
 
-    def advance(self, obs: np.ndarray, should_stop: StopCheck) -> np.ndarray | None:
-        if self.cfg.pace_actors and not self._wait_for_credit(should_stop):
-            return None
-        out = super().advance(obs, should_stop)
-        self.credit = max(0, self.credit - 1)
-        return out
+    def done(self) -> None:
+        self.credit = max(0, self.credit - 1)  # before the look for weights: it may add some
+        super().done()
 
-    def extra_metrics(self) -> dict[str, float]:
-        return {"paced_s": self.paced_s, "unpaced": float(self.unpaced)}
+    def metrics(self) -> dict[str, Any]:
+        return {**super().metrics(), "paced_s": self.paced_s, "unpaced": float(self.unpaced)}

@@ -1,78 +1,85 @@
-"""The R2D2 actor: the Ape-X family's actor (vector envs, per-slot epsilons, shards,
-pushing, throttling: :class:`qrl.actors.replay.ReplayActor`) with an LSTM Q-network whose
-state it carries from step to step (zeros at each episode's start), cutting each env slot's
-episodes into overlapping sequences (:class:`qrl.replay.sequences.Sequencer`) that go to
-the stream with their starting state and initial priorities from its own network (R2D2's
-loss and priority mix, :func:`qrl.algos.r2d2.rule.sequence_td`)."""
+"""The R2D2 actor's policy and replay items, for the Ape-X family's sink
+(:class:`qrl.actors.replay.ReplaySink`: shards, pushing, throttling): an LSTM Q-network
+whose state it carries from step to step (zeros at each episode's start), epsilon-greedy
+with per-slot epsilons (:class:`RecurrentEpsilonGreedy`); each env slot's episodes cut into
+overlapping sequences (:class:`qrl.replay.sequences.Sequencer`) that go to the stream with
+their starting state and initial priorities from its own network (R2D2's loss and priority
+mix, :func:`qrl.algos.r2d2.rule.sequence_td`): :class:`SequenceItems`."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
-import redis
 import torch
 
 from qrl.actors.envs import Step
-from qrl.actors.replay import ReplayActor, spread
+from qrl.actors.replay import epsilon_greedy, spread
 from qrl.algos.r2d2.config import R2D2Config
 from qrl.algos.r2d2.messages import KIND
 from qrl.algos.r2d2.rule import Rule, Sequences, priorities, rule_of
 from qrl.replay.sequences import Sequencer, stack
 from qrl.rl.envspec import EnvSpec
-from qrl.rl.models import RecurrentQNetwork, recurrent_q_network
-from qrl.wire.keys import RunKeys
+from qrl.rl.models import RecurrentQNetwork
+from qrl.runtime.loop import StopCheck
+
+State = tuple[torch.Tensor, torch.Tensor]  # the LSTM's (h, c), one row per env slot
 
 
-class R2D2Actor(ReplayActor):
+class RecurrentEpsilonGreedy:
+    """Epsilon-greedy on ``net`` (:class:`qrl.rl.models.RecurrentQNetwork`) with its LSTM
+    state per env slot; each action is told with the state it was taken in."""
+
     def __init__(
-        self,
-        client: redis.Redis,
-        keys: RunKeys,
-        cfg: R2D2Config,
-        actor_id: int = 0,
-        env: EnvSpec | None = None,
+        self, net: RecurrentQNetwork, cfg: R2D2Config, actor_id: int, n_actions: int
     ) -> None:
-        super().__init__(client, keys, cfg, actor_id, env)
+        self.net, self.actor_id, self.n_actions = net, actor_id, n_actions
+        self.rng = np.random.default_rng(cfg.seed * 10_000 + actor_id)
+        self.state: State = net.initial_state(cfg.envs_per_actor)
+        self.reconfigure(cfg)
+
+    def reconfigure(self, cfg: R2D2Config) -> None:
+        self.eps = spread(cfg.eps_base, cfg.eps_alpha, cfg, self.actor_id)
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, should_stop: StopCheck) -> tuple[np.ndarray, State]:
+        """Epsilon-greedy actions, and the state they were taken in; the state moves on."""
+        acted_in = self.state
+        q, self.state = self.net(torch.from_numpy(np.asarray(obs))[:, None], self.state)
+        greedy = q[:, 0].argmax(dim=1).numpy()
+        return epsilon_greedy(greedy, self.eps, self.rng, self.n_actions), acted_in
+
+    def observe(self, step: Step) -> None:
+        """The state of a slot whose episode ended starts again from zeros."""
+        ended = torch.from_numpy(step.terminated | step.truncated)[:, None]
+        self.state = tuple(torch.where(ended, 0.0, x) for x in self.state)  # type: ignore[assignment]
+
+    def metrics(self) -> dict[str, Any]:
+        return {}
+
+
+class SequenceItems:
+    """R2D2's replay items: the sequences each step completed (each step kept with the LSTM
+    state it was acted in), sent with their initial priorities under ``net``."""
+
+    def __init__(self, net: RecurrentQNetwork, cfg: R2D2Config, env: EnvSpec) -> None:
+        self.net, self.rule = net, rule_of(cfg)
         self.sequencer = Sequencer(
             cfg.envs_per_actor,
             cfg.sequence_length,
             cfg.overlap,
-            self.obs_shape,
-            self.obs_dtype,
+            env.obs_shape,
+            env.obs_dtype,
             cfg.lstm,
         )
-        self.state = self.net.initial_state(cfg.envs_per_actor)
-        self.acted_in = self.state  # the state the last actions were taken in
-        self.rule = rule_of(cfg)
 
-    def make_net(self) -> torch.nn.Module:
-        return recurrent_q_network(self.cfg, self.env)
-
-    def explore(self) -> None:
-        self.eps = spread(self.cfg.eps_base, self.cfg.eps_alpha, self.cfg, self.actor_id)
-
-    @torch.no_grad()
-    def act(self, obs: np.ndarray) -> np.ndarray:
-        """Epsilon-greedy actions; the LSTM state moves on (``self.state``)."""
-        self.acted_in = self.state
-        q, self.state = self.net(torch.from_numpy(np.asarray(obs))[:, None], self.state)
-        greedy = q[:, 0].argmax(dim=1).numpy()
-        explore = self.rng.random(len(greedy)) < self.eps
-        random = self.rng.integers(0, self.n_actions, len(greedy))
-        return np.where(explore, random, greedy)
-
-    def collect(
-        self, obs: np.ndarray, actions: np.ndarray, step: Step
+    def items(
+        self, obs: np.ndarray, actions: np.ndarray, extra: State, step: Step
     ) -> tuple[list[Any], list[int]]:
-        """The sequences this step completed (each step kept with the LSTM state it was
-        acted in); the state of a slot whose episode ended starts again from zeros."""
-        h, c = (x.numpy() for x in self.acted_in)
+        h, c = (x.numpy() for x in extra)
         done = self.sequencer.add(
             obs, actions, step.rewards, step.true_next, step.terminated, step.truncated, h, c
         )
-        ended = torch.from_numpy(step.terminated | step.truncated)[:, None]
-        self.state = tuple(torch.where(ended, 0.0, x) for x in self.state)  # type: ignore[assignment]
         return done, self.sequencer.slots
 
     def message(self, items: list[Any], slots: np.ndarray) -> tuple[str, dict[str, Any]]:

@@ -1,26 +1,28 @@
-"""What the Ape-X family's actors share (Ape-X, Ape-X DPG, R2D2): vector envs, per-slot
-exploration spread like Ape-X's epsilons, batches of replay items pushed to the experience
-stream of each env slot's shard, and the rate limit against the learner
-(:class:`ReplayActor`); and the actors of n-step transitions (:class:`TransitionActor`).
+"""What the Ape-X family's actors share (Ape-X, Ape-X DPG, R2D2): per-slot exploration
+spread like Ape-X's epsilons (:func:`spread`), and the sink that pushes replay items to the
+experience stream of each env slot's shard under the rate limit against the learner
+(:class:`ReplaySink`); the replay items of n-step transitions (:class:`Transitions`, with
+:class:`NStep`). R2D2's sequences are in :mod:`qrl.actors.r2d2`.
 
-Follow one batch: ``ReplayActor.advance`` calls ``act`` and steps the envs; ``collect``
-turns the step into replay items (``TransitionActor``: ``NStep.add``'s n-step transitions;
-R2D2: sequences); ``ReplayActor.flush`` pushes them as the subclass's ``message`` (initial
-priorities included), one batch per shard, and keeps to the rate limit
-(:mod:`qrl.actors.feed`); the replay role (``qrl/replay/role.py``) inserts them. Stacked
-frames (Atari) travel each frame once, in per-env-slot chunks (:mod:`qrl.replay.frames`)."""
+Follow one batch: :meth:`ReplaySink.add` turns each vector step into replay items
+(:meth:`Transitions.items`: ``NStep.add``'s n-step transitions; R2D2: sequences) and hands
+them to its :class:`qrl.actors.feed.ReplayFeed`; once ``actor_batch`` are pending,
+:meth:`ReplaySink.flush` pushes them as the items' ``message`` (initial priorities
+included), one batch per shard, and keeps to the rate limit
+(:class:`qrl.actors.feed.RateLimit`); the replay role (``qrl/replay/role.py``) inserts them.
+Stacked frames (Atari) travel each frame once, in per-env-slot chunks
+(:mod:`qrl.replay.frames`)."""
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import redis
-import torch
 
-from qrl.actors.base import VectorActor
+from qrl.actors.actor import WeightsClient
 from qrl.actors.envs import Step
 from qrl.actors.feed import RateLimit, ReplayFeed
 from qrl.algos.apex_family.config import ReplayConfig
@@ -28,6 +30,7 @@ from qrl.algos.apex_family.messages import EXPERIENCE, FRAMES
 from qrl.replay.frames import is_frame_stack, pack_frames
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.config import Config
+from qrl.runtime.loop import StopCheck
 from qrl.wire.keys import RunKeys
 
 
@@ -39,6 +42,16 @@ def spread(base: float, alpha: float, cfg: ReplayConfig, actor_id: int) -> np.nd
     # id an inference server was sent can be as large as 2^53, past int64 times the envs)
     i = ((actor_id % cfg.actors) * cfg.envs_per_actor + np.arange(cfg.envs_per_actor)) % n
     return base ** (1 + i * alpha / max(n - 1, 1))
+
+
+def epsilon_greedy(
+    greedy: np.ndarray, eps: np.ndarray, rng: np.random.Generator, n_actions: int
+) -> np.ndarray:
+    """``greedy`` with each env slot's action replaced by a random one with its epsilon
+    (Ape-X's and R2D2's exploration; the draws in this order: the coins, then the actions)."""
+    explore = rng.random(len(greedy)) < eps
+    random = rng.integers(0, n_actions, len(greedy))
+    return np.where(explore, random, greedy)
 
 
 class NStep:
@@ -76,116 +89,92 @@ class NStep:
         return out
 
 
-class ReplayActor(VectorActor):
-    """One actor process's worth of environments feeding the prioritized replay. A subclass
-    gives the policy (:meth:`make_net`, :meth:`act`), turns each vector step into replay
-    items (:meth:`collect`) and a batch of items into a message (:meth:`message`)."""
+class ReplayItems(Protocol):
+    """What an algorithm's replay items are: made of the steps, and sent as a message."""
 
-    def __init__(
-        self,
-        client: redis.Redis,
-        keys: RunKeys,
-        cfg: ReplayConfig,
-        actor_id: int = 0,
-        env: EnvSpec | None = None,
-    ) -> None:
-        super().__init__(client, keys, cfg, actor_id, env)
-        self.explore()
-        self.net = self.make_net()
-        self.net.eval()
-        self.feed = ReplayFeed(client, keys, cfg, actor_id, self.message)
-        self.limit = RateLimit(client, keys, cfg, share=cfg.actors)
-
-    def make_net(self) -> torch.nn.Module:
-        """The local copy of the learner's (published) network."""
-        raise NotImplementedError
-
-    def explore(self) -> None:
-        """Set each env slot's exploration (epsilons, noise) from ``self.cfg``: at the start
-        and again when a live config change came (:meth:`reconfigure`)."""
-        raise NotImplementedError
-
-    def reconfigure(self, cfg: Config) -> None:
-        super().reconfigure(cfg)
-        self.explore()
-
-    def act(self, obs: np.ndarray) -> np.ndarray:
-        """A batch of actions, exploration included."""
-        raise NotImplementedError
-
-    def collect(
-        self, obs: np.ndarray, actions: np.ndarray, step: Step
+    def items(
+        self, obs: np.ndarray, actions: np.ndarray, extra: Any, step: Step
     ) -> tuple[list[Any], list[int]]:
-        """The replay items that taking ``actions`` in ``obs`` completed, and the env slot of
-        each."""
-        raise NotImplementedError
+        """The replay items that taking ``actions`` in ``obs`` completed (``extra``: what
+        the policy said of them), and the env slot of each."""
 
     def message(self, items: list[Any], slots: np.ndarray) -> tuple[str, dict[str, Any]]:
         """The kind and the fields of the message of ``items`` (from env slots ``slots``),
         ``priority`` included; the actor, the version and a batch id are added to them."""
-        raise NotImplementedError
-
-    def flush(self, should_stop: Callable[[], bool]) -> bool:
-        """Push the pending items (:class:`qrl.actors.feed.ReplayFeed`) and keep to the rate
-        limit; False if stopped while waiting."""
-        return self.feed.flush(self.version, should_stop) and self.throttle(should_stop)
-
-    def throttle(self, should_stop: Callable[[], bool]) -> bool:
-        """Count our steps in the run's total and wait while the learner is behind
-        (:class:`qrl.actors.feed.RateLimit`); its progress is the weights this actor loaded."""
-
-        def progress() -> int:
-            self.refresh_weights()
-            return self.version
-
-        return self.limit.throttle(self.steps, self.version, progress, should_stop)
-
-    def advance(self, obs: np.ndarray, should_stop: Callable[[], bool]) -> np.ndarray | None:
-        """One vector step; pushes a batch when ``actor_batch`` items are ready."""
-        actions = self.act(obs)
-        step = self.step_envs(actions)
-        self.feed.add(*self.collect(obs, actions, step))
-        if self.feed.ready and not self.flush(should_stop):
-            return None
-        return step.next_obs
-
-    def finish(self, should_stop: Callable[[], bool]) -> None:
-        self.flush(should_stop)
-
-    def waited_s(self) -> float:
-        return self.feed.waited_s()
-
-    def extra_metrics(self) -> dict[str, float]:
-        return {"throttled_s": self.limit.throttled_s}
 
 
-class TransitionActor(ReplayActor):
-    """The actors of n-step transitions (Ape-X, Ape-X DPG): local n-step returns
-    (:class:`NStep`), initial priorities from the subclass (:meth:`priorities`), stacked
-    frames sent once. A subclass also gives ``action_dtype``."""
-
-    action_dtype: Any = np.int32
+class ReplaySink:
+    """One actor's replay items on their way to the replay shards: a unit is one vector
+    step; a batch goes out once ``actor_batch`` items are ready, and then the rate limit
+    holds the actor while the learner is behind."""
 
     def __init__(
         self,
         client: redis.Redis,
         keys: RunKeys,
         cfg: ReplayConfig,
-        actor_id: int = 0,
-        env: EnvSpec | None = None,
+        actor_id: int,
+        items: ReplayItems,
     ) -> None:
-        super().__init__(client, keys, cfg, actor_id, env)
+        self.make = items.items
+        self.feed = ReplayFeed(client, keys, cfg, actor_id, items.message)
+        self.limit = RateLimit(client, keys, cfg, share=cfg.actors)
+
+    def add(
+        self, obs: np.ndarray, actions: np.ndarray, extra: Any, step: Step, version: int
+    ) -> bool:
+        self.feed.add(*self.make(obs, actions, extra, step))
+        return True
+
+    def flush(self, steps: int, weights: WeightsClient, should_stop: StopCheck) -> bool:
+        """Push a batch if one is ready."""
+        return not self.feed.ready or self.push(steps, weights, should_stop)
+
+    def push(self, steps: int, weights: WeightsClient, should_stop: StopCheck) -> bool:
+        """Push the pending items (:class:`qrl.actors.feed.ReplayFeed`) as acted with the
+        weights' version now, and keep to the rate limit; False if stopped while waiting."""
+        return self.feed.flush(weights.version, should_stop) and self.throttle(
+            steps, weights, should_stop
+        )
+
+    def throttle(self, steps: int, weights: WeightsClient, should_stop: StopCheck) -> bool:
+        """Count the actor's ``steps`` in the run's total and wait while the learner is behind
+        (:class:`qrl.actors.feed.RateLimit`); its progress is the weights the actor loaded."""
+
+        def progress() -> int:
+            weights.refresh()
+            return weights.version
+
+        return self.limit.throttle(steps, weights.version, progress, should_stop)
+
+    def close(self, steps: int, weights: WeightsClient, should_stop: StopCheck) -> None:
+        self.push(steps, weights, should_stop)
+
+    def reconfigure(self, cfg: Config) -> None:
+        pass
+
+    def metrics(self) -> dict[str, Any]:
+        return {"backpressure_s": self.feed.waited_s(), "throttled_s": self.limit.throttled_s}
+
+
+# (obs, actions, n-step returns, discounts, bootstrap obs) -> initial priorities
+Priorities = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+class Transitions:
+    """The replay items of Ape-X and Ape-X DPG: n-step transitions (:class:`NStep`) with
+    initial priorities from the algorithm (``priorities``), actions as ``action_dtype``,
+    stacked frames sent once."""
+
+    def __init__(
+        self, cfg: ReplayConfig, env: EnvSpec, action_dtype: Any, priorities: Priorities
+    ) -> None:
         self.nstep = NStep(cfg.envs_per_actor, cfg.n_step, cfg.gamma)
-        self.frames = is_frame_stack(self.obs_shape, self.obs_dtype)  # send frames once
+        self.obs_dtype, self.action_dtype, self.priorities = env.obs_dtype, action_dtype, priorities
+        self.frames = is_frame_stack(env.obs_shape, env.obs_dtype)  # send frames once
 
-    def priorities(
-        self, obs: np.ndarray, act: np.ndarray, ret: np.ndarray, disc: np.ndarray, nxt: np.ndarray
-    ) -> np.ndarray:
-        """Initial priorities of n-step transitions."""
-        raise NotImplementedError
-
-    def collect(
-        self, obs: np.ndarray, actions: np.ndarray, step: Step
+    def items(
+        self, obs: np.ndarray, actions: np.ndarray, extra: Any, step: Step
     ) -> tuple[list[Any], list[int]]:
         done = self.nstep.add(
             obs, actions, step.rewards, step.true_next, step.terminated, step.truncated

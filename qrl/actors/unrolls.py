@@ -1,10 +1,12 @@
-"""The actor of the unroll algorithms (IMPALA, PPO): vector envs sampled from the policy,
-unrolls of length T pushed to a stream with the behaviour logits (and values, where the
-algorithm's message has them) and the policy version they were acted with.
+"""The parts of the unroll algorithms' actors (IMPALA, PPO): actions sampled from the
+policy's softmax (:class:`SampledPolicy`), and unrolls of length T pushed to a stream with
+the behaviour logits (and values, where the algorithm's message has them) and the policy
+version they were acted with (:class:`UnrollSink`).
 
-Follow one unroll: ``UnrollActor.unroll`` steps the envs T times; ``UnrollActor.advance``
-encodes the B unrolls as one message (:mod:`qrl.rl.unrolls`) and adds it to the stream
-through its producer; the learner's :class:`qrl.learners.unrolls.UnrollLoader` consumes it.
+Follow one unroll: :meth:`UnrollSink.add` records T vector steps and then makes the B
+unrolls one message's fields (:func:`unroll_message`, :mod:`qrl.rl.unrolls`);
+:meth:`UnrollSink.flush` encodes it and adds it to the stream through its producer; the
+learner's loader process (:mod:`qrl.learners.loader`) consumes it.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import numpy as np
 import redis
 import torch
 
-from qrl.actors.base import VectorActor
+from qrl.actors.actor import WeightsClient
+from qrl.actors.envs import Step
 from qrl.rl.envspec import EnvSpec
-from qrl.rl.models import policy_value_net
 from qrl.runtime.config import Config
+from qrl.runtime.loop import StopCheck
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
 from qrl.wire.schema import Schema
@@ -57,82 +60,134 @@ def unroll_message(
     }
 
 
-class UnrollActor(VectorActor):
-    """Subclasses set ``schema`` (the algorithm's message: its kind, and which of the fields
-    an unroll can have it carries) and ``stream`` (the stream's key from the run's keys)."""
+class SampledPolicy:
+    """Actions sampled from the softmax of ``net``'s logits (a
+    :class:`qrl.rl.models.PolicyValueNet`; the actor's own generator, seeded by ``cfg.seed``
+    and ``actor_id``), told with the logits and the value estimates."""
 
-    schema: Callable[..., Schema]  # (obs_shape, obs_dtype, n_actions, unroll, envs)
-    stream: Callable[[RunKeys], str]
+    def __init__(self, net: torch.nn.Module, cfg: Config, actor_id: int) -> None:
+        self.net = net
+        self.gen = torch.Generator().manual_seed(cfg.seed * 10_000 + actor_id)
+
+    @torch.no_grad()
+    def act(
+        self, obs: np.ndarray, should_stop: StopCheck
+    ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+        logits, values = self.net(torch.from_numpy(np.asarray(obs)))
+        actions = torch.multinomial(torch.softmax(logits, dim=1), 1, generator=self.gen)[:, 0]
+        return actions.numpy(), (logits.numpy(), values.numpy())
+
+    def observe(self, step: Step) -> None:
+        pass
+
+    def reconfigure(self, cfg: Config) -> None:
+        pass
+
+    def metrics(self) -> dict[str, Any]:
+        return {}
+
+
+# (obs_shape, obs_dtype, n_actions, unroll, envs) -> the algorithm's message schema
+UnrollSchema = Callable[..., Schema]
+
+
+class UnrollSink:
+    """Unrolls of ``cfg.unroll`` steps of actor ``actor_id``'s envs to ``stream``, as the
+    message of ``schema`` (its kind, and which of the fields an unroll can have it carries):
+    a unit is one unroll. :attr:`unroll` holds the fields of the last one made until it is
+    pushed."""
 
     def __init__(
         self,
         client: redis.Redis,
         keys: RunKeys,
+        stream: str,
         cfg: Config,
-        actor_id: int = 0,
-        env: EnvSpec | None = None,
+        actor_id: int,
+        env: EnvSpec,
+        schema: UnrollSchema,
     ) -> None:
-        super().__init__(client, keys, cfg, actor_id, env)
-        stream = type(self).stream(keys)
+        self.cfg, self.actor_id = cfg, actor_id
         self.producer = StreamProducer(client, stream, maxlen=cfg.stream_maxlen, keys=keys)
-        schema = type(self).schema(
+        self.obs_shape, self.obs_dtype = env.obs_shape, env.obs_dtype
+        self.n_actions = env.discrete_actions()
+        made = schema(
             self.obs_shape, self.obs_dtype, self.n_actions, cfg.unroll, cfg.envs_per_actor
         )
-        self.kind, self.fields = schema.kind, tuple(schema.fields)
-        self.net = policy_value_net(cfg, self.env)
-        self.net.eval()
-        self.gen = torch.Generator().manual_seed(cfg.seed * 10_000 + actor_id)
+        self.kind, self.fields = made.kind, tuple(made.fields)
+        self.t = 0  # steps of the unroll being recorded
+        self.unroll: dict[str, Any] | None = None
 
-    @torch.no_grad()
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Sampled actions, the logits and the value estimates."""
-        logits, values = self.net(torch.from_numpy(np.asarray(obs)))
-        actions = torch.multinomial(torch.softmax(logits, dim=1), 1, generator=self.gen)[:, 0]
-        return actions.numpy(), logits.numpy(), values.numpy()
-
-    def unroll(self, obs: np.ndarray) -> tuple[dict[str, object], np.ndarray]:
-        """T steps from ``obs``; returns the message fields and the observation to go on from."""
+    def _begin(self, version: int) -> None:
+        """Fresh buffers for the next T steps (an unroll made keeps its own), acted with
+        weights ``version``."""
         t_len, b = self.cfg.unroll, self.cfg.envs_per_actor
-        obs_buf = np.empty((t_len + 1, b, *self.obs_shape), self.obs_dtype)
-        act_buf = np.empty((t_len, b), np.int32)
-        rew_buf = np.empty((t_len, b), np.float32)
-        val_buf = np.empty((t_len, b), np.float32)
-        term_buf = np.empty((t_len, b), bool)
-        trunc_buf = np.empty((t_len, b), bool)
-        logit_buf = np.empty((t_len, b, self.n_actions), np.float32)
-        trunc_idx, trunc_obs = [], []
-        version = self.version  # the policy these T steps act with
-        for t in range(t_len):
-            obs_buf[t] = obs
-            actions, logits, values = self.act(obs)
-            obs, true_next, rewards, term, trunc = self.step_envs(actions)
-            act_buf[t], rew_buf[t], logit_buf[t], val_buf[t] = actions, rewards, logits, values
-            term_buf[t], trunc_buf[t] = term, trunc
-            for j in np.flatnonzero(trunc):
-                trunc_idx.append((t, j))
-                trunc_obs.append(true_next[j])
-        obs_buf[t_len] = obs
+        self.obs_buf = np.empty((t_len + 1, b, *self.obs_shape), self.obs_dtype)
+        self.act_buf = np.empty((t_len, b), np.int32)
+        self.rew_buf = np.empty((t_len, b), np.float32)
+        self.val_buf = np.empty((t_len, b), np.float32)
+        self.term_buf = np.empty((t_len, b), bool)
+        self.trunc_buf = np.empty((t_len, b), bool)
+        self.logit_buf = np.empty((t_len, b, self.n_actions), np.float32)
+        self.trunc_idx: list[tuple[int, int]] = []
+        self.trunc_obs: list[np.ndarray] = []
+        self.version = version  # the policy these T steps act with
+
+    def add(
+        self,
+        obs: np.ndarray,
+        actions: np.ndarray,
+        extra: tuple[np.ndarray, np.ndarray],
+        step: Step,
+        version: int,
+    ) -> bool:
+        """Record one step (``extra``: the logits and values); after T, make the unroll."""
+        t = self.t
+        if t == 0:
+            self._begin(version)
+        logits, values = extra
+        self.obs_buf[t] = obs
+        self.act_buf[t], self.rew_buf[t], self.logit_buf[t], self.val_buf[t] = (
+            actions,
+            step.rewards,
+            logits,
+            values,
+        )
+        self.term_buf[t], self.trunc_buf[t] = step.terminated, step.truncated
+        for j in np.flatnonzero(step.truncated):
+            self.trunc_idx.append((t, j))
+            self.trunc_obs.append(step.true_next[j])
+        self.t = t + 1
+        if self.t < len(self.act_buf):
+            return False
+        self.t = 0
+        self.obs_buf[-1] = step.next_obs
         msg = unroll_message(
-            obs_buf,
-            act_buf,
-            rew_buf,
-            term_buf,
-            trunc_buf,
-            logit_buf,
-            trunc_idx,
-            trunc_obs,
-            version,
+            self.obs_buf,
+            self.act_buf,
+            self.rew_buf,
+            self.term_buf,
+            self.trunc_buf,
+            self.logit_buf,
+            self.trunc_idx,
+            self.trunc_obs,
+            self.version,
             self.actor_id,
         )
-        msg["value"] = val_buf
-        return {name: msg[name] for name in self.fields}, obs  # those its message carries
+        msg["value"] = self.val_buf
+        self.unroll = {name: msg[name] for name in self.fields}  # those its message carries
+        return True
 
-    def advance(self, obs: np.ndarray, should_stop: Callable[[], bool]) -> np.ndarray | None:
-        """One unroll of T steps, pushed as one stream entry."""
-        msg, obs = self.unroll(obs)
-        if self.producer.add(encode(self.kind, msg), should_stop=should_stop) is None:
-            return None
-        return obs
+    def flush(self, steps: int, weights: WeightsClient, should_stop: StopCheck) -> bool:
+        """Push the unroll made as one stream entry."""
+        msg, self.unroll = self.unroll, None
+        return self.producer.add(encode(self.kind, msg), should_stop=should_stop) is not None
 
-    def waited_s(self) -> float:
-        return self.producer.waited_s
+    def close(self, steps: int, weights: WeightsClient, should_stop: StopCheck) -> None:
+        pass  # an unroll not complete is not sent
+
+    def reconfigure(self, cfg: Config) -> None:
+        pass
+
+    def metrics(self) -> dict[str, Any]:
+        return {"backpressure_s": self.producer.waited_s}

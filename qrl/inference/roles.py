@@ -18,9 +18,9 @@ STEPPER_LISTS = ("inference:requests:{id}", "inference:reply:{id}")
 
 
 def _stepper(ctx: RoleContext) -> Any:
-    from qrl.inference.stepper import EnvStepper
+    from qrl.inference.stepper import stepper
 
-    return EnvStepper(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
+    return stepper(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
 
 
 def stepper_role(algo: str) -> RoleDef:

@@ -1,11 +1,13 @@
-"""The actor of central inference: it steps its vector envs and asks its inference server
-for every action (:mod:`qrl.inference.protocol`). It imports no torch and holds no network,
-so an actor machine needs neither (a test checks the import).
+"""The actor of central inference (:func:`stepper`): an :class:`qrl.actors.actor.Actor`
+whose policy asks its inference server for every action (:class:`Asker`,
+:mod:`qrl.inference.protocol`), with no weights client and no sink (the server assembles
+what the steps make). It imports no torch and holds no network, so an actor machine needs
+neither (a test checks the import).
 
-Follow one step: :meth:`EnvStepper.step` sends the request (the observations, and what the
-last actions gave) and waits on its reply list for the answer in the same round trip
-(resending it every ``reply_timeout`` seconds while no server answers), steps the envs with
-the actions, and keeps what they gave for the next request.
+Follow one step: :meth:`Asker.act` sends the request (the observations, and what the last
+actions gave) and waits on its reply list for the answer in the same round trip (resending
+it every ``reply_timeout`` seconds while no server answers); the actor steps the envs with
+the actions, and :meth:`Asker.observe` keeps what they gave for the next request.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 import numpy as np
 import redis
 
-from qrl.actors.envs import EnvActor
+from qrl.actors.actor import Actor
+from qrl.actors.envs import EnvRunner, Step
 from qrl.inference import protocol
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.config import Config
@@ -32,25 +35,21 @@ WAIT_S = 0.25  # one blocking pop: the stop flag is checked between two
 MIN_WAIT_S = 0.01
 
 
-class EnvStepper(EnvActor):
-    name = "stepper"
+class Asker:
+    """The policy of a stepper: actor ``actor_id``'s requests to its server (number
+    ``actor_id`` modulo ``inference_servers``), and the replies' actions."""
 
     def __init__(
-        self,
-        client: redis.Redis,
-        keys: RunKeys,
-        cfg: Config,
-        actor_id: int,
-        env: EnvSpec | None = None,
+        self, client: redis.Redis, keys: RunKeys, cfg: Config, actor_id: int, env: EnvSpec
     ) -> None:
-        super().__init__(cfg, actor_id, env)
-        self.client, self.keys = client, keys
+        self.client, self.cfg, self.actor_id = client, cfg, actor_id
+        self.obs_dtype = env.obs_dtype
         b = cfg.envs_per_actor
         n = cfg.inference_servers
         mine = protocol.server_keys(keys, n, actor_id % n)
         self.requests = protocol.requests(mine, actor_id)
         self.replies = protocol.reply(mine, actor_id)
-        self.schema = protocol.reply_schema(self.env.discrete_actions(), b)
+        self.schema = protocol.reply_schema(env.discrete_actions(), b)
         self.life = secrets.randbelow(2**53)  # this process's requests, told from a dead one's
         self.seq = 0
         self.version = -1  # of the weights that chose the last actions
@@ -58,44 +57,44 @@ class EnvStepper(EnvActor):
             "reward": np.zeros(b, np.float32),
             "terminated": np.zeros(b, bool),
             "truncated": np.zeros(b, bool),
-            "final_obs": np.zeros((0, *self.obs_shape), self.obs_dtype),
+            "final_obs": np.zeros((0, *env.obs_shape), self.obs_dtype),
             "final_idx": np.zeros(0, np.int32),
         }
         self.rtt: list[float] = []
         self.resent = self.rejected = 0
 
-    def start(self, should_stop: StopCheck) -> bool:
-        self.obs, _ = self.envs.reset()
-        return True
-
-    def step(self, should_stop: StopCheck) -> bool:
-        """One vector step: ask for the actions, step the envs with them."""
+    def act(self, obs: np.ndarray, should_stop: StopCheck) -> tuple[np.ndarray, None] | None:
+        """The actions for ``obs``, asked of the server (:meth:`ask`); ``None`` if stopped."""
         sent = time.monotonic()
-        actions = self.ask(should_stop)
+        actions = self.ask(obs, should_stop)
         if actions is None:
-            return False
+            return None
         self.rtt.append(time.monotonic() - sent)
-        s = self.step_envs(actions)
-        ended = np.flatnonzero(s.terminated | s.truncated)
+        return actions, None
+
+    def observe(self, step: Step) -> None:
+        """What the actions gave, for the next request."""
+        ended = np.flatnonzero(step.terminated | step.truncated)
         self.result = {
-            "reward": s.rewards.astype(np.float32),
-            "terminated": s.terminated,
-            "truncated": s.truncated,
-            "final_obs": s.true_next[ended].astype(self.obs_dtype),
+            "reward": step.rewards.astype(np.float32),
+            "terminated": step.terminated,
+            "truncated": step.truncated,
+            "final_obs": step.true_next[ended].astype(self.obs_dtype),
             "final_idx": ended.astype(np.int32),
         }
-        self.obs = s.next_obs
         self.seq += 1
-        return True
 
-    def ask(self, should_stop: StopCheck) -> np.ndarray | None:
-        """The actions for ``self.obs``: send the request, wait for its reply (resending it
+    def reconfigure(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    def ask(self, obs: np.ndarray, should_stop: StopCheck) -> np.ndarray | None:
+        """The actions for ``obs``: send the request, wait for its reply (resending it
         every ``reply_timeout``); ``None`` if stopped first."""
         msg = {
             "actor": self.actor_id,
             "life": self.life,
             "seq": self.seq,
-            "obs": np.asarray(self.obs, self.obs_dtype),
+            "obs": np.asarray(obs, self.obs_dtype),
             **self.result,
             "sent": time.time(),
         }
@@ -146,10 +145,23 @@ class EnvStepper(EnvActor):
     def metrics(self) -> dict[str, Any]:
         rtt, self.rtt = np.asarray(self.rtt), []
         return {
-            **self.episodes(),
             "version": self.version,
             "rtt_p50_ms": float(np.percentile(rtt, 50) * 1e3) if len(rtt) else 0.0,
             "rtt_p99_ms": float(np.percentile(rtt, 99) * 1e3) if len(rtt) else 0.0,
             "resent": self.resent,
             "rejected": self.rejected,
         }
+
+
+def stepper(
+    client: redis.Redis,
+    keys: RunKeys,
+    cfg: Config,
+    actor_id: int,
+    env: EnvSpec | None = None,
+    runner: EnvRunner | None = None,
+) -> Actor:
+    """Actor ``actor_id`` of central inference: its envs (``runner``: given, or made of
+    ``cfg``), asking its server for every action."""
+    runner = runner or EnvRunner(cfg, actor_id, env)
+    return Actor(cfg, runner, Asker(client, keys, cfg, actor_id, runner.env), name="stepper")

@@ -59,7 +59,7 @@ PRELOAD = [
     "torch._dynamo",
     "gymnasium",
     "qrl.jobs.launch",
-    "qrl.actors.base",
+    "qrl.actors.weights",
     "qrl.learners.base",
 ]
 

@@ -159,7 +159,7 @@ class Reports:
         return (self.counter, *self.shown)
 
 
-# what the roles that play an env report (VectorActor and ES workers)
+# what the roles that play an env report (qrl.actors.actor.Actor and ES workers)
 ACTOR_PROGRESS = (
     Feed(ENV_STEPS, "steps", "sum"),
     Feed(ENV_STEPS_PER_S, "steps_per_s", "sum"),

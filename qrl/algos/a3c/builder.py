@@ -30,9 +30,19 @@ def _optimizer(params: list[torch.nn.Parameter], cfg: A3CConfig) -> torch.optim.
 
 
 def _worker(ctx: RoleContext) -> Any:
-    from qrl.actors.a3c import A3CWorker
+    from qrl.actors.a3c import A3CPolicy, GradientSink, PSWeights
+    from qrl.actors.actor import Actor
+    from qrl.actors.envs import EnvRunner
+    from qrl.actors.weights import local_net
+    from qrl.ps.client import PSClient
 
-    return A3CWorker(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
+    cfg = ctx.cfg
+    runner = EnvRunner(cfg, ctx.ident, ctx.env, cfg.envs_per_worker)
+    net = local_net(_policy_value_net(cfg, runner.env))
+    ps = PSClient(ctx.client, ctx.keys, cfg, net, ctx.ident, cfg.workers)
+    policy = A3CPolicy(net, cfg, ctx.ident)
+    sink = GradientSink(net, ps, cfg)
+    return Actor(cfg, runner, policy, PSWeights(ps, cfg.pull_every), sink, name="worker")
 
 
 ALGORITHM = Algorithm(

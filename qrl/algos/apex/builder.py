@@ -15,9 +15,9 @@ if TYPE_CHECKING:
 
 
 def _actor(ctx: RoleContext) -> Any:
-    from qrl.actors.dqn import DQNActor
+    from qrl.actors.dqn import dqn_actor
 
-    return DQNActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
+    return dqn_actor(ctx)
 
 
 def _learner(ctx: RoleContext) -> Any:

@@ -18,9 +18,31 @@ if TYPE_CHECKING:
 
 
 def _actor(ctx: RoleContext) -> Any:
-    from qrl.actors.apex_dpg import ApexDPGActor
+    from functools import partial
 
-    return ApexDPGActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
+    import numpy as np
+
+    from qrl.actors.actor import Actor
+    from qrl.actors.apex_dpg import NoisyDPG, initial_priorities
+    from qrl.actors.envs import EnvRunner
+    from qrl.actors.replay import ReplaySink, Transitions
+    from qrl.actors.weights import Weights, local_net
+    from qrl.algos.apex_dpg.dpg import policy_net
+
+    cfg, client, keys = ctx.cfg, ctx.client, ctx.keys
+    runner = EnvRunner(cfg, ctx.ident, ctx.env)
+    low, high = runner.env.box_actions()
+    net = local_net(policy_net(runner.obs_shape, len(low), cfg.hidden))
+    priorities = partial(initial_priorities, cfg.initial_priority)
+    return Actor(
+        cfg,
+        runner,
+        NoisyDPG(net, cfg, ctx.ident, low, high),
+        Weights(client, keys, net, cfg.weight_poll),
+        ReplaySink(
+            client, keys, cfg, ctx.ident, Transitions(cfg, runner.env, np.float32, priorities)
+        ),
+    )
 
 
 def _learner(ctx: RoleContext) -> Any:

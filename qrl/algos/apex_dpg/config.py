@@ -48,7 +48,7 @@ class ApexDPGConfig(GradientClip, ReplayConfig):
         json_schema_extra=LIVE,
     )
     # exploration
-    # live: an actor computes its sigmas again (qrl.actors.replay.ReplayActor.reconfigure)
+    # live: an actor computes its sigmas again (qrl.actors.apex_dpg.NoisyDPG.reconfigure)
     noise_base: float = Field(
         0.4,
         gt=0,

@@ -84,7 +84,7 @@ class QLearning(ConvTorso, GradientClip):
     target_update: int = Field(
         250, ge=1, description="Updates between target-network syncs.", json_schema_extra=LIVE
     )
-    # live: an actor computes its epsilons again (qrl.actors.replay.ReplayActor.reconfigure)
+    # live: an actor's policy sets its epsilons again (qrl.actors.dqn.EpsilonGreedy.reconfigure)
     eps_base: float = Field(
         0.4, gt=0, lt=1, description="Ape-X epsilon base.", json_schema_extra=LIVE
     )

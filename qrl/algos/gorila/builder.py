@@ -52,9 +52,9 @@ def _learner(ctx: RoleContext) -> Any:
 
 
 def _actor(ctx: RoleContext) -> Any:
-    from qrl.actors.dqn import DQNActor
+    from qrl.actors.dqn import dqn_actor
 
-    return DQNActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
+    return dqn_actor(ctx)
 
 
 def _streams(keys: RunKeys, config: dict[str, Any]) -> dict[str, str]:

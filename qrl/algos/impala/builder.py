@@ -25,9 +25,23 @@ if TYPE_CHECKING:
 
 
 def _actor(ctx: RoleContext) -> Any:
-    from qrl.actors.impala import ImpalaActor
+    from qrl.actors.actor import Actor
+    from qrl.actors.envs import EnvRunner
+    from qrl.actors.impala import trajectory_sink
+    from qrl.actors.unrolls import SampledPolicy
+    from qrl.actors.weights import Weights, local_net
 
-    return ImpalaActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
+    cfg = ctx.cfg
+    runner = EnvRunner(cfg, ctx.ident, ctx.env)
+    sink = trajectory_sink(ctx.client, ctx.keys, cfg, ctx.ident, runner.env)
+    net = local_net(_policy_value_net(cfg, runner.env))
+    return Actor(
+        cfg,
+        runner,
+        SampledPolicy(net, cfg, ctx.ident),
+        Weights(ctx.client, ctx.keys, net, cfg.weight_poll),
+        sink,
+    )
 
 
 def _learner(ctx: RoleContext) -> Any:

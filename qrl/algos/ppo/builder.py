@@ -23,9 +23,23 @@ if TYPE_CHECKING:
 
 
 def _actor(ctx: RoleContext) -> Any:
-    from qrl.actors.ppo import PPOActor
+    from qrl.actors.actor import Actor
+    from qrl.actors.envs import EnvRunner
+    from qrl.actors.ppo import PacedWeights, rollout_sink
+    from qrl.actors.unrolls import SampledPolicy
+    from qrl.actors.weights import local_net
 
-    return PPOActor(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
+    cfg = ctx.cfg
+    runner = EnvRunner(cfg, ctx.ident, ctx.env)
+    sink = rollout_sink(ctx.client, ctx.keys, cfg, ctx.ident, runner.env)
+    net = local_net(_policy_value_net(cfg, runner.env))
+    return Actor(
+        cfg,
+        runner,
+        SampledPolicy(net, cfg, ctx.ident),
+        PacedWeights(ctx.client, ctx.keys, net, cfg),
+        sink,
+    )
 
 
 def _learner(ctx: RoleContext) -> Any:

@@ -22,9 +22,22 @@ if TYPE_CHECKING:
 
 
 def _actor(ctx: RoleContext) -> Any:
-    from qrl.actors.r2d2 import R2D2Actor
+    from qrl.actors.actor import Actor
+    from qrl.actors.envs import EnvRunner
+    from qrl.actors.r2d2 import RecurrentEpsilonGreedy, SequenceItems
+    from qrl.actors.replay import ReplaySink
+    from qrl.actors.weights import Weights, local_net
 
-    return R2D2Actor(ctx.client, ctx.keys, ctx.cfg, ctx.ident, env=ctx.env)
+    cfg, client, keys = ctx.cfg, ctx.client, ctx.keys
+    runner = EnvRunner(cfg, ctx.ident, ctx.env)
+    net = local_net(_q_network(cfg, runner.env))
+    return Actor(
+        cfg,
+        runner,
+        RecurrentEpsilonGreedy(net, cfg, ctx.ident, runner.env.discrete_actions()),
+        Weights(client, keys, net, cfg.weight_poll),
+        ReplaySink(client, keys, cfg, ctx.ident, SequenceItems(net, cfg, runner.env)),
+    )
 
 
 def _replay(ctx: RoleContext) -> Any:
