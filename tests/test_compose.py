@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import click
 import pytest
+import yaml
 
 from qrl.algos import ALGOS
 from qrl.runtime.config import parse_config, parse_overrides
@@ -64,8 +65,28 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return compose["services"]
 
 
+# the metrics profile's: they watch a run, they are none of its roles
+WATCHERS = ("exporter", "prometheus")
+
+
 def qrl_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {name: s for name, s in services.items() if name != "redis"}
+    """The services of a run's roles (and their init services)."""
+    return {name: s for name, s in services.items() if name not in ("redis", *WATCHERS)}
+
+
+def test_the_metrics_profile_serves_a_runs_status_to_prometheus(services, service_env):
+    """``qrl status --serve`` on every interface of its container, scraped by a Prometheus
+    server configured from docker/prometheus/ (its scrape target the exporter's port)."""
+    exporter, server = services["exporter"], services["prometheus"]
+    assert exporter["profiles"] == server["profiles"] == ["metrics"]
+    service_env(exporter)
+    (command, params) = parse_cli(exporter["command"])
+    assert command == ("status",) and params["bind"] == "0.0.0.0"
+    scrape = yaml.safe_load((ROOT / "docker/prometheus/prometheus.yml").read_text())
+    (target,) = scrape["scrape_configs"][0]["static_configs"][0]["targets"]
+    assert target == f"exporter:{params['port']}"
+    assert "./docker/prometheus:/etc/qrl:ro" in server["volumes"]
+    assert server["ports"] == ["127.0.0.1:9090:9090"]  # from this host only
 
 
 # -- the compose file
