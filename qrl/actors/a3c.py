@@ -2,8 +2,8 @@
 steps with the parameters it last pulled (:class:`A3CPolicy`), computes the n-step advantage
 actor-critic gradient (entropy bonus, clipped norm) and pushes it to the parameter-server
 shards (:class:`GradientSink`), then pulls the blocks they published since, every
-``pull_every`` gradients (:class:`PSWeights`). Where a time limit cut an episode its last
-reward gets ``gamma V(final observation)``, as IMPALA's and PPO's do."""
+``pull_every`` gradients (:class:`PSWeights`). Where a time limit cut an episode that had not
+terminated, its last reward gets ``gamma V(final observation)``, as IMPALA's and PPO's do."""
 
 from __future__ import annotations
 
@@ -105,10 +105,14 @@ class GradientSink:
     ) -> bool:
         cfg, (logp_all, v, action) = self.cfg, extra
         reward = torch.as_tensor(step.rewards * cfg.reward_scale, dtype=torch.float32)
-        if step.truncated.any():  # the value of where a time limit stopped the episode
+        # the value of where a time limit stopped an episode that would have gone on; one
+        # that also terminated there (gymnasium's TimeLimit sets both on its last step)
+        # ended: termination wins, nothing is bootstrapped
+        cut = step.truncated & ~step.terminated
+        if cut.any():
             with torch.no_grad():
-                _, v_next = self.net(torch.as_tensor(step.true_next[step.truncated]))
-            reward[torch.from_numpy(step.truncated)] += cfg.gamma * v_next
+                _, v_next = self.net(torch.as_tensor(step.true_next[cut]))
+            reward[torch.from_numpy(cut)] += cfg.gamma * v_next
         self.logps.append(logp_all.gather(1, action[:, None])[:, 0])
         self.entropies.append(-(logp_all.exp() * logp_all).sum(-1))
         self.values.append(v)
