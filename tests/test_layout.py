@@ -135,3 +135,33 @@ def test_no_statement_is_packed_past_the_formatter() -> None:
         if marker.search(line) and path.name != "test_layout.py"
     ]
     assert not packed, f"statements kept from the formatter: {packed[:20]}"
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
+def test_no_role_class_is_more_than_two_levels_below_its_base():
+    """Roles are composed of parts passed in, not grown by subclassing: every class of qrl
+    that is a Role is at most two levels below ``Role`` (``Role -> Actor`` is one), and so
+    is every part class below the bases of the actor's and the learner's parts."""
+    import importlib
+    import pkgutil
+
+    import qrl
+    from qrl.learners.rule import Rule
+    from qrl.runtime.loop import Role
+
+    for module in pkgutil.walk_packages(qrl.__path__, "qrl."):
+        if not module.name.endswith("__main__"):  # (runs the CLI)
+            importlib.import_module(module.name)
+    deep = []
+    for base in (Role, Rule):
+        for cls in _subclasses(base):
+            if cls.__module__.startswith("qrl."):
+                depth = cls.__mro__.index(base)
+                if depth > 2:
+                    deep.append(
+                        f"{cls.__module__}.{cls.__qualname__}: {depth} below {base.__name__}"
+                    )
+    assert not deep, deep
