@@ -8,7 +8,8 @@ network namespaces, tbf, a delaying relay). Needs root and ``ip netns``.
 
 For each setup, RTT and rate: a fresh run (CartPole-v1, its defaults, seed 0), ``--warmup``
 seconds to start, then over ``--window`` seconds env steps/s and updates/s (from the
-processes' heartbeats, as ``qrl status`` reads them) and the mean policy lag; with each
+processes' heartbeats, as ``qrl status`` reads them), the mean policy lag and the actors'
+mean time to load new weights (fetch, check, load: what acting waits for); with each
 number the ratio to the setup's RTT 0 at the same rate (through the relay too: the relay's
 own cost is in both). The PING round trip an actor host measured through the relay is
 printed with each RTT.
@@ -72,17 +73,30 @@ SETUPS = {
 }
 
 
-def progress(admin, run: str, algo: str) -> tuple[float, float, float | None]:
-    """Env steps and updates so far (the run's live processes' last reports, folded as
-    ``qrl train`` folds them) and the policy lag ``qrl status`` shows."""
+@dataclass
+class Look:
+    """One look at a run: env steps and updates so far (its live processes' last reports,
+    folded as ``qrl train`` folds them), the policy lag ``qrl status`` shows, and the
+    weights its actors loaded so far with the seconds that took (fetch, check, load)."""
+
+    steps: float
+    updates: float
+    lag: float | None
+    loads: float
+    load_s: float
+
+
+def look(admin, run: str, algo: str) -> Look:
     keys = RunKeys(run)
     reports = ALGOS[algo].reports
     s = collect(admin, keys, weights_key=ALGOS[algo].weights_key(keys), reports=reports)
     p = Progress(reports)
-    for proc in s["processes"]:
-        if not proc["stale"]:
-            p.fold(proc)
-    return p.value(ENV_STEPS) or 0.0, p.value(UPDATES) or 0.0, s["policy_lag"]
+    live = [proc for proc in s["processes"] if not proc["stale"]]
+    for proc in live:
+        p.fold(proc)
+    loads = sum(proc["values"].get("weight_loads", 0) for proc in live)
+    load_s = sum(proc["values"].get("weight_load_s", 0.0) for proc in live)
+    return Look(p.value(ENV_STEPS) or 0.0, p.value(UPDATES) or 0.0, s["policy_lag"], loads, load_s)
 
 
 def measure(name: str, rtt: float, rate: float, warmup: float, window: float) -> dict:
@@ -97,23 +111,27 @@ def measure(name: str, rtt: float, rate: float, warmup: float, window: float) ->
         for i, host in enumerate(("actor0", "actor1")):
             d.role(run, host, role, args, logs / f"{role}{i}.log")
         time.sleep(warmup)  # the roles start, connect and reach their pace
-        t0, (steps0, updates0, _) = time.monotonic(), progress(d.admin, run, setup.algo)
+        t0, first = time.monotonic(), look(d.admin, run, setup.algo)
         lags = []
         while time.monotonic() - t0 < window:
             time.sleep(1.0)  # one look a second, as qrl status --watch
-            lag = progress(d.admin, run, setup.algo)[2]
+            lag = look(d.admin, run, setup.algo).lag
             if lag is not None:
                 lags.append(lag)
-        steps1, updates1, _ = progress(d.admin, run, setup.algo)
+        last = look(d.admin, run, setup.algo)
         secs = time.monotonic() - t0
+        loads = last.loads - first.loads
         return {
             "setup": name,
             "rtt_ms": rtt,
             "rate_bps": rate,
             "ping_ms": round(d.ping_ms, 2),
-            "env_steps_per_s": round((steps1 - steps0) / secs, 1),
-            "updates_per_s": round((updates1 - updates0) / secs, 2),
+            "env_steps_per_s": round((last.steps - first.steps) / secs, 1),
+            "updates_per_s": round((last.updates - first.updates) / secs, 2),
             "policy_lag": round(statistics.mean(lags), 2) if lags else None,
+            "weight_load_ms": round(1000 * (last.load_s - first.load_s) / loads, 2)
+            if loads
+            else None,
         }
 
 
@@ -130,7 +148,10 @@ def main() -> None:
     if why:
         sys.exit(why)
     rtts = sorted(set(args.rtts) | {0.0})  # the baseline of every ratio
-    print("setup           rate      RTT  ping ms  env steps/s (x RTT 0)  updates/s (x RTT 0)  lag")
+    print(
+        "setup           rate      RTT  ping ms  env steps/s (x RTT 0)  updates/s (x RTT 0)"
+        "  lag  weights load ms"
+    )
     for name in args.setups:
         for rate in args.rates:
             base = None
@@ -143,7 +164,7 @@ def main() -> None:
                 print(
                     f"{name:15} {rate / 1e6:5.0f}Mb {rtt:5.1f} {row['ping_ms']:8.2f} "
                     f"{row['env_steps_per_s']:12.1f} ({steps:4.2f}) {row['updates_per_s']:12.2f} "
-                    f"({updates:4.2f}) {row['policy_lag']}",
+                    f"({updates:4.2f}) {row['policy_lag']} {row['weight_load_ms']}",
                     flush=True,
                 )
                 if args.out is not None:

@@ -4,6 +4,7 @@ look for newer weights every ``weight_poll`` units (:class:`qrl.actors.actor.Act
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import redis
@@ -21,6 +22,7 @@ class Weights:
         self.store, self.net, self.poll = WeightStore(client, keys), net, poll
         self.version = -1
         self.units = 0  # units of work done (vector steps, unrolls)
+        self.loads, self.load_s = 0, 0.0  # weights loaded, and the seconds that took
 
     def wait(self, should_stop: StopCheck, timeout: float = 600) -> bool:
         """Block until the learner published weights (:func:`qrl.wire.weights.wait_for_weights`)."""
@@ -28,10 +30,13 @@ class Weights:
 
     def refresh(self) -> bool:
         """Load newer weights if the learner published some (one HGET when not)."""
+        t0 = time.monotonic()
         v = self.store.load_into(self.net, newer_than=self.version)
         if v is None:
             return False
         self.version = v
+        self.loads += 1
+        self.load_s += time.monotonic() - t0  # fetched, checked and loaded: what acting waits
         return True
 
     def ready(self, should_stop: StopCheck) -> bool:
@@ -43,7 +48,7 @@ class Weights:
             self.refresh()
 
     def metrics(self) -> dict[str, Any]:
-        return {"version": self.version}
+        return {"version": self.version, "weight_loads": self.loads, "weight_load_s": self.load_s}
 
 
 def local_net(net: torch.nn.Module) -> torch.nn.Module:
