@@ -20,6 +20,14 @@ def qrl(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     )
 
 
+def qrl_of(module: str, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """``python -m MODULE ARGS``: the ``qrl`` command line of a test module that first puts
+    an algorithm of its own in the registry (``tests._random_algo``, ``tests._episode_algo``)."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT, **kw
+    )
+
+
 def role(*args: str, **kw: Any) -> subprocess.Popen:
     """A long-running ``qrl ARGS`` process (a role); output discarded unless ``kw`` says."""
     kw = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, **kw}

@@ -421,6 +421,19 @@ def run_reader(r: Any, keys: Any, timeout: float = 120.0) -> Any:
     return MetricsReader(r, keys, reporters(r, keys), from_start=True)
 
 
+def weights(run_dir: Path) -> dict[str, bytes]:
+    """Every tensor of the model in ``run_dir``'s checkpoint as dtype, shape and bytes (two
+    runs' are equal when they hold the same weights bit for bit)."""
+    import torch
+
+    state = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)
+    out = {}
+    for name, value in state["model"].items():
+        a = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+        out[name] = f"{a.dtype}{a.shape}".encode() + a.tobytes()
+    return out
+
+
 def redis7() -> str:
     """A redis-server of version 7 or later (read-only key patterns, which ``--acl`` needs),
     else the test is skipped (failed under CI=true)."""

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -27,6 +26,7 @@ from qrl.jobs.train import Budget, OneProcessRefused, run_training
 from qrl.runtime.turns import TICK, Table
 from qrl.wire import clock
 from tests.cli import qrl
+from tests.helpers import weights
 
 # updates per run: a few seconds each, past the first updates' start-up (Ape-X's replay
 # filling to learning_starts, PPO's paced rollouts)
@@ -64,16 +64,6 @@ def one_process(algo: str, run_dir: Path, seed: int = 0) -> int:
         console=Console(file=io.StringIO()),
         one_process=True,
     )
-
-
-def weights(run_dir: Path) -> dict[str, bytes]:
-    """Every tensor of the checkpoint's model as dtype, shape and bytes."""
-    state = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)
-    out = {}
-    for name, value in state["model"].items():
-        a = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-        out[name] = f"{a.dtype}{a.shape}".encode() + a.tobytes()
-    return out
 
 
 @pytest.mark.parametrize("algo", ["apex", "impala", "ppo"])

@@ -29,19 +29,13 @@ from qrl.runtime.runs import create_run
 from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.keys import RunKeys
 from tests._random_algo import ALGORITHM, NAME, RandomConfig, RandomPlayer
-from tests.cli import ROOT
+from tests.cli import ROOT, qrl_of
 from tests.helpers import redis7, wait_until
 
 
 def _cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     """``qrl ARGS`` with the throwaway algorithm in its registry."""
-    return subprocess.run(
-        [sys.executable, "-m", "tests._random_algo", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        **kw,
-    )
+    return qrl_of("tests._random_algo", *args, **kw)
 
 
 def _popen(*args: str) -> subprocess.Popen:
