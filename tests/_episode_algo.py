@@ -111,7 +111,9 @@ def episode_schema(cfg: EpisodeConfig, env: EnvSpec) -> wire.Schema:
         lengths, n = msg["lengths"], len(msg["obs"])
         if not 0 < len(lengths) <= envs:
             raise wire.CodecError(f"{len(lengths)} episodes, expected 1-{envs}")
-        if int(lengths.sum()) != n or tuple(msg["obs"].shape[1:]) != tuple(env.obs_shape):
+        if tuple(msg["obs"].shape[1:]) != tuple(env.obs_shape):
+            raise wire.CodecError(f"observations of shape {msg['obs'].shape[1:]}")
+        if int(lengths.sum()) != n:
             raise wire.CodecError("the lengths do not add up to the observations")
         if len(msg["action"]) != n or len(msg["rtg"]) != n:
             raise wire.CodecError("obs, action and rtg disagree in length")
