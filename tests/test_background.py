@@ -1,4 +1,4 @@
-"""Redis round trips off the acting path (:mod:`qrl.actors.background`): an actor's pushes and
+"""Redis round trips off the acting path (:mod:`qrl.runtime.background`): an actor's pushes and
 weights fetches run on threads of their own while it acts on; in a one-process run in line."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from qrl.actors.background import Background
 from qrl.algos.impala.config import ImpalaConfig
+from qrl.runtime.background import Background
 from qrl.wire import clock
 from qrl.wire.weights import WeightStore
 from tests.helpers import make_actor, wait_until
@@ -22,11 +22,10 @@ def test_a_job_runs_off_the_callers_thread_one_at_a_time():
         threads.append(threading.current_thread().name)
         return gate.wait(30)  # held until the caller has gone on
 
-    assert bg.submit(job)  # returns while the job waits
+    assert bg.submit(job) is None  # returns while the job waits; none ran before
     gate.set()
-    assert bg.submit(lambda: False)  # the first job is waited for, then this one starts
-    assert not bg.submit(job)  # the one before returned False (stopped): not started
-    assert bg.close()
+    assert bg.submit(lambda: 7) is True  # the first job waited for: what it returned
+    assert bg.close() == 7
     assert len(threads) == 1 and threads[0].startswith("test")
 
 
@@ -36,7 +35,7 @@ def test_a_jobs_error_is_raised_to_the_caller_at_the_next_submit():
     def fails() -> bool:
         raise ValueError("refused")
 
-    assert bg.submit(fails)
+    bg.submit(fails)
     with pytest.raises(ValueError, match="refused"):
         bg.submit(lambda: True)
     bg.close()
@@ -52,7 +51,7 @@ def test_on_a_seated_clock_a_job_runs_in_line():
     token = clock.use(Seated())
     try:
         ran = []
-        assert not Background("test").submit(lambda: ran.append(threading.current_thread()))
+        assert Background("test").submit(lambda: ran.append(threading.current_thread()) or 3) == 3
         assert ran == [threading.current_thread()]
     finally:
         clock.restore(token)

@@ -20,9 +20,9 @@ import redis
 import torch
 
 from qrl.actors.actor import WeightsClient
-from qrl.actors.background import Background
 from qrl.actors.envs import Step
 from qrl.rl.envspec import EnvSpec
+from qrl.runtime.background import Background
 from qrl.runtime.config import Config
 from qrl.runtime.loop import StopCheck
 from qrl.wire.codec import encode
@@ -182,14 +182,14 @@ class UnrollSink:
 
     def flush(self, steps: int, weights: WeightsClient, should_stop: StopCheck) -> bool:
         """Push the unroll made as one stream entry, on the sending thread while the actor
-        acts on (:class:`qrl.actors.background.Background`; the push before waited for
-        first); False if that one was stopped while the stream was full."""
+        acts on (:class:`qrl.runtime.background.Background`; the push before waited for
+        first); False if that one (in line: this one) was stopped while the stream was full."""
         msg, self.unroll = self.unroll, None
 
         def push() -> bool:
             return self.producer.add(encode(self.kind, msg), should_stop=should_stop) is not None
 
-        return self.sending.submit(push)
+        return self.sending.submit(push) is not False
 
     def close(self, steps: int, weights: WeightsClient, should_stop: StopCheck) -> None:
         self.sending.close()  # the push under way; an unroll not complete is not sent

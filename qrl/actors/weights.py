@@ -2,7 +2,7 @@
 learner's published network (:class:`qrl.wire.weights.WeightStore`), its version, and a
 look for newer weights every ``weight_poll`` units (:class:`qrl.actors.actor.Actor`).
 
-A look fetches on a thread of its own (:class:`qrl.actors.background.Background`) while the
+A look fetches on a thread of its own (:class:`qrl.runtime.background.Background`) while the
 actor acts on; the weights it brought are loaded at the first unit's end after it finished.
 An actor far from Redis so acts on through the round trips of the version check and the
 blob's transfer, and only the load into its network (local, fast) holds it up. (PPO's paced
@@ -18,7 +18,7 @@ from typing import Any
 import redis
 import torch
 
-from qrl.actors.background import Background
+from qrl.runtime.background import Background
 from qrl.runtime.loop import StopCheck
 from qrl.wire import clock
 from qrl.wire.codec import CodecError

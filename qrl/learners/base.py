@@ -268,6 +268,8 @@ class Learner(Role):
             self.updates = synced
             if self.publisher is not None and self.publisher.behind(self.updates):
                 self.publish()
+        if self.publisher is not None:  # the actors start from what it published
+            self.updates = self.publisher.settled(self.updates)
         return True
 
     def step(self, should_stop: StopCheck) -> bool:
@@ -343,8 +345,10 @@ class Learner(Role):
     def close(self, should_stop: StopCheck) -> None:
         self.stopping.set()
         self.source.stop()
-        if self.publisher is not None and self.publisher.stale(self.updates):
-            self.publish()
+        if self.publisher is not None:
+            if self.publisher.stale(self.updates):
+                self.publish()
+            self.publisher.close()  # the last publication done
         self.group.close()
 
     def fail(self, what: str) -> None:
