@@ -141,13 +141,11 @@ def test_actors_send_one_batch_per_published_version(r, keys, redis_server, ahea
     over = {"pace_actors": False} if ahead is None else {"batches_ahead": ahead}
     lrn = _learner(r, keys, redis_server, actors=2, batch_unrolls=8, **over)
     lrn.publish()
-    lrn.publisher.settled(lrn.updates)  # published (on a thread of its own)
     actor = make_actor("ppo", r, keys, lrn.cfg)
     assert actor.start(lambda: False)
     _act_until_it_waits(actor)
     lrn.updates += 1
     lrn.publish()
-    lrn.publisher.settled(lrn.updates)
     actor.weights.refresh()  # as its steps do every weight_poll unrolls
     _act_until_it_waits(actor)
     schema = rollout_schema((4,), "float32", 2, 8)

@@ -31,10 +31,11 @@ class Publisher:
         self.sending = Background("publish")
         self.went: tuple[int, int] | None = None  # the last publication's: asked, stored
 
-    def publish(self, module: torch.nn.Module, updates: int) -> int:
+    def publish(self, module: torch.nn.Module, updates: int, wait: bool = True) -> int:
         """``module`` as version ``updates``, or above the version another writer forced on
-        the publication before; the version the learner counts on from. Parameters that
-        are not finite are not published."""
+        the publication before; the version the learner counts on from. Without ``wait``
+        it is published while the learner trains on. Parameters that are not finite are
+        not published."""
         if not all(torch.isfinite(p).all() for p in module.parameters()):
             log.error("parameters at update %d are not finite: not published", updates)
             return updates
@@ -48,7 +49,9 @@ class Publisher:
             return updates, self.weights.publish(arrays, version=updates)
 
         done = self.sending.submit(publish)
-        return done[1] if self.sending.in_line else updates
+        if self.sending.in_line:
+            return done[1]
+        return self.settled(updates) if wait else updates
 
     def _finish(self) -> None:
         """Wait for the publication under way; keep where it went."""
