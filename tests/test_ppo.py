@@ -127,9 +127,11 @@ def test_stale_rollouts_are_dropped_and_counted(r, keys, redis_server):
 
 def _act_until_it_waits(actor) -> None:
     """Step ``actor`` until it would wait, for credit (paced) or for room in the stream: its
-    stop check is asked only there, and says stop."""
+    stop check is asked only there, and says stop. Then the push under way (its own
+    thread's) is done: the stream holds all it sent."""
     while actor.step(lambda: True):
         pass
+    actor.sink.sending.wait()
 
 
 @pytest.mark.parametrize("ahead", [0, 1, None])

@@ -87,6 +87,8 @@ def test_impala_learner_publishes_above_a_second_writer(r, keys, redis_server):
         r.xadd(trajectories(keys), msg)
         while lrn.updates == done and time.monotonic() < deadline:
             assert lrn.step(lambda: False)
+        # its publication (on a thread of its own) done, and carried on from where it went
+        lrn.updates = lrn.publisher.settled(lrn.updates)
 
     lrn.start(lambda: False)
     try:

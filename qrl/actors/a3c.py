@@ -77,6 +77,9 @@ class PSWeights:
         if self.units % self.pull_every == 0:
             self.ps.pull()
 
+    def close(self) -> None:
+        pass
+
     def metrics(self) -> dict[str, Any]:
         return {"version": self.ps.version}
 

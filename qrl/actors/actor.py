@@ -60,6 +60,9 @@ class WeightsClient(Protocol):
     def done(self) -> None:
         """A unit was pushed: refresh when one is due."""
 
+    def close(self) -> None:
+        """The actor ends: stop what it started (a look for weights under way)."""
+
     def metrics(self) -> dict[str, Any]:
         """Its values in the role's report (the version)."""
 
@@ -100,6 +103,9 @@ class NoWeights:
         return True
 
     def done(self) -> None:
+        pass
+
+    def close(self) -> None:
         pass
 
     def metrics(self) -> dict[str, Any]:
@@ -188,7 +194,10 @@ class Actor(Role):
         self.sink.reconfigure(cfg)
 
     def close(self, should_stop: StopCheck) -> None:
-        self.sink.close(self.runner.steps, self.weights, should_stop)
+        try:
+            self.sink.close(self.runner.steps, self.weights, should_stop)
+        finally:
+            self.weights.close()
 
     def metrics(self) -> dict[str, Any]:
         """Env steps, the episodes finished since the last report, and each part's values."""

@@ -38,7 +38,10 @@ def rollout_sink(
 
 class PacedWeights(Weights):
     """The weights client of a PPO actor: a share of credit per version loaded; with
-    ``pace_actors``, a unit waits for credit (:meth:`ready`)."""
+    ``pace_actors``, a unit waits for credit (:meth:`ready`). It looks in line: the credit
+    of a version counts from the unit it is loaded at."""
+
+    ahead = False
 
     def __init__(
         self, client: redis.Redis, keys: RunKeys, net: torch.nn.Module, cfg: PPOConfig

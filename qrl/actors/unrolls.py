@@ -22,6 +22,7 @@ import torch
 from qrl.actors.actor import WeightsClient
 from qrl.actors.envs import Step
 from qrl.rl.envspec import EnvSpec
+from qrl.runtime.background import Background
 from qrl.runtime.config import Config
 from qrl.runtime.loop import StopCheck
 from qrl.wire.codec import encode
@@ -117,6 +118,7 @@ class UnrollSink:
         self.kind, self.fields = made.kind, tuple(made.fields)
         self.t = 0  # steps of the unroll being recorded
         self.unroll: dict[str, Any] | None = None
+        self.sending = Background("unrolls")
 
     def _begin(self, version: int) -> None:
         """Fresh buffers for the next T steps (an unroll made keeps its own), acted with
@@ -179,12 +181,18 @@ class UnrollSink:
         return True
 
     def flush(self, steps: int, weights: WeightsClient, should_stop: StopCheck) -> bool:
-        """Push the unroll made as one stream entry."""
+        """Push the unroll made as one stream entry, on the sending thread while the actor
+        acts on (:class:`qrl.runtime.background.Background`; the push before waited for
+        first); False if that one (in line: this one) was stopped while the stream was full."""
         msg, self.unroll = self.unroll, None
-        return self.producer.add(encode(self.kind, msg), should_stop=should_stop) is not None
+
+        def push() -> bool:
+            return self.producer.add(encode(self.kind, msg), should_stop=should_stop) is not None
+
+        return self.sending.submit(push) is not False
 
     def close(self, steps: int, weights: WeightsClient, should_stop: StopCheck) -> None:
-        pass  # an unroll not complete is not sent
+        self.sending.close()  # the push under way; an unroll not complete is not sent
 
     def reconfigure(self, cfg: Config) -> None:
         pass

@@ -203,7 +203,7 @@ class Learner(Role):
                 self.rule.after_step(self.updates, len(losses))
                 self.step_part.after(self.updates, self.cfg)
                 if self.publisher is not None and self.publisher.due(self.updates):
-                    self.publish()
+                    self.publish(wait=False)
         finally:
             self.source.done(batch, kept)
         return float(np.mean(losses)) if losses else float("nan")
@@ -212,12 +212,14 @@ class Learner(Role):
         self.skipped += 1
         log.warning("non-finite %s at update %d: step skipped", what, self.updates)
 
-    def publish(self) -> None:
+    def publish(self, wait: bool = True) -> None:
         """Publish the weights as version ``updates`` (in a pool: the leader); if another
         writer stored a newer version, they go above it and the learner counts on from
-        there."""
+        there. Without ``wait`` (an update's publication) it goes on while the learner
+        trains on (:class:`qrl.learners.publish.Publisher`)."""
         if self.publisher is not None and self.group.leader:
-            self.updates = self.publisher.publish(self.rule.published(), self.updates)
+            module, updates = self.rule.published(), self.updates
+            self.updates = self.publisher.publish(module, updates, wait=wait)
 
     def reconfigure(self, cfg: Config) -> None:
         """A live config change: the rule reads it, the learning rates go to the optimizer
@@ -343,8 +345,10 @@ class Learner(Role):
     def close(self, should_stop: StopCheck) -> None:
         self.stopping.set()
         self.source.stop()
-        if self.publisher is not None and self.publisher.stale(self.updates):
-            self.publish()
+        if self.publisher is not None:
+            if self.publisher.stale(self.updates):
+                self.publish()
+            self.publisher.close()  # the last publication done
         self.group.close()
 
     def fail(self, what: str) -> None:

@@ -1,16 +1,23 @@
 """A learner's weights publisher: the leader of the pool publishes the rule's published
 module (:meth:`qrl.learners.rule.Rule.published`) through the run's
 :class:`~qrl.wire.weights.WeightStore`, never parameters that are not finite, and carries
-on above a version another writer stored (see :meth:`WeightStore.publish`)."""
+on above a version another writer stored (see :meth:`WeightStore.publish`).
+
+The publication itself (encoding, the round trip, the transfer) runs on a thread of its own
+(:class:`qrl.runtime.background.Background`) while the learner trains on: it takes a copy of
+the parameters (the next steps change them in place), and a version another writer forced
+is published above at the next publication."""
 
 from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from qrl.learners.resume import settle
-from qrl.wire.weights import WeightStore
+from qrl.runtime.background import Background
+from qrl.wire.weights import WeightStore, module_arrays
 
 log = logging.getLogger(__name__)
 
@@ -21,14 +28,48 @@ class Publisher:
 
     def __init__(self, weights: WeightStore, every: int = 1) -> None:
         self.weights, self.every = weights, every
+        self.sending = Background("publish")
+        self.went: tuple[int, int] | None = None  # the last publication's: asked, stored
 
-    def publish(self, module: torch.nn.Module, updates: int) -> int:
-        """``module`` as version ``updates``; the version the learner counts on from (above
-        another writer's newer one). Parameters that are not finite are not published."""
+    def publish(self, module: torch.nn.Module, updates: int, wait: bool = True) -> int:
+        """``module`` as version ``updates``, or above the version another writer forced on
+        the publication before; the version the learner counts on from. Without ``wait``
+        it is published while the learner trains on. Parameters that are not finite are
+        not published."""
         if not all(torch.isfinite(p).all() for p in module.parameters()):
             log.error("parameters at update %d are not finite: not published", updates)
             return updates
-        return self.weights.publish(module, version=updates)
+        arrays = {k: np.array(v, copy=True) for k, v in module_arrays(module).items()}
+        self._finish()
+        if self.went is not None and self.went[1] > self.went[0]:  # went above another's
+            updates = max(updates, self.went[1] + 1)
+        self.went = None
+
+        def publish() -> tuple[int, int]:
+            return updates, self.weights.publish(arrays, version=updates)
+
+        done = self.sending.submit(publish)
+        if self.sending.in_line:
+            return done[1]
+        return self.settled(updates) if wait else updates
+
+    def _finish(self) -> None:
+        """Wait for the publication under way; keep where it went."""
+        done = self.sending.wait()
+        if done is not None:
+            self.went = done
+
+    def settled(self, updates: int) -> int:
+        """Wait for the publication under way; the version the learner counts on from:
+        where version ``updates`` went, if that was the one."""
+        self._finish()
+        if self.went is not None and self.went[0] == updates:
+            updates, self.went = self.went[1], None
+        return updates
+
+    def close(self) -> None:
+        self._finish()
+        self.sending.close()
 
     def due(self, updates: int) -> bool:
         """Whether update ``updates`` is published."""
@@ -37,6 +78,7 @@ class Publisher:
     def settle(self, module: torch.nn.Module, updates: int) -> tuple[int, bool]:
         """The learner's version once the published weights are taken into account, and
         whether it must publish its own first (:func:`qrl.learners.resume.settle`)."""
+        self._finish()
         return settle(self.weights, module, updates)
 
     def kept(self) -> bool:
@@ -46,8 +88,10 @@ class Publisher:
 
     def behind(self, updates: int) -> bool:
         """Whether the stored version is below ``updates`` (or another's)."""
+        self._finish()
         return self.weights.version() != updates
 
     def stale(self, updates: int) -> bool:
         """Whether the stored version is older than ``updates``."""
+        self._finish()
         return self.weights.version() < updates

@@ -28,6 +28,7 @@ from qrl.replay.feed import Feed, feeding
 from qrl.replay.ring import BatchRing
 from qrl.replay.shards import ShardedReplay
 from qrl.replay.store import RecordLayout
+from qrl.runtime.background import Background
 from qrl.wire import clock
 from qrl.wire.keys import RunKeys
 
@@ -95,15 +96,23 @@ def _sampler_main(spec: SamplerSpec, k: int, ring: BatchRing, halt: Any, parent:
         replay = spec.replay(seed=spec.seed + 1_000_003 * k)
         ids: dict[int, list[bytes]] = {}  # of the batch in each of this sampler's slots
 
-        def write_back(slot: int, has_priorities: bool | None) -> None:
+        def write_back(slot: int, has_priorities: bool | None) -> Callable[[], None]:
+            """The update of the priorities the learner left in ``slot`` (read now: the slot
+            is filled again next), to run."""
             batch = ids.pop(slot, [])
-            if has_priorities and batch:
-                prios = ring.view(slot)["priority"][: len(batch)].astype(np.float64)
+            if not (has_priorities and batch):
+                return lambda: None
+            prios = ring.view(slot)["priority"][: len(batch)].astype(np.float64)  # a copy
+
+            def update() -> None:
                 try:
                     replay.update_priorities(batch, prios)
                 except redis.RedisError:
                     log.exception("priority update failed")
 
+            return update
+
+        writing = Background("priorities")
         started = False  # the replay held learning_starts items (then it is not asked again)
         while not halt.is_set():
             if not started and replay.size() < spec.learning_starts:
@@ -113,7 +122,9 @@ def _sampler_main(spec: SamplerSpec, k: int, ring: BatchRing, halt: Any, parent:
             if (given := ring.take(k, timeout=0.1)) is None:
                 continue
             slot = given[0]
-            write_back(*given)
+            # the priorities go back while the next batch is drawn (one round trip, not two,
+            # for a learner far from Redis); the one before is waited for first
+            writing.submit(write_back(*given))
             while not halt.is_set():
                 s = replay.sample(spec.batch_size, spec.beta, out=ring.view(slot))
                 if s is None:  # all it drew was removed (see qrl.replay.store.screen)
@@ -122,5 +133,6 @@ def _sampler_main(spec: SamplerSpec, k: int, ring: BatchRing, halt: Any, parent:
                 ids[slot] = s.ids
                 ring.put(slot, s)
                 break
+        writing.close()
         while (given := ring.take(k, timeout=0)) is not None:  # the last priorities
-            write_back(*given)
+            write_back(*given)()

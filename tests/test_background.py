@@ -1,0 +1,76 @@
+"""Redis round trips off the acting path (:mod:`qrl.runtime.background`): an actor's pushes and
+weights fetches run on threads of their own while it acts on; in a one-process run in line."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from qrl.algos.impala.config import ImpalaConfig
+from qrl.runtime.background import Background
+from qrl.wire import clock
+from qrl.wire.weights import WeightStore
+from tests.helpers import make_actor, wait_until
+
+
+def test_a_job_runs_off_the_callers_thread_one_at_a_time():
+    bg, threads, gate = Background("test"), [], threading.Event()
+
+    def job() -> bool:
+        threads.append(threading.current_thread().name)
+        return gate.wait(30)  # held until the caller has gone on
+
+    assert bg.submit(job) is None  # returns while the job waits; none ran before
+    gate.set()
+    assert bg.submit(lambda: 7) is True  # the first job waited for: what it returned
+    assert bg.close() == 7
+    assert len(threads) == 1 and threads[0].startswith("test")
+
+
+def test_a_jobs_error_is_raised_to_the_caller_at_the_next_submit():
+    bg = Background("test")
+
+    def fails() -> bool:
+        raise ValueError("refused")
+
+    bg.submit(fails)
+    with pytest.raises(ValueError, match="refused"):
+        bg.submit(lambda: True)
+    bg.close()
+
+
+def test_on_a_seated_clock_a_job_runs_in_line():
+    """A one-process run's threads read a clock of their own: no thread is started for a
+    job, which runs before submit returns (the turns, and the run, stay the seed's)."""
+
+    class Seated(clock.Clock):
+        pass
+
+    token = clock.use(Seated())
+    try:
+        ran = []
+        assert Background("test").submit(lambda: ran.append(threading.current_thread()) or 3) == 3
+        assert ran == [threading.current_thread()]
+    finally:
+        clock.restore(token)
+
+
+def test_an_actor_fetches_new_weights_while_it_acts_and_loads_them_at_a_units_end(r, keys):
+    cfg = ImpalaConfig(env="CartPole-v1", weight_poll=1)
+    actor = make_actor("impala", r, keys, cfg)
+    store = WeightStore(r, keys)
+    net = actor.weights.net
+    store.publish(net, version=1)
+    assert actor.start(lambda: False) and actor.weights.version == 1
+    newer = {k: np.full_like(v.numpy(), 0.5) for k, v in net.state_dict().items()}
+    store.publish(newer, version=2)
+    actor.weights.done()  # a look starts, on its own thread
+    wait_until(lambda: actor.weights.looked is not None, "the look's weights")
+    assert actor.weights.version == 1  # fetched, not loaded yet
+    actor.weights.done()  # a unit's end: loaded
+    assert actor.weights.version == 2
+    assert all((p == 0.5).all() for p in net.state_dict().values())
+    assert actor.weights.metrics()["weight_loads"] == 2
+    actor.close(lambda: False)
