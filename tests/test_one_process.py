@@ -1,8 +1,9 @@
 """``qrl train --one-process``: every role of a run as a thread of one process, taking turns
 (:mod:`qrl.runtime.turns`). The same seed gives the same weights after the same updates,
-every tensor bit for bit, and another seed others; it solves CartPole with Ape-X, IMPALA and
-PPO (``slow``); the runs it cannot run are refused in one line; the turns themselves go in a
-fixed order, one thread at a time, and a wait hands the turn on."""
+every tensor bit for bit, and another seed others (A3C's and Gorila's: the checkpoint their
+parameter server writes); it solves CartPole with Ape-X, IMPALA, PPO, A3C and Gorila (``slow``);
+the runs it cannot run are refused in one line; the turns themselves go in a fixed order,
+one thread at a time, and a wait hands the turn on."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from tests.helpers import weights
 # updates per run: a few seconds each, past the first updates' start-up (Ape-X's replay
 # filling to learning_starts, PPO's paced rollouts)
 UPDATES = {"apex": 40, "impala": 20, "ppo": 6, "es": 6, "r2d2": 10, "apex-dpg": 20}
+UPDATES |= {"a3c": 30, "gorila": 40}  # (the parameter server's updates: gradients applied)
 ENVS = {"apex-dpg": "Pendulum-v1"}
 
 
@@ -66,7 +68,7 @@ def one_process(algo: str, run_dir: Path, seed: int = 0) -> int:
     )
 
 
-@pytest.mark.parametrize("algo", ["apex", "impala", "ppo"])
+@pytest.mark.parametrize("algo", ["apex", "impala", "ppo", "a3c", "gorila"])
 def test_the_same_seed_gives_the_same_weights(algo: str, tmp_path: Path) -> None:
     runs = {}
     for name, seed in (("first", 0), ("again", 0), ("other", 1)):
@@ -144,14 +146,13 @@ def test_a_role_that_fails_ends_the_job_saying_why(tmp_path: Path) -> None:
     assert result["failed"] == {"learner0": last}, result
 
 
-RUNS = "runs roles that take turns (apex, apex-dpg, r2d2, impala, ppo, es, with one learner): "
+RUNS = "runs roles that take turns (apex, apex-dpg, r2d2, impala, ppo, es, a3c, gorila, with one "
+RUNS += "learner): "
 
 
 @pytest.mark.parametrize(
     "algo, over, why",
     [
-        ("a3c", {}, RUNS + "a3c's ps role cannot take turns in one process"),
-        ("gorila", {}, RUNS + "gorila's ps role cannot take turns in one process"),
         ("impala", {"inference": "central"}, RUNS + "impala's inference and stepper roles"),
         ("ppo", {"learners": 2}, "runs one learner: learners=2 makes a pool of processes"),
     ],
@@ -174,10 +175,12 @@ def test_what_cannot_take_turns_is_refused(algo: str, over: dict, why: str, tmp_
 
 
 def test_the_command_line_refuses_in_one_line() -> None:
-    out = CliRunner().invoke(main, ["train", "a3c", "--one-process"], env={"QRL_REDIS_URL": None})
+    args = ["train", "impala", "--one-process", "--set", "inference=central"]
+    out = CliRunner().invoke(main, args, env={"QRL_REDIS_URL": None})
     assert out.exit_code == 2
     lines = [line for line in out.output.splitlines() if line.strip()]
-    assert lines[-1] == f"Error: --one-process {RUNS}a3c's ps role cannot take turns in one process"
+    why = "impala's inference and stepper roles cannot take turns in one process"
+    assert lines[-1] == f"Error: --one-process {RUNS}{why}"
     out = CliRunner().invoke(main, ["train", "apex", "--one-process", "--acl"])
     assert out.exit_code == 2 and "no --acl" in out.output
     helped = CliRunner().invoke(main, ["train", "impala", "--help"]).output
@@ -185,7 +188,7 @@ def test_the_command_line_refuses_in_one_line() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["apex", "impala", "ppo"])
+@pytest.mark.parametrize("algo", ["apex", "impala", "ppo", "a3c", "gorila"])
 def test_one_process_solves_cartpole(algo: str, tmp_path: Path) -> None:
     """The command as a user types it, with the target and confirmation ``qrl train`` uses."""
     env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}

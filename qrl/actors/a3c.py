@@ -151,7 +151,7 @@ class GradientSink:
         if not (torch.isfinite(norm) and torch.isfinite(loss)):
             self.skipped += 1
             log.warning("non-finite gradient: not sent")
-        elif not self.ps.push(float(loss), should_stop):
+        elif not self.ps.push(loss.item(), should_stop):
             return False
         else:
             self.gradients += 1

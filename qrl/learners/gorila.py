@@ -70,7 +70,7 @@ class PSStep:
         norm = torch.nn.utils.clip_grad_norm_(net.parameters(), clip)
         if not torch.isfinite(norm):
             return False
-        self.ps.push(float(loss), self.should_stop)  # (not sent if stopped while waiting)
+        self.ps.push(loss.item(), self.should_stop)  # (not sent if stopped while waiting)
         return True
 
     def after(self, updates: int, cfg: GorilaConfig) -> None:

@@ -89,6 +89,7 @@ def ps_role(
         checkpoints=True,
         logs_run=True,
         group=True,
+        turns=True,  # its waits (the gradient reads, its publish and share timers) read the clock
     )
 
 

@@ -20,13 +20,16 @@ stream it already applied and re-reads the rest (its consumer name is its shard'
 also publishes the whole network to the run's weights key every ``ps_publish_s`` and writes
 the run's checkpoint, with its own state, from which shards with nothing in Redis start (the
 others with their block of the network and a fresh optimizer).
+
+Its times (the whole network's publication, a worker's share) and waits (a read finding no
+gradient polls) read :mod:`qrl.wire.clock`, so in a one-process run (``qrl train
+--one-process``) it takes turns with its workers and applies the same gradients every time.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +45,7 @@ from qrl.runtime.checkpoint import load_checkpoint, save_checkpoint
 from qrl.runtime.config import Config
 from qrl.runtime.loop import Role, StopCheck
 from qrl.runtime.snapshot import state_names
+from qrl.wire import clock
 from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.keys import RunKeys
 from qrl.wire.stream_scripts import dead_letter, optional
@@ -271,8 +275,8 @@ class ParameterServer(Role):
             if self.published != self.updates:
                 self.publish_block()
             self.consumer.ack(entries)
-        if self.shard == 0 and time.monotonic() >= self.next_publish:
-            self.next_publish = time.monotonic() + self.cfg.ps_publish_s
+        if self.shard == 0 and clock.now() >= self.next_publish:
+            self.next_publish = clock.now() + self.cfg.ps_publish_s
             self.publish()
         return True
 
@@ -326,7 +330,7 @@ class ParameterServer(Role):
         applied, whatever it claims. A user of the whole role (``qrl run create --acl``'s
         shared worker user, or no ACL user) writes every worker's stream, so it may still
         push as many workers and get as many shares."""
-        now = time.monotonic()
+        now = clock.now()
         self.pushed[worker] = now
         if len(self.pushed) > 2:  # the latest other pusher is always one of the last two
             del self.pushed[min(self.pushed, key=self.pushed.__getitem__)]
