@@ -301,10 +301,13 @@ def encoding(
     return Encoded(fields, pieces, parts, arrays)
 
 
-def encode_whole(schema: Schema, msg: Mapping[str, Any], wire: str | None = None) -> bytes:
-    """``msg`` as one manifest with its chunk inline (CodecError if it needs more): what a
-    store holds for a small message (tests forge stored values with it)."""
-    enc = encoding(schema, msg, wire, chunk=DEFAULT_MAX_BYTES // 2)
+def encode_whole(schema: Schema, msg: Mapping[str, Any], version: int = 0) -> bytes:
+    """``msg`` as one manifest of ``version`` with its arrays inline (CodecError if they
+    need chunks): what a store holds for a small message (tests forge stored values so)."""
+    enc = encoding(schema, msg, chunk=DEFAULT_MAX_BYTES // 2)
+    if enc.fields["inline"] is None:
+        raise CodecError(f"a {schema.kind!r} message too large for one manifest")
+    enc.fields["version"] = version
     return enc.manifest()
 
 
