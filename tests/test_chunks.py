@@ -243,3 +243,51 @@ def test_100m_parameters_round_trip(r, keys):
     got = torch.nn.Linear(10_000, 10_000, device="meta").to_empty(device="cpu")
     assert WeightStore(r, keys).load_into(got) == 7
     assert torch.equal(got.weight, net.weight) and torch.equal(got.bias, net.bias)
+
+
+def test_snapshot_over_64_mib_round_trips_through_redis_and_a_file(r, keys, tmp_path):
+    """A PBT snapshot (network + Adam state: 108 MB) in Redis and in the learner's file."""
+    from qrl.runtime.snapshot import SnapshotStore, capture, read_file
+
+    net = torch.nn.Linear(3000, 3000)
+    opt = torch.optim.Adam(net.parameters())
+    net(torch.ones(1, 3000)).sum().backward()
+    opt.step()
+    snap = capture(net, opt, 11)
+    assert sum(a.nbytes for a in (*snap.model.values(), *snap.opt.values())) > 64 << 20
+    store = SnapshotStore(r, keys)
+    store.save(snap)
+    path = tmp_path / "snapshot"
+    store.to_file(path)
+    for got in (store.fetch(), read_file(path)):
+        assert got.updates == 11
+        for k in (*snap.model, *snap.opt):
+            mine = snap.model.get(k, snap.opt.get(k))
+            assert np.array_equal(mine, got.model.get(k, got.opt.get(k)))
+    path.write_bytes(path.read_bytes()[:-100])  # truncated: not one
+    assert read_file(path) is None
+
+
+def test_ps_state_over_64_mib_round_trips(r, keys):
+    from qrl.ps import protocol
+
+    n = 6_000_000  # params, Adam's two averages: 72 MB
+    rng = np.random.default_rng(0)
+    state = {
+        "version": 3,
+        "last_ids": {"0": "5-0"},
+        "params": rng.standard_normal(n).astype(np.float32),
+        "opt": {
+            "exp_avg": rng.standard_normal(n).astype(np.float32),
+            "exp_avg_sq": rng.random(n).astype(np.float32),
+            "step": np.array(3.0, np.float32),
+        },
+        "loss": [0.5, 0.1, 3.0],
+    }
+    store = protocol.state_store(r, keys, n, 4)
+    store.replace(state)
+    store.replace(state)  # a second save: above the first
+    version, got = protocol.state_store(r, keys, n, 4).read()
+    assert version == 1 and got["version"] == 3 and got["last_ids"] == {"0": "5-0"}
+    assert np.array_equal(got["params"], state["params"])
+    assert all(np.array_equal(got["opt"][k], v) for k, v in state["opt"].items())

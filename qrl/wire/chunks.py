@@ -178,6 +178,10 @@ def plan(parts: list[Part], chunk: int) -> list[list[Piece]]:
     return chunks
 
 
+def _holds_arrays(spec: Field) -> bool:
+    return spec.type is np.ndarray or (spec.values is not None and spec.values.type is np.ndarray)
+
+
 def _wire_of(arr: np.ndarray, wire: str | None) -> str:
     return wire if wire is not None and arr.dtype.name in _NARROWED else arr.dtype.name
 
@@ -192,12 +196,14 @@ def split(schema: Schema, msg: Mapping[str, Any], wire: str | None) -> tuple[dic
         named: Mapping[str, Any]
         if spec.type is np.ndarray and value is not None:
             named = {"": value}
-        elif spec.values is not None and spec.values.type is np.ndarray and value is not None:
+        elif _holds_arrays(spec) and value is not None:
             named = value
         else:
             if name in msg:
                 head[name] = value
             continue
+        if not named:  # an empty map of arrays: no parts say it is there
+            head[name] = {}
         for k, arr in named.items():
             arr = np.asarray(arr)
             if arr.dtype.name not in ALLOWED_DTYPES:
@@ -345,6 +351,10 @@ class Manifest:
         m = decode(blob, MANIFEST)
         if m["kind"] != schema.kind:
             raise CodecError(f"manifest of a {m['kind']!r} message, expected {schema.kind!r}")
+        for name, value in m["head"].items():  # an array field there: None or no arrays only
+            spec = schema.fields.get(name)
+            if spec is not None and _holds_arrays(spec) and value not in (None, {}):
+                raise CodecError(f"manifest head holds array field {name!r}")
         n = len(m["fields"])
         fields, names = _str_list(m, "fields", n), _str_list(m, "names", n)
         dtypes, wires = _str_list(m, "dtypes", n), _str_list(m, "wires", n)
@@ -353,7 +363,7 @@ class Manifest:
         parts, at, total = [], 0, 0
         for f, k, dt, w, nd in zip(fields, names, dtypes, wires, ndims, strict=True):
             spec = schema.fields.get(f)
-            if spec is None or not (spec.type is np.ndarray or spec.values is not None):
+            if spec is None or not _holds_arrays(spec):
                 raise CodecError(f"manifest names array field {f!r}, not one of {schema.kind}")
             if (spec.type is np.ndarray) != (k == ""):
                 raise CodecError(f"manifest names {f}.{k}: a field is an array or named ones")
