@@ -291,3 +291,20 @@ def test_ps_state_over_64_mib_round_trips(r, keys):
     assert version == 1 and got["version"] == 3 and got["last_ids"] == {"0": "5-0"}
     assert np.array_equal(got["params"], state["params"])
     assert all(np.array_equal(got["opt"][k], v) for k, v in state["opt"].items())
+
+
+def test_chunked_weights_through_a_cluster(redis_cluster):
+    """The chunks share the manifest's hash tag: one slot, the Lua switch legal on a Cluster,
+    through a client of a node that does not hold the run."""
+    from qrl.wire.connection import connect
+    from qrl.wire.keys import RunKeys
+
+    keys = RunKeys("chunked-cluster")
+    net = torch.nn.Linear(3000, 2000)  # 24 MB: two chunks
+    writer = WeightStore(connect(redis_cluster.urls[0]), keys)
+    for v in (1, 2, 3):
+        writer.publish(net, v)
+    got = torch.nn.Linear(3000, 2000)
+    assert WeightStore(connect(redis_cluster.urls[1]), keys).load_into(got) == 3
+    assert torch.equal(got.weight, net.weight)
+    assert writer.kept(every_s=0)
