@@ -23,8 +23,10 @@ from qrl.algos.impala.keys import trajectories
 from qrl.algos.ppo.keys import rollouts
 from qrl.ps.protocol import gradients, params
 from qrl.rl.fields import RETURN_BOUND
+from qrl.wire.chunks import encode_whole
 from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
+from qrl.wire.weights import WEIGHTS as WEIGHTS_SCHEMA
 
 url, run, algo, every = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 r = redis.Redis.from_url(url)
@@ -136,7 +138,7 @@ while True:
     entry = r.xadd(STREAM, {"d": encode(kind, msg)}).decode()
     # garbage in the weights key, under the version it holds (readers that fetch now see it)
     version = int(r.hget(WEIGHTS, "version") or 0)
-    bad = encode("weights", {"version": version, "params": {"x": np.ones(3)}, "meta": None})
+    bad = encode_whole(WEIGHTS_SCHEMA, {"params": {"x": np.ones(3)}, "meta": None}, version)
     r.hset(WEIGHTS, "blob", pick(rng.bytes(64), bad))
     sent += 1
     print(sent, entry, flush=True)

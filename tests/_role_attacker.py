@@ -112,7 +112,7 @@ def ps_state() -> None:
         "opt": {},
         "loss": [],
     }
-    r.set(ps.state(sk), encode(ps.STATE, msg))
+    ps.state_store(r, sk, length, 1).replace(msg)
 
 
 def _gradient(length: int) -> bytes:

@@ -306,7 +306,7 @@ def _valid_messages() -> list[tuple[Schema, st.SearchStrategy[dict]]]:
         (unroll_schema((4,), "float32", 2, 5, 8), hs.unrolls(5, 8)),
         (es_results_schema(4, 10_000, 100), hs.es_results(4, 10_000, 100)),
         (sequence_schema((2,), "float32", 2, 20, 8), hs.sequences(20, 8)),
-        (WEIGHTS, hs.weights(fitting).map(lambda m: {**m, "version": 1})),
+        (WEIGHTS, hs.weights(fitting)),
     ]
 
 

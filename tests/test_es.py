@@ -24,9 +24,11 @@ from qrl.learners.es import ESMaster
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.loop import run_role
 from qrl.runtime.runs import create_run
+from qrl.wire.chunks import encode_whole
 from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.connection import connect
 from qrl.wire.streams import FIELD, GROUP
+from qrl.wire.weights import WEIGHTS
 from tests.cli import ROOT, eval_confirmation, train
 from tests.helpers import es_payload, wait_until
 
@@ -466,7 +468,7 @@ def test_a_far_ahead_generation_neither_freezes_es_nor_strands_workers(
         mapping: dict = {"version": version}
         if valid:
             params = {k: np.asarray(v) for k, v in master.params().items()}
-            mapping["blob"] = encode("weights", {"version": version, "params": params})
+            mapping["blob"] = encode_whole(WEIGHTS, {"params": params}, version)
         r.hset(es_params(keys), mapping=mapping)
         before = master.generation
         exchange(2)
@@ -474,7 +476,7 @@ def test_a_far_ahead_generation_neither_freezes_es_nor_strands_workers(
         assert int(r.hget(es_params(keys), "version")) == master.generation
     master.save()
     params = {k: np.asarray(v) for k, v in master.params().items()}
-    blob = encode("weights", {"version": huge, "params": params})
+    blob = encode_whole(WEIGHTS, {"params": params}, huge)
     r.hset(es_params(keys), mapping={"version": huge, "blob": blob})
     again = ESMaster(lambda: connect(redis_server.url), keys, cfg, checkpoint=ckpt)
     assert again.generation == master.generation  # from its checkpoint, not huge

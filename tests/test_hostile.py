@@ -34,11 +34,12 @@ from qrl.runtime.roles import UPDATES
 from qrl.runtime.runlog import Progress
 from qrl.runtime.runs import create_run
 from qrl.runtime.status import collect
+from qrl.wire.chunks import encode_whole
 from qrl.wire.codec import decode, encode
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.streams import FIELD, Entry
-from qrl.wire.weights import WeightStore, module_arrays
+from qrl.wire.weights import WEIGHTS, WeightStore, module_arrays
 from tests import strategies as hs
 from tests.helpers import make_learner
 
@@ -230,7 +231,7 @@ def reader(client):
 def test_weights_reader_survives_hostile_weights(reader, client, msg):
     store, net, versions = reader
     v = next(versions)
-    blob = encode("weights", {"version": v, **msg})
+    blob = encode_whole(WEIGHTS, msg, v)
     client.hset(store.key, mapping={"version": v, "blob": blob})
     loaded = store.load_into(net, newer_than=v - 1)
     assert loaded in (None, v)

@@ -188,9 +188,9 @@ def test_a_garbage_saved_state_is_dead_lettered_not_loaded(r, keys, garbage):
     elif garbage == "wrong optimizer":
         s = ps.state()
         s["opt"] = {"exp_avg": np.zeros(ps.length, np.float32)}
-        r.set(key, encode(protocol.STATE, s))
+        ps.saved.replace(s)
     else:
-        r.set(key, garbage)
+        r.hset(key, mapping={"version": 1, "blob": garbage})
     again = _server(r, keys, cfg)
     assert again.updates == 0 and np.array_equal(_block(again), _block(ps))
     if garbage != "list":
@@ -204,7 +204,7 @@ def test_a_saved_state_claiming_entries_not_yet_made_does_not_freeze_the_server(
     ps.step(never)
     s = ps.state()
     s["last_ids"] = {"0": "99999999999999-0"}  # a writer's: every entry to come would be skipped
-    r.set(protocol.state(keys), encode(protocol.STATE, s))
+    ps.saved.replace(s)
     again = _server(r, keys, cfg)
     assert again.updates == 1
     _send(r, keys, cfg, _grad(ps, 1), version=1)
@@ -277,7 +277,7 @@ def test_an_older_servers_saved_state_is_resumed(r, keys):
     s = ps.state()
     del s["last_ids"]
     s["last_id"] = "1700000000000-0"
-    r.set(protocol.state(keys), encode(protocol.STATE, s))
+    ps.saved.replace(s)
     again = _server(r, keys, cfg)
     assert again.updates == 1 and again.last_ids == {}
     assert np.array_equal(_block(again), _block(ps))

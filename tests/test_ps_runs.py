@@ -14,7 +14,6 @@ from qrl.ps import protocol
 from qrl.rl.envspec import EnvSpec
 from qrl.rl.evaluate import evaluate
 from qrl.runtime.runs import create_run
-from qrl.wire.codec import decode
 from qrl.wire.weights import WeightStore
 from tests.cli import eval_confirmation, train
 from tests.helpers import Roles, run_reader
@@ -84,8 +83,8 @@ def test_a_sigkilled_parameter_server_resumes_from_redis_and_the_run_solves(r, k
         roles.until(lambda: updates() >= 300, "300 gradients applied", 120)
         roles.kill("ps1")
         at = protocol.bounds(_size(cfg), 2)
-        schema = protocol.state_schema(at[2] - at[1], len(protocol.workers(cfg.workers)))
-        saved = decode(r.get(protocol.state(shards[1])), schema)
+        streams = len(protocol.workers(cfg.workers))
+        _, saved = protocol.state_store(r, shards[1], at[2] - at[1], streams).read()
         assert set(saved["last_ids"]) == {"0", "1"}  # where it is in each worker's stream
         roles.start("ps1", "ps", "a3c", "--id", "1")
         roles.until(

@@ -27,7 +27,6 @@ from qrl.ps.client import PSClient
 from qrl.ps.server import SHARE_WINDOW, ParameterServer
 from qrl.runtime.checkpoint import load_checkpoint
 from qrl.server.embedded import EmbeddedRedis
-from qrl.wire.codec import encode
 from qrl.wire.keys import RunKeys
 from qrl.wire.scripts import load_scripts
 from qrl.wire.streams import FIELD
@@ -75,6 +74,9 @@ def test_a_workers_user_cannot_write_the_blocks_or_a_servers_state(algo, role, t
                 ("HSET", params, "version", 2**50),
                 ("SET", params, b"x"),
                 ("DEL", params),
+                ("SET", f"{params}:c:0a:0", b"x"),  # its chunks: read only
+                ("GET", f"{state}:c:0a:0"),  # the state's: not at all
+                ("SET", f"{params}:x", b"x"),  # nothing beside the chunks
             ]
             for command in refused:
                 with pytest.raises(redis.exceptions.NoPermissionError):
@@ -82,6 +84,7 @@ def test_a_workers_user_cannot_write_the_blocks_or_a_servers_state(algo, role, t
                     pytest.fail(f"{command[:2]} was allowed")
             # what a worker does is allowed
             assert worker.hget(protocol.params(sk), "version") == b"1"
+            assert worker.get(f"{params}:c:0a:0") is None
             worker.xadd(protocol.gradients(sk, 0), {FIELD: b"g"})
 
 
@@ -190,7 +193,7 @@ def test_a_restarted_shard_refuses_a_state_its_server_could_not_have_saved(r, ke
         s["opt"]["step"] = np.array(-5.0, np.float32)
     else:  # a number no worker of the run may hold
         s["last_ids"] = {"99": "1-0"}
-    r.set(protocol.state(keys), encode(protocol.STATE, s))
+    ps.saved.replace(s)
     again = _server(r, keys, cfg)  # refused, dead-lettered: the initial parameters
     assert int(r.hget(keys.stats, "rejected") or 0) == 1
     assert again.updates == 4  # published above the block the run had (version 3)
@@ -207,10 +210,9 @@ def test_shard_0s_checkpoint_holds_its_own_state_only(r, keys, tmp_path):
     for k, ps in enumerate(shards):
         _send(r, keys, cfg, _grad(ps, k), version=0, to=k)
         ps.step(never)
-    other = protocol.state(protocol.shard_keys(keys, 2, 1))
     s = shards[1].state()  # what another writer of shard 1's state might have put there
     s["params"] = np.full(shards[1].length, 1e3, np.float32)
-    r.set(other, encode(protocol.STATE, s))
+    shards[1].saved.replace(s)
     shards[0].save()
     saved = load_checkpoint(path, "a3c", cfg)["extra"]["ps"]
     assert saved["shards"] == 2 and saved["states"][1] is None

@@ -19,10 +19,10 @@ from qrl.runtime.metrics import MetricsReader, report
 from qrl.runtime.roles import ENV_STEPS
 from qrl.runtime.runlog import MAX_COUNT, MAX_IDS, Progress, RunLog
 from qrl.server.embedded import EmbeddedRedis
-from qrl.wire.codec import encode
+from qrl.wire.chunks import encode_whole
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
-from qrl.wire.weights import MAX_AHEAD, MAX_VERSION, WeightStore, module_arrays
+from qrl.wire.weights import MAX_AHEAD, MAX_VERSION, WEIGHTS, WeightStore, module_arrays
 from tests.helpers import make_actor, make_learner, wait_until
 
 
@@ -40,7 +40,7 @@ def test_a_far_ahead_weights_version_is_garbage_overwritten_not_adopted(r, keys)
     assert reader.fetch().version == 5
     for huge in (MAX_VERSION, MAX_VERSION - 1, 6 + MAX_AHEAD + 1):
         # the attacker's blob is valid: readers take it, then the learner overwrites it
-        blob = encode("weights", {"version": huge, "params": module_arrays(_net(1))})
+        blob = encode_whole(WEIGHTS, {"params": module_arrays(_net(1))}, huge)
         r.hset(keys.weights, mapping={"version": huge, "blob": blob})
         assert store.publish(_net(), version=6) == 6  # its own count, not huge + 1
         assert r.hget(keys.weights, "version") == b"6"

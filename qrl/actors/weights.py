@@ -24,7 +24,7 @@ from qrl.wire import clock
 from qrl.wire.codec import CodecError
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import Weights as Published
-from qrl.wire.weights import WeightStore, load_arrays, wait_for_weights
+from qrl.wire.weights import Unfit, WeightStore, fitting, load_arrays, wait_for_weights
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,7 @@ class Weights:
 
     def __init__(self, client: redis.Redis, keys: RunKeys, net: torch.nn.Module, poll: int) -> None:
         self.store, self.net, self.poll = WeightStore(client, keys), net, poll
+        self.fit = fitting(net)
         self.version = -1
         self.units = 0  # units of work done (vector steps, unrolls)
         self.loads = 0  # weights loaded
@@ -51,10 +52,19 @@ class Weights:
     def refresh(self) -> bool:
         """Load newer weights if the learner published some (one HGET when not), in line."""
         t0, since = time.monotonic(), self.version
-        w = self.store.fetch(since)
+        w = self._fetch(since)
         took = time.monotonic() - t0
         self.load_s += took  # what acting waited for (the load's own time added below)
         return self._load(since, w, took)
+
+    def _fetch(self, since: int) -> Published | None:
+        """The published weights if newer than ``since`` and fit for the network (a misfit
+        is refused from the manifest, before its chunks are read)."""
+        try:
+            return self.store.fetch(since, self.fit)
+        except Unfit as e:
+            log.warning("published weights do not fit the model: %s", e)
+            return None
 
     def ready(self, should_stop: StopCheck) -> bool:
         return True
@@ -75,7 +85,7 @@ class Weights:
         """On the looking thread: fetch what is newer than the version loaded now, for the
         next :meth:`done` to load."""
         t0, since = time.monotonic(), self.version
-        self.looked = (since, self.store.fetch(since), time.monotonic() - t0)
+        self.looked = (since, self._fetch(since), time.monotonic() - t0)
         return True
 
     def _load(self, since: int, w: Published | None, fetch_s: float) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 from qrl.runtime.algorithm import RoleContext, RoleDef, actor_role
 from qrl.runtime.config import central
 from qrl.runtime.roles import ACTOR_COMMANDS, PRODUCER_SCRIPTS, Access, Reports, shown_only
+from qrl.wire.chunks import chunked
 
 # an env stepper sends requests and pops its replies; nothing else of the run it writes
 STEPPER_COMMANDS = ACTOR_COMMANDS + " +rpush +blpop"
@@ -47,7 +48,7 @@ def inference_role(
     make: Callable[[RoleContext], Any],
     *,
     writes: tuple[str, ...],
-    reads: tuple[str, ...] = ("weights",),
+    reads: tuple[str, ...] = chunked("weights"),
 ) -> RoleDef:
     """The inference servers of ``algo`` with ``inference=central``: ``inference_servers``
     processes, each acting for its share of the actors with the weights (``reads``) and

@@ -58,7 +58,7 @@ WORKER = "worker"
 # its segments, qrl train's own: qrl.jobs.acl.job_scripts), its lease and the exploit (the
 # better trial's weights, the explored values: qrl.pbt.exploit); the controller reads the
 # trials' live config and evaluates their weights (dead-lettering a blob that fails)
-WORKER_SCRIPTS = ("pbt.take", "pbt.hold", "weights.publish", "live.set")
+WORKER_SCRIPTS = ("pbt.take", "pbt.hold", "chunks.publish", "live.set")
 CONTROLLER_SCRIPTS = ("live.read", "streams.dead_letter")
 
 

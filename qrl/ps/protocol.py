@@ -12,12 +12,13 @@ shard) and has these keys there:
   stream a gradient came from says which worker sent it: the server counts each worker's
   share of what it applies by its stream, and a message names no worker (a field that
   could only repeat the stream's number or lie about it);
-- ``ps:params``: its block as a weight store hash ``{version, blob}`` (one array, ``block``),
+- ``ps:params``: its block in a weight store (one array, ``block``),
   the version being the gradients it applied;
 - ``ps:state``: what a restarted server resumes from (:func:`state_schema`): the block, the
   optimizer's state, the version, the last entry applied of each worker's stream and the
-  loss statistics, written in one SET after each cycle (before the block is published and
-  the gradients acknowledged).
+  loss statistics, a chunked store (:class:`qrl.wire.chunks.ChunkedStore`: a block of any
+  size) replaced after each cycle (before the block is published and the gradients
+  acknowledged).
 
 The optimizers (Adam, RMSProp) work element by element, so K shards stepping their blocks
 step the whole vector exactly as one server would.
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from qrl.runtime.ids import id_limit
+from qrl.wire.chunks import ChunkedStore
 from qrl.wire.codec import CodecError
 from qrl.wire.keys import MAX_SHARDS, RunKeys
 from qrl.wire.schema import INT_BOUND, Field, Schema, size_cap
@@ -71,6 +73,12 @@ def params(sk: RunKeys) -> str:
 
 def state(sk: RunKeys) -> str:
     return sk.key(STATE_KEY)
+
+
+def state_store(client: Any, sk: RunKeys, length: int, streams: int) -> ChunkedStore:
+    """Shard ``sk``'s saved state (of a block of ``length``, ``streams`` worker streams): in
+    chunks, any size; its dead letters in the shard's slot."""
+    return ChunkedStore(client, sk, state(sk), state_schema(length, streams))
 
 
 def bounds(total: int, n: int) -> list[int]:

@@ -15,6 +15,7 @@ from qrl.runtime.roles import (
     Access,
     Reports,
 )
+from qrl.wire.chunks import chunked
 
 SHOWN = (
     "staleness_p50",
@@ -36,9 +37,9 @@ SHOWN = (
 # it never writes a block or a server's saved state, so (on Redis 7, whose read-only key
 # patterns this takes) one worker's user cannot set the parameters a restarted server
 # resumes from. The servers write them all.
-PS_WORKER = Access(reads=(PARAMS_KEY,), mine=(GRADIENTS_KEY,), scripts=PRODUCER_SCRIPTS)
+PS_WORKER = Access(reads=chunked(PARAMS_KEY), mine=(GRADIENTS_KEY,), scripts=PRODUCER_SCRIPTS)
 PS_SERVER = Access(
-    writes=(GRADIENTS_KEY.replace("{id}", "*"), PARAMS_KEY, STATE_KEY, "weights"),
+    writes=(GRADIENTS_KEY.replace("{id}", "*"), *chunked(PARAMS_KEY, STATE_KEY, "weights")),
     scripts=(*CONSUMER_SCRIPTS, *PUBLISHER_SCRIPTS),
 )
 

@@ -14,9 +14,10 @@ worker that already has its share (``ps_max_share``) of the last gradients appli
 (``flood``): the worker whose stream it came from, whatever the message says. Malformed
 entries never reach it (the stream consumer dead-letters them). Then, in this order: its
 state (block, optimizer state, version, the last entry applied of each worker's stream, loss
-statistics) is saved in one SET, the block is published, the gradients are acknowledged. A
-server killed anywhere in that resumes from the saved state, skips the entries of each
-stream it already applied and re-reads the rest (its consumer name is its shard's). Shard 0
+statistics) is saved (chunks, then one manifest switch), the block is published, the
+gradients are acknowledged. A server killed anywhere in that resumes from the saved state,
+skips the entries of each stream it already applied and re-reads the rest (its consumer name
+is its shard's). Shard 0
 also publishes the whole network to the run's weights key every ``ps_publish_s`` and writes
 the run's checkpoint, with its own state, from which shards with nothing in Redis start (the
 others with their block of the network and a fresh optimizer).
@@ -46,7 +47,7 @@ from qrl.runtime.config import Config
 from qrl.runtime.loop import Role, StopCheck
 from qrl.runtime.snapshot import state_names
 from qrl.wire import clock
-from qrl.wire.codec import CodecError, decode, encode
+from qrl.wire.codec import CodecError
 from qrl.wire.keys import RunKeys
 from qrl.wire.stream_scripts import dead_letter, optional
 from qrl.wire.streams import Entry, StreamConsumer
@@ -110,6 +111,7 @@ class ParameterServer(Role):
         self.held: Counter[int] = Counter()  # ... how many each of them has there
         self.pushed: dict[int, float] = {}  # the last two workers that pushed: when
         self.store = WeightStore(client, keys, protocol.params(self.sk))
+        self.saved = protocol.state_store(client, self.sk, self.length, len(self.streams))
         self.consumer = StreamConsumer(  # the shard's dead letters and stats: its slot
             client,
             self.sk,
@@ -174,21 +176,17 @@ class ParameterServer(Role):
 
     def restore(self) -> str:
         """Resume from Redis, else from the checkpoint, else start; says which."""
-        key = protocol.state(self.sk)
-        try:
-            raw = self.client.get(key)
-        except redis.ResponseError as e:  # not a string: a writer's
-            raw, why = None, str(e)
-        if raw is not None:
+        got = self.saved.read()  # None if there is none, or it failed (dead-lettered)
+        if got is not None:
             try:
-                msg = decode(raw, protocol.state_schema(self.length, len(self.streams)))
+                msg = got[1]
                 self._version_reachable(msg["version"])
                 self.load_state(msg)
                 self._last_id_at_most_the_streams()
                 return f"resumed from Redis at version {self.updates}"
             except (CodecError, ValueError) as e:
                 why = str(e)
-                dead_letter(self.client, self.sk, key.removeprefix(self.sk.prefix), why, raw)
+                dead_letter(self.client, self.sk, self.saved.source, why, None)
             log.warning("shard %d: saved state unusable (%s): not resumed from it", self.shard, why)
         if self.checkpoint is not None and self.checkpoint.exists():
             return self._from_checkpoint(self.checkpoint)
@@ -364,11 +362,11 @@ class ParameterServer(Role):
         return ok
 
     def persist(self) -> None:
-        """Save the state a restart resumes from (one SET); skipped, with a warning, while
-        Redis refuses writes (out of memory): a restart then resumes from an older one."""
-        key = protocol.state(self.sk)
-        blob = encode(protocol.STATE, self.state())
-        if optional(key, lambda: self.client.set(key, blob)) is None:
+        """Save the state a restart resumes from (chunks, then one manifest switch); skipped,
+        with a warning, while Redis refuses writes (out of memory): a restart then resumes
+        from an older one."""
+        state = self.state()
+        if optional(self.saved.key, lambda: self.saved.replace(state)) is None:
             log.warning("shard %d: Redis refused its state (out of memory?)", self.shard)
 
     def publish_block(self) -> None:

@@ -37,8 +37,8 @@ CONSUMER_SCRIPTS = (
     "streams.ack",
     "streams.leave",
 )
-# a writer of versioned weights (qrl.wire.weights.WeightStore.publish and .kept)
-PUBLISHER_SCRIPTS = ("weights.publish", "weights.kept")
+# a writer of a chunked store (qrl.wire.chunks.ChunkedStore: weights, a PS state, a snapshot)
+PUBLISHER_SCRIPTS = ("chunks.publish", "chunks.kept")
 # a learner of a pool (qrl.learners.group: the pool forms through Redis)
 POOL_SCRIPTS = ("group.join", "group.look", "group.abandon")
 

@@ -7,7 +7,8 @@ the snapshot to the segment's learner in a file (:meth:`SnapshotStore.to_file`),
 learner, which runs as a user of its own that may not write the key, leaves its state in that
 file as it stops, for the slot to check and store (:meth:`SnapshotStore.from_file`).
 
-One codec message in the run's ``snapshot`` key (and in the file): the update count, the
+One message in the run's ``snapshot`` key, in chunks under a manifest of any size
+(:class:`qrl.wire.chunks.ChunkedStore`; in the file the same layout): the update count, the
 network's state dict (``model``) and the optimizer's per-parameter state (``opt``,
 ``"I.NAME"``: parameter I of the optimizer's groups, e.g. Adam's ``step``, ``exp_avg``,
 ``exp_avg_sq``). The learning rates are not in it: they are the run's config. Anyone with the
@@ -30,26 +31,23 @@ import redis
 import torch
 
 from qrl.runtime.files import write_atomically
-from qrl.wire.codec import CodecError, Field, Schema, decode, encode
+from qrl.wire import chunks
+from qrl.wire.chunks import MAX_ARRAYS, ChunkedStore
+from qrl.wire.codec import CodecError, Field, Schema
 from qrl.wire.keys import RunKeys
-from qrl.wire.schema import DEFAULT_MAX_BYTES
-from qrl.wire.stream_scripts import dead_letter
 from qrl.wire.weights import MAX_VERSION, load_arrays, module_arrays
 
 log = logging.getLogger(__name__)
 
 KIND = "snapshot"
-_ITEMS = 65_536  # the most tensors a snapshot names (a network's and its optimizer's)
 SCHEMA = Schema(
     KIND,
     {
         "updates": Field(int, bounds=(0, MAX_VERSION - 1)),
-        "model": Field(dict, values=Field(np.ndarray), max_len=_ITEMS),
-        "opt": Field(dict, values=Field(np.ndarray, finite=True), max_len=_ITEMS),
+        "model": Field(dict, values=Field(np.ndarray), max_len=MAX_ARRAYS),
+        "opt": Field(dict, values=Field(np.ndarray, finite=True), max_len=MAX_ARRAYS),
     },
-    max_bytes=DEFAULT_MAX_BYTES,
 )
-_MAX_STORED = 2 * DEFAULT_MAX_BYTES  # a snapshot's encoding at most (LZ4 grows little)
 _OPT_KEY = re.compile(r"(0|[1-9][0-9]{0,5})\.([a-z_][a-z0-9_]{0,31})")
 
 
@@ -118,31 +116,28 @@ def load_model(model: dict[str, np.ndarray], net: torch.nn.Module) -> None:
     load_arrays(net, model)  # checks every array before it loads any
 
 
-def _encode(snap: Snapshot) -> bytes:
-    return encode(KIND, {"updates": snap.updates, "model": snap.model, "opt": snap.opt})
+def _message(snap: Snapshot) -> dict[str, Any]:
+    return {"updates": snap.updates, "model": snap.model, "opt": snap.opt}
+
+
+def _snapshot(msg: dict[str, Any]) -> Snapshot:
+    return Snapshot(msg["updates"], msg["model"], msg["opt"])
 
 
 def write_file(path: Path, snap: Snapshot) -> None:
-    """``snap`` into ``path``, whole (a reader never sees half of one)."""
-    blob = _encode(snap)
-    write_atomically(path, lambda f: f.write(blob))
+    """``snap`` into ``path``, whole (a reader never sees half of one), a chunk at a time."""
+    write_atomically(path, lambda f: chunks.write_file(f, SCHEMA, _message(snap)))
 
 
 def read_file(path: Path) -> Snapshot | None:
     """The snapshot in ``path``; ``None`` if there is none or it is not one (logged)."""
     try:
-        with open(path, "rb") as f:
-            blob = f.read(_MAX_STORED + 1)
+        return _snapshot(chunks.read_file(path, SCHEMA))
     except FileNotFoundError:
         return None
-    try:
-        if len(blob) > _MAX_STORED:
-            raise CodecError(f"over {_MAX_STORED} bytes")
-        msg = decode(blob, SCHEMA)
     except CodecError as e:
         log.warning("rejected the snapshot in %s: %s", path, e)
         return None
-    return Snapshot(msg["updates"], msg["model"], msg["opt"])
 
 
 class SnapshotStore:
@@ -151,9 +146,10 @@ class SnapshotStore:
 
     def __init__(self, client: redis.Redis, keys: RunKeys) -> None:
         self.client, self.keys, self.key = client, keys, key(keys)
+        self.store = ChunkedStore(client, keys, self.key, SCHEMA)
 
     def save(self, snap: Snapshot) -> None:
-        self.client.set(self.key, _encode(snap))
+        self.store.replace(_message(snap))
 
     def to_file(self, path: Path) -> None:
         """The snapshot, checked, into ``path`` for a learner to resume from; with none
@@ -174,20 +170,5 @@ class SnapshotStore:
         return snap is not None
 
     def fetch(self) -> Snapshot | None:
-        try:
-            if self.client.strlen(self.key) > _MAX_STORED:
-                log.warning("%s is over %d bytes: ignored", self.key, _MAX_STORED)
-                return None
-            blob = self.client.get(self.key)
-        except redis.ResponseError as e:  # not a string: a writer's
-            log.warning("%s is not a snapshot (%s): ignored", self.key, e)
-            return None
-        if blob is None:
-            return None
-        try:
-            msg = decode(blob, SCHEMA)
-        except CodecError as e:
-            log.warning("rejected the snapshot at %s: %s", self.key, e)
-            dead_letter(self.client, self.keys, "snapshot", str(e), blob)
-            return None
-        return Snapshot(msg["updates"], msg["model"], msg["opt"])
+        got = self.store.read()
+        return None if got is None else _snapshot(got[1])

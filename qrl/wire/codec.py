@@ -53,6 +53,7 @@ __all__ = [
     "Field",
     "Schema",
     "decode",
+    "decompress",
     "encode",
 ]
 
@@ -140,7 +141,9 @@ _LZ4_HEADER = struct.Struct("<IBxQ")  # magic, FLG, (BD), content size when FLG 
 _contexts = threading.local()  # each thread's LZ4 decompression context, at a frame's start
 
 
-def _decompress(payload: bytes, max_bytes: int) -> bytes:
+def decompress(payload: bytes, max_bytes: int) -> bytes:
+    """One LZ4 frame of at most ``max_bytes`` decompressed, checked whole (what :func:`decode`
+    reads; a chunk of :mod:`qrl.wire.chunks`); raises CodecError."""
     if type(payload) is not bytes:
         if not isinstance(payload, (bytearray, memoryview)):
             raise CodecError(f"payload must be bytes, got {type(payload).__name__}")
@@ -219,7 +222,7 @@ def decode(payload: bytes, schema: Schema, *, max_bytes: int | None = None) -> d
     """Decode a payload and validate it against ``schema`` (at most ``max_bytes``
     decompressed, default the schema's). Raises only :class:`CodecError`."""
     cap, strs, items, bins, uncounted, want, names, plan, check = schema.decoding
-    raw = _decompress(payload, cap if max_bytes is None else max_bytes)
+    raw = decompress(payload, cap if max_bytes is None else max_bytes)
     try:  # the limits as keywords spelled out: a ** expansion costs
         if len(raw) <= uncounted:
             msg = msgpack.unpackb(

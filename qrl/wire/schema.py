@@ -139,12 +139,17 @@ class Field:
                 f"field {name!r}: array of shape {shape} and dtype {dname} needs "
                 f"{nbytes} bytes, payload has {len(raw)}"
             )
+        return self.check_array(name, np.ndarray(shape, dtype, raw))  # a view, no copy
+
+    def check_array(self, name: str, arr: np.ndarray) -> np.ndarray:
+        """``arr``, built already (e.g. from chunks: :mod:`qrl.wire.chunks`), checked against
+        this field's dtypes, dimensions, finiteness and bounds; raises CodecError."""
+        dname = arr.dtype.name
         if self.dtypes is not None and dname not in self.dtypes:
             raise CodecError(f"field {name!r} has dtype {dname}, expected {self.dtypes}")
-        if self.ndim is not None and len(shape) != self.ndim:
-            raise CodecError(f"field {name!r} has {len(shape)} dimensions, expected {self.ndim}")
-        arr = np.ndarray(shape, dtype, raw)  # a read-only view of the bytes, no copy
-        if self.finite and dtype.kind == "f" and not np.isfinite(arr).all():
+        if self.ndim is not None and arr.ndim != self.ndim:
+            raise CodecError(f"field {name!r} has {arr.ndim} dimensions, expected {self.ndim}")
+        if self.finite and arr.dtype.kind == "f" and not np.isfinite(arr).all():
             raise CodecError(f"field {name!r} contains NaN or infinity")
         if self.bounds is not None and arr.size:
             lo, hi = self.bounds

@@ -41,7 +41,7 @@ from qrl.wire.faults import awaiting_scripts, warn_every
 DECLARING = (
     "qrl.wire.stream_scripts",
     "qrl.wire.streams",
-    "qrl.wire.weights",
+    "qrl.wire.chunks",
     "qrl.runtime.ids",
     "qrl.runtime.live",
     "qrl.replay.store",

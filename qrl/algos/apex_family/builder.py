@@ -19,6 +19,7 @@ from qrl.runtime.roles import (
     Feed,
     Reports,
 )
+from qrl.wire.chunks import chunked
 from qrl.wire.keys import MAX_SHARDS, RunKeys
 
 # the keys (within the run's prefix and its shards') each role reads and writes, and the
@@ -26,7 +27,7 @@ from qrl.wire.keys import MAX_SHARDS, RunKeys
 # replay, the learner samples the replay and publishes the weights. A replay's scripts are
 # those of transitions (qrl.replay.store) and of stacked frames (qrl.replay.frames): the
 # config picks one
-ACTOR_READS = ("weights",)
+ACTOR_READS = chunked("weights")
 ACTOR_WRITES = ("experience",)
 ACTOR_SCRIPTS = PRODUCER_SCRIPTS
 FILLER_SCRIPTS = ("replay.insert", "frames.insert")
@@ -36,7 +37,7 @@ SAMPLER_SCRIPTS = (
     "frames.fetch_ranks",
     "frames.sample_proportional",
 )
-LEARNER_WRITES = ("replay:*", "weights")
+LEARNER_WRITES = ("replay:*", *chunked("weights"))
 LEARNER_SCRIPTS = (*SAMPLER_SCRIPTS, *PUBLISHER_SCRIPTS)
 LEARNER_PROGRESS = (Feed(REPLAY_SIZE, "replay_size"),)
 

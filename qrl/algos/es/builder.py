@@ -14,6 +14,7 @@ from qrl.runtime.roles import (
     PUBLISHER_SCRIPTS,
     shown_only,
 )
+from qrl.wire.chunks import chunked
 
 if TYPE_CHECKING:
     from qrl.rl.envspec import EnvSpec
@@ -54,7 +55,7 @@ ALGORITHM = Algorithm(
             ("es", "master"),
             _master,
             "The ES master of a run: folds results into generations, publishes parameters.",
-            writes=("es:results", "es:params"),
+            writes=("es:results", *chunked("es:params")),
             scripts=(*CONSUMER_SCRIPTS, *PUBLISHER_SCRIPTS),
             progress=(shown_only("generation"), shown_only("stale")),
             shown=("generation",),
@@ -65,7 +66,7 @@ ALGORITHM = Algorithm(
             ("es", "worker"),
             _worker,
             "An ES worker: joins the run, evaluates antithetic perturbations, pushes results.",
-            reads=("es:params",),
+            reads=chunked("es:params"),
             writes=("es:results",),
             scripts=PRODUCER_SCRIPTS,
             count="workers",

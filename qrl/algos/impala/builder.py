@@ -19,6 +19,7 @@ from qrl.runtime.roles import (
     Feed,
     shown_only,
 )
+from qrl.wire.chunks import chunked
 
 if TYPE_CHECKING:
     from qrl.rl.envspec import EnvSpec
@@ -102,7 +103,7 @@ ALGORITHM = Algorithm(
             "An IMPALA learner of a run: V-trace on the actors' unrolls, publishes weights; "
             "with the config's `learners` > 1, one of a pool that meets through Redis and "
             "averages its gradients.",
-            writes=("trajectories", "weights", "learners:*"),
+            writes=("trajectories", *chunked("weights"), "learners:*"),
             scripts=(*CONSUMER_SCRIPTS, *PUBLISHER_SCRIPTS, *POOL_SCRIPTS),
             # the lag it measures on the unrolls it trains on, and the unrolls it dropped
             progress=(Feed(POLICY_LAG, "policy_lag"), shown_only("dropped")),
@@ -114,7 +115,7 @@ ALGORITHM = Algorithm(
             ("actor", "impala"),
             _actor,
             "An IMPALA actor: joins the run, samples from the policy, pushes unrolls.",
-            reads=("weights",),
+            reads=chunked("weights"),
             writes=("trajectories",),
             scripts=PRODUCER_SCRIPTS,
             count="actors",

@@ -17,6 +17,7 @@ from qrl.runtime.roles import (
     Feed,
     shown_only,
 )
+from qrl.wire.chunks import chunked
 
 if TYPE_CHECKING:
     from qrl.rl.envspec import EnvSpec
@@ -94,7 +95,7 @@ ALGORITHM = Algorithm(
             "A PPO learner of a run: joins the run's learner pool (the config's `learners` "
             "processes, on any machines: they meet through Redis), trains on its share of "
             "the rollouts; the pool's leader publishes weights.",
-            writes=("rollouts", "weights", "learners:*"),
+            writes=("rollouts", *chunked("weights"), "learners:*"),
             scripts=(*CONSUMER_SCRIPTS, *PUBLISHER_SCRIPTS, *POOL_SCRIPTS),
             # the lag it measures on the rollouts it trains on, and those it dropped
             progress=(Feed(POLICY_LAG, "policy_lag"), shown_only("stale")),
@@ -107,7 +108,7 @@ ALGORITHM = Algorithm(
             ("actor", "ppo"),
             _actor,
             "A PPO actor: joins the run, samples from the policy, pushes rollouts.",
-            reads=("weights",),
+            reads=chunked("weights"),
             writes=("rollouts",),
             scripts=PRODUCER_SCRIPTS,
             count="actors",
