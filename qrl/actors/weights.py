@@ -23,8 +23,8 @@ from qrl.runtime.loop import StopCheck
 from qrl.wire import clock
 from qrl.wire.codec import CodecError
 from qrl.wire.keys import RunKeys
-from qrl.wire.weights import Weights as Published
 from qrl.wire.weights import Unfit, WeightStore, fitting, load_arrays, wait_for_weights
+from qrl.wire.weights import Weights as Published
 
 log = logging.getLogger(__name__)
 
