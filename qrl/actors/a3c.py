@@ -77,6 +77,9 @@ class PSWeights:
         if self.units % self.pull_every == 0:
             self.ps.pull()
 
+    def fresh(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

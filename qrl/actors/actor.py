@@ -60,6 +60,10 @@ class WeightsClient(Protocol):
     def done(self) -> None:
         """A unit was pushed: refresh when one is due."""
 
+    def fresh(self) -> None:
+        """Between two steps: load weights fetched meanwhile, if any (at once: the next
+        step acts with them)."""
+
     def close(self) -> None:
         """The actor ends: stop what it started (a look for weights under way)."""
 
@@ -103,6 +107,9 @@ class NoWeights:
         return True
 
     def done(self) -> None:
+        pass
+
+    def fresh(self) -> None:
         pass
 
     def close(self) -> None:
@@ -178,6 +185,7 @@ class Actor(Role):
         """Act and step until the sink holds a complete unit; False if stopped first."""
         runner, policy, sink, weights = self.runner, self.policy, self.sink, self.weights
         while True:
+            weights.fresh()
             obs = runner.obs
             acted = policy.act(obs, should_stop)
             if acted is None:
