@@ -16,7 +16,7 @@ from tests.helpers import make_actor, wait_until
 
 
 def test_a_job_runs_off_the_callers_thread_one_at_a_time():
-    bg, threads, gate = Background("test"), [], threading.Event()
+    bg, threads, gate = Background("test", far_s=0), [], threading.Event()  # every job far
 
     def job() -> bool:
         threads.append(threading.current_thread().name)
@@ -30,7 +30,7 @@ def test_a_job_runs_off_the_callers_thread_one_at_a_time():
 
 
 def test_a_jobs_error_is_raised_to_the_caller_at_the_next_submit():
-    bg = Background("test")
+    bg = Background("test", far_s=0)
 
     def fails() -> bool:
         raise ValueError("refused")
@@ -66,6 +66,7 @@ def test_an_actor_fetches_new_weights_while_it_acts_and_loads_them_at_a_units_en
     assert actor.start(lambda: False) and actor.weights.version == 1
     newer = {k: np.full_like(v.numpy(), 0.5) for k, v in net.state_dict().items()}
     store.publish(newer, version=2)
+    actor.weights.looking.far_s = 0  # as if Redis were far: looks on their own thread
     actor.weights.done()  # a look starts, on its own thread
     wait_until(lambda: actor.weights.looked is not None, "the look's weights")
     assert actor.weights.version == 1  # fetched, not loaded yet
@@ -74,3 +75,19 @@ def test_an_actor_fetches_new_weights_while_it_acts_and_loads_them_at_a_units_en
     assert all((p == 0.5).all() for p in net.state_dict().values())
     assert actor.weights.metrics()["weight_loads"] == 2
     actor.close(lambda: False)
+
+
+def test_quick_jobs_run_in_line_and_slow_ones_move_off_it():
+    """Near Redis (jobs under ``far_s`` on average) a job runs in the caller; once they take
+    longer (a round trip of a millisecond or more), off it."""
+    bg, here = Background("test", far_s=0.004), threading.current_thread()
+    ran = []
+    assert bg.submit(lambda: ran.append(threading.current_thread()) or 1) == 1
+    assert bg.ran_in_line and ran == [here]
+    for _ in range(10):  # slow jobs, as over a far link: the running mean passes far_s
+        bg.submit(lambda: threading.Event().wait(0.02))
+    assert not bg.ran_in_line
+    bg.submit(lambda: ran.append(threading.current_thread()))
+    bg.wait()
+    assert ran[-1] is not here
+    bg.close()

@@ -2,10 +2,10 @@
 learner's published network (:class:`qrl.wire.weights.WeightStore`), its version, and a
 look for newer weights every ``weight_poll`` units (:class:`qrl.actors.actor.Actor`).
 
-A look fetches on a thread of its own (:class:`qrl.runtime.background.Background`) while the
-actor acts on; the weights it brought are loaded between the next two steps after it
-finished (:meth:`Weights.fresh`), so on a fast link the actor acts with them about as soon
-as it would have in line.
+Where Redis is far (:class:`qrl.runtime.background.Background`: looks that take a
+millisecond or more), a look fetches on a thread of its own while the actor acts on, and the
+weights it brought are loaded between the next two steps after it finished
+(:meth:`Weights.fresh`); near Redis a look runs in line and its weights are loaded at once.
 An actor far from Redis so acts on through the round trips of the version check and the
 blob's transfer, and only the load into its network (local, fast) holds it up. (PPO's paced
 actors count versions as they load them, and look in line: :class:`qrl.actors.ppo.PacedWeights`;
@@ -22,7 +22,6 @@ import torch
 
 from qrl.runtime.background import Background
 from qrl.runtime.loop import StopCheck
-from qrl.wire import clock
 from qrl.wire.codec import CodecError
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import Unfit, WeightStore, fitting, load_arrays, wait_for_weights
@@ -82,10 +81,13 @@ class Weights:
         self.units += 1
         self.fresh()
         if self.units % self.poll == 0:
-            if self.ahead and clock.current() is clock.REAL:
-                self.looking.submit(self._look)
-            else:  # in line: loaded at once
+            if not self.ahead:
                 self.refresh()
+                return
+            self.looking.submit(self._look)
+            if self.looking.ran_in_line:  # loaded at once, as acting waited for it
+                self.load_s += self.looked[2] if self.looked else 0.0
+                self.fresh()
 
     def _look(self) -> bool:
         """On the looking thread: fetch what is newer than the version loaded now, for

@@ -49,7 +49,7 @@ class Publisher:
             return updates, self.weights.publish(arrays, version=updates)
 
         done = self.sending.submit(publish)
-        if self.sending.in_line:
+        if self.sending.ran_in_line:
             return done[1]
         return self.settled(updates) if wait else updates
 

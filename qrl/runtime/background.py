@@ -5,42 +5,56 @@ the role goes on (the next unit overlaps the push of the last, as SEED's actors 
 batches in flight); a job still running when the next one comes is waited for first, so at
 most one is in flight and a full stream still holds an actor back.
 
-In a one-process run (a seated clock, :mod:`qrl.wire.clock`) a job runs at once in the
-caller: threads of their own would make the turns, and so the run, depend on timing."""
+Only where the round trips are long: while its jobs take under :data:`FAR_S` on average
+(Redis on this machine or next to it) a job runs at once in the caller. There a second
+thread buys nothing and costs freshness (an unroll actor on loopback acted with weights a
+unit older, and its CartPole runs took 1.18x as long to solve: docs/benchmarks.md, "Roles
+of parts, round trips off the main paths"). In a one-process run (a seated clock,
+:mod:`qrl.wire.clock`) every job runs in the caller: threads of their own would make the
+turns, and so the run, depend on timing."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from qrl.wire import clock
 
+FAR_S = 0.001  # jobs slower than this on average (a round trip of 1 ms or more) go off it
+
 
 class Background:
-    """Jobs run one at a time, off the caller's thread in real time."""
+    """Jobs run one at a time: in the caller while they are quick, else on a thread of
+    their own (in real time)."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, far_s: float = FAR_S) -> None:
+        self.name, self.far_s = name, far_s
         self._pool: ThreadPoolExecutor | None = None
         self._last: Future[Any] | None = None
-
-    @property
-    def in_line(self) -> bool:
-        """Whether jobs run in the caller (a one-process run's seated clock)."""
-        return clock.current() is not clock.REAL
+        self.took = 0.0  # the jobs' seconds, a running mean
+        self.ran_in_line = True  # how the last job submitted ran
 
     def submit(self, job: Callable[[], Any]) -> Any:
         """Wait for the job before and start ``job``; the newest result known: what the job
-        before returned (raised: raised here; ``None`` if there was none), or in line what
-        ``job`` returned."""
+        before returned (raised: raised here; ``None`` if there was none), or, if ``job``
+        ran in line (:attr:`ran_in_line`), what it returned."""
         before = self.wait()
-        if self.in_line:
-            return job()
+        self.ran_in_line = clock.current() is not clock.REAL or self.took < self.far_s
+        if self.ran_in_line:
+            return self._timed(job)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix=self.name)
-        self._last = self._pool.submit(job)
+        self._last = self._pool.submit(self._timed, job)
         return before
+
+    def _timed(self, job: Callable[[], Any]) -> Any:
+        t0 = time.monotonic()  # (a one-process run's choice never reads it)
+        try:
+            return job()
+        finally:
+            self.took = 0.8 * self.took + 0.2 * (time.monotonic() - t0)
 
     def wait(self) -> Any:
         """Wait for the job under way, if any; what the last job returned (``None`` if it
