@@ -212,7 +212,7 @@ def _attack_weights(r, keys: RunKeys, reader, field: str, n: int) -> int:
     start = reader.version if hasattr(reader, "net") else reader.generation
     for i in range(n):
         version = current.version + 1 + i
-        msg = {"version": version, "params": current.params, "meta": None}
+        msg = {"params": current.params, "meta": None}  # (the version: the manifest's)
         [(category, blob)] = corpus("weights", msg, WEIGHTS, OTHER, 1, seed=i, bombs=i == 0)
         r.hset(store.key, mapping={"version": version, "blob": blob})
         if hasattr(reader, "net"):

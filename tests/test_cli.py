@@ -64,9 +64,10 @@ def test_an_eval_env_that_does_not_fit_fails_fast_with_one_line(eval_env, words,
 
 
 @pytest.mark.slow
-def test_a_network_too_big_to_publish_ends_the_job_at_once_saying_why(tmp_path):
-    # 2 x 4200 x 4200 float32 parameters: weights over the codec's 64 MiB cap, which every
-    # actor rejected while the job ran out its budget (here an hour: past the 240 s given it)
+def test_a_network_over_the_message_cap_trains(tmp_path):
+    # 2 x 4200 x 4200 float32 parameters: weights over the codec's 64 MiB cap per message,
+    # which once ended the job; published in chunks now (qrl/wire/chunks.py), the actors
+    # load them and act: the job runs out its budget with no role failed
     out = qrl(
         "train",
         "apex",
@@ -75,15 +76,12 @@ def test_a_network_too_big_to_publish_ends_the_job_at_once_saying_why(tmp_path):
         "--run-dir",
         str(tmp_path / "run"),
         "--max-time",
-        "3600",
+        "60",
         timeout=240,
     )
-    assert out.returncode == 2, out.stderr[-2000:]
-    said = " ".join(out.stderr.split())  # the console wraps long lines
-    assert "learner failed: qrl.wire.schema.CodecError: a 'weights' message of" in said, said
-    assert "over the 67108864-byte cap" in said
-    failed = json.loads((tmp_path / "run" / "result.json").read_text())["failed"]
-    assert list(failed) == ["learner"] and "CodecError" in failed["learner"]  # what PBT logs
+    assert out.returncode == 1, out.stderr[-2000:]  # the budget ran out, nothing failed
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["failed"] == {} and result["env_steps"] > 0, result
 
 
 def test_default_targets_come_from_the_registration_or_qrls_table():
