@@ -39,8 +39,10 @@ class Publisher:
         if not all(torch.isfinite(p).all() for p in module.parameters()):
             log.error("parameters at update %d are not finite: not published", updates)
             return updates
-        arrays = {k: np.array(v, copy=True) for k, v in module_arrays(module).items()}
         self._finish()
+        arrays = module_arrays(module)
+        if not self.sending.in_line:  # published while the next steps change them in place
+            arrays = {k: np.array(v, copy=True) for k, v in arrays.items()}
         if self.went is not None and self.went[1] > self.went[0]:  # went above another's
             updates = max(updates, self.went[1] + 1)
         self.went = None

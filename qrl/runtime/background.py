@@ -36,12 +36,18 @@ class Background:
         self.took = 0.0  # the jobs' seconds, a running mean
         self.ran_in_line = True  # how the last job submitted ran
 
+    @property
+    def in_line(self) -> bool:
+        """Whether the next job runs in the caller (once the one under way is done: a
+        caller that waited for it with :meth:`wait` knows how the next will run)."""
+        return clock.current() is not clock.REAL or self.took < self.far_s
+
     def submit(self, job: Callable[[], Any]) -> Any:
         """Wait for the job before and start ``job``; the newest result known: what the job
         before returned (raised: raised here; ``None`` if there was none), or, if ``job``
         ran in line (:attr:`ran_in_line`), what it returned."""
         before = self.wait()
-        self.ran_in_line = clock.current() is not clock.REAL or self.took < self.far_s
+        self.ran_in_line = self.in_line
         if self.ran_in_line:
             return self._timed(job)
         if self._pool is None:
