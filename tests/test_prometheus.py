@@ -29,19 +29,17 @@ from tests.cli import ROOT
 from tests.helpers import kill_all, skip_or_fail, wait_until
 
 
-def _scrape(client: redis.Redis, run: str) -> dict[str, list]:
-    """One scrape of ``run``'s collector: samples by metric family name."""
-    collect, reports = _collector(client, ALGOS_KEYS[run], 10.0)
+def _scrape(client: redis.Redis, keys, server: redis.Redis | None = None) -> dict[str, list]:
+    """One scrape of the collector of ``keys``' run, its status read through ``client`` and
+    Redis's memory through ``server`` (default ``client``): samples by metric family name."""
+    collect, reports = _collector(client, keys, 10.0)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatusCollector(run, collect, reports, client))
+    registry.register(StatusCollector(keys.run, collect, reports, server or client))
     text = generate_latest(registry).decode()
     families = list(text_string_to_metric_families(text))
     names = [f.name for f in families]
     assert len(names) == len(set(names)), f"a family twice: {names}"
     return {f.name: f.samples for f in families}
-
-
-ALGOS_KEYS: dict = {}
 
 
 def _value(samples: dict, family: str, **labels: str) -> float:
@@ -54,7 +52,6 @@ def _value(samples: dict, family: str, **labels: str) -> float:
 def _impala_run(r, keys) -> None:
     algo = ALGOS["impala"]
     assert create_run(r, keys, "impala", algo.config())
-    ALGOS_KEYS[keys.run] = keys
 
 
 def test_a_scrape_shows_the_runs_progress_processes_and_streams(r, keys):
@@ -63,7 +60,7 @@ def test_a_scrape_shows_the_runs_progress_processes_and_streams(r, keys):
     report(r, keys, "actor", 1, steps=3000, steps_per_s=600.0, version=5, episode_returns=[])
     report(r, keys, "learner", 0, updates=7, updates_per_s=2.5, loss=0.25)
     r.xadd(keys.key("trajectories"), {"d": b"x"})
-    s = _scrape(r, keys.run)
+    s = _scrape(r, keys)
     assert _value(s, "qrl_up") == 1
     assert _value(s, "qrl_env_steps") == 4000
     assert _value(s, "qrl_env_steps_per_s") == 1000.0
@@ -88,15 +85,11 @@ def test_what_a_writer_puts_in_heartbeats_is_bounded_and_redis_gone_reads_as_dow
         beat = {"role": "actor", "id": i, "host": "h\n}", "pid": 1, "started": now, "time": now}
         r.set(keys.proc(f"actor.{i}@h:1"), encode("heartbeat", {**beat, "values": values}))
     monkeypatch.setattr(prometheus, "MAX_PROCESSES", 3)
-    s = _scrape(r, keys.run)
+    s = _scrape(r, keys)
     assert len(s["qrl_process_up"]) == 3
     assert [x.labels["id"] for x in s["qrl_process_value"]] == ["1", "2"]
     gone = redis.Redis(port=_free_port(), socket_connect_timeout=0.5)
-    collect, reports = _collector(r, keys, 10.0)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatusCollector(keys.run, collect, reports, gone))
-    text = generate_latest(registry).decode()
-    assert {f.name: f.samples for f in text_string_to_metric_families(text)}["qrl_up"][0].value == 0
+    assert _scrape(r, keys, server=gone)["qrl_up"][0].value == 0
 
 
 def _free_port() -> int:
