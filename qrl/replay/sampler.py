@@ -91,22 +91,29 @@ class Sampler(Feed):
 
 def _sampler_main(spec: SamplerSpec, k: int, ring: BatchRing, halt: Any, parent: int) -> None:
     """Sampler process ``k`` (no torch: see the module's docstring): it writes the new
-    priorities of each of its slots given back, then fills the slot again."""
+    priorities of the slots given back, then fills them again: every slot given back since
+    its last look, in one round trip (one batch per trip at 5 ms from Redis held the learner
+    to half its loopback rate: docs/benchmarks.md, "Many machines")."""
     with feeding(ring, parent):
         replay = spec.replay(seed=spec.seed + 1_000_003 * k)
         ids: dict[int, list[bytes]] = {}  # of the batch in each of this sampler's slots
 
-        def write_back(slot: int, has_priorities: bool | None) -> Callable[[], None]:
-            """The update of the priorities the learner left in ``slot`` (read now: the slot
-            is filled again next), to run."""
-            batch = ids.pop(slot, [])
-            if not (has_priorities and batch):
+        def write_back(given: list[tuple[int, bool | None]]) -> Callable[[], None]:
+            """The update of the priorities the learner left in the ``given`` slots (read
+            now: the slots are filled again next), in one round trip, to run."""
+            batches, prios = [], []
+            for slot, has_priorities in given:
+                batch = ids.pop(slot, [])
+                if has_priorities and batch:
+                    batches += batch
+                    prios.append(ring.view(slot)["priority"][: len(batch)].astype(np.float64))
+            if not batches:
                 return lambda: None
-            prios = ring.view(slot)["priority"][: len(batch)].astype(np.float64)  # a copy
+            new = np.concatenate(prios)  # a copy
 
             def update() -> None:
                 try:
-                    replay.update_priorities(batch, prios)
+                    replay.update_priorities(batches, new)
                 except redis.RedisError:
                     log.exception("priority update failed")
 
@@ -119,20 +126,26 @@ def _sampler_main(spec: SamplerSpec, k: int, ring: BatchRing, halt: Any, parent:
                 clock.sleep(0.05)
                 continue
             started = True
-            if (given := ring.take(k, timeout=0.1)) is None:
+            if (first := ring.take(k, timeout=0.1)) is None:
                 continue
-            slot = given[0]
-            # the priorities go back while the next batch is drawn (one round trip, not two,
-            # for a learner far from Redis); the one before is waited for first
-            writing.submit(write_back(*given))
-            while not halt.is_set():
-                s = replay.sample(spec.batch_size, spec.beta, out=ring.view(slot))
-                if s is None:  # all it drew was removed (see qrl.replay.store.screen)
+            given = [first]
+            while (more := ring.take(k, timeout=0)) is not None:
+                given.append(more)
+            # the priorities go back while the next batches are drawn (one round trip, not
+            # two, for a learner far from Redis); the ones before are waited for first
+            writing.submit(write_back(given))
+            slots = [slot for slot, _ in given]
+            while slots and not halt.is_set():
+                drawn = replay.samples(spec.batch_size, spec.beta, [ring.view(s) for s in slots])
+                for slot, sample in zip(slots, drawn, strict=True):
+                    if sample is not None:
+                        ids[slot] = sample.ids
+                        ring.put(slot, sample)
+                slots = [slot for slot, sample in zip(slots, drawn, strict=True) if sample is None]
+                if slots:  # all it drew was removed (see qrl.replay.store.screen)
                     clock.sleep(0.01)
-                    continue
-                ids[slot] = s.ids
-                ring.put(slot, s)
-                break
         writing.close()
+        last = []
         while (given := ring.take(k, timeout=0)) is not None:  # the last priorities
-            write_back(*given)()
+            last.append(given)
+        write_back(last)()

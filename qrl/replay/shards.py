@@ -96,9 +96,52 @@ class ShardedReplay:
     def size(self) -> int:
         return sum(p.size() for p in self.parts)
 
+    def sample(
+        self, batch_size: int, beta: float = 0.4, out: Columns | None = None
+    ) -> Sample | None:
+        """A stratified batch across the shards, or ``None`` while they are all empty;
+        decoded into ``out`` if given."""
+        return self.samples(batch_size, beta, [out])[0]
+
+    def samples(
+        self, batch_size: int, beta: float, outs: list[Columns | None]
+    ) -> list[Sample | None]:
+        """One batch per ``outs`` (each as :meth:`sample`), all drawn in one round trip: a
+        sampler far from Redis (5 ms) that fills every slot given back at once keeps the
+        learner fed where one batch per round trip would not (docs/benchmarks.md, "Many
+        machines")."""
+        sizes, shares = self._shares()
+        plans = [self._plan(batch_size, shares) for _ in outs]
+        calls = [call[:3] for plan in plans for call in plan.values()]
+        replies = iter(run_scripts(self.client, calls) if calls else [])
+        got = []
+        bad: dict[bytes, Any] = {}  # drawn by several of the batches: removed, counted once
+
+        def hold(ids: list[bytes], records: list[Any]) -> None:
+            bad.update(zip(ids, records, strict=True))
+
+        for plan, out in zip(plans, outs, strict=True):
+            ids: list[bytes] = []
+            recs: list[bytes] = []
+            probs = []
+            for s, call in plan.items():
+                n, drawn, records, p = self.parts[s].drawn(next(replies), call[3])
+                sizes[s] = n
+                ids += [b"%d:%s" % (s, i) for i in drawn] if len(self.parts) > 1 else drawn
+                recs += records
+                probs.append(p * (shares[s] / shares.sum()))
+            prob = np.concatenate(probs) if probs else np.zeros(0)
+            got.append(screen(self, int(sizes.sum()), ids, recs, prob, beta, out, hold))
+        if bad:
+            self.reject(list(bad), list(bad.values()))
+        return got
+
     def _shares(self) -> tuple[np.ndarray, np.ndarray]:
         """Each shard's ``(size, share of the sampling)``: its priority mass
-        (proportional) or its size (rank: the size the next draw ranks over)."""
+        (proportional) or its size (rank: the size the next draw ranks over). One shard
+        draws all (its script counts its mass and size itself)."""
+        if len(self.parts) == 1:
+            return np.zeros(1), np.ones(1)
         if self.mode == "proportional":
             replies = run_scripts(self.client, [p.mass_call() for p in self.parts])
             sizes, masses = zip(*map(PrioritizedReplay.massed, replies), strict=True)
@@ -106,39 +149,23 @@ class ShardedReplay:
         sizes = np.array([p.last_size or p.size() for p in self.parts], np.float64)
         return sizes, sizes
 
-    def sample(
-        self, batch_size: int, beta: float = 0.4, out: Columns | None = None
-    ) -> Sample | None:
-        """A stratified batch across the shards, or ``None`` while they are all empty;
-        decoded into ``out`` if given."""
-        if len(self.parts) == 1:
-            return self.parts[0].sample(batch_size, beta, out)
-        sizes, shares = self._shares()
+    def _plan(self, batch_size: int, shares: np.ndarray) -> dict[int, Any]:
+        """Shard -> its draw's script call for one stratified batch cut over the shards'
+        ``shares`` (none while they are all empty)."""
         total = shares.sum()
         if total <= 0:
-            return None
+            return {}
         pos = (np.arange(batch_size) + self.rng.random(batch_size)) / batch_size * total
         edges = np.concatenate([[0.0], np.cumsum(shares)])
         which = np.clip(np.searchsorted(edges, pos, side="right") - 1, 0, len(self.parts) - 1)
-        calls = {}  # shard -> its draw's script call: all of them in one pipeline
+        calls = {}
         for s in np.unique(which):
             if shares[s] <= 0:
                 continue  # only by rounding at an edge: an empty shard has no mass
             u = np.clip((pos[which == s] - edges[s]) / shares[s], 0.0, np.nextafter(1.0, 0.0))
             if (call := self.parts[s].draw_call(u)) is not None:
                 calls[int(s)] = call
-        replies = run_scripts(self.client, [call[:3] for call in calls.values()])
-        ids: list[bytes] = []
-        recs: list[bytes] = []
-        probs = []
-        for (s, call), reply in zip(calls.items(), replies, strict=True):
-            n, got, records, p = self.parts[s].drawn(reply, call[3])
-            sizes[s] = n
-            ids += [b"%d:%s" % (s, i) for i in got]
-            recs += records
-            probs.append(p * (shares[s] / total))
-        prob = np.concatenate(probs) if probs else np.zeros(0)
-        return screen(self, int(sizes.sum()), ids, recs, prob, beta, out)
+        return calls
 
     def _by_shard(self, ids: list[bytes]) -> dict[int, tuple[list[int], list[bytes]]]:
         """Each shard's positions in ``ids`` (``b"shard:id"``) and its own ids there."""
@@ -152,6 +179,9 @@ class ShardedReplay:
 
     def reject(self, ids: list[bytes], records: list[Any]) -> None:
         """Remove sampled items that did not decode, each from its shard."""
+        if len(self.parts) == 1:
+            self.parts[0].reject(ids, records)
+            return
         for s, (at, local) in self._by_shard(ids).items():
             self.parts[s].reject(local, [records[k] for k in at])
 

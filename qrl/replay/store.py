@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -407,15 +408,16 @@ def screen(
     probs: np.ndarray,
     beta: float,
     out: Columns | None = None,
+    reject: Callable[[list[bytes], list[Any]], None] | None = None,
 ) -> Sample | None:
     """The sample of what ``replay`` drew (``n`` items present), without the items whose
-    records did not decode, which ``replay.reject`` removes; ``None`` if none is left. The
-    IS weights are ``(n P(i))^-beta`` over the batch's largest. Decoded into ``out`` if
-    given."""
+    records did not decode, which ``reject`` (``replay.reject`` unless given) removes;
+    ``None`` if none is left. The IS weights are ``(n P(i))^-beta`` over the batch's
+    largest. Decoded into ``out`` if given."""
     batch, ok = replay.layout.decode(records, out)
     if not ok.all():
         bad = {i: r for i, r, k in zip(ids, records, ok, strict=True) if not k}  # once each
-        replay.reject(list(bad), list(bad.values()))
+        (reject or replay.reject)(list(bad), list(bad.values()))
         ids, probs = [i for i, k in zip(ids, ok, strict=True) if k], probs[ok]
     if not ids:
         return None
