@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from qrl.actors.actor import Actor, WeightsClient
+from qrl.actors.actor import Actor, Policy, WeightsClient
 from qrl.actors.envs import EnvRunner, Step
 from qrl.actors.weights import Weights, local_net
 from qrl.learners.base import Learner, adam, prepare
@@ -151,7 +151,7 @@ def policy_net(cfg: EpisodeConfig, env: EnvSpec) -> nn.Module:
     )
 
 
-class SoftmaxPolicy:
+class SoftmaxPolicy(Policy):
     """Actions sampled from the softmax of ``net``'s logits, with the actor's own generator
     (seeded by ``cfg.seed`` and its number); the sink needs nothing else of them."""
 
@@ -163,15 +163,6 @@ class SoftmaxPolicy:
     def act(self, obs: np.ndarray, should_stop: StopCheck) -> tuple[np.ndarray, None]:
         probs = torch.softmax(self.net(torch.from_numpy(np.asarray(obs))), dim=1)
         return torch.multinomial(probs, 1, generator=self.gen)[:, 0].numpy(), None
-
-    def observe(self, step: Step) -> None:
-        pass
-
-    def reconfigure(self, cfg: Config) -> None:
-        pass
-
-    def metrics(self) -> dict[str, Any]:
-        return {}
 
 
 class EpisodeSink:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qrl.actors.actor import WeightsClient
+from qrl.actors.actor import Policy, WeightsClient
 from qrl.actors.envs import Step
 from qrl.algos.a3c.config import A3CConfig
 from qrl.ps.client import PSClient
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 Acted = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-class A3CPolicy:
+class A3CPolicy(Policy):
     """Actions sampled from ``net``'s softmax (the worker's own generator, seeded by
     ``cfg.seed`` and ``worker_id``), with the graph the gradient is taken through."""
 
@@ -40,15 +40,6 @@ class A3CPolicy:
         logp_all = F.log_softmax(logits, -1)
         action = torch.multinomial(logp_all.exp().detach(), 1, generator=self.gen)[:, 0]
         return action.numpy(), (logp_all, v, action)
-
-    def observe(self, step: Step) -> None:
-        pass
-
-    def reconfigure(self, cfg: A3CConfig) -> None:
-        pass
-
-    def metrics(self) -> dict[str, Any]:
-        return {}
 
 
 class PSWeights:

@@ -29,19 +29,24 @@ from qrl.runtime.loop import Role, StopCheck
 
 
 class Policy(Protocol):
+    """A policy subclasses this for its no-op defaults, or just has the methods."""
+
     def act(self, obs: np.ndarray, should_stop: StopCheck) -> tuple[np.ndarray, Any] | None:
         """The actions for ``obs`` and what the sink needs of how they were chosen (logits,
         values, the recurrent state; ``None`` if nothing); ``None`` if stopped first."""
+        ...
 
     def observe(self, step: Step) -> None:
         """What the actions gave (a recurrent policy's state starts again where an episode
-        ended; a stepper's next request carries it)."""
+        ended; a stepper's next request carries it). Nothing by default."""
 
     def reconfigure(self, cfg: Config) -> None:
-        """A live config change came: set the exploration (epsilons, noise) again."""
+        """A live config change came: set the exploration (epsilons, noise) again. Nothing
+        by default."""
 
     def metrics(self) -> dict[str, Any]:
-        """Its values in the role's report."""
+        """Its values in the role's report (none by default)."""
+        return {}
 
 
 class WeightsClient(Protocol):

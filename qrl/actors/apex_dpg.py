@@ -10,19 +10,17 @@ above the learner's TD errors, so it is sampled soon and then carries its |TD er
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
-from qrl.actors.envs import Step
+from qrl.actors.actor import Policy
 from qrl.actors.replay import spread
 from qrl.algos.apex_dpg.config import ApexDPGConfig
 from qrl.algos.apex_dpg.dpg import explore, scale_action
 from qrl.runtime.loop import StopCheck
 
 
-class NoisyDPG:
+class NoisyDPG(Policy):
     """``net``'s (``policy_net``) actions plus each env slot's Gaussian noise (drawn from
     the actor's own generator, seeded by ``cfg.seed`` and ``actor_id``), scaled to the
     Box's bounds ``low``, ``high``."""
@@ -46,12 +44,6 @@ class NoisyDPG:
     def act(self, obs: np.ndarray, should_stop: StopCheck) -> tuple[np.ndarray, None]:
         a = self.net["actor"](torch.from_numpy(np.asarray(obs))).numpy()
         return scale_action(explore(a, self.sigma, self.rng), self.low, self.high), None
-
-    def observe(self, step: Step) -> None:
-        pass
-
-    def metrics(self) -> dict[str, Any]:
-        return {}
 
 
 def initial_priorities(

@@ -7,13 +7,12 @@ together, for both algorithms' builders."""
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
 import numpy as np
 import torch
 
-from qrl.actors.actor import Actor
-from qrl.actors.envs import EnvRunner, Step
+from qrl.actors.actor import Actor, Policy
+from qrl.actors.envs import EnvRunner
 from qrl.actors.replay import ReplaySink, Transitions, epsilon_greedy, spread
 from qrl.actors.weights import Weights, local_net
 from qrl.algos.apex_family.config import ReplayConfig
@@ -28,7 +27,7 @@ def epsilons(cfg: ReplayConfig, actor_id: int) -> np.ndarray:
     return spread(cfg.eps_base, cfg.eps_alpha, cfg, actor_id)
 
 
-class EpsilonGreedy:
+class EpsilonGreedy(Policy):
     """Greedy actions of ``net``'s Q-values, each env slot's replaced by a random one with
     its epsilon (drawn from the actor's own generator, seeded by ``cfg.seed`` and
     ``actor_id``)."""
@@ -47,12 +46,6 @@ class EpsilonGreedy:
     def act(self, obs: np.ndarray, should_stop: StopCheck) -> tuple[np.ndarray, None]:
         q = self.net(torch.from_numpy(np.asarray(obs)))
         return epsilon_greedy(q.argmax(dim=1).numpy(), self.eps, self.rng, self.n_actions), None
-
-    def observe(self, step: Step) -> None:
-        pass
-
-    def metrics(self) -> dict[str, Any]:
-        return {}
 
 
 @torch.no_grad()

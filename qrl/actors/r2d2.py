@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from qrl.actors.actor import Policy
 from qrl.actors.envs import Step
 from qrl.actors.replay import epsilon_greedy, spread
 from qrl.algos.r2d2.config import R2D2Config
@@ -26,7 +27,7 @@ from qrl.runtime.loop import StopCheck
 State = tuple[torch.Tensor, torch.Tensor]  # the LSTM's (h, c), one row per env slot
 
 
-class RecurrentEpsilonGreedy:
+class RecurrentEpsilonGreedy(Policy):
     """Epsilon-greedy on ``net`` (:class:`qrl.rl.models.RecurrentQNetwork`) with its LSTM
     state per env slot; each action is told with the state it was taken in."""
 
@@ -53,9 +54,6 @@ class RecurrentEpsilonGreedy:
         """The state of a slot whose episode ended starts again from zeros."""
         ended = torch.from_numpy(step.terminated | step.truncated)[:, None]
         self.state = tuple(torch.where(ended, 0.0, x) for x in self.state)  # type: ignore[assignment]
-
-    def metrics(self) -> dict[str, Any]:
-        return {}
 
 
 class SequenceItems:

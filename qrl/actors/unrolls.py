@@ -19,7 +19,7 @@ import numpy as np
 import redis
 import torch
 
-from qrl.actors.actor import WeightsClient
+from qrl.actors.actor import Policy, WeightsClient
 from qrl.actors.envs import Step
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.background import Background
@@ -61,7 +61,7 @@ def unroll_message(
     }
 
 
-class SampledPolicy:
+class SampledPolicy(Policy):
     """Actions sampled from the softmax of ``net``'s logits (a
     :class:`qrl.rl.models.PolicyValueNet`; the actor's own generator, seeded by ``cfg.seed``
     and ``actor_id``), told with the logits and the value estimates."""
@@ -77,15 +77,6 @@ class SampledPolicy:
         logits, values = self.net(torch.from_numpy(np.asarray(obs)))
         actions = torch.multinomial(torch.softmax(logits, dim=1), 1, generator=self.gen)[:, 0]
         return actions.numpy(), (logits.numpy(), values.numpy())
-
-    def observe(self, step: Step) -> None:
-        pass
-
-    def reconfigure(self, cfg: Config) -> None:
-        pass
-
-    def metrics(self) -> dict[str, Any]:
-        return {}
 
 
 # (obs_shape, obs_dtype, n_actions, unroll, envs) -> the algorithm's message schema
