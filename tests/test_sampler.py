@@ -44,7 +44,7 @@ class CountingProxy:
             while data := src.recv(65536):
                 if request:
                     self.requests += 1
-                    time.sleep(self.delay)
+                    time.sleep(self.delay)  # the delay is the point: requests cannot merge
                 dst.sendall(data)
         except OSError:
             pass
