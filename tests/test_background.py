@@ -77,6 +77,36 @@ def test_an_actor_fetches_new_weights_while_it_acts_and_loads_them_at_a_units_en
     actor.close(lambda: False)
 
 
+def test_an_actor_does_not_wait_for_a_look_under_way(r, keys):
+    """Far from Redis a look (two round trips) may outlast a unit: the units that end while
+    it is under way neither wait for it nor start another; the first after it is back loads
+    what it brought and looks again."""
+    cfg = ImpalaConfig(env="CartPole-v1", weight_poll=1)
+    actor = make_actor("impala", r, keys, cfg)
+    w, store, gate, looks = actor.weights, WeightStore(r, keys), threading.Event(), []
+    store.publish(w.net, version=1)
+    assert actor.start(lambda: False) and w.version == 1
+    w.looking.far_s = 0  # as if Redis were far: looks on their own thread
+    fetch = w.store.fetch
+
+    def held(*args, **kw):  # the look's round trips, as if they took long
+        looks.append(threading.current_thread())
+        gate.wait(10)
+        return fetch(*args, **kw)
+
+    w.store.fetch = held
+    store.publish({k: np.full_like(v.numpy(), 0.5) for k, v in w.net.state_dict().items()}, 2)
+    for _ in range(3):  # the first unit's end starts the look; the next two go on past it
+        w.done()
+    assert len(looks) == 1 and w.version == 1 and w.looking.busy
+    gate.set()
+    wait_until(lambda: not w.looking.busy, "the look's end")
+    w.done()  # loaded, and the next look started
+    assert w.version == 2
+    wait_until(lambda: len(looks), "the next look", until=lambda n: n == 2)
+    actor.close(lambda: False)
+
+
 def test_quick_jobs_run_in_line_and_slow_ones_move_off_it():
     """Near Redis (jobs under ``far_s`` on average) a job runs in the caller; once they take
     longer (a round trip of a millisecond or more), off it."""
