@@ -370,6 +370,13 @@ def item(i: int) -> bytes:
     return encode("item", {"seq": i, "x": np.full(3, i, np.float32)})
 
 
+def reads_of(r) -> int:
+    """The read events ``r``'s server has handled so far (``INFO stats``): one per round
+    trip of a small request or pipeline, this call's own included. Counted on a server of
+    the test's own, no other client's reads are in it."""
+    return int(r.info("stats")["total_reads_processed"])
+
+
 def url_of(r) -> str:
     """The URL of client ``r``'s server (no user, no password)."""
     kw = r.connection_pool.connection_kwargs

@@ -1,19 +1,22 @@
 import gymnasium as gym
 import numpy as np
 import pytest
+import redis
 import torch
 
 from qrl.algos.impala.config import ImpalaConfig
 from qrl.algos.impala.keys import trajectories
 from qrl.algos.impala.messages import unroll_schema
 from qrl.algos.impala.vtrace import vtrace
-from qrl.learners.unrolls import stack_unrolls
+from qrl.learners.unrolls import SLOTS, stack_unrolls
 from qrl.runtime.loop import run_role
 from qrl.runtime.runs import create_run
+from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.codec import CodecError, decode, encode
+from qrl.wire.keys import RunKeys
 from qrl.wire.streams import GROUP, Entry
 from tests.cli import eval_confirmation, train
-from tests.helpers import impala_unrolls, kill_feed_mid_run, make_learner, wait_until
+from tests.helpers import impala_unrolls, kill_feed_mid_run, make_learner, reads_of, wait_until
 
 
 def random_inputs(t=12, b=5, seed=0, gamma=0.9):
@@ -182,6 +185,37 @@ def test_a_reused_batch_is_its_own_copy_once_its_slot_goes_back(r, keys, redis_s
         np.testing.assert_array_equal(again.obs.numpy(), msg["obs"])
     finally:
         lrn.source.stop()
+
+
+def test_the_loader_pays_one_round_trip_a_batch():
+    """Far from Redis each round trip is the loader's time (at 5 ms it held the learner and
+    the actors back): a slot given back is acknowledged in the round trip of the read that
+    fills it again, so a batch costs one round trip, where it took two."""
+    cfg = ImpalaConfig(envs_per_actor=4, batch_unrolls=8, unroll=10, claim_idle_ms=3_600_000)
+    keys = RunKeys("loader")
+    with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as r:  # no other client
+        create_run(r, keys, "impala", cfg)
+        stream, source = trajectories(keys), make_learner(server.url, keys, cfg).source.source
+        entry = {"d": encode("impala.unrolls", impala_unrolls(cfg, r, keys))}
+        for _ in range(2 * (SLOTS + 1)):  # two entries a batch: every slot's, and one more
+            r.xadd(stream, entry)
+        source.start(lambda what: pytest.fail(what))
+        try:
+            batches = [source.take(10) for _ in range(SLOTS)]  # every slot in our hands
+            assert all(b is not None for b in batches)
+            source.used(batches[0])  # (the scripts loaded at their first run)
+            batches.append(source.take(10))
+            wait_until(lambda: r.xlen(stream), "the acknowledgement", until=lambda n: n == 8)
+            for b in batches[1:]:
+                r.xadd(stream, entry)
+                r.xadd(stream, entry)
+                before = reads_of(r)
+                source.used(b)
+                assert source.take(10) is not None  # the loader waits for a slot again
+                assert reads_of(r) - before == 2  # its read with the acknowledgement, INFO
+                assert r.xlen(stream) == 2 * SLOTS  # the given-back batch's entries gone
+        finally:
+            source.stop()
 
 
 @pytest.mark.slow

@@ -1,3 +1,4 @@
+import logging
 import os
 import subprocess
 import sys
@@ -5,11 +6,14 @@ import threading
 
 import numpy as np
 import pytest
+import redis
 
+from qrl.server.embedded import EmbeddedRedis
 from qrl.wire.codec import encode
+from qrl.wire.keys import RunKeys
 from qrl.wire.streams import GROUP, StreamConsumer, StreamProducer
 from tests.cli import ROOT
-from tests.helpers import ITEM, item, url_of, wait_until
+from tests.helpers import ITEM, item, reads_of, url_of, wait_until
 
 
 def test_produce_consume_ack_deletes(r, keys):
@@ -205,6 +209,59 @@ def test_held_entries_are_not_delivered_twice(r, keys):
     p.add(item(3))
     assert [e.data["seq"] for e in again.read()] == [3]
     assert again.read() == []
+
+
+def test_deferred_acknowledgements_go_in_the_next_reads_round_trip():
+    """A consumer far from Redis pays a round trip for each call: entries it defers the
+    acknowledgement of stay pending, held, until its next read, and go in that read's round
+    trip (or the next ack's, or at its close)."""
+    keys = RunKeys("deferred")
+    with EmbeddedRedis() as server, redis.Redis.from_url(server.url) as r:  # no other client
+        s = keys.experience
+        p = StreamProducer(r, s)
+        for i in range(6):
+            p.add(item(i))
+        c = StreamConsumer(r, keys, s, ITEM, count=2, block_ms=0, claim_idle_ms=3_600_000)
+        c.ack(c.read())  # (the server loads the scripts at their first run)
+        first = c.read()
+        c.defer_ack(first)
+        assert r.xpending(s, GROUP)["pending"] == 2 and r.xlen(s) == 4  # not yet
+        before = reads_of(r)
+        second = c.read()
+        assert reads_of(r) - before == 2  # the read with the acknowledgements, and INFO
+        assert [e.data["seq"] for e in first + second] == [2, 3, 4, 5]
+        assert r.xpending(s, GROUP)["pending"] == 2 and r.xlen(s) == 2  # the first two gone
+        c.defer_ack(second[:1])
+        before = reads_of(r)
+        c.ack(second[1:])  # the deferred one with them
+        assert reads_of(r) - before == 2 and r.xlen(s) == 0
+        before = reads_of(r)
+        c.ack()  # nothing deferred: no round trip
+        assert reads_of(r) - before == 1
+        p.add(item(6))
+        c.defer_ack(c.read())
+        c.close()  # acknowledges what was deferred before it leaves the group
+        assert r.xlen(s) == 0 and r.xinfo_groups(s)[0]["consumers"] == 0
+
+
+def test_a_deferred_acknowledgement_of_a_replaced_stream_does_not_fail_the_read(r, keys, caplog):
+    """A writer may replace the stream by a key of another type: the entries whose
+    acknowledgement was deferred are gone with it (one warning), and the read that carried
+    it still reads (the stream made again)."""
+    s = keys.experience
+    p = StreamProducer(r, s)
+    p.add(item(0))
+    p.add(item(1))
+    c = StreamConsumer(r, keys, s, ITEM, count=1, block_ms=0)
+    c.ack(c.read())  # (the server loads the scripts at their first run)
+    c.defer_ack(c.read())
+    r.delete(s)
+    r.set(s, "a writer's junk")
+    with caplog.at_level(logging.WARNING, logger="qrl.wire.streams"):
+        assert c.read() == []
+    assert "entries are lost" in caplog.text
+    p.add(item(2))
+    assert [e.data["seq"] for e in c.read()] == [2]
 
 
 def test_producer_counts_every_entry_it_added_in_the_run_stats(r, keys):

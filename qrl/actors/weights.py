@@ -7,9 +7,11 @@ millisecond or more), a look fetches on a thread of its own while the actor acts
 weights it brought are loaded between the next two steps after it finished
 (:meth:`Weights.fresh`); near Redis a look runs in line and its weights are loaded at once.
 An actor far from Redis so acts on through the round trips of the version check and the
-blob's transfer, and only the load into its network (local, fast) holds it up. (PPO's paced
-actors count versions as they load them, and look in line: :class:`qrl.actors.ppo.PacedWeights`;
-in a one-process run every look is in line.)"""
+blob's transfer, and only the load into its network (local, fast) holds it up. A look that
+outlasts a unit (two round trips at 5 ms often outlast a CartPole unroll) is not waited for:
+the next one starts at the first unit's end after it is back. (PPO's paced actors count
+versions as they load them, and look in line: :class:`qrl.actors.ppo.PacedWeights`; in a
+one-process run every look is in line.)"""
 
 from __future__ import annotations
 
@@ -84,6 +86,8 @@ class Weights:
             if not self.ahead:
                 self.refresh()
                 return
+            if self.looking.busy:  # the look under way brings the newest weights it finds:
+                return  # acting does not wait for it to look again
             self.looking.submit(self._look)
             if self.looking.ran_in_line:  # loaded at once, as acting waited for it
                 self.load_s += self.looked[2] if self.looked else 0.0

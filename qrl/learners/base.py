@@ -280,6 +280,8 @@ class Learner(Role):
         if self.publisher is not None and not self.publisher.kept():
             self.updates += 1  # a writer's blob in place of ours: actors that rejected it
             self.publish()  # wait for a new version (see qrl.wire.weights)
+        if self.publisher is not None and self.publisher.owes():
+            self.publish(wait=False)  # skipped while the one before was under way
         if self.held is None:
             t0 = time.monotonic()
             self.held = self.source.next(0.2, self.updates)

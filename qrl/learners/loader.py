@@ -8,11 +8,17 @@ gradient loop's GIL: a loader thread in the learner process held the IMPALA lear
 0.66-0.71 of the same learner fed from memory (docs/benchmarks.md, "The learner's data
 path"). It is started with ``spawn`` and imports no torch.
 
-A batch holds at least ``unrolls`` unrolls (columns): the loader reads no more entries than
-the batch still needs, so a batch has fewer than ``unrolls + per_entry`` columns. It fills a
-slot only when the learner has given one back: with one slot (PPO's ``pace_actors``) it
-reads nothing ahead of the batch in the learner's hands, so in a pool whose actors make
-exactly one batch per version no learner takes another's share.
+A batch holds at least ``unrolls`` unrolls (columns): its entries are the fewest that make
+them, so a batch has fewer than ``unrolls + per_entry`` columns. The loader reads only for
+slots the learner has given back, no more entries than their batches still need: with one
+slot (PPO's ``pace_actors``) it reads nothing ahead of the batch in the learner's hands, so
+in a pool whose actors make exactly one batch per version no learner takes another's share.
+
+Each read is a round trip, which far from Redis (5 ms) was most of the loader's time, and
+the loader then held the learner and, through the stream's room, the actors back
+(docs/benchmarks.md, "Many machines"): so one read asks for every free slot's entries, and
+a given-back slot's acknowledgement goes in the round trip of the read that follows it
+(:meth:`qrl.wire.streams.StreamConsumer.defer_ack`; at once when no slot is free to read for).
 """
 
 from __future__ import annotations
@@ -156,6 +162,17 @@ class Loader(Feed):
         self.ring.release(slot)
 
 
+def _batch(pending: list[Entry], unrolls: int) -> int:
+    """How many of ``pending``'s first entries make a batch of at least ``unrolls`` unrolls
+    (0: not enough yet); with the last one it passes ``unrolls``, not before."""
+    have = 0
+    for n, e in enumerate(pending, 1):
+        have += e.data["obs"].shape[1]
+        if have >= unrolls:
+            return n
+    return 0
+
+
 def _loader_main(spec: LoaderSpec, ring: SlotRing, halt: Any, parent: int) -> None:
     with feeding(ring, parent, spec.nice):
         consumer = StreamConsumer(
@@ -172,22 +189,27 @@ def _loader_main(spec: LoaderSpec, ring: SlotRing, halt: Any, parent: int) -> No
         pending: list[Entry] = []
 
         def given_back(wait: float) -> None:
+            # acknowledged with the next read, in its round trip (a read follows at once:
+            # the slot is free), or below, at once, when no slot is free to read for
             while (given := ring.take(0, wait)) is not None:
-                consumer.ack(held.pop(given[0], []))
+                consumer.defer_ack(held.pop(given[0], []))
                 free.append(given[0])
                 wait = 0.0
 
         while not halt.is_set():
             given_back(0.0 if free else 0.1)  # acknowledged at least every 0.1 s
             if not free:
+                consumer.ack()
                 continue
-            have = sum(e.data["obs"].shape[1] for e in pending)
-            if have < spec.unrolls:
-                pending += consumer.read(count=-(-(spec.unrolls - have) // spec.per_entry))
+            n = _batch(pending, spec.unrolls)
+            if not n:  # one read for every free slot: each read is a round trip
+                have = sum(e.data["obs"].shape[1] for e in pending)
+                need = len(free) * spec.unrolls - have
+                pending += consumer.read(count=-(-need // spec.per_entry))
                 continue
             slot = free.pop()
-            s = stack([e.data for e in pending], partial(ring.array, slot))
-            held[slot], pending = pending, []
+            s = stack([e.data for e in pending[:n]], partial(ring.array, slot))
+            held[slot], pending = pending[:n], pending[n:]
             # the small parts in the message, as bytes (the learner's side of every update
             # makes arrays of them without a copy)
             trunc = None
@@ -196,6 +218,6 @@ def _loader_main(spec: LoaderSpec, ring: SlotRing, halt: Any, parent: int) -> No
                     s.trunc_obs.astype(spec.obs_dtype, copy=False).tobytes(),
                     s.trunc_idx.tobytes(),
                 )
-            ring.hand(slot, (have, s.versions.astype(np.int64).tobytes(), trunc))
+            ring.hand(slot, (len(s.versions), s.versions.astype(np.int64).tobytes(), trunc))
         given_back(0.0)  # the last batches the learner finished with
-        consumer.close()
+        consumer.close()  # (acknowledges them)

@@ -6,7 +6,11 @@ on above a version another writer stored (see :meth:`WeightStore.publish`).
 The publication itself (encoding, the round trip, the transfer) runs on a thread of its own
 (:class:`qrl.runtime.background.Background`) while the learner trains on: it takes a copy of
 the parameters (the next steps change them in place), and a version another writer forced
-is published above at the next publication."""
+is published above at the next publication. An update's publication that comes while the
+one before is still under way is not waited for: it is owed, and made (with the parameters
+and version of then) at the learner's first step after that one is back. Far from Redis a
+publication is a round trip, about as long as an update of a small network (IMPALA
+publishes every update): waiting for it held the learner back."""
 
 from __future__ import annotations
 
@@ -30,12 +34,16 @@ class Publisher:
         self.weights, self.every = weights, every
         self.sending = Background("publish")
         self.went: tuple[int, int] | None = None  # the last publication's: asked, stored
+        self.owed = False  # an update's publication skipped while one was under way
 
     def publish(self, module: torch.nn.Module, updates: int, wait: bool = True) -> int:
         """``module`` as version ``updates``, or above the version another writer forced on
         the publication before; the version the learner counts on from. Without ``wait``
-        it is published while the learner trains on. Parameters that are not finite are
-        not published."""
+        it is published while the learner trains on, and skipped (owed: :meth:`owes`) while
+        the one before is. Parameters that are not finite are not published."""
+        self.owed = not wait and self.sending.busy
+        if self.owed:
+            return updates
         if not all(torch.isfinite(p).all() for p in module.parameters()):
             log.error("parameters at update %d are not finite: not published", updates)
             return updates
@@ -68,6 +76,10 @@ class Publisher:
         if self.went is not None and self.went[0] == updates:
             updates, self.went = self.went[1], None
         return updates
+
+    def owes(self) -> bool:
+        """Whether a publication skipped while one was under way is due, that one done."""
+        return self.owed and not self.sending.busy
 
     def close(self) -> None:
         self._finish()

@@ -62,6 +62,11 @@ class Background:
         finally:
             self.took = 0.8 * self.took + 0.2 * (time.monotonic() - t0)
 
+    @property
+    def busy(self) -> bool:
+        """Whether a job is under way on the thread (a caller may go on without another)."""
+        return self._last is not None and not self._last.done()
+
     def wait(self) -> Any:
         """Wait for the job under way, if any; what the last job returned (``None`` if it
         was taken already)."""

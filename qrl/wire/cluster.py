@@ -88,13 +88,16 @@ def _execute(pipe: ClusterPipeline, retry: Retry, raise_on_error: bool = True) -
     return retry.call_with_retry(attempt, _ignore, is_retryable=_lost)
 
 
-def run_scripts(client: Any, calls: list[tuple[Any, list[str], list[Any]]]) -> list[Any]:
+def run_scripts(
+    client: Any, calls: list[tuple[Any, list[str], list[Any]]], *, errors: bool = False
+) -> list[Any]:
     """Each ``(script, keys, args)`` of ``calls`` (a :class:`qrl.wire.scripts.Bound`) run
     in one pipeline: one round trip to a node, or to each node of a cluster at once. A
     pipeline loads no scripts, so each goes as EVALSHA, and one that a node does not hold
     yet (NOSCRIPT: new, or a node that restarted or failed over) runs again on its own,
     which loads it or waits for the admin to (:mod:`qrl.wire.scripts`).
-    Returns the replies in order; raises the first error any other call met."""
+    Returns the replies in order; raises the first error any other call met (with
+    ``errors``: returns it in that call's place, for the caller to judge each)."""
     pipe = client.pipeline(transaction=False)
     for script, keys, args in calls:
         script.queue(pipe, keys, args)
@@ -104,6 +107,7 @@ def run_scripts(client: Any, calls: list[tuple[Any, list[str], list[Any]]]) -> l
             reply = script(keys=keys, args=args)
         elif isinstance(reply, Exception):
             script.refused(reply)  # says which script, if the user may not run it
-            raise reply
+            if not errors:
+                raise reply
         out.append(reply)
     return out

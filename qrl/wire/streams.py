@@ -10,7 +10,8 @@ Delivery contract (README.md, "The contracts", says the same for users):
   Entries delivered but not yet acknowledged (a consumer assembling a batch) do not count.
 * A consumer reads through the consumer group ``qrl``, acknowledges an entry only after its
   handler succeeded, and then deletes it (XACK + XDEL in one step), so the stream's length
-  is exactly the work not yet done.
+  is exactly the work not yet done. Acknowledgements may ride on the consumer's next read,
+  in its round trip (a reader far from Redis pays one round trip for both).
 * A Lua script reads entries one at a time and measures each inside Redis: one larger than
   a payload under the schema's cap can be is acknowledged and deleted there, unread, and
   dead-lettered by its size. A read examines at most ``count`` entries and stops after
@@ -199,10 +200,11 @@ class StreamConsumer:
     """Reads ``stream`` (or each of several streams: a list) through the consumer group
     ``qrl`` and decodes with ``schema``.
 
-    Use :meth:`read` then :meth:`ack`, or :meth:`process` with a handler, and :meth:`close`
-    at the end. Undecodable entries, entries larger than a payload of ``max_bytes`` can be
-    (default: the schema's cap), and entries delivered more than ``max_deliveries`` times
-    never reach the caller: they are dead-lettered and acknowledged.
+    Use :meth:`read` then :meth:`ack` (or :meth:`defer_ack`: with the next read), or
+    :meth:`process` with a handler, and :meth:`close` at the end. Undecodable entries,
+    entries larger than a payload of ``max_bytes`` can be (default: the schema's cap), and
+    entries delivered more than ``max_deliveries`` times never reach the caller: they are
+    dead-lettered and acknowledged.
 
     Of several streams (one per writer, each writable by its writer only, so an entry's
     stream names who wrote it: :attr:`Entry.stream`), one read takes new entries of every
@@ -248,6 +250,7 @@ class StreamConsumer:
         self._claiming = 0  # the stream whose pending entries the claim scan is at
         self._turn = 0  # the stream a read of new entries asks first
         self._held: set[Held] = set()  # delivered to us, not yet acknowledged
+        self._acking: list[Held] = []  # to acknowledge with the next round trip
         self._next_claim = 0.0
         self._widen = 1  # reads that found nothing but rejects examine more entries at once
         self._ahead: list[Entry] = []  # good entries such a read found past the count asked
@@ -339,7 +342,7 @@ class StreamConsumer:
         hold), and whether any entry came at all."""
         cap, count = self._cap, count or self.count
         args = [self.consumer, mode, cursor, scan or count, cap, self.claim_idle_ms, count * cap]
-        nxt, rows, *notes = self._read(keys=streams, args=args)
+        nxt, rows, *notes = self._acked_with((self._read, streams, args))
         warn_once(*notes)
         raw, oversized = [], []
         for eid, body, delivered, k in ((text(row[0]), *row[1:]) for row in rows):
@@ -433,18 +436,49 @@ class StreamConsumer:
             log.info("claimed %d pending %s entries", len(good), self.source(stream))
         return good
 
-    def ack(self, entries: Sequence[Entry]) -> None:
-        """Acknowledge and delete ``entries`` (in one step; one round trip for them all)."""
-        if not entries:
-            return
-        held = [(e.stream or self.streams[0], e.id) for e in entries]
-        try:
-            _each(self.client, [(self._ack, [s], ids) for s, ids in _by_stream(held).items()])
-        except redis.ResponseError as e:  # a stream replaced by another type: gone anyway
-            if "WRONGTYPE" not in str(e):
-                raise
-            warn_once(f"{self.name}: {e}; its entries are lost")
+    def ack(self, entries: Sequence[Entry] = ()) -> None:
+        """Acknowledge and delete ``entries`` and those deferred (:meth:`defer_ack`), in one
+        step; one round trip for them all, none if there are none."""
+        self.defer_ack(entries)
+        self._acked_with(None)
+
+    def defer_ack(self, entries: Sequence[Entry]) -> None:
+        """Acknowledge and delete ``entries`` in the round trip of this consumer's next read
+        (or next :meth:`ack`): they stay pending until then, held by this consumer."""
+        self._acking = [*self._acking, *((e.stream or self.streams[0], e.id) for e in entries)]
+
+    def _acked_with(self, call: tuple[Any, list[str], list[Any]] | None) -> Any:
+        """The deferred acknowledgements and then ``call`` (a script, its keys and args;
+        ``None``: none) in one round trip; ``call``'s reply. A stream replaced by another
+        type lost its entries anyway (warned); any other error is raised, and deferred
+        acknowledgements not yet known done go with the next round trip (twice is harmless)."""
+        held = self._acking
+        calls = [(self._ack, [s], ids) for s, ids in _by_stream(held).items()]
+        acks = len(calls)
+        if call is not None:
+            calls.append(call)
+        if not calls:
+            return None
+        if len(calls) > 1:
+            replies = run_scripts(self.client, calls, errors=True)
+        else:
+            script, keys, args = calls[0]
+            try:
+                replies = [script(keys=keys, args=args)]
+            except redis.ResponseError as e:
+                replies = [e]
+        for reply in replies[:acks]:
+            if isinstance(reply, redis.ResponseError) and "WRONGTYPE" in str(reply):
+                warn_once(f"{self.name}: {reply}; its entries are lost")
+            elif isinstance(reply, Exception):
+                raise reply
+        self._acking = []
         self._held.difference_update(held)
+        if call is None:
+            return None
+        if isinstance(replies[-1], Exception):
+            raise replies[-1]
+        return replies[-1]
 
     def release(self, entries: Sequence[Entry]) -> None:
         """Give up ``entries`` without acknowledging: they stay pending and can be claimed
@@ -477,9 +511,11 @@ class StreamConsumer:
         return n
 
     def close(self) -> None:
-        """Leave the group of each stream, unless entries are still pending for this consumer
-        there (then they stay claimable by others). Best effort: Redis may already be gone."""
+        """Acknowledge the deferred entries, then leave the group of each stream, unless
+        entries are still pending for this consumer there (then they stay claimable by
+        others). Best effort: Redis may already be gone."""
         try:
+            self.ack()
             _each(self.client, [(self._leave, [s], [GROUP, self.consumer]) for s in self.streams])
         except redis.RedisError as e:
             log.debug("could not leave the %s group: %s", self.name, e)
