@@ -43,10 +43,12 @@ SWEEP = 16  # lists of actors it has not heard from that each pop looks at
 
 @dataclass
 class Track:
-    """One actor's conversation: its ``life`` and last ``seq``, and the reply to it. An
-    agent's track also holds what it is assembling from the actor's steps."""
+    """The conversation of one env batch of an actor (:mod:`qrl.inference.protocol`): its
+    ``life`` and last ``seq``, and the reply to it. An agent's track also holds what it is
+    assembling from the batch's steps."""
 
     actor: int
+    batch: int
     life: int
     seq: int
     reply: bytes = b""
@@ -70,8 +72,8 @@ class Agent:
     net: torch.nn.Module
 
     def track(self, req: dict[str, Any], old: Track | None) -> Track:
-        """A fresh track of the actor that sent ``req`` (``old``: its previous one, whose
-        half-built work is dropped)."""
+        """A fresh track of the actor's batch that sent ``req`` (``old``: its previous one,
+        whose half-built work is dropped)."""
         raise NotImplementedError
 
     def act(self, tracks: list[Track], obs: torch.Tensor, version: int) -> np.ndarray:
@@ -130,16 +132,21 @@ class InferenceServer(Role):
         actors = range(server_id, id_limit(cfg.actors), k)
         self.lists = {a: protocol.requests(self.mine, a) for a in actors}
         self.turn = 0  # where the window over the actors it has not heard from starts
-        self.expect = max(1, len(range(server_id, cfg.actors, k)))  # actors it serves
+        self.batches = cfg.inference_batches
+        # the env batches of the actors it serves: the requests a batch could have
+        self.expect = max(1, len(range(server_id, cfg.actors, k))) * self.batches
         b = cfg.envs_per_actor
-        self.schema = protocol.request_schema(self.env.obs_shape, self.env.obs_dtype, b)
+        self.schema = protocol.request_schema(
+            self.env.obs_shape, self.env.obs_dtype, b, self.batches
+        )
         self.cap = stored_cap(self.schema.max_bytes)
-        # the actors it talks to, least recently heard from first; a writer inventing actor
-        # ids cannot make it keep more than ``keep`` (each holds an unroll's buffers)
-        self.tracks: OrderedDict[int, Track] = OrderedDict()
+        # the actors' batches it talks to, (actor, batch), least recently heard from first; a
+        # writer inventing actor ids cannot make it keep more than ``keep`` (each holds an
+        # unroll's buffers)
+        self.tracks: OrderedDict[tuple[int, int], Track] = OrderedDict()
         self.keep = 2 * self.expect + 16
         self.requests = self.dropped = self.rejected = self.repeats = 0
-        self.batches: list[int] = []
+        self.sizes: list[int] = []
         self.queue_s: list[float] = []
         self.forward_s: list[float] = []
         self.idle = 1e-4
@@ -202,8 +209,9 @@ class InferenceServer(Role):
             numbers = list(self.lists)
             window = [numbers[(self.turn + i) % len(numbers)] for i in range(SWEEP)]
             self.turn = (self.turn + SWEEP) % len(numbers)
-        actors = list(dict.fromkeys([*self.tracks, *window]))
-        got = protocol.pop(self.client, [self.lists[a] for a in actors], count, self.cap)
+        actors = list(dict.fromkeys([*(a for a, _ in self.tracks), *window]))
+        lists = [self.lists[a] for a in actors]
+        got = protocol.pop(self.client, lists, count, self.cap, self.batches)
         return [(actors[i], payload) for i, payload in got]
 
     def admit(
@@ -220,7 +228,8 @@ class InferenceServer(Role):
                 continue
             self.requests += 1
             self.queue_s.append(max(0.0, now - req["sent"]))
-            a, tr = req["actor"], self.tracks.get(req["actor"])
+            a = req["actor"], req["batch"]
+            tr = self.tracks.get(a)
             if tr is not None:
                 self.tracks.move_to_end(a)
             if tr is not None and tr.life == req["life"] and tr.seq == req["seq"]:
@@ -266,13 +275,14 @@ class InferenceServer(Role):
         tracks = [tr for tr, _ in todo]
         actions = self.agent.act(tracks, obs.to(self.device), self.version)
         self.forward_s.append(time.monotonic() - start)
-        self.batches.append(len(todo))
+        self.sizes.append(len(todo))
         b = self.cfg.envs_per_actor
         for i, tr in enumerate(tracks):
             tr.reply = encode(
                 protocol.REPLY,
                 {
                     "life": tr.life,
+                    "batch": tr.batch,
                     "seq": tr.seq,
                     "action": actions[i * b : (i + 1) * b],
                     "version": self.version,
@@ -283,7 +293,7 @@ class InferenceServer(Role):
         """Every reply in one round trip (a reply list someone broke: that actor resends)."""
         pipe = self.client.pipeline(transaction=False)
         for tr in items:
-            key = protocol.reply(self.mine, tr.actor)
+            key = protocol.reply(self.mine, tr.actor, tr.batch)
             pipe.rpush(key, tr.reply)
             pipe.ltrim(key, -protocol.REPLY_KEEP, -1)
             pipe.expire(key, protocol.REPLY_TTL_S)
@@ -294,7 +304,7 @@ class InferenceServer(Role):
     def metrics(self) -> dict[str, Any]:
         out = {
             "requests": self.requests,
-            "batch": float(np.mean(self.batches)) if self.batches else 0.0,
+            "batch": float(np.mean(self.sizes)) if self.sizes else 0.0,
             "queue_ms": float(np.mean(self.queue_s) * 1e3) if self.queue_s else 0.0,
             "forward_ms": float(np.mean(self.forward_s) * 1e3) if self.forward_s else 0.0,
             "dropped": self.dropped,
@@ -303,7 +313,7 @@ class InferenceServer(Role):
             "version": self.version,
             **self.agent.metrics(),
         }
-        self.batches, self.queue_s, self.forward_s = [], [], []
+        self.sizes, self.queue_s, self.forward_s = [], [], []
         return out
 
 

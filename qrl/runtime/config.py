@@ -191,6 +191,17 @@ class CentralInference(BaseModel):
     reply_timeout: float = Field(
         2.0, gt=0, le=600, description="Seconds an actor waits for an action before it resends."
     )
+    inference_batches: int = Field(
+        2,
+        ge=1,
+        le=8,  # a server pops 2 requests per batch from an actor's list, 16 at most (its Lua)
+        description="Env batches of envs_per_actor envs each that an actor keeps in flight "
+        "with inference=central (SEED RL's actors do): while one batch's request is at its "
+        "server, another steps. An actor can step at most batches x envs_per_actor envs per "
+        "round trip to its server and back, so at 1 every millisecond of network costs "
+        "throughput; 2 hides the round trip as long as it is shorter than the rest of a "
+        "step's cycle and costs one more env batch per actor (each its own unrolls).",
+    )
 
 
 def central(cfg: CentralInference) -> bool:
