@@ -20,15 +20,18 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import redis
 import torch
 
+from qrl.actors.weights import Weights
 from qrl.inference import protocol
 from qrl.learners.base import pick_device
 from qrl.rl.envspec import EnvSpec
+from qrl.runtime.background import Background
 from qrl.runtime.config import Config
 from qrl.runtime.ids import id_limit
 from qrl.runtime.loop import Role, StopCheck
@@ -36,7 +39,6 @@ from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.faults import warn_once
 from qrl.wire.keys import RunKeys
 from qrl.wire.stream_scripts import dead_letter, stored_cap
-from qrl.wire.weights import WeightStore, wait_for_weights
 
 SWEEP = 16  # lists of actors it has not heard from that each pop looks at
 
@@ -124,8 +126,11 @@ class InferenceServer(Role):
         self.device = pick_device(str(device))
         self.agent = agent
         self.net = agent.net.to(self.device).eval()
-        self.weights = WeightStore(client, keys)
-        self.version = -1
+        # looked for after every batch: far from Redis on a thread of its own (the round
+        # trips of the look off the batch's path), the weights it brought loaded before
+        # the next batch's forward pass
+        self.weights = Weights(client, keys, self.net, poll=1)
+        self.answering = Background("answer")
         k = cfg.inference_servers
         self.mine = protocol.server_keys(keys, k, server_id)
         # every number one of its actors may have (claim_id's) and its request list
@@ -151,24 +156,22 @@ class InferenceServer(Role):
         self.forward_s: list[float] = []
         self.idle = 1e-4
 
+    @property
+    def version(self) -> int:
+        """Of the weights it acts with."""
+        return self.weights.version
+
     def start(self, should_stop: StopCheck) -> bool:
-        return wait_for_weights(self.refresh, should_stop)
+        return self.weights.wait(should_stop)
 
     def progress(self) -> int:
-        """The version of the weights it acts with, newer ones loaded first."""
-        self.refresh()
+        """The version of the weights it acts with, newer ones loaded first (in line)."""
+        self.weights.refresh()
         return self.version
 
     def reconfigure(self, cfg: Config) -> None:
         super().reconfigure(cfg)
         self.agent.reconfigure(cfg, list(self.tracks.values()))
-
-    def refresh(self) -> bool:
-        v = self.weights.load_into(self.net, newer_than=self.version)
-        if v is None:
-            return False
-        self.version = v
-        return True
 
     def step(self, should_stop: StopCheck) -> bool:
         """One batch: gather requests, act on them, answer, push finished unrolls."""
@@ -178,24 +181,38 @@ class InferenceServer(Role):
             self.idle = min(self.idle * 2, 1e-3)
             return True
         self.idle = 1e-4
-        self.refresh()
+        self.weights.fresh()
         todo, again = self.admit(raw)
         if todo:
             self.act(todo)
         tracks = [tr for tr, _ in todo]
         self.answer(tracks + again)
+        self.weights.done()
         return self.agent.push(tracks, self.version, self.progress, should_stop)
 
+    def close(self, should_stop: StopCheck) -> None:
+        try:
+            self.answering.close()
+        finally:
+            self.weights.close()
+
     def gather(self) -> list[tuple[int, bytes | int]]:
-        """Popped requests: what is there, and if that is not one from each of its actors,
-        what comes within ``inference_wait_ms``."""
+        """Popped requests: what is there, and if that is not one from each of its actors'
+        batches, what comes within ``inference_wait_ms``. A poll is made only while it
+        ends within the wait: far from Redis (a round trip longer than the wait) one more
+        would hold every request popped a round trip longer, and the batches in flight
+        bring the rest to the next pop anyway."""
+        t0 = time.monotonic()
         got = self._popped(4 * self.expect, sweep=True)
-        if not got or len(got) >= self.expect:
+        now = time.monotonic()
+        took, deadline = now - t0, now + self.cfg.inference_wait_ms / 1000
+        if not got:
             return got
-        deadline = time.monotonic() + self.cfg.inference_wait_ms / 1000
-        while len(got) < self.expect and time.monotonic() < deadline:
+        while len(got) < self.expect and time.monotonic() + took < deadline:
             time.sleep(1e-4)
+            t0 = time.monotonic()
             got += self._popped(4 * self.expect - len(got), sweep=False)
+            took = time.monotonic() - t0
         return got
 
     def _popped(self, count: int, sweep: bool) -> list[tuple[int, bytes | int]]:
@@ -290,11 +307,16 @@ class InferenceServer(Role):
             )
 
     def answer(self, items: list[Track]) -> None:
-        """Every reply in one round trip (a reply list someone broke: that actor resends)."""
+        """Every reply in one round trip, far from Redis on a thread of its own while the
+        next batch is popped (one answer at a time, in order: :class:`Background`)."""
+        replies = [(protocol.reply(self.mine, tr.actor, tr.batch), tr.reply) for tr in items]
+        self.answering.submit(partial(self._send, replies))
+
+    def _send(self, replies: list[tuple[str, bytes]]) -> None:
+        """Push ``replies`` (a reply list someone broke: that actor resends)."""
         pipe = self.client.pipeline(transaction=False)
-        for tr in items:
-            key = protocol.reply(self.mine, tr.actor, tr.batch)
-            pipe.rpush(key, tr.reply)
+        for key, reply in replies:
+            pipe.rpush(key, reply)
             pipe.ltrim(key, -protocol.REPLY_KEEP, -1)
             pipe.expire(key, protocol.REPLY_TTL_S)
         for res in pipe.execute(raise_on_error=False):
