@@ -137,8 +137,11 @@ def _threads(*loops) -> tuple[threading.Event, list[threading.Thread]]:
 def _loop(role):
     def run(stop: threading.Event) -> None:
         assert role.start(stop.is_set)
-        while not stop.is_set() and role.step(stop.is_set):
-            pass
+        try:
+            while not stop.is_set() and role.step(stop.is_set):
+                pass
+        finally:
+            role.close(stop.is_set)  # (a stepper's asks under way stop)
 
     return run
 

@@ -189,16 +189,16 @@ class Stepper(Role):
 
     def step(self, should_stop: StopCheck) -> bool:
         """Every batch not waiting asks for its actions; then the batches whose actions
-        came step. False if stopped while waiting."""
-
-        def stop() -> bool:
-            return self.closing.is_set() or should_stop()
-
+        came step. False if stopped while waiting. The run's stop flag is looked at here
+        only (it reads the live config on the way): the asks stop on :attr:`closing`."""
         waiting = set(self.asking.values())
         for i, (runner, asker) in enumerate(zip(self.runners, self.askers, strict=True)):
             if i not in waiting:
-                self.asking[self.pool.submit(asker.act, runner.obs, stop)] = i
-        done, _ = wait(self.asking, return_when=FIRST_COMPLETED)
+                self.asking[self.pool.submit(asker.act, runner.obs, self.closing.is_set)] = i
+        while not (done := wait(self.asking, WAIT_S, FIRST_COMPLETED)[0]):
+            if should_stop():
+                self.closing.set()
+                return False
         for future in done:
             i, acted = self.asking.pop(future), future.result()
             if acted is None:
