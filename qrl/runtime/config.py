@@ -200,9 +200,9 @@ class CentralInference(BaseModel):
         "server, the others step. An actor steps at most batches x envs_per_actor envs per "
         "request's round trip (about 2 network round trips and a server batch), so at 1 every "
         "millisecond of network costs throughput. 4: at a 5 ms round trip the default IMPALA "
-        "run then steps over half its loopback rate (2: about 0.4x; "
-        "docs/benchmarks.md); each batch costs its envs' memory and, where the server "
-        "is the bound, a longer policy lag.",
+        "run stepped about half its loopback rate (2: about 0.4x; docs/benchmarks.md); each "
+        "batch costs its envs' memory and CPU, and a longer policy lag (an unroll fills "
+        "slower). R2D2's batches of one actor share its slots' epsilons.",
     )
 
 
