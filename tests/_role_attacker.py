@@ -190,7 +190,7 @@ ATTACKS += {
         ("other's gradient", others_gradient),
     ],
     "impala": [  # finding 6
-        ("steal replies", lambda: r.blpop([inference.reply(SK, 0)], timeout=0.05)),
+        ("steal replies", lambda: r.blpop([inference.reply(SK, 0, 0)], timeout=0.05)),
         ("read requests", lambda: r.lrange(inference.requests(SK, 0), 0, -1)),
         ("drop requests", lambda: r.delete(inference.requests(SK, 0))),
     ],

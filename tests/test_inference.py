@@ -96,8 +96,34 @@ class _Recording(EnvRunner):
 
 
 def _recording(r, keys, cfg, ident: int):
-    """A stepper whose envs keep what it saw and did."""
-    return stepper(r, keys, cfg, ident, runner=_Recording(cfg, ident))
+    """A stepper whose envs (each batch's) keep what they saw and did."""
+    runners = [_Recording(cfg, ident, batch=i) for i in range(cfg.inference_batches)]
+    return stepper(r, keys, cfg, ident, runners=runners)
+
+
+def _check_unrolls(got: list[dict], a: int, actor) -> int:
+    """Actor ``a``'s unrolls in ``got`` are the steps its env batches took, each batch's
+    in order: unroll k of a batch holds its steps kT .. kT+T-1, and then the next one's
+    observation. The number of batches that sent any."""
+    sent = [0] * len(actor.runners)  # each batch's unrolls met so far
+    for u in (u for u in got if u["actor"] == a):
+        _physical(u)
+        assert u["version"] == 0
+        batch = [
+            i
+            for i, runner in enumerate(actor.runners)
+            if len(runner.seen) > (sent[i] + 1) * T
+            and np.array_equal(u["obs"][0], runner.seen[sent[i] * T][0])
+        ]
+        assert len(batch) == 1, f"an unroll of actor {a} is no batch's next"
+        seen, k = actor.runners[batch[0]].seen, sent[batch[0]]
+        for t in range(T):
+            obs, action = seen[k * T + t]
+            np.testing.assert_array_equal(u["obs"][t], obs)
+            np.testing.assert_array_equal(u["action"][t], action)
+        np.testing.assert_array_equal(u["obs"][T], seen[(k + 1) * T][0])
+        sent[batch[0]] += 1
+    return sum(n > 0 for n in sent)
 
 
 def _threads(*loops) -> tuple[threading.Event, list[threading.Thread]]:
@@ -111,8 +137,11 @@ def _threads(*loops) -> tuple[threading.Event, list[threading.Thread]]:
 def _loop(role):
     def run(stop: threading.Event) -> None:
         assert role.start(stop.is_set)
-        while not stop.is_set() and role.step(stop.is_set):
-            pass
+        try:
+            while not stop.is_set() and role.step(stop.is_set):
+                pass
+        finally:
+            role.close(stop.is_set)  # (a stepper's asks under way stop)
 
     return run
 
@@ -131,19 +160,42 @@ def test_the_unrolls_are_the_steps_each_actor_took(r, keys, redis_server):
             t.join(10)
     got += _drain(r, keys)
     for a, actor in enumerate(actors):
-        mine = [u for u in got if u["actor"] == a]
-        assert len(mine) >= 3
-        for k, u in enumerate(mine):  # unroll k holds steps kT .. kT+T-1, and then some
-            _physical(u)
-            assert u["version"] == 0
-            for t in range(T):
-                obs, action = actor.runner.seen[k * T + t]
-                np.testing.assert_array_equal(u["obs"][t], obs)
-                np.testing.assert_array_equal(u["action"][t], action)
-            np.testing.assert_array_equal(u["obs"][T], actor.runner.seen[(k + 1) * T][0])
+        assert sum(u["actor"] == a for u in got) >= 3
+        _check_unrolls(got, a, actor)
     m = server.metrics()
     assert m["unrolls"] == len(got) and m["dropped"] == 0 and m["rejected"] == 0
-    assert 1 <= m["batch"] <= 2
+    assert 1 <= m["batch"] <= 2 * cfg.inference_batches
+
+
+def test_an_actor_keeps_each_env_batch_in_flight_and_each_gets_its_unrolls(r, keys, redis_server):
+    """SEED RL's actors keep several env batches in flight: with no server, an actor of 3
+    batches has a request of each at its server's list at once (not one waiting for the
+    others); served, every batch steps and its unrolls are its own steps."""
+    cfg = _setup(r, keys, inference_batches=3, stream_maxlen=100_000)
+    actor = _recording(r, keys, cfg, 0)
+    stop, threads = _threads(_loop(actor))
+    lst, schema = protocol.requests(keys, 0), protocol.request_schema((4,), "float32", B, 3)
+    try:
+        wait_until(lambda: r.llen(lst) >= 3, "a request of each batch", 30)
+        reqs = [decode(p, schema) for p in r.lrange(lst, 0, -1)]
+        assert sorted(q["batch"] for q in reqs) == [0, 1, 2]
+        assert {q["seq"] for q in reqs} == {0} and len({q["life"] for q in reqs}) == 1
+        assert actor.steps == 0  # each waits for its actions
+        server = _server(r, keys, cfg)
+        serving = threading.Thread(target=_loop(server), args=(stop,), daemon=True)
+        serving.start()
+        threads.append(serving)
+        wait_until(
+            lambda: min(len(x.seen) for x in actor.runners) >= 4 * T, "every batch to step", 60
+        )
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    got = _drain(r, keys)
+    assert _check_unrolls(got, 0, actor) == 3
+    assert server.dropped == 0 and server.rejected == 0
+    assert set(server.tracks) == {(0, 0), (0, 1), (0, 2)}
 
 
 _NO_TORCH = """
@@ -218,10 +270,12 @@ def kill_and_restart(r, keys, tmp_path, algo: str, drain: Callable[[], list[dict
         roles.until(dropped, "the server to drop the killed actor's half-built work")
 
         roles.kill("server")
-        # the actors wait and resend: an actor's list holds a request beside its first copy
-        # only once it resent it (one server, so the run's own keys)
-        lists = [protocol.requests(keys, a) for a in (0, 1)]
-        roles.until(lambda: max(r.llen(k) for k in lists) >= 2, "an actor to resend", 60)
+        # the actors wait and resend (one server, so the run's own keys)
+
+        def resent() -> bool:
+            return max((v["resent"] for v in _reports(r, keys, "stepper")), default=0) >= 1
+
+        roles.until(resent, "an actor to resend", 60)
         got.extend(drain())
         roles.start("server", "inference", algo, "--device", "cpu")
         counts = [sum(u["actor"] == a for u in got) for a in (0, 1)]
@@ -247,7 +301,7 @@ def test_a_wait_shorter_than_a_millisecond_is_not_a_wait_forever(r, keys, redis_
     socket timeout then kills the actor's loop: CI, 2026-11-30)."""
     actor = stepper(r, keys, _setup(r, keys), 0)
     for timeout in (0.0, 1e-5, 9e-4):
-        assert actor.policy._exchange(None, timeout) is None  # no server: nothing to wait for
+        assert actor.askers[0]._exchange(None, timeout) is None  # no server: nothing to wait for
 
 
 def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, redis_server):
@@ -258,6 +312,7 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
     lst = protocol.requests(keys, 1)  # actor 1's: nobody runs it
     good = {
         "actor": 1,
+        "batch": 0,
         "life": 5,
         "seq": 0,
         "obs": np.zeros((B, 4), np.float32),
@@ -283,8 +338,10 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
                 "final_obs": np.zeros((1, 4), np.float32),
             },
         ),
+        encode(protocol.REQUEST, {**good, "batch": cfg.inference_batches}),  # no such batch
         encode(
-            protocol.REPLY, {"life": 1, "seq": 0, "action": np.zeros(B, np.int32), "version": 0}
+            protocol.REPLY,
+            {"life": 1, "batch": 0, "seq": 0, "action": np.zeros(B, np.int32), "version": 0},
         ),
         encode(protocol.REQUEST, {**good, "actor": 0}),  # posing as actor 0 from 1's list
     ]
@@ -292,9 +349,9 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
         wait_until(lambda: actor.steps >= 100, "the actor to step", 60)
         r.delete(lst)
         r.set(lst, "not a list")  # repaired by the server's next pop
-        r.delete(protocol.reply(keys, 0))
-        r.hset(protocol.reply(keys, 0), "x", "1")  # repaired by the actor
-        r.rpush(protocol.reply(keys, 1), b"x" * 100)  # a reply list nobody reads
+        r.delete(protocol.reply(keys, 0, 1))
+        r.hset(protocol.reply(keys, 0, 1), "x", "1")  # repaired by the actor
+        r.rpush(protocol.reply(keys, 1, 0), b"x" * 100)  # a reply list nobody reads
         wait_until(lambda: r.type(lst) != b"string", "the server to repair its list")
         for h in hostile:
             r.rpush(lst, h)
@@ -302,7 +359,7 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
             r.rpush(protocol.requests(keys, a), encode(protocol.REQUEST, {**good, "actor": a}))
         steps = actor.steps
         wait_until(lambda: actor.steps >= steps + 200, "the actor to go on", 60)
-        assert len(server.tracks) <= server.keep and 0 in server.tracks
+        assert len(server.tracks) <= server.keep and (0, 1) in server.tracks
     finally:
         stop.set()
         for t in threads:
@@ -330,6 +387,9 @@ def test_servers_on_a_cluster_each_serve_their_actors_on_a_slot_of_their_own(red
             t.join(10)
     got = [u for _, f in client.xrange(trajectories(keys)) for u in [decode(f[b"d"], _SCHEMA)]]
     assert {u["actor"] for u in got} == {0, 1, 2, 3}
-    assert all(s.requests and set(s.tracks) == {s.server_id, s.server_id + 2} for s in servers)
+    for s in servers:
+        mine = (s.server_id, s.server_id + 2)
+        batches = range(cfg.inference_batches)
+        assert s.requests and set(s.tracks) == {(a, b) for a in mine for b in batches}
     assert all(s.rejected == 0 and s.dropped == 0 for s in servers)
     client.close()

@@ -57,8 +57,10 @@ class _Recording(EnvRunner):
 
 
 def _recording(r, keys, cfg, ident: int):
-    """A stepper whose envs keep what it saw, did, and which of its episodes ended."""
-    return stepper(r, keys, cfg, ident, runner=_Recording(cfg, ident))
+    """A stepper whose envs (each batch's) keep what they saw, did, and which of their
+    episodes ended."""
+    runners = [_Recording(cfg, ident, batch=i) for i in range(cfg.inference_batches)]
+    return stepper(r, keys, cfg, ident, runners=runners)
 
 
 @torch.no_grad()
@@ -118,18 +120,24 @@ def test_r2d2_sequences_are_one_slots_steps_with_their_lstm_state(r, keys, redis
             t.join(10)
     _, schema = sequence_spec(cfg, env, max_rows(cfg))
     found = {id(a): 0 for a in (*lives, other)}
-    states = {id(a): _states(net, a.runner.seen) for a in (*lives, other)}
+    # each env batch of each actor process: its steps and the LSTM state of each
+    batches = {id(a): [(x.seen, _states(net, x.seen)) for x in a.runners] for a in (*lives, other)}
     for _, fields in r.xrange(keys.experience):
         msg = decode(fields[b"d"], schema)
         mine = [other] if msg["actor"] == 1 else lives
         for k in range(len(msg["steps"])):
             seq = {f: msg[f][k] for f in ("obs", "action", "steps", "h0", "first")}
-            where = [(a, w) for a in mine if (w := _find(seq, a.runner.seen)) is not None]
+            where = [
+                (a, seen, states, w)
+                for a in mine
+                for seen, states in batches[id(a)]
+                if (w := _find(seq, seen)) is not None
+            ]
             assert where, f"a sequence of actor {msg['actor']} is no run of its steps"
-            actor, (t, j) = where[0]
-            start = t == 0 or actor.runner.seen[t - 1][2][j]
+            actor, seen, states, (t, j) = where[0]
+            start = t == 0 or seen[t - 1][2][j]
             assert bool(seq["first"]) == start
-            np.testing.assert_allclose(seq["h0"], states[id(actor)][t][j], atol=1e-5)
+            np.testing.assert_allclose(seq["h0"], states[t][j], atol=1e-5)
             found[id(actor)] += 1
     assert all(found.values()), "sequences of each actor process"
     assert server.dropped >= 1  # the first process's half-built sequences
@@ -142,7 +150,7 @@ def test_an_actor_met_mid_episode_starts_no_sequence_as_an_episodes_first(r, key
     cfg = R2D2Config(**CFG)
     env = EnvSpec.of(cfg.env)
     agent = SequenceAgent(r, keys, cfg, 0, env, _q_network(cfg, env), torch.device("cpu"))
-    req = {"actor": 0, "life": 1, "obs": np.zeros((B, 4), np.float32)}
+    req = {"actor": 0, "batch": 0, "life": 1, "obs": np.zeros((B, 4), np.float32)}
     assert agent.track({**req, "seq": 0}, None).sequencer.first == [True] * B
     assert agent.track({**req, "seq": 9}, None).sequencer.first == [False] * B
 
@@ -180,6 +188,7 @@ def test_an_r2d2_server_serves_on_past_hostile_requests(r, keys, redis_server):
     actor = stepper(r, keys, cfg, 0)
     stop, threads = _threads(_loop(server), _loop(actor))
     good = {
+        "batch": 0,
         "life": 5,
         "obs": np.zeros((B, 4), np.float32),
         "reward": np.zeros(B, np.float32),
@@ -204,5 +213,5 @@ def test_an_r2d2_server_serves_on_past_hostile_requests(r, keys, redis_server):
         stop.set()
         for t in threads:
             t.join(10)
-    assert server.rejected == 1 and {*others, 0} <= set(server.tracks)
+    assert server.rejected == 1 and {(a, 0) for a in (*others, 0)} <= set(server.tracks)
     assert agent.sequences > 0

@@ -70,7 +70,7 @@ def test_a_joined_stepper_reaches_its_own_lists_lease_and_heartbeat_only(tmp_pat
             assert oct((pw / f"stepper.{n}").stat().st_mode & 0o777) == "0o600"
         me = _as(server, instance_user(run, "stepper", 0), pw / "stepper.0")
         mine, other = protocol.requests(keys, 0), protocol.requests(keys, 1)
-        replies = [protocol.reply(keys, 0), protocol.reply(keys, 1)]
+        replies = [protocol.reply(keys, 0, 0), protocol.reply(keys, 1, 0)]
         admin.rpush(other, b"stepper 1's request")
         admin.rpush(replies[1], b"stepper 1's reply")
         _refused(
@@ -92,7 +92,7 @@ def test_a_joined_stepper_reaches_its_own_lists_lease_and_heartbeat_only(tmp_pat
         # what stepper 0 does is allowed: under its server's keys (a shard's, with two)
         for server_keys in (keys, protocol.server_keys(keys, 2, 0)):
             assert me.rpush(protocol.requests(server_keys, 0), b"request") == 1
-            assert me.blpop([protocol.reply(server_keys, 0)], timeout=0.01) is None
+            assert me.blpop([protocol.reply(server_keys, 0, 1)], timeout=0.01) is None
         assert me.set(keys.lease("stepper", 0), b"h:1:t", ex=10)
         assert me.set(keys.proc("stepper.0@h:1"), b"x", ex=10)
         assert me.xadd(keys.metrics("stepper", 0), {"d": b"x"})

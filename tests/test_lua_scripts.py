@@ -353,7 +353,7 @@ def test_inference_request_pop(private, r, state):
     if state in WRONG_TYPES:
         r.delete(key)
     REQUEST_STATES[state](r, key)
-    got = bounded(private, lambda c: protocol.pop(c, [key], 64, 1 << 16))
+    got = bounded(private, lambda c: protocol.pop(c, [key], 64, 1 << 16, 8))
     assert len(got) <= 64
 
 

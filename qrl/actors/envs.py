@@ -32,17 +32,24 @@ class Step(NamedTuple):
 
 class EnvRunner:
     """``envs`` (default ``cfg.envs_per_actor``) copies of ``cfg.env`` (seeded by
-    ``cfg.seed`` and ``actor_id``), stepped together; ``obs`` is what they show now.
+    ``cfg.seed``, ``actor_id`` and, for an actor with several env batches, ``batch``),
+    stepped together; ``obs`` is what they show now.
     ``env`` describes the env (read once, :class:`qrl.rl.envspec.EnvSpec`: given, or read
     from ``cfg.env``)."""
 
     def __init__(
-        self, cfg: Config, actor_id: int, env: EnvSpec | None = None, envs: int | None = None
+        self,
+        cfg: Config,
+        actor_id: int,
+        env: EnvSpec | None = None,
+        envs: int | None = None,
+        batch: int = 0,
     ) -> None:
         self.env = env or EnvSpec.of(cfg.env)
         self.obs_shape, self.obs_dtype = self.env.obs_shape, self.env.obs_dtype
         n = cfg.envs_per_actor if envs is None else envs
-        self.envs = make_vector_env(cfg.env, n, seed=cfg.seed * 10_000 + actor_id * 100)
+        seed = cfg.seed * 10_000 + actor_id * 100 + batch * n  # (batch 0: as ever)
+        self.envs = make_vector_env(cfg.env, n, seed=seed)
         self.obs: np.ndarray
         self.steps = 0
         self.ep_return = np.zeros(n)

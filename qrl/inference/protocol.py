@@ -1,26 +1,28 @@
 """The wire of central inference, on Redis lists (no torch here: the actors import it).
 
-* Actor ``a`` sends each request to its own request list (:func:`requests`, RPUSH), which
-  server ``a % inference_servers`` pops, and waits on its own reply list (:func:`reply`,
-  BLPOP). Both lists have the server's hash tag (:func:`server_keys`): on a Redis Cluster
-  each server's traffic is on a slot of its own, and an actor's request and wait are one
-  round trip to one node. Each list is one actor's, so its key names the sender: a
-  per-instance user (``qrl run join``) reaches its own two lists only, and a server takes a
-  request only as from the actor whose list it came from.
-* A request carries the actor's id, a random ``life`` drawn when the actor process starts,
-  a sequence number, the observations to act on, and what the previous action gave
-  (rewards, terminations, truncations and the final observation of each episode that
-  ended: ``final_obs`` for the env slots ``final_idx``).
-* A reply carries ``life``, ``seq``, the actions and the weights version that chose them.
-  An actor takes only the reply to its own ``life`` and ``seq``; one that waited
-  ``reply_timeout`` sends the same request again (the server answers a repeated ``seq``
-  from its last reply, so nothing is stepped twice). A server that does not know an
-  actor's ``life``, or sees a gap in its ``seq``, starts that actor's unroll afresh: a
+* Actor ``a`` keeps ``inference_batches`` env batches in flight (SEED RL's actors do: while
+  one batch's request is at the server, another steps). It sends each batch's requests to
+  its own request list (:func:`requests`, RPUSH), which server ``a % inference_servers``
+  pops, and waits on the batch's own reply list (:func:`reply`, BLPOP). All its lists have
+  the server's hash tag (:func:`server_keys`): on a Redis Cluster each server's traffic is
+  on a slot of its own, and an actor's request and wait are one round trip to one node.
+  Each list is one actor's, so its key names the sender: a per-instance user (``qrl run
+  join``) reaches its own lists only, and a server takes a request only as from the actor
+  whose list it came from.
+* A request carries the actor's id, its batch, a random ``life`` drawn when the actor
+  process starts, the batch's sequence number, the observations to act on, and what the
+  previous action gave (rewards, terminations, truncations and the final observation of
+  each episode that ended: ``final_obs`` for the env slots ``final_idx``).
+* A reply carries ``life``, ``batch``, ``seq``, the actions and the weights version that
+  chose them. A batch takes only the reply to its own ``life``, ``batch`` and ``seq``; one
+  that waited ``reply_timeout`` sends the same request again (the server answers a repeated
+  ``seq`` from its last reply, so nothing is stepped twice). A server that does not know a
+  batch's ``life``, or sees a gap in its ``seq``, starts that batch's unroll afresh: a
   half-built unroll is dropped, never joined to another's steps.
 * The server pops requests with :data:`POP` from the lists of the actors it has heard from
-  and a turning window of the others it may have, at most :data:`EACH` from each list and
-  ``count`` in all, and drops (returning only the size of) any bigger than the cap, so a
-  planted huge value costs the server nothing but its size.
+  and a turning window of the others it may have, at most :data:`EACH` per batch from each
+  list and ``count`` in all, and drops (returning only the size of) any bigger than the
+  cap, so a planted huge value costs the server nothing but its size.
 """
 
 from __future__ import annotations
@@ -53,16 +55,23 @@ def requests(keys: RunKeys, actor: int) -> str:
     return keys.key(f"inference:requests:{actor}")
 
 
-def reply(keys: RunKeys, actor: int) -> str:
-    """Actor ``actor``'s reply list, among its server's keys ``keys``."""
-    return keys.key(f"inference:reply:{actor}")
+def reply(keys: RunKeys, actor: int, batch: int) -> str:
+    """The reply list of actor ``actor``'s env batch ``batch``, among its server's keys
+    ``keys`` (a list per batch: each batch waits on its own in a thread of its own)."""
+    return keys.key(f"inference:reply:{actor}:{batch}")
 
 
-def request_schema(obs_shape: tuple[int, ...], obs_dtype: str, envs: int) -> Schema:
-    """One vector step of an actor of ``envs`` envs."""
+def _batch(msg: dict[str, Any], batches: int) -> None:
+    if msg["batch"] >= batches:
+        raise CodecError(f"batch {msg['batch']} of {batches}")
+
+
+def request_schema(obs_shape: tuple[int, ...], obs_dtype: str, envs: int, batches: int) -> Schema:
+    """One vector step of an env batch (of ``batches``) of ``envs`` envs."""
     obs_shape = tuple(obs_shape)
 
     def check(msg: dict[str, Any]) -> None:
+        _batch(msg, batches)
         b = (envs, *obs_shape)
         if msg["obs"].shape != b:
             raise CodecError(f"obs has shape {msg['obs'].shape}, expected {b}")
@@ -83,6 +92,7 @@ def request_schema(obs_shape: tuple[int, ...], obs_dtype: str, envs: int) -> Sch
         REQUEST,
         {
             "actor": NATURAL,
+            "batch": NATURAL,
             "life": NATURAL,
             "seq": NATURAL,
             "obs": obs_field(obs_shape, obs_dtype, 1),
@@ -98,10 +108,11 @@ def request_schema(obs_shape: tuple[int, ...], obs_dtype: str, envs: int) -> Sch
     )
 
 
-def reply_schema(n_actions: int, envs: int) -> Schema:
+def reply_schema(n_actions: int, envs: int, batches: int) -> Schema:
     """The actions for one request."""
 
     def check(msg: dict[str, Any]) -> None:
+        _batch(msg, batches)
         if msg["action"].shape != (envs,):
             raise CodecError(f"action has shape {msg['action'].shape}, expected ({envs},)")
 
@@ -109,6 +120,7 @@ def reply_schema(n_actions: int, envs: int) -> Schema:
         REPLY,
         {
             "life": NATURAL,
+            "batch": NATURAL,
             "seq": NATURAL,
             "action": Field(np.ndarray, dtypes=("int32",), ndim=1, bounds=(0, n_actions - 1)),
             "version": NATURAL,
@@ -118,7 +130,7 @@ def reply_schema(n_actions: int, envs: int) -> Schema:
     )
 
 
-EACH = 2  # requests popped from one actor's list at a time: its request and a resent copy
+EACH = 2  # requests of one env batch popped at a time: its request and a resent copy
 
 # a server's pop of its actors' requests (qrl/wire/lua/inference.pop.lua, after
 # streams.fix's repair of a key of another type): see pop
@@ -126,11 +138,11 @@ POP_LUA = Lua("inference.pop", "streams.fix", "inference.pop")
 
 
 def pop(
-    client: redis.Redis, lists: list[str], count: int, cap: int
+    client: redis.Redis, lists: list[str], count: int, cap: int, batches: int
 ) -> list[tuple[int, bytes | int]]:
-    """Up to ``count`` requests from ``lists`` (:data:`EACH` at most from each): ``(the
-    index of its list, the request or the size of one over cap bytes, popped and dropped)``.
-    A key of another type is deleted (one warning)."""
-    out, *notes = POP_LUA(client, lists, [count, cap, EACH])
+    """Up to ``count`` requests from ``lists`` (:data:`EACH` of each of an actor's
+    ``batches`` at most from each): ``(the index of its list, the request or the size of one
+    over cap bytes, popped and dropped)``. A key of another type is deleted (one warning)."""
+    out, *notes = POP_LUA(client, lists, [count, cap, EACH * batches])
     warn_once(*notes)
     return list(zip(out[::2], out[1::2], strict=True))

@@ -13,9 +13,9 @@ from qrl.wire.chunks import chunked
 
 # an env stepper sends requests and pops its replies; nothing else of the run it writes
 STEPPER_COMMANDS = ACTOR_COMMANDS + " +rpush +blpop"
-# its own request and reply lists, under its server's keys (qrl.inference.protocol): a
-# per-instance user (qrl run join) reaches no other stepper's
-STEPPER_LISTS = ("inference:requests:{id}", "inference:reply:{id}")
+# its own request list and its env batches' reply lists, under its server's keys
+# (qrl.inference.protocol): a per-instance user (qrl run join) reaches no other stepper's
+STEPPER_LISTS = ("inference:requests:{id}", "inference:reply:{id}:*")
 
 
 def _stepper(ctx: RoleContext) -> Any:

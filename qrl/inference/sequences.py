@@ -31,10 +31,10 @@ from qrl.wire.keys import RunKeys
 
 @dataclass(kw_only=True)
 class SequenceTrack(Track):
-    """One actor's env slots: their sequences in the making, the observations and LSTM
-    state to act on next (``h``, ``c``; zeros at an episode's start), and the last actions
-    with the state they were taken in. ``feed`` holds the finished sequences not pushed
-    yet; it outlives a restart of the actor (they are whole)."""
+    """The env slots of one env batch of an actor: their sequences in the making, the
+    observations and LSTM state to act on next (``h``, ``c``; zeros at an episode's start),
+    and the last actions with the state they were taken in. ``feed`` holds the finished
+    sequences not pushed yet; it outlives a restart of the actor (they are whole)."""
 
     sequencer: Sequencer
     feed: ReplayFeed
@@ -106,6 +106,7 @@ class SequenceAgent(Agent):
         feed = old.feed if isinstance(old, SequenceTrack) else None
         tr = SequenceTrack(
             a,
+            req["batch"],
             req["life"],
             req["seq"],
             sequencer=Sequencer(

@@ -20,15 +20,18 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import redis
 import torch
 
+from qrl.actors.weights import Weights
 from qrl.inference import protocol
 from qrl.learners.base import pick_device
 from qrl.rl.envspec import EnvSpec
+from qrl.runtime.background import Background
 from qrl.runtime.config import Config
 from qrl.runtime.ids import id_limit
 from qrl.runtime.loop import Role, StopCheck
@@ -36,17 +39,18 @@ from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.faults import warn_once
 from qrl.wire.keys import RunKeys
 from qrl.wire.stream_scripts import dead_letter, stored_cap
-from qrl.wire.weights import WeightStore, wait_for_weights
 
 SWEEP = 16  # lists of actors it has not heard from that each pop looks at
 
 
 @dataclass
 class Track:
-    """One actor's conversation: its ``life`` and last ``seq``, and the reply to it. An
-    agent's track also holds what it is assembling from the actor's steps."""
+    """The conversation of one env batch of an actor (:mod:`qrl.inference.protocol`): its
+    ``life`` and last ``seq``, and the reply to it. An agent's track also holds what it is
+    assembling from the batch's steps."""
 
     actor: int
+    batch: int
     life: int
     seq: int
     reply: bytes = b""
@@ -70,8 +74,8 @@ class Agent:
     net: torch.nn.Module
 
     def track(self, req: dict[str, Any], old: Track | None) -> Track:
-        """A fresh track of the actor that sent ``req`` (``old``: its previous one, whose
-        half-built work is dropped)."""
+        """A fresh track of the actor's batch that sent ``req`` (``old``: its previous one,
+        whose half-built work is dropped)."""
         raise NotImplementedError
 
     def act(self, tracks: list[Track], obs: torch.Tensor, version: int) -> np.ndarray:
@@ -122,46 +126,52 @@ class InferenceServer(Role):
         self.device = pick_device(str(device))
         self.agent = agent
         self.net = agent.net.to(self.device).eval()
-        self.weights = WeightStore(client, keys)
-        self.version = -1
+        # looked for after every batch: far from Redis on a thread of its own (the round
+        # trips of the look off the batch's path), the weights it brought loaded before
+        # the next batch's forward pass
+        self.weights = Weights(client, keys, self.net, poll=1)
+        self.answering = Background("answer")
         k = cfg.inference_servers
         self.mine = protocol.server_keys(keys, k, server_id)
         # every number one of its actors may have (claim_id's) and its request list
         actors = range(server_id, id_limit(cfg.actors), k)
         self.lists = {a: protocol.requests(self.mine, a) for a in actors}
         self.turn = 0  # where the window over the actors it has not heard from starts
-        self.expect = max(1, len(range(server_id, cfg.actors, k)))  # actors it serves
+        self.batches = cfg.inference_batches
+        # the env batches of the actors it serves: the requests a batch could have
+        self.expect = max(1, len(range(server_id, cfg.actors, k))) * self.batches
         b = cfg.envs_per_actor
-        self.schema = protocol.request_schema(self.env.obs_shape, self.env.obs_dtype, b)
+        self.schema = protocol.request_schema(
+            self.env.obs_shape, self.env.obs_dtype, b, self.batches
+        )
         self.cap = stored_cap(self.schema.max_bytes)
-        # the actors it talks to, least recently heard from first; a writer inventing actor
-        # ids cannot make it keep more than ``keep`` (each holds an unroll's buffers)
-        self.tracks: OrderedDict[int, Track] = OrderedDict()
+        # the actors' batches it talks to, (actor, batch), least recently heard from first; a
+        # writer inventing actor ids cannot make it keep more than ``keep`` (each holds an
+        # unroll's buffers)
+        self.tracks: OrderedDict[tuple[int, int], Track] = OrderedDict()
         self.keep = 2 * self.expect + 16
         self.requests = self.dropped = self.rejected = self.repeats = 0
-        self.batches: list[int] = []
+        self.sizes: list[int] = []
         self.queue_s: list[float] = []
         self.forward_s: list[float] = []
         self.idle = 1e-4
 
+    @property
+    def version(self) -> int:
+        """Of the weights it acts with."""
+        return self.weights.version
+
     def start(self, should_stop: StopCheck) -> bool:
-        return wait_for_weights(self.refresh, should_stop)
+        return self.weights.wait(should_stop)
 
     def progress(self) -> int:
-        """The version of the weights it acts with, newer ones loaded first."""
-        self.refresh()
+        """The version of the weights it acts with, newer ones loaded first (in line)."""
+        self.weights.refresh()
         return self.version
 
     def reconfigure(self, cfg: Config) -> None:
         super().reconfigure(cfg)
         self.agent.reconfigure(cfg, list(self.tracks.values()))
-
-    def refresh(self) -> bool:
-        v = self.weights.load_into(self.net, newer_than=self.version)
-        if v is None:
-            return False
-        self.version = v
-        return True
 
     def step(self, should_stop: StopCheck) -> bool:
         """One batch: gather requests, act on them, answer, push finished unrolls."""
@@ -171,24 +181,38 @@ class InferenceServer(Role):
             self.idle = min(self.idle * 2, 1e-3)
             return True
         self.idle = 1e-4
-        self.refresh()
+        self.weights.fresh()
         todo, again = self.admit(raw)
         if todo:
             self.act(todo)
         tracks = [tr for tr, _ in todo]
         self.answer(tracks + again)
+        self.weights.done()
         return self.agent.push(tracks, self.version, self.progress, should_stop)
 
+    def close(self, should_stop: StopCheck) -> None:
+        try:
+            self.answering.close()
+        finally:
+            self.weights.close()
+
     def gather(self) -> list[tuple[int, bytes | int]]:
-        """Popped requests: what is there, and if that is not one from each of its actors,
-        what comes within ``inference_wait_ms``."""
+        """Popped requests: what is there, and if that is not one from each of its actors'
+        batches, what comes within ``inference_wait_ms``. A poll is made only while it
+        ends within the wait: far from Redis (a round trip longer than the wait) one more
+        would hold every request popped a round trip longer, and the batches in flight
+        bring the rest to the next pop anyway."""
+        t0 = time.monotonic()
         got = self._popped(4 * self.expect, sweep=True)
-        if not got or len(got) >= self.expect:
+        now = time.monotonic()
+        took, deadline = now - t0, now + self.cfg.inference_wait_ms / 1000
+        if not got:
             return got
-        deadline = time.monotonic() + self.cfg.inference_wait_ms / 1000
-        while len(got) < self.expect and time.monotonic() < deadline:
+        while len(got) < self.expect and time.monotonic() + took < deadline:
             time.sleep(1e-4)
+            t0 = time.monotonic()
             got += self._popped(4 * self.expect - len(got), sweep=False)
+            took = time.monotonic() - t0
         return got
 
     def _popped(self, count: int, sweep: bool) -> list[tuple[int, bytes | int]]:
@@ -202,8 +226,9 @@ class InferenceServer(Role):
             numbers = list(self.lists)
             window = [numbers[(self.turn + i) % len(numbers)] for i in range(SWEEP)]
             self.turn = (self.turn + SWEEP) % len(numbers)
-        actors = list(dict.fromkeys([*self.tracks, *window]))
-        got = protocol.pop(self.client, [self.lists[a] for a in actors], count, self.cap)
+        actors = list(dict.fromkeys([*(a for a, _ in self.tracks), *window]))
+        lists = [self.lists[a] for a in actors]
+        got = protocol.pop(self.client, lists, count, self.cap, self.batches)
         return [(actors[i], payload) for i, payload in got]
 
     def admit(
@@ -220,7 +245,8 @@ class InferenceServer(Role):
                 continue
             self.requests += 1
             self.queue_s.append(max(0.0, now - req["sent"]))
-            a, tr = req["actor"], self.tracks.get(req["actor"])
+            a = req["actor"], req["batch"]
+            tr = self.tracks.get(a)
             if tr is not None:
                 self.tracks.move_to_end(a)
             if tr is not None and tr.life == req["life"] and tr.seq == req["seq"]:
@@ -266,13 +292,14 @@ class InferenceServer(Role):
         tracks = [tr for tr, _ in todo]
         actions = self.agent.act(tracks, obs.to(self.device), self.version)
         self.forward_s.append(time.monotonic() - start)
-        self.batches.append(len(todo))
+        self.sizes.append(len(todo))
         b = self.cfg.envs_per_actor
         for i, tr in enumerate(tracks):
             tr.reply = encode(
                 protocol.REPLY,
                 {
                     "life": tr.life,
+                    "batch": tr.batch,
                     "seq": tr.seq,
                     "action": actions[i * b : (i + 1) * b],
                     "version": self.version,
@@ -280,11 +307,16 @@ class InferenceServer(Role):
             )
 
     def answer(self, items: list[Track]) -> None:
-        """Every reply in one round trip (a reply list someone broke: that actor resends)."""
+        """Every reply in one round trip, far from Redis on a thread of its own while the
+        next batch is popped (one answer at a time, in order: :class:`Background`)."""
+        replies = [(protocol.reply(self.mine, tr.actor, tr.batch), tr.reply) for tr in items]
+        self.answering.submit(partial(self._send, replies))
+
+    def _send(self, replies: list[tuple[str, bytes]]) -> None:
+        """Push ``replies`` (a reply list someone broke: that actor resends)."""
         pipe = self.client.pipeline(transaction=False)
-        for tr in items:
-            key = protocol.reply(self.mine, tr.actor)
-            pipe.rpush(key, tr.reply)
+        for key, reply in replies:
+            pipe.rpush(key, reply)
             pipe.ltrim(key, -protocol.REPLY_KEEP, -1)
             pipe.expire(key, protocol.REPLY_TTL_S)
         for res in pipe.execute(raise_on_error=False):
@@ -294,7 +326,7 @@ class InferenceServer(Role):
     def metrics(self) -> dict[str, Any]:
         out = {
             "requests": self.requests,
-            "batch": float(np.mean(self.batches)) if self.batches else 0.0,
+            "batch": float(np.mean(self.sizes)) if self.sizes else 0.0,
             "queue_ms": float(np.mean(self.queue_s) * 1e3) if self.queue_s else 0.0,
             "forward_ms": float(np.mean(self.forward_s) * 1e3) if self.forward_s else 0.0,
             "dropped": self.dropped,
@@ -303,7 +335,7 @@ class InferenceServer(Role):
             "version": self.version,
             **self.agent.metrics(),
         }
-        self.batches, self.queue_s, self.forward_s = [], [], []
+        self.sizes, self.queue_s, self.forward_s = [], [], []
         return out
 
 

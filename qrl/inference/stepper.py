@@ -1,30 +1,38 @@
-"""The actor of central inference (:func:`stepper`): an :class:`qrl.actors.actor.Actor`
-whose policy asks its inference server for every action (:class:`Asker`,
-:mod:`qrl.inference.protocol`), with no weights client and no sink (the server assembles
-what the steps make). It imports no torch and holds no network, so an actor machine needs
-neither (a test checks the import).
+"""The actor of central inference (:func:`stepper`, :class:`Stepper`): ``inference_batches``
+env batches, each an :class:`qrl.actors.envs.EnvRunner` whose actions an :class:`Asker`
+asks its inference server for (:mod:`qrl.inference.protocol`), with no weights and no sink
+(the server assembles what the steps make). It imports no torch and holds no network, so
+an actor machine needs neither (a test checks the import).
 
-Follow one step: :meth:`Asker.act` sends the request (the observations, and what the last
-actions gave) and waits on its reply list for the answer in the same round trip (resending
-it every ``reply_timeout`` seconds while no server answers); the actor steps the envs with
-the actions, and :meth:`Asker.observe` keeps what they gave for the next request.
+The batches are in flight together, as SEED RL's actors keep them: each batch's round trip
+runs on a thread of its own while this one steps the batch whose actions came, so an actor
+far from its server steps ``inference_batches`` x ``envs_per_actor`` envs per round trip
+rather than ``envs_per_actor`` (the env steps stay on the role's thread, with the episode
+counts).
+
+Follow one batch's step: :meth:`Asker.act` sends the request (the observations, and what
+the last actions gave) and waits on the batch's reply list for the answer in the same round
+trip (resending it every ``reply_timeout`` seconds while no server answers); the stepper
+steps the batch's envs with the actions, and :meth:`Asker.observe` keeps what they gave for
+the next request.
 """
 
 from __future__ import annotations
 
 import secrets
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
 import redis
 
-from qrl.actors.actor import Actor
 from qrl.actors.envs import EnvRunner, Step
 from qrl.inference import protocol
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.config import Config
-from qrl.runtime.loop import StopCheck
+from qrl.runtime.loop import Role, StopCheck
 from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.faults import warn_once
 from qrl.wire.keys import RunKeys
@@ -36,21 +44,30 @@ MIN_WAIT_S = 0.01
 
 
 class Asker:
-    """The policy of a stepper: actor ``actor_id``'s requests to its server (number
-    ``actor_id`` modulo ``inference_servers``), and the replies' actions."""
+    """The policy of env batch ``batch`` of a stepper: actor ``actor_id``'s requests to its
+    server (number ``actor_id`` modulo ``inference_servers``) for that batch, and the
+    replies' actions. ``life``: the process's, drawn once for all its batches."""
 
     def __init__(
-        self, client: redis.Redis, keys: RunKeys, cfg: Config, actor_id: int, env: EnvSpec
+        self,
+        client: redis.Redis,
+        keys: RunKeys,
+        cfg: Config,
+        actor_id: int,
+        env: EnvSpec,
+        batch: int = 0,
+        life: int | None = None,
     ) -> None:
-        self.client, self.cfg, self.actor_id = client, cfg, actor_id
+        self.client, self.cfg, self.actor_id, self.batch = client, cfg, actor_id, batch
         self.obs_dtype = env.obs_dtype
         b = cfg.envs_per_actor
         n = cfg.inference_servers
         mine = protocol.server_keys(keys, n, actor_id % n)
         self.requests = protocol.requests(mine, actor_id)
-        self.replies = protocol.reply(mine, actor_id)
-        self.schema = protocol.reply_schema(env.discrete_actions(), b)
-        self.life = secrets.randbelow(2**53)  # this process's requests, told from a dead one's
+        self.replies = protocol.reply(mine, actor_id, batch)
+        self.schema = protocol.reply_schema(env.discrete_actions(), b, cfg.inference_batches)
+        # this process's requests, told from a dead one's
+        self.life = secrets.randbelow(2**53) if life is None else life
         self.seq = 0
         self.version = -1  # of the weights that chose the last actions
         self.result: dict[str, np.ndarray] = {
@@ -92,6 +109,7 @@ class Asker:
         every ``reply_timeout``); ``None`` if stopped first."""
         msg = {
             "actor": self.actor_id,
+            "batch": self.batch,
             "life": self.life,
             "seq": self.seq,
             "obs": np.asarray(obs, self.obs_dtype),
@@ -137,19 +155,82 @@ class Asker:
             self.rejected += 1
             warn_once(f"bad reply {self.replies}", "%s: rejected a reply: %s", self.replies, e)
             return None
-        if reply["life"] != self.life or reply["seq"] != self.seq:
+        if (reply["life"], reply["batch"], reply["seq"]) != (self.life, self.batch, self.seq):
             return None
         self.version = reply["version"]
         return reply["action"]
 
     def metrics(self) -> dict[str, Any]:
-        rtt, self.rtt = np.asarray(self.rtt), []
+        rtt, self.rtt = self.rtt, []  # (the thread asking appends to the new list)
+        return {"rtt": rtt, "resent": self.resent, "rejected": self.rejected}
+
+
+class Stepper(Role):
+    """Actor ``actor_id`` of central inference: its env batches (``runners``, one per
+    ``inference_batches``) in flight together, each asking with its :class:`Asker`."""
+
+    name = "stepper"
+    counter = "steps"
+
+    def __init__(self, cfg: Config, runners: list[EnvRunner], askers: list[Asker]) -> None:
+        self.cfg, self.runners, self.askers = cfg, runners, askers
+        self.pool = ThreadPoolExecutor(len(runners), thread_name_prefix="stepper")
+        self.asking: dict[Future[tuple[np.ndarray, None] | None], int] = {}
+        self.closing = threading.Event()  # the asks under way stop waiting
+
+    @property
+    def steps(self) -> int:
+        return sum(r.steps for r in self.runners)
+
+    def start(self, should_stop: StopCheck) -> bool:
+        for runner in self.runners:
+            runner.reset()
+        return True
+
+    def step(self, should_stop: StopCheck) -> bool:
+        """Every batch not waiting asks for its actions; then the batches whose actions
+        came step. False if stopped while waiting. The run's stop flag is looked at here
+        only (it reads the live config on the way): the asks stop on :attr:`closing`."""
+        waiting = set(self.asking.values())
+        for i, (runner, asker) in enumerate(zip(self.runners, self.askers, strict=True)):
+            if i not in waiting:
+                self.asking[self.pool.submit(asker.act, runner.obs, self.closing.is_set)] = i
+        while not (done := wait(self.asking, WAIT_S, FIRST_COMPLETED)[0]):
+            if should_stop():
+                self.closing.set()
+                return False
+        for future in done:
+            i, acted = self.asking.pop(future), future.result()
+            if acted is None:
+                return False
+            self.askers[i].observe(self.runners[i].step(acted[0]))
+        return True
+
+    def reconfigure(self, cfg: Config) -> None:
+        super().reconfigure(cfg)
+        for asker in self.askers:
+            asker.reconfigure(cfg)
+
+    def close(self, should_stop: StopCheck) -> None:
+        self.closing.set()
+        self.pool.shutdown(wait=True)
+
+    def metrics(self) -> dict[str, Any]:
+        """Env steps, the episodes finished since the last report, and the round trips."""
+        out: dict[str, Any] = {"steps": self.steps, "episode_returns": [], "episode_lengths": []}
+        for runner in self.runners:
+            ep = runner.episodes()
+            out["episode_returns"] += ep["episode_returns"]
+            out["episode_lengths"] += ep["episode_lengths"]
+        asked = [a.metrics() for a in self.askers]
+        rtt = np.asarray([t for m in asked for t in m["rtt"]])
         return {
-            "version": self.version,
+            **out,
+            "version": max(a.version for a in self.askers),
             "rtt_p50_ms": float(np.percentile(rtt, 50) * 1e3) if len(rtt) else 0.0,
             "rtt_p99_ms": float(np.percentile(rtt, 99) * 1e3) if len(rtt) else 0.0,
-            "resent": self.resent,
-            "rejected": self.rejected,
+            "resent": sum(m["resent"] for m in asked),
+            "rejected": sum(m["rejected"] for m in asked),
         }
 
 
@@ -159,9 +240,13 @@ def stepper(
     cfg: Config,
     actor_id: int,
     env: EnvSpec | None = None,
-    runner: EnvRunner | None = None,
-) -> Actor:
-    """Actor ``actor_id`` of central inference: its envs (``runner``: given, or made of
-    ``cfg``), asking its server for every action."""
-    runner = runner or EnvRunner(cfg, actor_id, env)
-    return Actor(cfg, runner, Asker(client, keys, cfg, actor_id, runner.env), name="stepper")
+    runners: list[EnvRunner] | None = None,
+) -> Stepper:
+    """Actor ``actor_id`` of central inference: its env batches (``runners``: given, or
+    made of ``cfg``), asking its server for every action."""
+    env = env or EnvSpec.of(cfg.env)
+    k = cfg.inference_batches
+    runners = runners or [EnvRunner(cfg, actor_id, env, batch=i) for i in range(k)]
+    life = secrets.randbelow(2**53)
+    askers = [Asker(client, keys, cfg, actor_id, env, i, life) for i in range(k)]
+    return Stepper(cfg, runners, askers)

@@ -24,7 +24,7 @@ from qrl.wire.streams import StreamProducer
 
 @dataclass(kw_only=True)
 class UnrollTrack(Track):
-    """The unroll being built from one actor's steps (``t`` of ``T`` done; step ``t``
+    """The unroll being built from one env batch's steps (``t`` of ``T`` done; step ``t``
     waits for its result); the unrolls it finished, encoded, in ``done``."""
 
     kind: str
@@ -47,6 +47,7 @@ class UnrollTrack(Track):
         b = len(obs)
         tr = cls(
             req["actor"],
+            req["batch"],
             req["life"],
             req["seq"],
             kind=kind,

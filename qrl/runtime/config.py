@@ -191,6 +191,19 @@ class CentralInference(BaseModel):
     reply_timeout: float = Field(
         2.0, gt=0, le=600, description="Seconds an actor waits for an action before it resends."
     )
+    inference_batches: int = Field(
+        4,
+        ge=1,
+        le=8,  # a server pops 2 requests per batch from an actor's list, 16 at most (its Lua)
+        description="Env batches of envs_per_actor envs each that an actor keeps in flight "
+        "with inference=central (SEED RL's actors do): while one batch's request is at its "
+        "server, the others step. An actor steps at most batches x envs_per_actor envs per "
+        "request's round trip (about 2 network round trips and a server batch), so at 1 every "
+        "millisecond of network costs throughput. 4: at a 5 ms round trip the default IMPALA "
+        "run stepped about half its loopback rate (2: about 0.4x; docs/benchmarks.md); each "
+        "batch costs its envs' memory and CPU, and a longer policy lag (an unroll fills "
+        "slower). R2D2's batches of one actor share its slots' epsilons.",
+    )
 
 
 def central(cfg: CentralInference) -> bool:
