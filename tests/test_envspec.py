@@ -23,8 +23,13 @@ from qrl.wire.connection import connect
 from qrl.wire.weights import WeightStore
 from tests import _envs
 
-# the config field that says how many envs a role plays (the others play none)
-PLAYS = {"actor": "envs_per_actor", "stepper": "envs_per_actor", "worker": "envs_per_worker"}
+# how many envs a role plays (the others play none): a stepper one batch of envs_per_actor
+# for each batch it keeps in flight
+PLAYS = {
+    "actor": lambda cfg: cfg.envs_per_actor,
+    "stepper": lambda cfg: cfg.envs_per_actor * cfg.inference_batches,
+    "worker": lambda cfg: cfg.envs_per_worker,
+}
 
 
 @pytest.mark.parametrize("algo, role", [(a.name, r.name) for a in ALGOS.values() for r in a.roles])
@@ -44,7 +49,7 @@ def test_a_role_made_from_its_context_makes_only_the_envs_it_plays(
     ctx = RoleContext(r, partial(connect, redis_server.url), keys, cfg, 0, device="cpu", env=env)
     before = _envs.made
     made = a.role(role).make(ctx)
-    assert _envs.made - before == (getattr(cfg, PLAYS[role]) if role in PLAYS else 0)
+    assert _envs.made - before == (PLAYS[role](cfg) if role in PLAYS else 0)
     # a learner (ES's master, a parameter server): evaluate what it publishes
     if a.weights_key(keys).removeprefix(keys.prefix) in a.role(role).access.writes:
         made.publish()
