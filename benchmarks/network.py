@@ -99,12 +99,15 @@ def look(admin, run: str, algo: str) -> Look:
     return Look(p.value(ENV_STEPS) or 0.0, p.value(UPDATES) or 0.0, s["policy_lag"], loads, load_s)
 
 
-def measure(name: str, rtt: float, rate: float, warmup: float, window: float) -> dict:
+def measure(
+    name: str, rtt: float, rate: float, warmup: float, window: float, sets: list[str]
+) -> dict:
     setup = SETUPS[name]
     with tempfile.TemporaryDirectory() as tmp, deployment(Path(tmp), HOSTS, rate, rtt) as d:
         run, logs = f"bench-{name}", Path(tmp) / "logs"
         logs.mkdir()
-        d.create(setup.algo, run, "--env", "CartPole-v1", "--seed", "0", *setup.create)
+        more = [arg for kv in sets for arg in ("--set", kv)]
+        d.create(setup.algo, run, "--env", "CartPole-v1", "--seed", "0", *setup.create, *more)
         for host, role, args in setup.central:
             d.role(run, host, role, args, logs / f"{role}.log")
         role, args = setup.acting
@@ -143,6 +146,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=15.0, help="seconds before measuring")
     ap.add_argument("--window", type=float, default=20.0, help="seconds measured")
     ap.add_argument("--out", type=Path, default=None, help="also append the rows (JSON lines)")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a setting of the runs"
+    )
     args = ap.parse_args()
     why = check_netns()
     if why:
@@ -156,7 +162,7 @@ def main() -> None:
         for rate in args.rates:
             base = None
             for rtt in rtts:
-                row = measure(name, rtt, rate, args.warmup, args.window)
+                row = measure(name, rtt, rate, args.warmup, args.window, args.set)
                 base = base or row
                 steps = row["env_steps_per_s"] / max(base["env_steps_per_s"], 1e-9)
                 updates = row["updates_per_s"] / max(base["updates_per_s"], 1e-9)
