@@ -96,6 +96,15 @@ def test_explore_specs_parse_sample_and_perturb_within_range():
             Explore.parse(bad)
 
 
+def test_a_uniform_range_over_more_than_two_decades_is_warned_of():
+    """``lr=1e-5..1e-1`` draws 99% of its values from its top two decades: said, with the
+    ``:log`` that draws every decade alike; a log range, a narrow one or choices are not."""
+    warning = Explore.parse("lr=1e-5..1e-1").warning()
+    assert warning is not None and "99%" in warning and "lr=1e-05..0.1:log" in warning
+    for fine in ("lr=1e-5..1e-1:log", "lr=1e-4..1e-2", "gamma=0.9,0.99,0.999", "x=-1..1e3"):
+        assert Explore.parse(fine).warning() is None, fine
+
+
 @pytest.mark.slow
 def test_exploit_copies_state_and_hyperparameters_exactly(r, keys, tmp_path):
     pcfg = _pcfg(keys)
@@ -330,6 +339,8 @@ def test_qrl_pbt_refuses_bad_settings_before_it_starts(tmp_path):
         (["--explore", "hidden=1..2"], "cannot change while the run runs"),
         (["--explore", "lr"], "expected FIELD=LOW..HIGH"),
         (["--explore", "lr=1e-3..1e-1:log", "--population", "1"], "1"),
+        # warned of first (below)
+        (["--explore", "lr=1e-5..1e-1", "--explore", "lr=1e-2..1e-1"], "a field explored twice"),
         ([], "pass at least one --explore FIELD=LOW..HIGH"),
         (["--explore", "lr=1e-3..1e-1", "--explore", "lr=1e-2..1e-1"], "a field explored twice"),
     ):
@@ -337,6 +348,8 @@ def test_qrl_pbt_refuses_bad_settings_before_it_starts(tmp_path):
         last = proc.stderr.strip().splitlines()[-1]  # click's usage lines may come before it
         assert proc.returncode == 2 and last.startswith("Error:") and why in last, (args, last)
         assert "pydantic" not in proc.stderr, proc.stderr  # its own words, not a model's dump
+        wide = "lr=1e-5..1e-1" in args
+        assert ("warning: lr=1e-05..0.1 draws uniformly" in proc.stderr) == wide, proc.stderr
 
 
 def test_a_slot_goes_on_past_writers_leases_and_configs_and_stops_when_asked(

@@ -45,7 +45,8 @@ _options = stack(
         "explore",
         multiple=True,
         metavar="FIELD=RANGE",
-        help="An explored live field: FIELD=LOW..HIGH, FIELD=LOW..HIGH:log or "
+        help="An explored live field: FIELD=LOW..HIGH (uniform: lr=1e-5..1e-1 draws 99% "
+        "of its values above 1e-3), FIELD=LOW..HIGH:log (log-uniform: each decade alike) or "
         "FIELD=A,B,C (repeat for more).",
     ),
     click.option(
@@ -200,6 +201,9 @@ def pbt_command(algo: Algorithm) -> click.Command:
             if not values["explore"]:
                 raise ValueError("pass at least one --explore FIELD=LOW..HIGH (what PBT varies)")
             check_fields(algo.config, [e.field for e in values["explore"]])
+            for e in values["explore"]:
+                if (warning := e.warning()) is not None:
+                    click.echo(f"warning: {warning}", err=True)
             name = name or default_run_name(algo.name, base.env, base.seed)
             run_keys(name, "--name")
             if values.get("target_return") is None:

@@ -70,6 +70,21 @@ class Explore(BaseModel):
         except ValueError as e:
             raise ValueError(f"{text!r}: {e}") from None
 
+    def warning(self) -> str | None:
+        """What to tell a user whose uniform range spans more than two decades (its draws
+        fall almost all in the top one: ``lr=1e-5..1e-1`` puts 99% of them above 1e-3)."""
+        if self.kind != "linear" or self.low is None or self.high is None or self.low <= 0:
+            return None
+        if self.high / self.low <= 100:
+            return None
+        top = self.high / 100  # the range's top two decades begin here
+        share = (self.high - top) / (self.high - self.low)
+        return (
+            f"{self.field}={self.low:g}..{self.high:g} draws uniformly: {share:.0%} of its "
+            f"values fall above {top:g}; for every decade alike write "
+            f"{self.field}={self.low:g}..{self.high:g}:log"
+        )
+
     def sample(self, rng: random.Random) -> float:
         if self.kind == "choice":
             return rng.choice(self.choices)  # type: ignore[arg-type]
