@@ -67,7 +67,9 @@ def test_an_eval_env_that_does_not_fit_fails_fast_with_one_line(eval_env, words,
 def test_a_network_over_the_message_cap_trains(tmp_path):
     # 2 x 4200 x 4200 float32 parameters: weights over the codec's 64 MiB cap per message,
     # which once ended the job; published in chunks now (qrl/wire/chunks.py), the actors
-    # load them and act: the job runs out its budget with no role failed
+    # load them and act (an actor steps only once it loaded published weights): the job
+    # runs out its small env-step budget with no role failed (its time budget ends a job
+    # whose actors never step, and env_steps shows it)
     out = qrl(
         "train",
         "apex",
@@ -75,6 +77,8 @@ def test_a_network_over_the_message_cap_trains(tmp_path):
         "hidden=4200,4200",
         "--run-dir",
         str(tmp_path / "run"),
+        "--max-steps",
+        "200",
         "--max-time",
         "60",
         timeout=240,

@@ -8,6 +8,7 @@ import datetime
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -149,14 +150,30 @@ def _listening_ports(pid: int) -> list[int]:
     return ports
 
 
-def _store_answers(port: int) -> bool:
-    """Whether a torch TCPStore on ``port`` sets and gets a key for an intruder."""
-    try:
-        store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=3))
-        store.set("intruder", "x")
-        return store.get("intruder") == b"x"
-    except RuntimeError:  # DistStoreError, DistNetworkError: no store there
-        return False
+def _stores_answering(ports: set[int]) -> list[int]:
+    """Those of ``ports`` on which a torch TCPStore sets and gets a key for an intruder. A
+    store answers in milliseconds; gloo's listener takes the connection and holds it
+    unanswered for a minute (TCPStore's own timeout does not bound that read), so the ports
+    are probed side by side and one with no answer within 10 s has no store (its probe's
+    thread ends when gloo drops the connection)."""
+    answers: dict[int, bool] = {}
+
+    def probe(port: int) -> None:
+        try:
+            timeout = datetime.timedelta(seconds=3)
+            store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=timeout)
+            store.set("intruder", "x")
+            answers[port] = store.get("intruder") == b"x"
+        except RuntimeError:  # DistStoreError, DistNetworkError: no store there
+            answers[port] = False
+
+    threads = [threading.Thread(target=probe, args=(port,), daemon=True) for port in ports]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return sorted(port for port, answered in list(answers.items()) if answered)
 
 
 @pytest.mark.slow
@@ -196,7 +213,7 @@ def test_no_party_but_the_learners_user_reaches_the_groups_rendezvous(tmp_path):
             conns = [c for c, _ in pipes]
             pids = [pid for _, pid in _recv(conns)]
             ports = {port for pid in pids for port in _listening_ports(pid)}
-            assert [port for port in sorted(ports) if _store_answers(port)] == []
+            assert ports and _stores_answering(ports) == []
             gen = admin.get(_key(keys, "gen")).decode()  # (its keys expire 120 s on)
             assert admin.hlen(_key(keys, "store", gen)) > 0  # the rendezvous went through Redis
             actor = redis.Redis.from_url(url("actor"))
