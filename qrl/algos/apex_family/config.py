@@ -29,7 +29,13 @@ class ReplayConfig(ClaimIdle, Config):
         "'The learner's data path').",
     )
     prefetch: int = Field(
-        4, ge=2, le=256, description="Batches sampled ahead of the learner (its ring's slots)."
+        8,
+        ge=2,
+        le=256,
+        description="Batches sampled ahead of the learner (its ring's slots, in shared "
+        "memory). A sampler fills every slot given back in one round trip, so this bounds how "
+        "many batches one round trip to Redis brings: 8 kept an Ape-X learner 5 ms from Redis "
+        "at its loopback rate where 4 held it to 0.8x (docs/benchmarks.md, 'Many machines').",
     )
     publish_every: int = Field(10, ge=1, description="Updates between weight publications.")
     replay_capacity: int = Field(100_000, ge=1, description="Transitions the replay keeps.")
