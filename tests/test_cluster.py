@@ -19,6 +19,7 @@ from qrl.runtime.metrics import MetricsReader, report
 from qrl.runtime.runs import delete_run
 from qrl.runtime.status import collect
 from qrl.server.embedded import server_version
+from qrl.server.embedded_cluster import EmbeddedCluster
 from qrl.wire.cluster import ClusterClient
 from qrl.wire.codec import Field, Schema, encode
 from qrl.wire.connection import RedisUnavailable, connect
@@ -297,6 +298,18 @@ def test_a_cluster_over_tls_checks_every_node_certificate(tmp_path):
         client.close()
         with pytest.raises(RedisUnavailable, match="cannot reach"):  # without the CA
             connect(f"rediss://:{pw}@127.0.0.1:{cluster.tls_ports[0]}/0")
+
+
+def test_a_clusters_ports_are_all_distinct(tmp_path):
+    """Every node's port, bus port and TLS port is its own: chosen one by one, a port the
+    kernel handed out a moment before came back about once in 400 clusters of 3 TLS nodes,
+    and the second node on it failed to start (a CI run, 2026-12-06)."""
+    binary = _tls_binary()
+    certs = ("--tls-cert-file", "x", "--tls-key-file", "x")  # (nothing starts here)
+    for _ in range(1000):
+        c = EmbeddedCluster(3, tls=certs, binary=binary)
+        chosen = [n.port for n in c.nodes] + c.bus_ports + c.tls_ports
+        assert len(set(chosen)) == 9, chosen
 
 
 @pytest.mark.slow

@@ -22,14 +22,19 @@ from qrl.server.embedded import EmbeddedRedis, find_redis_server, free_port, ser
 SLOTS = 16384
 
 
-def _free_ports(host: str, n: int, bus_option: bool) -> list[int]:
-    """``n`` free ports; without the bus-port option, ones whose port + 10000 is free too."""
+def _free_ports(host: str, n: int, bus_option: bool, used: set[int]) -> list[int]:
+    """``n`` free ports, none in ``used`` (which they are added to, so that the next call
+    cannot hand out one of them again: a port freed a moment ago is often the next one the
+    kernel gives); without the bus-port option, ones whose port + 10000 is free and unused
+    too (and is added)."""
     ports: list[int] = []
     while len(ports) < n:
         p = free_port(host)
-        if p in ports or (not bus_option and not _is_free(host, p + 10000)):
+        bus = p + 10000
+        if p in used or (not bus_option and (bus in used or not _is_free(host, bus))):
             continue
         ports.append(p)
+        used.update((p,) if bus_option else (p, bus))
     return ports
 
 
@@ -74,17 +79,20 @@ class EmbeddedCluster:
         # Redis 7 takes the bus port as an option; before, it is always the port + 10000
         self.bus_option = server_version(binary) >= (7,)
         first = 0 if tls else port  # with TLS, ``port`` is the first node's TLS port
+        used: set[int] = set()  # every port chosen so far (one chosen twice: a node fails)
         ports = (
             [first + i for i in range(nodes)]
             if first
-            else _free_ports(host, nodes, self.bus_option)
+            else _free_ports(host, nodes, self.bus_option, used)
         )
-        if self.bus_option:
-            self.bus_ports = [free_port(host) for _ in range(nodes)]  # port + 10000 may be taken
+        used.update(ports)
+        if self.bus_option:  # port + 10000 may be taken
+            self.bus_ports = _free_ports(host, nodes, True, used)
         else:
             self.bus_ports = [p + 10000 for p in ports]
+            used.update(self.bus_ports)
         self.tls_ports = (
-            ([port + i for i in range(nodes)] if port else [free_port(host) for _ in ports])
+            ([port + i for i in range(nodes)] if port else _free_ports(host, nodes, True, used))
             if tls
             else []
         )
