@@ -187,6 +187,11 @@ def no_status(client: redis.Redis, keys: RunKeys, config: dict[str, Any]) -> dic
 
 @dataclass(frozen=True)
 class Algorithm:
+    """One algorithm as the generic code sees it: its name (``qrl train NAME``), its config
+    class, its roles, how evaluation acts with published parameters, where the learner
+    publishes them and what ``qrl status`` shows. Its builder module defines one, and the
+    registry (:data:`qrl.algos.ALGOS`) lists it."""
+
     name: str
     config: type[Config]
     summary: str  # the help of `qrl train NAME`
