@@ -133,15 +133,16 @@ def roles_table(name: str, page: Any) -> str:
 
 
 def algorithms_table(_: str | None, page: Any) -> str:
-    """Every registered algorithm: its page (linked from ``page``), what it runs, its action
-    spaces, whether ``qrl pbt`` trains it."""
+    """Every registered algorithm: its page (linked from ``page``), what flows between its
+    roles (its config class's first line), its action spaces, whether ``qrl pbt`` trains it."""
     here = posixpath.dirname(page.file.src_uri) or "."
     rows = [
-        "| algorithm | what it runs | actions | `qrl pbt` |",
+        "| algorithm | what flows through Redis | actions | `qrl pbt` |",
         "|---|---|---|---|",
     ]
     for name, a in ALGOS.items():
-        what = a.summary.split(":", 1)[1].split(";")[0]
+        first = inspect.cleandoc(a.config.__doc__ or "").split("\n\n")[0]
+        what = first.split(": ", 1)[-1].replace("->", "→")
         cells = [
             f"[{name}]({posixpath.relpath(f'algorithms/{name}.md', here)})",
             what,
