@@ -205,10 +205,10 @@ def _read_one(ch: Channel, reading) -> None:
 
 @pytest.mark.parametrize("naps, where", [(60.0, "sleep"), (0.003, "poll")])
 def test_a_napping_reader_sleeps_outside_the_pipe_then_waits_in_it(naps, where):
-    """A slot's owner waiting for it naps (``hrtimer_nanosleep``), not in the pipe's wait
-    queue, so a give-back meanwhile has no process to wake, the dearer part of it
-    (docs/benchmarks.md, "The owners nap"); after ``naps`` seconds it waits in ``poll``,
-    burning nothing while the learner is quiet."""
+    """A slot's owner waiting for it naps (``hrtimer_nanosleep``), not in the pipe's wait queue,
+    so a give-back meanwhile has no process to wake, the dearer part of it
+    (notes/benchmarks-notebook.md, "The owners nap"); after ``naps`` seconds it waits in
+    ``poll``, burning nothing while the learner is quiet."""
     if not os.path.exists("/proc/self/wchan"):
         skip_or_fail("no /proc/PID/wchan to see where a process waits")
     ctx = multiprocessing.get_context("spawn")
