@@ -301,7 +301,9 @@ def setup(args, client, keys: RunKeys, url: str):
             unrolls,
             f"{cfg.batch_unrolls} unrolls of {cfg.unroll}",
         )
-    prefetch = {"prefetch": args.prefetch} if "prefetch" in ApexConfig.model_fields else {}
+    # (an older tree, run by compare, may have no such field)
+    given = args.prefetch is not None and "prefetch" in ApexConfig.model_fields
+    prefetch = {"prefetch": args.prefetch} if given else {}
     if args.algo == "r2d2":
         cfg = R2D2Config(steps_per_update=0, **prefetch)
         create_run(client, keys, "r2d2", cfg)
@@ -346,7 +348,12 @@ def main() -> None:
     ap.add_argument("--atari", action="store_true", help="Pong frames and the Nature CNN")
     ap.add_argument("--batch-size", type=int, default=64, help="Ape-X's")
     ap.add_argument("--samplers", type=int, nargs="+", default=[1], help="sampler processes")
-    ap.add_argument("--prefetch", type=int, default=4, help="ring slots (replay learners)")
+    ap.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        help="ring slots (replay learners; default: the config's)",
+    )
     ap.add_argument("--feed-only", action="store_true", help="the data path alone")
     ap.add_argument("--seconds", type=float, default=10.0, help="per --feed-only round")
     ap.add_argument(

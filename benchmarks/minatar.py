@@ -2,7 +2,8 @@
 
     pip install -e ".[bench,minatar,plot]"
     python benchmarks/minatar.py --games Breakout SpaceInvaders --seeds 0 1 2 --minutes 20 \\
-        --algos apex impala ppo sb3-dqn sb3-ppo --plot docs/minatar.png
+        --algos apex impala ppo sb3-dqn sb3-ppo --json notes/minatar-runs.json \\
+        --plot docs/minatar-20min.png
 
 One run after the other, each a whole process timed from its start: qrl's `qrl train ALGO
 --env MinAtar/GAME-v1 --seed S --max-time T` with its defaults (no `--set`) and the embedded

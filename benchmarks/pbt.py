@@ -22,7 +22,7 @@ ranking of draws this wide can put a policy that collapsed at once (a steady -13
 one draw still learning, and every trial then descends from the collapsed one. `--quantile
 0.75 --resample 0` (every trial below the top copies it, perturbing only) moves more turns
 to the best lineage, but leaves nothing to fall back on when that lineage diverges
-(docs/benchmarks.md).
+(notes/benchmarks-notebook.md, "Every trial below the top copying it, perturbing only").
 """
 
 from __future__ import annotations

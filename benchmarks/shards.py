@@ -35,7 +35,9 @@ stored chunks), for:
 
 On a cluster both sides use a cluster client (qrl's ``connect``, redis-py's ``RedisCluster``
 for the plain side); the client, in this one process, does all of it. On 2 cores the client is
-the bound: the Redis servers share the same cores (see docs/benchmarks.md for the profile).
+the bound: the Redis servers share the same cores (docs/benchmarks.md, "Sharded replay and
+Redis Cluster"; the profile: notes/benchmarks-notebook.md, "Sharded replay, one node and a
+Redis Cluster").
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 import pytest
+import redis
 
+from qrl.replay.sampler import SamplerSpec
 from qrl.replay.store import BUCKETS_PER_OCTAVE, P_LO, RecordLayout
 from qrl.server.embedded import find_redis_server, server_version
 from qrl.wire.codec import Field, Schema, encode
@@ -234,6 +236,22 @@ def fill_replay(replay, obs, action=None, ret=None, disc=None, priority=None) ->
 
 
 LAYOUT = RecordLayout((4,), "float32")  # CartPole's transitions
+
+
+def spec_of(url: str, keys: Any, batch_size: int = 16) -> SamplerSpec:
+    """A rank-prioritized sampler of CartPole records (:data:`LAYOUT`) from ``url``."""
+    return SamplerSpec(
+        functools.partial(redis.Redis.from_url, url),
+        keys,
+        LAYOUT,
+        1000,
+        "rank",
+        0.6,
+        0.4,
+        batch_size=batch_size,
+        learning_starts=1,
+        seed=0,
+    )
 
 
 def record_fields(ids) -> tuple[np.ndarray, ...]:

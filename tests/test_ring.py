@@ -5,7 +5,6 @@ gave it back; several sampler processes share the ring."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import multiprocessing
 import os
 import struct
@@ -13,7 +12,6 @@ import time
 
 import numpy as np
 import pytest
-import redis
 import torch
 
 from qrl.algos.impala.config import ImpalaConfig
@@ -21,7 +19,7 @@ from qrl.learners.impala import LOADER_NICE
 from qrl.learners.replay import Batch
 from qrl.replay.frames import layout_for
 from qrl.replay.ring import NAP_S, BatchRing, Channel
-from qrl.replay.sampler import Sampler, SamplerSpec
+from qrl.replay.sampler import Sampler
 from qrl.replay.store import PrioritizedReplay, Sample
 from qrl.runtime.runs import create_run
 from tests.helpers import (
@@ -31,23 +29,9 @@ from tests.helpers import (
     make_learner,
     make_records,
     skip_or_fail,
+    spec_of,
     wait_until,
 )
-
-
-def spec_of(url: str, keys, batch_size: int = 16) -> SamplerSpec:
-    return SamplerSpec(
-        functools.partial(redis.Redis.from_url, url),
-        keys,
-        LAYOUT,
-        1000,
-        "rank",
-        0.6,
-        0.4,
-        batch_size=batch_size,
-        learning_starts=1,
-        seed=0,
-    )
 
 
 def _fill_in_child(ring: BatchRing, n: int) -> None:
@@ -221,10 +205,10 @@ def _read_one(ch: Channel, reading) -> None:
 
 @pytest.mark.parametrize("naps, where", [(60.0, "sleep"), (0.003, "poll")])
 def test_a_napping_reader_sleeps_outside_the_pipe_then_waits_in_it(naps, where):
-    """A slot's owner waiting for it naps (``hrtimer_nanosleep``), not in the pipe's wait
-    queue, so a give-back meanwhile has no process to wake, the dearer part of it
-    (docs/benchmarks.md, "The owners nap"); after ``naps`` seconds it waits in ``poll``,
-    burning nothing while the learner is quiet."""
+    """A slot's owner waiting for it naps (``hrtimer_nanosleep``), not in the pipe's wait queue,
+    so a give-back meanwhile has no process to wake, the dearer part of it
+    (notes/benchmarks-notebook.md, "The owners nap"); after ``naps`` seconds it waits in
+    ``poll``, burning nothing while the learner is quiet."""
     if not os.path.exists("/proc/self/wchan"):
         skip_or_fail("no /proc/PID/wchan to see where a process waits")
     ctx = multiprocessing.get_context("spawn")

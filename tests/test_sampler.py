@@ -4,17 +4,15 @@ from Redis to half its loopback rate."""
 
 from __future__ import annotations
 
-import functools
 import socket
 import threading
 import time
 
 import numpy as np
-import redis
 
-from qrl.replay.sampler import Sampler, SamplerSpec
+from qrl.replay.sampler import Sampler
 from qrl.replay.store import PrioritizedReplay
-from tests.helpers import LAYOUT, check_records, int_ids, make_records
+from tests.helpers import LAYOUT, check_records, int_ids, make_records, spec_of
 
 
 class CountingProxy:
@@ -60,18 +58,7 @@ def test_slots_given_back_together_are_filled_in_one_round_trip(r, keys, redis_s
     replay.insert(make_records(range(200)), np.ones(200))
     proxy = CountingProxy(redis_server.port, delay=0.05)
     host, port = proxy.address
-    spec = SamplerSpec(
-        functools.partial(redis.Redis, host=host, port=port),
-        keys,
-        LAYOUT,
-        1000,
-        "rank",
-        0.6,
-        0.4,
-        batch_size=32,
-        learning_starts=1,
-        seed=0,
-    )
+    spec = spec_of(f"redis://{host}:{port}", keys, batch_size=32)
     sampler = Sampler(spec, prefetch=4)
     try:
         first = [sampler.get(timeout=30) for _ in range(4)]

@@ -11,8 +11,8 @@ loop (:func:`qrl.runtime.loop.run_role`), giving it what its declaration
 
 Child processes are forked while the parent has no thread, no torch op run and no open
 Redis connection, so they inherit torch's imports and nothing live; a parent with threads
-gets ``forkserver`` instead (:func:`process_context`; docs/benchmarks.md has the start-up
-cost of fork, forkserver and spawn).
+gets ``forkserver`` instead (:func:`process_context`; docs/benchmarks.md, "Start method of
+role processes", has the start-up cost of fork, forkserver and spawn).
 """
 
 from __future__ import annotations
@@ -267,7 +267,8 @@ def _run(
 
 
 def process_context() -> multiprocessing.context.BaseContext:
-    """The start method of role processes, chosen by measurement (docs/benchmarks.md):
+    """The start method of role processes, chosen by measurement (docs/benchmarks.md, "Start
+    method of role processes"):
     ``fork`` while the caller has started no thread (``qrl train`` forks its roles after it
     imported torch, before it runs any torch op or thread: nothing live is inherited and
     the children share the imports); otherwise ``forkserver`` preloaded with

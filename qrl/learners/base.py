@@ -68,7 +68,7 @@ def pick_device(device: str) -> torch.device:
 def adam(params: Any, **kwargs: Any) -> torch.optim.Adam:
     """Adam with its fused kernel: one pass over all parameters instead of a Python loop
     over them, which on one CPU thread is a large share of a small network's update
-    (docs/benchmarks.md, "Adam's fused kernel")."""
+    (notes/benchmarks-notebook.md, "Adam's fused kernel")."""
     return torch.optim.Adam(params, fused=True, **kwargs)
 
 

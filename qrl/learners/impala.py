@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 # the loader reads ahead while the learner can take more passes over its last batch: on a
 # machine it shares with actors, that read-ahead gives way to them as they give way to the
-# learner (qrl train's --actor-nice default; docs/benchmarks.md, "The loader's niceness")
+# learner (qrl train's --actor-nice default; notes/benchmarks-notebook.md, "The loader's
+# niceness")
 LOADER_NICE = 10
 
 

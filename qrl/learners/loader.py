@@ -5,8 +5,9 @@ entries once the learner gives its slot back (after the update that used it).
 
 Like the replay learners' samplers (:mod:`qrl.replay.sampler`) it runs apart from the
 gradient loop's GIL: a loader thread in the learner process held the IMPALA learner to
-0.66-0.71 of the same learner fed from memory (docs/benchmarks.md, "The learner's data
-path"). It is started with ``spawn`` and imports no torch.
+0.66-0.71 of the same learner fed from memory (notes/benchmarks-notebook.md, "Learners fed
+through Redis"; the process: docs/benchmarks.md, "Learner feed"). It is started with
+``spawn`` and imports no torch.
 
 A batch holds at least ``unrolls`` unrolls (columns): its entries are the fewest that make
 them, so a batch has fewer than ``unrolls + per_entry`` columns. The loader reads only for
@@ -14,10 +15,11 @@ slots the learner has given back, no more entries than their batches still need:
 slot (PPO's ``pace_actors``) it reads nothing ahead of the batch in the learner's hands, so
 in a pool whose actors make exactly one batch per version no learner takes another's share.
 
-Each read is a round trip, which far from Redis (5 ms) was most of the loader's time, and
-the loader then held the learner and, through the stream's room, the actors back
-(docs/benchmarks.md, "Many machines"): so one read asks for every free slot's entries, and
-a given-back slot's acknowledgement goes in the round trip of the read that follows it
+Each read is a round trip, which far from Redis (5 ms) was most of the loader's time, and the
+loader then held the learner and, through the stream's room, the actors back
+(notes/benchmarks-notebook.md, "Many machines"): so one read asks for every free slot's entries
+(the result: docs/benchmarks.md, "Many machines"), and a given-back slot's acknowledgement goes
+in the round trip of the read that follows it
 (:meth:`qrl.wire.streams.StreamConsumer.defer_ack`; at once when no slot is free to read for).
 """
 

@@ -11,7 +11,8 @@ process (below) and, if it fails, tells the learner why before it exits.
 A feed process wakes a few times per update (a slot given back, a Redis reply, the end of
 a nap). At the normal policy each wake-up may preempt the learner on its CPU when the
 machine has no idle one; on 2 cores the learner lost ~3.5% of its time waiting to run
-again that way (docs/benchmarks.md, "Feed processes that do not preempt the learner").
+again that way (notes/benchmarks-notebook.md, "Feed processes that do not preempt the
+learner").
 ``SCHED_BATCH`` (Linux) keeps its share of the CPU and its niceness but never preempts on
 waking: it runs on an idle CPU, or when the running task's slice ends.
 """

@@ -18,14 +18,14 @@ frames twice, and consecutive transitions share ``stack - 1`` of them. Instead:
 * Priorities and FIFO eviction are the plain replay's (``replay:prio``, consecutive ids).
   Evicting transitions ``[lo, new_lo)`` deletes the chunks that start before the chunk of
   ``new_lo``: exactly those with no transition left.
-* Sampling is the plain replay's scripts with another ``records`` function: each sampled
-  id comes with its chunk (one Lua call). The sampler checks what the transition needs of
-  it (the header and sizes, the record's values and references, the CRC-32 of each LZ4
-  block its frames are in, those blocks decompressed to their exact expected size) and
-  decompresses only those blocks (a CRC over the whole chunk cost every transition its
-  chunk's bytes again; trimming the chunk in Lua cost Redis more CPU than it saved the
-  sampler: docs/benchmarks.md). A transition whose chunk is missing or corrupt is dropped
-  from the batch and removed from the replay (dead-lettered and counted, as
+* Sampling is the plain replay's scripts with another ``records`` function: each sampled id
+  comes with its chunk (one Lua call). The sampler checks what the transition needs of it (the
+  header and sizes, the record's values and references, the CRC-32 of each LZ4 block its frames
+  are in, those blocks decompressed to their exact expected size) and decompresses only those
+  blocks (a CRC over the whole chunk cost every transition its chunk's bytes again; trimming
+  the chunk in Lua cost Redis more CPU than it saved the sampler: notes/benchmarks-notebook.md,
+  "Only the blocks a transition needs"). A transition whose chunk is missing or corrupt is
+  dropped from the batch and removed from the replay (dead-lettered and counted, as
   :meth:`PrioritizedReplay.reject` does).
 """
 

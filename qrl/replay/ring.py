@@ -40,11 +40,11 @@ NAPS_S = 0.003  # how long it naps before it waits in the pipe's poll (a learner
 
 class Channel:
     """One way between processes over a pipe. ``put`` is one write by the caller: an
-    ``mp.Queue``'s feeder thread would wake in the learner process on every update and
-    contend for its GIL (docs/benchmarks.md, "The learner's data path"). One reader; writers
-    share a lock. No more messages are in flight than there are slots, a few numbers each
-    (and a batch's ids): a ``put`` waits only if they fill the pipe (64 KiB on Linux), until
-    the reader takes one.
+    ``mp.Queue``'s feeder thread would wake in the learner process on every update and contend
+    for its GIL (notes/benchmarks-notebook.md, "The learner's data path"). One reader; writers
+    share a lock. No more messages are in flight than there are slots, a few numbers each (and
+    a batch's ids): a ``put`` waits only if they fill the pipe (64 KiB on Linux), until the
+    reader takes one.
 
     A message (numbers, bytes, strings, lists of them) is its length and its msgpack. The
     reader takes what the pipe holds into a buffer and returns a message only once it is
@@ -55,10 +55,10 @@ class Channel:
 
     ``nap`` > 0: for its first ``naps`` seconds of waiting the reader sleeps (up to ``nap``
     seconds at a time) between looks at the pipe, outside its wait queue, so a ``put``
-    meanwhile has no process to wake: waking one on the other CPU cost the learner's
-    give-back of a slot ~20 us of its ~30 here (docs/benchmarks.md, "The owners nap"). Then
-    it waits in the pipe's poll: napping on while the writer is quiet would burn CPU for
-    nothing (~7% of a core at 0.5 ms naps here)."""
+    meanwhile has no process to wake: waking one on the other CPU cost the learner's give-back
+    of a slot ~20 us of its ~30 here (notes/benchmarks-notebook.md, "The owners nap"). Then it
+    waits in the pipe's poll: napping on while the writer is quiet would burn CPU for nothing
+    (~7% of a core at 0.5 ms naps here)."""
 
     def __init__(self, ctx: Any, nap: float = 0.0, naps: float = NAPS_S) -> None:
         self._r, self._w = ctx.Pipe(duplex=False)  # (its ends travel to spawned children)

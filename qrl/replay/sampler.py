@@ -1,16 +1,16 @@
 """The learner's samplers: child processes that draw prioritized batches from the Redis
 replay ahead of the gradient loop, and write back the priorities the learner gives them.
 
-Sampling and priority writes run in their own processes with their own Redis connections,
-so the gradient loop neither waits on Redis nor shares a GIL with the Python work of
-sampling (threads in the learner process held it back more than a process does:
-docs/benchmarks.md, "Learners fed through Redis"). ``samplers`` processes draw in parallel
-when one cannot keep up, each into its own slots of a ring in shared memory
+Sampling and priority writes run in their own processes with their own Redis connections, so
+the gradient loop neither waits on Redis nor shares a GIL with the Python work of sampling
+(threads in the learner process held it back more than a process does:
+notes/benchmarks-notebook.md, "Learners fed through Redis"). ``samplers`` processes draw in
+parallel when one cannot keep up, each into its own slots of a ring in shared memory
 (:mod:`qrl.replay.ring`), and each writes back the priorities of the batches it drew. The
-processes are started with ``spawn``: fresh interpreters that import this module and what
-it needs (the replay, the codec and message schemas: numpy, redis, lz4, msgpack, pydantic,
-gymnasium; not torch), not forks of a learner with live torch threads and Redis pools.
-Batches and priorities are handed over by slot index (local IPC; nothing pickled crosses
+processes are started with ``spawn``: fresh interpreters that import this module and what it
+needs (the replay, the codec and message schemas: numpy, redis, lz4, msgpack, pydantic,
+gymnasium; not torch), not forks of a learner with live torch threads and Redis pools. Batches
+and priorities are handed over by slot index (local IPC; nothing pickled crosses
 Redis).
 """
 
@@ -92,8 +92,8 @@ class Sampler(Feed):
 def _sampler_main(spec: SamplerSpec, k: int, ring: BatchRing, halt: Any, parent: int) -> None:
     """Sampler process ``k`` (no torch: see the module's docstring): it writes the new
     priorities of the slots given back, then fills them again: every slot given back since
-    its last look, in one round trip (one batch per trip at 5 ms from Redis held the learner
-    to half its loopback rate: docs/benchmarks.md, "Many machines")."""
+    its last look, in one round trip (at 5 ms from Redis the batches one trip brings bound
+    the learner's rate: docs/benchmarks.md, "Many machines")."""
     with feeding(ring, parent):
         replay = spec.replay(seed=spec.seed + 1_000_003 * k)
         ids: dict[int, list[bytes]] = {}  # of the batch in each of this sampler's slots

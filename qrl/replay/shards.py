@@ -111,6 +111,7 @@ class ShardedReplay:
         learner fed where one batch per round trip would not (docs/benchmarks.md, "Many
         machines")."""
         sizes, shares = self._shares()
+        fractions = shares / shares.sum() if shares.sum() > 0 else shares
         plans = [self._plan(batch_size, shares) for _ in outs]
         calls = [call[:3] for plan in plans for call in plan.values()]
         replies = iter(run_scripts(self.client, calls) if calls else [])
@@ -129,7 +130,7 @@ class ShardedReplay:
                 sizes[s] = n
                 ids += [b"%d:%s" % (s, i) for i in drawn] if len(self.parts) > 1 else drawn
                 recs += records
-                probs.append(p * (shares[s] / shares.sum()))
+                probs.append(p * fractions[s])
             prob = np.concatenate(probs) if probs else np.zeros(0)
             got.append(screen(self, int(sizes.sum()), ids, recs, prob, beta, out, hold))
         if bad:

@@ -89,7 +89,7 @@ class ObsScale(nn.Module):
     passes as it is. The scale is fixed by the env (it does not drift as the policy's
     states do) and sets the features' relative weights: CartPole's pole angle (+-0.42 rad)
     and cart position (+-4.8) differ ten-fold, and scaled, Ape-X solves CartPole-v1 in a
-    fraction of the updates (docs/benchmarks.md, "Solve time on CartPole-v1"). The buffers
+    fraction of the updates (docs/benchmarks.md, "The defaults: Ape-X"). The buffers
     travel with the weights."""
 
     MAX_HALF_RANGE = 1e4

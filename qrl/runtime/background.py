@@ -8,8 +8,8 @@ most one is in flight and a full stream still holds an actor back.
 Only where the round trips are long: while its jobs take under :data:`FAR_S` on average
 (Redis on this machine or next to it) a job runs at once in the caller. There a second
 thread buys nothing and costs freshness (an unroll actor on loopback acted with weights a
-unit older, and its CartPole runs took 1.18x as long to solve: docs/benchmarks.md, "Roles
-of parts, round trips off the main paths"). In a one-process run (a seated clock,
+unit older, and its CartPole runs took 1.18x as long to solve: notes/benchmarks-notebook.md,
+"Roles of parts, round trips off the main paths"). In a one-process run (a seated clock,
 :mod:`qrl.wire.clock`) every job runs in the caller: threads of their own would make the
 turns, and so the run, depend on timing."""
 

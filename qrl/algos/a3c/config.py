@@ -2,7 +2,7 @@
 compute n-step advantage actor-critic gradients on the parameters they last pulled and push
 them to the parameter server (:mod:`qrl.ps`), which applies them with a shared RMSProp as
 they come. The defaults solve CartPole-v1 and Acrobot-v1 on a 2-core machine
-(docs/benchmarks.md, "A3C")."""
+(docs/benchmarks.md, "The defaults: A3C and Gorila")."""
 
 from __future__ import annotations
 
@@ -53,5 +53,5 @@ class A3CConfig(ParameterServerConfig, LearningRate, GradientClip, ConvTorso, Cl
         gt=0,
         description="Rewards are multiplied by this for learning (not for reports): at 1 the "
         "value loss outweighs the policy's in the clipped gradient and Acrobot-v1 did not "
-        "solve in 200 s (docs/benchmarks.md, 'A3C').",
+        "solve in 200 s (docs/benchmarks.md, 'The defaults: A3C and Gorila').",
     )

@@ -1,6 +1,6 @@
 """Ape-X's configuration (Horgan et al. 2018): double DQN with a dueling head and n-step
 returns, a Redis prioritized replay, per-actor epsilons. The defaults solve CartPole-v1 on a
-2-core machine (docs/benchmarks.md, "Solve time on CartPole-v1")."""
+2-core machine (docs/benchmarks.md, "The defaults: Ape-X")."""
 
 from __future__ import annotations
 

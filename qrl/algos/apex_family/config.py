@@ -26,7 +26,7 @@ class ReplayConfig(ClaimIdle, Config):
         ge=1,
         le=16,
         description="Sampler processes drawing batches for the learner (docs/benchmarks.md, "
-        "'The learner's data path').",
+        "'Learner feed').",
     )
     prefetch: int = Field(
         8,

@@ -47,7 +47,7 @@ def pair_ranks(returns_pos: np.ndarray, returns_neg: np.ndarray) -> np.ndarray:
     ``|r+ - r-|`` among the pairs, scaled to (0, 1]. Both halves of a pair played the same
     episode start (common random numbers), so the difference is the perturbation's effect;
     ranks over all 2n returns would mostly rank the starts where the start decides most of
-    the return (Pendulum-v1: docs/benchmarks.md, "Do the defaults generalize?") and give a
+    the return (Pendulum-v1: docs/benchmarks.md, "The defaults: ES") and give a
     pair of two hard starts a weight near 0."""
     diff = returns_pos - returns_neg
     ranks = np.empty(diff.size, dtype=np.float32)

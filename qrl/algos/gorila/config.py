@@ -2,7 +2,7 @@
 ``learners`` processes that each sample the replay, compute double-DQN gradients and push
 them to the parameter-server shards, which apply them with Adam as they come, dropping stale
 ones and (Gorila's rule) those whose loss is far off the running mean. The defaults solve
-CartPole-v1 on a 2-core machine (docs/benchmarks.md, "Gorila")."""
+CartPole-v1 on a 2-core machine (docs/benchmarks.md, "The defaults: A3C and Gorila")."""
 
 from __future__ import annotations
 

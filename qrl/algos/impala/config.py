@@ -1,6 +1,6 @@
 """IMPALA's configuration (Espeholt et al. 2018): actors send unrolls, the learner corrects
 for policy lag with V-trace. The defaults solve CartPole-v1 and Acrobot-v1 on a 2-core machine
-(docs/benchmarks.md, "Do the defaults generalize?")."""
+(docs/benchmarks.md, "The defaults: IMPALA")."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class ImpalaConfig(
 
     # MinAtar's rewards are 0 or 1 a step (the paper clipped Atari's to [-1, 1]): scaled by
     # the vector tasks' 0.01 the entropy bonus outweighed them and the policy stayed near
-    # uniform (docs/benchmarks.md, "MinAtar")
+    # uniform (docs/benchmarks.md, "MinAtar: the image defaults")
     image_defaults = {"reward_scale": 1.0}
 
     hidden: Layers = Field((64, 64), description="Hidden layer sizes of the policy-value net.")
@@ -52,7 +52,7 @@ class ImpalaConfig(
         gt=0,
         description="Rewards are multiplied by this for learning (not for reports). 0.01 "
         "keeps values and advantages near 1 on classic control and Box2D tasks; at 1 the "
-        "policy collapsed on Acrobot-v1 (docs/benchmarks.md, 'Do the defaults generalize?').",
+        "policy collapsed on Acrobot-v1 (docs/benchmarks.md, 'The defaults: IMPALA').",
     )
     passes: int = Field(
         3,
@@ -62,7 +62,7 @@ class ImpalaConfig(
         "it only while no fresh batch is waiting (sample reuse, V-trace corrects the lag; "
         "it pays when the actors are the bound, e.g. a slow simulator; 1: off). 3 took "
         "fewer env steps than 1 on each task of the defaults table (docs/benchmarks.md, "
-        "'Do the defaults generalize?').",
+        "'The defaults: IMPALA').",
     )
     publish_every: int = Field(1, ge=1, description="Updates between weight publications.")
     max_policy_lag: int = Field(

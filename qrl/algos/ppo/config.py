@@ -1,7 +1,7 @@
 """PPO's configuration (Schulman et al. 2017): actors send rollouts acted with the latest
 weights, a pool of ``learners`` synchronous learners runs PPO's clipped objective on each
 batch and all-reduces the gradients. The defaults solve CartPole-v1, Acrobot-v1 and
-LunarLander-v3 on a 2-core machine (docs/benchmarks.md, "PPO")."""
+LunarLander-v3 on a 2-core machine (docs/benchmarks.md, "The defaults: PPO")."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class PPOConfig(LearningRate, GradientClip, ConvTorso, ClaimIdle, Unrolls, Confi
 
     # the PPO paper's Atari settings (its vector tasks' are the fields' defaults): at this
     # lr, epochs and clip MinAtar's learner keeps up with the actors and does not collapse
-    # late (docs/benchmarks.md, "MinAtar")
+    # late (docs/benchmarks.md, "MinAtar: the image defaults")
     image_defaults = {"lr": 2.5e-4, "epochs": 4, "clip": 0.1}
 
     hidden: Layers = Field((64, 64), description="Hidden layer sizes of the policy-value net.")
@@ -42,14 +42,15 @@ class PPOConfig(LearningRate, GradientClip, ConvTorso, ClaimIdle, Unrolls, Confi
         0.0,
         ge=0,
         description="Clip the value function's change per update to this, in scaled reward "
-        "units, as PPO's reference code does (0: off; docs/benchmarks.md, 'PPO').",
+        "units, as PPO's reference code does (0: off; notes/benchmarks-notebook.md, "
+        "'The defaults on three tasks').",
         json_schema_extra=LIVE,
     )
     entropy_cost: float = Field(
         0.01,
         ge=0,
         description="Entropy bonus weight (at 0 LunarLander-v3 seed 1 collapsed and never "
-        "solved: docs/benchmarks.md, 'PPO').",
+        "solved: notes/benchmarks-notebook.md, 'The defaults on three tasks').",
         json_schema_extra=LIVE,
     )
     value_cost: float = Field(0.5, ge=0, description="Value loss weight.", json_schema_extra=LIVE)
@@ -70,7 +71,8 @@ class PPOConfig(LearningRate, GradientClip, ConvTorso, ClaimIdle, Unrolls, Confi
     pace_actors: bool = Field(
         True,
         description="Actors make one batch per published version (together), so none is "
-        "made only to be dropped as stale (docs/benchmarks.md, 'PPO').",
+        "made only to be dropped as stale (notes/benchmarks-notebook.md, 'The defaults on "
+        "three tasks').",
     )
     batches_ahead: int = Field(
         1,
