@@ -1,5 +1,6 @@
-"""The documents say what the code is: README's command list names every command the CLI
-has (and none it lacks), and docs/ARCHITECTURE.md names only files, classes and functions
+"""The documents say what the code is: the pages (README.md and docs/) name no command qrl
+lacks; docs/concepts.md's diagram names only functions that exist, in the files it says,
+with arrows the code takes; docs/ARCHITECTURE.md names only files, classes and functions
 that exist, and every module of the tree."""
 
 from __future__ import annotations
@@ -16,6 +17,13 @@ from qrl.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+CONCEPTS = ROOT / "docs" / "concepts.md"
+GETTING_STARTED = ROOT / "docs" / "getting-started.md"
+
+
+def pages() -> list[Path]:
+    """README and every page of the site's folder."""
+    return [README, *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def commands(cmd: click.Command, path: tuple[str, ...] = ()) -> Iterator[str]:
@@ -28,36 +36,73 @@ def commands(cmd: click.Command, path: tuple[str, ...] = ()) -> Iterator[str]:
         yield " ".join(path)
 
 
-def documented_commands() -> set[str]:
-    """The commands README's command list names: each ``qrl`` line's words up to its first
-    option or argument (or its description, after two spaces), ``a|b`` standing for both."""
-    text = README.read_text()
-    block = text.split("## Commands", 1)[1].split("```text", 1)[1].split("```", 1)[0]
-    found: set[str] = set()
-    for line in block.splitlines():
-        if not line.startswith("qrl "):
-            continue
-        words = []
-        usage = re.split(r"\s{2,}", line)[0]  # two spaces or more: its description follows
-        for word in usage.split()[1:]:
-            if not re.fullmatch(r"[a-z0-9][a-z0-9|-]*", word):
-                break
-            words.append(word.split("|"))
-        prefixes = [""]
-        for alternatives in words:
-            prefixes = [f"{p} {a}".strip() for p in prefixes for a in alternatives]
-        found.update(prefixes)
-    return found
+def code(text: str) -> Iterator[str]:
+    """The code of a page that may run ``qrl``: the lines of its shell blocks, the lines of
+    its text blocks that show a prompt (``$ qrl ...``; the others are output), and its inline
+    code spans (prose says "qrl" of the project too, so prose is not read)."""
+    fenced = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.S | re.M)
+    for lang, block in fenced.findall(text):
+        for line in block.splitlines():
+            if lang in ("bash", "sh", "shell", "console") or line.startswith("$ "):
+                yield line
+    yield from re.findall(r"`([^`\n]+)`", fenced.sub("", text))
 
 
-def test_readme_lists_every_command_and_only_those() -> None:
-    real = set(commands(main))
-    documented = documented_commands()
-    missing = sorted(real - documented)
-    # a group's own line (`qrl run ...`) is a prefix of its commands, not a command
-    unknown = sorted(d for d in documented - real if not any(r.startswith(d) for r in real))
-    assert not missing, f"README's command list lacks: {missing}"
-    assert not unknown, f"README's command list names commands qrl lacks: {unknown}"
+def named_commands(line: str) -> Iterator[tuple[str, ...]]:
+    """The command words of each ``qrl ...`` in a line of code: the words after ``qrl`` while
+    they name a subcommand of a group (``a|b`` standing for both); a lowercase word where a
+    group expects its subcommand names one, which may not exist. Options, placeholders
+    (``ALGO``) and arguments end the command."""
+    for m in re.finditer(r"(?<![\w./:-])qrl((?: +[a-z][a-z0-9|-]*)+)", line):
+        yield tuple(m.group(1).split())
+
+
+def unknown_commands(words: tuple[str, ...]) -> list[str]:
+    """The commands ``words`` name that qrl lacks (alternatives ``a|b`` each checked)."""
+    wrong = []
+    paths: list[tuple[click.Command, str]] = [(main, "qrl")]
+    for word in words:
+        nxt = []
+        for cmd, said in paths:
+            if not isinstance(cmd, click.Group):
+                continue  # a command's argument: the command is whole
+            ctx = click.Context(cmd)
+            for alt in word.split("|"):
+                sub = cmd.get_command(ctx, alt)
+                if sub is None:
+                    wrong.append(f"{said} {alt}")
+                else:
+                    nxt.append((sub, f"{said} {alt}"))
+        if not nxt:
+            break
+        paths = nxt
+    return wrong
+
+
+def test_the_pages_name_only_commands_qrl_has() -> None:
+    """Every ``qrl`` command a page's code names exists (the generated CLI reference lists
+    them all)."""
+    wrong = set()
+    for page in pages():
+        for line in code(page.read_text()):
+            for words in named_commands(line):
+                wrong.update(f"{page.relative_to(ROOT)}: {w}" for w in unknown_commands(words))
+    assert not wrong, f"pages name commands qrl lacks: {sorted(wrong)}"
+
+
+def test_the_check_of_commands_sees_a_wrong_one() -> None:
+    """The two ways a name goes wrong: a subcommand no group has, an algorithm no role has."""
+    lines = ("qrl run start x", "qrl actor es|apex --id 3")
+    found = [unknown_commands(words) for line in lines for words in named_commands(line)]
+    assert found == [["qrl run start"], ["qrl actor es"]]
+    assert list(named_commands("qrl/actors/dqn.py and `qrl:{RUN}:weights`")) == []
+
+
+def test_getting_started_gives_the_readmes_two_commands() -> None:
+    """The install-and-train and test commands are README's first two code blocks (CI runs
+    the second), and Getting started gives the same two."""
+    blocks = re.compile(r"```bash\n(.*?)\n```", re.S)
+    assert blocks.findall(GETTING_STARTED.read_text())[:2] == blocks.findall(README.read_text())[:2]
 
 
 def assigned(node: ast.AST) -> list[str]:
@@ -145,3 +190,69 @@ def test_architecture_tree_lists_every_module() -> None:
         if f"{parent}/{rel.name}" not in listed:
             missing.append(rel.as_posix())
     assert not missing, f"docs/ARCHITECTURE.md's tree lacks: {missing}"
+
+
+def diagram() -> tuple[dict[str, tuple[str, str]], list[tuple[str, str, str, str]]]:
+    """docs/concepts.md's mermaid diagram: its boxes (id -> (name, file): each label's first
+    two lines) and arrows (from, ``-->`` or ``-.->``, label or "", to)."""
+    block = CONCEPTS.read_text().split("```mermaid", 1)[1].split("```", 1)[0]
+    boxes = {
+        node: (name, path)
+        for node, name, path in re.findall(r'^\s*(\w+)\["([^"<]+)<br/>([^"<]+)', block, re.M)
+    }
+    arrows = re.findall(r'^\s*(\w+) (-->|-\.->)(?:\|"([^"]+)"\|)? (\w+)\s*$', block, re.M)
+    lines = [line for line in block.splitlines() if "-->" in line or "-.->" in line]
+    assert boxes and len(arrows) == len(lines), "the pattern no longer fits the diagram"
+    return boxes, arrows
+
+
+def source(path: str, name: str) -> str | None:
+    """The source of function ``name`` (or ``Class.method``) of file ``path``, its ``def``
+    line left out; ``None`` if the file defines no such function."""
+    text = (ROOT / path).read_text()
+    body: list[ast.stmt] = ast.parse(text).body
+    *owners, func = name.split(".")
+    for owner in owners:
+        found = [n for n in body if isinstance(n, ast.ClassDef) and n.name == owner]
+        if not found:
+            return None
+        body = found[0].body
+    for node in body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == func:
+            segment = ast.get_source_segment(text, node) or ""
+            return segment.split(":\n", 1)[1]  # after the signature
+    return None
+
+
+def test_the_concepts_diagram_names_functions_where_they_are() -> None:
+    """Each box names a function (or ``Class.method``) defined in the file it gives."""
+    boxes, _ = diagram()
+    wrong = [f"{name} in {path}" for name, path in boxes.values() if source(path, name) is None]
+    assert not wrong, f"docs/concepts.md's diagram names what the code lacks: {wrong}"
+
+
+def test_the_concepts_diagram_draws_only_arrows_the_code_takes() -> None:
+    """A solid arrow is a call within one process: the function it leaves refers to the one
+    it reaches (``.name(``, ``name(`` or ``.name``, a callback handed on). A dotted arrow
+    crosses processes through what its label names: a key qrl makes under ``qrl:{RUN}:``, or
+    a class of the shared-memory ring."""
+    boxes, arrows = diagram()
+    ring = re.findall(r"^class (\w+)", (ROOT / "qrl/replay/ring.py").read_text(), re.M)
+    qrl_code = "\n".join(p.read_text() for p in (ROOT / "qrl").rglob("*.py"))
+    wrong = []
+    for start, kind, label, end in arrows:
+        if start not in boxes or end not in boxes:
+            wrong.append(f"{start} {kind} {end}: a box without a label")
+            continue
+        (name, path), target = boxes[start], boxes[end][0].split(".")[-1]
+        if kind == "-->":
+            body = source(path, name) or ""
+            if not re.search(rf"(\.|\b){re.escape(target)}\b", body):
+                wrong.append(f"{name} does not call {boxes[end][0]}")
+        elif label.startswith("qrl:{RUN}:"):
+            if f'key("{label.removeprefix("qrl:{RUN}:")}")' not in qrl_code:
+                wrong.append(f"{label}: no such key")
+        elif label not in ring:
+            wrong.append(f"{label}: not a class of qrl/replay/ring.py")
+    unused = set(boxes) - {a[0] for a in arrows} - {a[3] for a in arrows}
+    assert not wrong and not unused, f"docs/concepts.md's diagram: {wrong}, unused {unused}"
