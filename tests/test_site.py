@@ -206,7 +206,11 @@ def test_python_examples_run(page: Path, workdir: Path, monkeypatch: pytest.Monk
     namespace: dict[str, object] = {"__name__": "__main__"}
     for line, before, code in blocks(page, "python"):
         if before != "<!-- not run -->":  # a traceback names the page and its line
-            exec(compile("\n" * line + code, str(page), "exec"), namespace)
+            # compiled as a reader's own file would be: without this module's `from
+            # __future__ import annotations`, which would leave a page's pydantic models
+            # with annotations to look up in a module that is not the page's
+            compiled = compile("\n" * line + code, str(page), "exec", dont_inherit=True)
+            exec(compiled, namespace)
 
 
 @pytest.mark.parametrize("page", examples("bash", runs=False), ids=page_id)
