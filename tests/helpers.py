@@ -405,9 +405,9 @@ def url_of(r) -> str:
 
 
 def make_runner(admin: Any, run: str, user: str = "runner", password: str = "runner-pw") -> None:
-    """Make ``user`` the one ACL user of every role of ``run`` (the README's per-run rule,
-    ``qrl run rule``) and load qrl's scripts, which it may run but not load (``qrl run
-    scripts``), as ``admin``."""
+    """Make ``user`` the one ACL user of every role of ``run`` (the per-run rule of
+    docs/many-machines.md, ``qrl run rule``) and load qrl's scripts, which it may run but not
+    load (``qrl run scripts``), as ``admin``."""
     from qrl.jobs.acl import run_rule
     from qrl.wire.scripts import load_scripts
 

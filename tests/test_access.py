@@ -43,7 +43,7 @@ def test_a_run_works_as_an_acl_user_limited_to_its_prefix(tmp_path):
     run = "acl-run"
     with EmbeddedRedis(password="admin-pw") as server:
         admin = redis.Redis.from_url(server.url)
-        make_runner(admin, run)  # the README's per-run rule, and the scripts loaded
+        make_runner(admin, run)  # the per-run rule (docs/many-machines.md), the scripts loaded
         admin.set("qrl:{other}:config", b"not yours")
         url = f"redis://runner:runner-pw@127.0.0.1:{server.port}/0"
 

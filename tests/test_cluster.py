@@ -256,8 +256,9 @@ def test_a_stalled_node_is_waited_for_until_the_deadline():
 
 
 def test_an_acl_user_limited_to_its_run_gets_the_cluster(redis_cluster):
-    """The README's rule for a run's user (no @dangerous, so no INFO) is enough: cluster mode
-    is found with CLUSTER INFO, the slot map read with CLUSTER SLOTS."""
+    """The per-run rule (docs/many-machines.md) for a run's user (no @dangerous, so no INFO)
+    is enough: cluster mode is found with CLUSTER INFO, the slot map read with CLUSTER
+    SLOTS."""
     keys, other = run_on(redis_cluster, 0, "acl"), run_on(redis_cluster, 1, "acl-other")
     rule = f"on >runner-pw resetkeys ~{keys.prefix}* +@all -@admin -@dangerous".split()
     if server_version(redis_cluster.nodes[0].binary) < (7,):

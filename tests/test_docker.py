@@ -1,8 +1,8 @@
 """The docker compose cluster, built and run for real: ``pytest -m docker tests/test_docker.py``
 (marker ``docker``; skipped with the reason when no Docker engine answers).
 
-It builds the image, then runs each profile as the README's compose section does, with its
-own ``.env`` (a random password, a free host port, ``QRL_ACTORS=4``, checkpoints every 10 s)
+It builds the image, then runs each profile as docs/many-machines.md's compose section does, with
+its own ``.env`` (a random password, a free host port, ``QRL_ACTORS=4``, checkpoints every 10 s)
 and project name. Ape-X: ``up -d --scale actor=4``; ``qrl status --json`` from this host (the
 published Redis port) shows 4 live actors (ids 0-3), the learner and the replay filler; one
 actor's process is killed (SIGKILL, as an OOM kill would) and the restart policy brings the

@@ -374,7 +374,8 @@ def test_every_step_is_in_some_loss_for_every_accepted_config(length, overlap, b
 def test_config_refuses_a_burn_in_longer_than_the_overlap():
     with pytest.raises(ConfigError, match="burn_in=8 .* overlap=4"):
         parse_config(R2D2Config, {"sequence_length": 20, "burn_in": 8, "overlap": 4})
-    parse_config(R2D2Config, {"sequence_length": 80, "burn_in": 40, "overlap": 40})  # README's
+    # the paper's Atari setting (docs/algorithms/r2d2.md)
+    parse_config(R2D2Config, {"sequence_length": 80, "burn_in": 40, "overlap": 40})
     assert R2D2Config().burn_in <= R2D2Config().overlap
 
 

@@ -231,8 +231,9 @@ def test_qrl_train_stopped_while_its_redis_is_away_ends_at_once(tmp_path):
 
 
 def test_a_relative_data_dir_keeps_the_append_only_file_there(tmp_path, monkeypatch):
-    """`qrl redis --appendonly --dir qrl-redis` (a relative folder, as the README writes it):
-    redis-server changes into --dir, so a relative path given to it twice would miss."""
+    """`qrl redis --appendonly --dir qrl-redis` (a relative folder, as docs/many-machines.md
+    writes it): redis-server changes into --dir, so a relative path given to it twice would
+    miss."""
     monkeypatch.chdir(tmp_path)
     server = EmbeddedRedis(data_dir="qrl-redis", appendonly=True).start()
     try:

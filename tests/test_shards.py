@@ -94,7 +94,7 @@ def test_the_documented_acl_rule_covers_the_shards():
     with EmbeddedRedis(password="admin-pw") as server:
         admin = redis.Redis.from_url(server.url)
         assert f"resetchannels ~{' ~'.join(keys.acl_patterns())} +@all" in run_rule(run)
-        make_runner(admin, run, password="pw")  # the README's per-run rule
+        make_runner(admin, run, password="pw")  # the per-run rule (docs/many-machines.md)
         runner = redis.Redis.from_url(f"redis://runner:pw@127.0.0.1:{server.port}/0")
         for k in keys.shards(3):
             replay = PrioritizedReplay(runner, k, LAYOUT, 10)

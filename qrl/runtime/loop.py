@@ -174,7 +174,7 @@ def _refused(role: Role, ident: int, error: redis.ResponseError, pause: float) -
     warn_every(
         f"refused:{role.name}.{ident}",
         "%s %d: Redis refused a command (NOPERM %s): this role's ACL user lacks it (check its "
-        "rule, README: Access); retrying",
+        "rule: docs/security.md); retrying",
         role.name,
         ident,
         error,

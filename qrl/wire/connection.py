@@ -268,7 +268,7 @@ def _warn_plain_text(url: str, host: str) -> None:
         _warned.add(url)
         log.warning(
             "sending the Redis password to %s in plain text (redis://): anyone on the network "
-            "can read it and every payload; use TLS (rediss://, README: Access)",
+            "can read it and every payload; use TLS (rediss://, docs/many-machines.md)",
             redact(url),
         )
 

@@ -139,8 +139,8 @@ class Bound:
     """A :class:`Lua` bound to a client: ``bound(keys, args)`` runs it there. A read-only one
     runs with EVALSHA_RO (Redis 7: a user that may only read its keys, ``%R~``, may run it on
     them), or EVALSHA where the server has no EVALSHA_RO (Redis 6.2, whose users read with
-    plain ``~`` patterns) or the user may not run it (the README's per-run rule, which may
-    write every key of its run)."""
+    plain ``~`` patterns) or the user may not run it (the per-run rule of docs/many-machines.md,
+    which may write every key of its run)."""
 
     def __init__(self, script: Lua, client: Any) -> None:
         self.script, self.client, self.sha = script, client, script.sha

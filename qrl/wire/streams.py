@@ -1,6 +1,6 @@
 """Redis streams: a producer with backpressure and a consumer-group reader.
 
-Delivery contract (README.md, "The contracts", says the same for users):
+Delivery contract (docs/concepts.md, "Streams", says the same for users):
 
 * A producer adds an entry only while fewer than ``maxlen`` entries wait undelivered (an
   atomic Lua check-and-XADD); otherwise it backs off and retries, for at most ``max_wait``

@@ -49,7 +49,7 @@ class ReplayConfig(ClaimIdle, Config):
         ge=1,
         le=MAX_SHARDS,
         description="Replay shards, each with its own hash tag, stream, filler and "
-        "capacity/shards (1: one unsharded replay); see README 'Sharded replay'.",
+        "capacity/shards (1: one unsharded replay); see docs/many-machines.md, 'Sharded replay'.",
     )
     replays: int = Field(
         1,
