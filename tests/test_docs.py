@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 import pytest
 
+from qrl.algos import ALGOS
 from qrl.cli import main
 from qrl.wire.keys import RunKeys
 
@@ -199,6 +200,15 @@ def test_architecture_tree_lists_every_module() -> None:
         if f"{parent}/{rel.name}" not in listed:
             missing.append(rel.as_posix())
     assert not missing, f"docs/ARCHITECTURE.md's tree lacks: {missing}"
+
+
+def test_the_readme_has_a_row_for_every_algorithm() -> None:
+    """README's table of algorithms has a row for each of the registry's, linking its page."""
+    text = README.read_text()
+    missing = [
+        n for n in ALGOS if f"| `{n}` |" not in text or f"(docs/algorithms/{n}.md)" not in text
+    ]
+    assert not missing, f"README's table of algorithms lacks: {missing}"
 
 
 def diagram() -> tuple[dict[str, tuple[str, str]], list[tuple[str, str, str, str]]]:
