@@ -116,7 +116,8 @@ _job_options = stack(
         "is deterministic for a seed: the same seed and config give the same weights after "
         "the same updates (with --max-updates N, the same checkpoint). For a debugger's "
         "breakpoints in any role and for reproducible runs; it uses one core. It runs one "
-        "learner and roles that can take turns (no parameter server, no central inference).",
+        "learner (no pool), one parameter-server shard, and roles that can take turns (no "
+        "central inference).",
     ),
     track_options,
 )
