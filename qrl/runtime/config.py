@@ -200,7 +200,8 @@ class CentralInference(BaseModel):
         "server, the others step. An actor steps at most batches x envs_per_actor envs per "
         "request's round trip (about 2 network round trips and a server batch), so at 1 every "
         "millisecond of network costs throughput. 4: at a 5 ms round trip the default IMPALA "
-        "run stepped 0.43 of its loopback rate (8: 0.50; docs/benchmarks.md, 'Many machines'); "
+        "run stepped 64 envs per about 13 ms, 0.43 of its loopback rate on one host and 0.61 "
+        "on a slower one (8: 0.50 on the first; docs/benchmarks.md, 'Many machines'); "
         "each batch costs its envs' memory and CPU, and a longer policy lag (an unroll fills "
         "slower). R2D2's batches of one actor share its slots' epsilons.",
     )
