@@ -8,6 +8,7 @@ import contextlib
 import functools
 import math
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -469,3 +470,30 @@ def redis7() -> str:
 def int_ids(ids: list[bytes]) -> np.ndarray:
     """Replay ids as sampled (bytes) as integers."""
     return np.array([int(i) for i in ids])
+
+
+FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
+
+
+def fenced(page: Path, language: str) -> list[tuple[int, str, str]]:
+    """The ``language`` code blocks of ``page``: (line of the fence, the line before the
+    fence, the code), dedented as a list item may indent them."""
+    out = []
+    lines = page.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m or not m[2]:
+            i += 1
+            continue
+        indent, lang, start = m[1], m[2], i
+        i += 1
+        body = []
+        while i < len(lines) and lines[i].rstrip() != f"{indent}```":
+            body.append(lines[i].removeprefix(indent))
+            i += 1
+        if lang == language:
+            before = lines[start - 1].strip() if start else ""
+            out.append((start + 1, before, "\n".join(body)))
+        i += 1
+    return out

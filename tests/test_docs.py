@@ -22,6 +22,7 @@ import pytest
 from qrl.algos import ALGOS
 from qrl.cli import main
 from qrl.wire.keys import RunKeys
+from tests.helpers import fenced
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -34,16 +35,6 @@ ADDING = ROOT / "docs" / "adding-an-algorithm.md"
 def pages() -> list[Path]:
     """README and every page of the site's folder."""
     return [README, *sorted((ROOT / "docs").rglob("*.md"))]
-
-
-def commands(cmd: click.Command, path: tuple[str, ...] = ()) -> Iterator[str]:
-    """Every command a user can run, as its words after ``qrl``."""
-    if isinstance(cmd, click.Group):
-        ctx = click.Context(cmd)
-        for name in cmd.list_commands(ctx):
-            yield from commands(cmd.get_command(ctx, name), (*path, name))
-    else:
-        yield " ".join(path)
 
 
 def code(text: str) -> Iterator[str]:
@@ -277,11 +268,6 @@ def test_the_concepts_diagram_draws_only_arrows_the_code_takes() -> None:
     assert not wrong and not unused, f"docs/concepts.md's diagram: {wrong}, unused {unused}"
 
 
-def python_blocks(page: Path) -> list[str]:
-    """The code of a page's ``python`` blocks, in order."""
-    return re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
-
-
 def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """``args`` in ``cwd``, with this checkout's qrl and ``cwd``'s modules importable."""
     env = {**os.environ, "PYTHONPATH": f"{cwd}{os.pathsep}{ROOT}"}
@@ -293,7 +279,7 @@ def test_the_environment_module_of_getting_started_trains(redis_server, keys: Ru
     """Getting started's env module, saved as its page says: PPO learns it named
     ``my_envs:Corridor-v0`` (the target its registration gives), and ``qrl eval`` plays the
     result once told the module."""
-    (module,) = [b for b in python_blocks(GETTING_STARTED) if '"Corridor-v0"' in b]
+    (module,) = [b for _, _, b in fenced(GETTING_STARTED, "python") if '"Corridor-v0"' in b]
     (tmp_path / "my_envs.py").write_text(module)
     qrl_cli = [sys.executable, "-m", "qrl.cli"]
     run_dir = tmp_path / "runs" / "corridor"
@@ -313,7 +299,7 @@ def test_the_algorithm_of_adding_an_algorithm_trains(redis_server, keys: RunKeys
     """The page's blocks, but its tries, are one file, ``a2c.py``: the qrl command line with
     A2C in it, whose ``train`` reaches a return of 100 on CartPole and whose ``eval`` plays
     the checkpoint."""
-    code = [b for b in python_blocks(ADDING) if not b.startswith("# a try")]
+    code = [b for _, _, b in fenced(ADDING, "python") if not b.startswith("# a try")]
     (tmp_path / "a2c.py").write_text("\n\n".join(code))
     run_dir = tmp_path / "runs" / "a2c"
     trained = run(

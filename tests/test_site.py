@@ -39,13 +39,13 @@ import pytest
 
 from qrl.algos import ALGOS
 from qrl.cli import main
+from tests.helpers import fenced
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 CHECKPOINT = ROOT / "tests" / "data" / "checkpoints" / "impala-cartpole.pt"
 EXAMPLE_PAGES = [*sorted(DOCS.rglob("*.md")), ROOT / "README.md"]
 
-FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
 HASH = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
 MONTH = (
     r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?"
@@ -133,30 +133,6 @@ def test_no_page_carries_a_commit_hash_a_tmp_path_or_a_date(site: Path) -> None:
     assert not found, "\n".join(found)
 
 
-def blocks(page: Path, language: str) -> list[tuple[int, str, str]]:
-    """The ``language`` code blocks of ``page``: (line of the fence, the line before the
-    fence, the code), dedented as a list item may indent them."""
-    out = []
-    lines = page.read_text().splitlines()
-    i = 0
-    while i < len(lines):
-        m = FENCE.match(lines[i])
-        if not m or not m[2]:
-            i += 1
-            continue
-        indent, lang, start = m[1], m[2], i
-        i += 1
-        body = []
-        while i < len(lines) and lines[i].rstrip() != f"{indent}```":
-            body.append(lines[i].removeprefix(indent))
-            i += 1
-        if lang == language:
-            before = lines[start - 1].strip() if start else ""
-            out.append((start + 1, before, "\n".join(body)))
-        i += 1
-    return out
-
-
 def examples(language: str, runs: bool) -> list[Path]:
     """The pages with a ``language`` block that runs (``runs``: by default, unless marked not
     to; otherwise only when marked to)."""
@@ -165,7 +141,7 @@ def examples(language: str, runs: bool) -> list[Path]:
         for p in EXAMPLE_PAGES
         if any(
             (before != "<!-- not run -->") if runs else (before == "<!-- run -->")
-            for _, before, _ in blocks(p, language)
+            for _, before, _ in fenced(p, language)
         )
     ]
 
@@ -204,7 +180,7 @@ def run_shell(script: str, workdir: Path) -> None:
 def test_python_examples_run(page: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(workdir)
     namespace: dict[str, object] = {"__name__": "__main__"}
-    for line, before, code in blocks(page, "python"):
+    for line, before, code in fenced(page, "python"):
         if before != "<!-- not run -->":  # a traceback names the page and its line
             # compiled as a reader's own file would be: without this module's `from
             # __future__ import annotations`, which would leave a page's pydantic models
@@ -215,6 +191,6 @@ def test_python_examples_run(page: Path, workdir: Path, monkeypatch: pytest.Monk
 
 @pytest.mark.parametrize("page", examples("bash", runs=False), ids=page_id)
 def test_marked_shell_examples_run(page: Path, workdir: Path) -> None:
-    for line, before, code in blocks(page, "bash"):
+    for line, before, code in fenced(page, "bash"):
         if before == "<!-- run -->":
             run_shell(f"# {page_id(page)}, line {line}\n{code}", workdir)
