@@ -111,7 +111,8 @@ class ShardedReplay:
         learner fed where one batch per round trip would not (docs/benchmarks.md, "Many
         machines")."""
         sizes, shares = self._shares()
-        fractions = shares / shares.sum() if shares.sum() > 0 else shares
+        total = shares.sum()
+        fractions = shares / total if total > 0 else shares
         plans = [self._plan(batch_size, shares) for _ in outs]
         calls = [call[:3] for plan in plans for call in plan.values()]
         replies = iter(run_scripts(self.client, calls) if calls else [])
