@@ -1,4 +1,5 @@
-"""The docker compose cluster, built and run for real: ``pytest -m docker tests/test_docker.py``
+"""The docker compose cluster, built and run for real:
+``pytest -m docker -n 0 tests/test_docker.py``
 (marker ``docker``; skipped with the reason when no Docker engine answers).
 
 It builds the image, then runs each profile as docs/many-machines.md's compose section does, with

