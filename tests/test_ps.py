@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from qrl.algos import ALGOS
-from qrl.algos.a3c.builder import _optimizer, _policy_value_net
+from qrl.algos.a3c.builder import _policy_value_net, make_optimizer
 from qrl.algos.a3c.config import A3CConfig
 from qrl.ps import protocol
 from qrl.ps.client import Flat, PSClient
@@ -39,7 +39,7 @@ def _net(cfg: A3CConfig) -> torch.nn.Module:
 
 def _server(r, keys, cfg: A3CConfig, shard: int = 0, checkpoint=None) -> ParameterServer:
     ps = ParameterServer(
-        r, keys, cfg, shard, _net(cfg), _optimizer, algo="a3c", checkpoint=checkpoint
+        r, keys, cfg, shard, _net(cfg), make_optimizer, algo="a3c", checkpoint=checkpoint
     )
     assert ps.start(never)
     return ps
@@ -75,7 +75,7 @@ def test_gradients_are_applied_one_step_each_and_published(r, keys):
     cfg = A3CConfig()
     ps = _server(r, keys, cfg)
     ref = torch.nn.Parameter(ps.param.detach().clone())
-    opt = _optimizer([ref], cfg)
+    opt = make_optimizer([ref], cfg)
     for i in range(3):
         g = _grad(ps, i)
         _send(r, keys, cfg, g, version=0)

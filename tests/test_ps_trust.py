@@ -19,7 +19,7 @@ import redis
 import torch
 
 from qrl.algos import ALGOS
-from qrl.algos.a3c.builder import _optimizer
+from qrl.algos.a3c.builder import make_optimizer
 from qrl.algos.a3c.config import A3CConfig
 from qrl.jobs.acl import join_user, user_name
 from qrl.ps import protocol
@@ -149,7 +149,7 @@ def test_a_worker_claiming_other_ids_gets_no_more_than_its_share(tmp_path):
             password = path.read_text().strip()
             return redis.Redis(server.host, server.port, username=user, password=password)
 
-        ps = ParameterServer(admin, keys, cfg, 0, _net(cfg), _optimizer, algo="a3c", workers=2)
+        ps = ParameterServer(admin, keys, cfg, 0, _net(cfg), make_optimizer, algo="a3c", workers=2)
         assert ps.start(never)
         ps.consumer.block_ms = 0  # (a step that finds nothing returns at once)
         attacker = joined(1)
@@ -223,7 +223,7 @@ def test_shard_0s_checkpoint_holds_its_own_state_only(r, keys, tmp_path):
 def _pushed(r, keys, cfg: A3CConfig, order: list[int]) -> ParameterServer:
     """A server of a run with two workers that applied the gradients of ``order`` (worker
     ids, in the order pushed), all computed on version 0 (none is stale: no limit here)."""
-    ps = ParameterServer(r, keys, cfg, 0, _net(cfg), _optimizer, algo="a3c", workers=2)
+    ps = ParameterServer(r, keys, cfg, 0, _net(cfg), make_optimizer, algo="a3c", workers=2)
     assert ps.start(never)
     for i, worker in enumerate(order):
         _send(r, keys, cfg, _grad(ps, i), version=0, worker=worker)

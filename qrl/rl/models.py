@@ -15,6 +15,7 @@ Bounds = tuple[np.ndarray, np.ndarray]  # an observation space's (low, high)
 
 
 CONVS = ("auto", "minatar", "nature")
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}
 
 
 def torso(
@@ -22,19 +23,23 @@ def torso(
     hidden: tuple[int, ...],
     bounds: Bounds | None = None,
     conv: str = "auto",
+    activation: str = "relu",
 ) -> tuple[nn.Module, int]:
     """A feature extractor for ``obs_shape`` and its output width: for ``(C, H, W)`` images a
-    conv stack (:func:`conv_torso`), for vectors an MLP of ``hidden`` layers; with
+    conv stack (:func:`conv_torso`), for vectors an MLP of ``hidden`` layers, each followed
+    by ``activation`` (a name of :data:`ACTIVATIONS`); with
     ``bounds``, vector observations are first scaled by them (:class:`ObsScale`) and images
     divided by their largest value (Atari's 255, MinAtar's 1)."""
     if is_image(obs_shape):
         return conv_torso(obs_shape, conv, _image_scale(bounds))
     if len(obs_shape) != 1:
         raise ValueError(f"observations of shape {obs_shape} are not supported (vector or CxHxW)")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r}: one of {', '.join(ACTIVATIONS)}")
     layers: list[nn.Module] = []
     width = obs_shape[0]
     for h in hidden:
-        layers += [nn.Linear(width, h), nn.ReLU()]
+        layers += [nn.Linear(width, h), ACTIVATIONS[activation]()]
         width = h
     first = _Scale(1.0) if bounds is None else ObsScale(*bounds)
     return nn.Sequential(first, *layers), width
@@ -119,9 +124,10 @@ class QNetwork(nn.Module):
         dueling: bool = True,
         bounds: Bounds | None = None,
         conv: str = "auto",
+        activation: str = "relu",
     ) -> None:
         super().__init__()
-        self.features, width = torso(obs_shape, hidden, bounds, conv)
+        self.features, width = torso(obs_shape, hidden, bounds, conv, activation)
         self.dueling = dueling
         self.advantage = nn.Linear(width, n_actions)
         self.value = nn.Linear(width, 1) if dueling else None
@@ -144,9 +150,10 @@ class PolicyValueNet(nn.Module):
         hidden: tuple[int, ...] = (64, 64),
         bounds: Bounds | None = None,
         conv: str = "auto",
+        activation: str = "relu",
     ) -> None:
         super().__init__()
-        self.features, width = torso(obs_shape, hidden, bounds, conv)
+        self.features, width = torso(obs_shape, hidden, bounds, conv, activation)
         self.policy = nn.Linear(width, n_actions)
         self.value = nn.Linear(width, 1)
 
@@ -170,9 +177,10 @@ class RecurrentQNetwork(nn.Module):
         dueling: bool = True,
         bounds: Bounds | None = None,
         conv: str = "auto",
+        activation: str = "relu",
     ) -> None:
         super().__init__()
-        self.features, width = torso(obs_shape, hidden, bounds, conv)
+        self.features, width = torso(obs_shape, hidden, bounds, conv, activation)
         self.lstm_size = lstm
         self.lstm = nn.LSTM(width, lstm, batch_first=True)
         self.advantage = nn.Linear(lstm, n_actions)
@@ -195,11 +203,12 @@ class RecurrentQNetwork(nn.Module):
 
 
 class NetConfig(Protocol):
-    """What the builders below read of a config: its hidden layers and its conv stack
-    (:class:`qrl.runtime.config.ConvTorso`)."""
+    """What the builders below read of a config: its hidden layers, its conv stack and its
+    activation (:class:`qrl.runtime.config.Torso`)."""
 
     hidden: tuple[int, ...]
     conv: str
+    activation: str
 
 
 class QNetConfig(NetConfig, Protocol):
@@ -223,7 +232,9 @@ def q_network(cfg: QNetConfig, env: EnvSpec) -> QNetwork:
     """Ape-X's Q-network for ``cfg`` on ``env`` (its learner, actors and greedy policy build
     it here)."""
     n_actions, bounds = env.discrete_actions(), _bounds(cfg, env)
-    return QNetwork(env.obs_shape, n_actions, cfg.hidden, cfg.dueling, bounds, cfg.conv)
+    return QNetwork(
+        env.obs_shape, n_actions, cfg.hidden, cfg.dueling, bounds, cfg.conv, cfg.activation
+    )
 
 
 def recurrent_q_network(cfg: RecurrentQNetConfig, env: EnvSpec) -> RecurrentQNetwork:
@@ -231,7 +242,14 @@ def recurrent_q_network(cfg: RecurrentQNetConfig, env: EnvSpec) -> RecurrentQNet
     build it here)."""
     n_actions, bounds = env.discrete_actions(), _bounds(cfg, env)
     return RecurrentQNetwork(
-        env.obs_shape, n_actions, cfg.hidden, cfg.lstm, cfg.dueling, bounds, cfg.conv
+        env.obs_shape,
+        n_actions,
+        cfg.hidden,
+        cfg.lstm,
+        cfg.dueling,
+        bounds,
+        cfg.conv,
+        cfg.activation,
     )
 
 
@@ -239,4 +257,6 @@ def policy_value_net(cfg: NetConfig, env: EnvSpec) -> PolicyValueNet:
     """IMPALA's and PPO's policy-value network for ``cfg`` on ``env`` (their learners, actors
     and greedy policies build it here)."""
     bounds = env.obs_bounds if len(env.obs_shape) != 1 else None  # vectors unscaled: tuned so
-    return PolicyValueNet(env.obs_shape, env.discrete_actions(), cfg.hidden, bounds, cfg.conv)
+    return PolicyValueNet(
+        env.obs_shape, env.discrete_actions(), cfg.hidden, bounds, cfg.conv, cfg.activation
+    )

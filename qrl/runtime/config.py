@@ -100,14 +100,18 @@ class GradientClip(BaseModel):
     grad_clip: float = grad_clip_field(10.0)
 
 
-class ConvTorso(BaseModel):
-    """Mixin of a config whose network may see images (:func:`qrl.rl.models.torso`)."""
+class Torso(BaseModel):
+    """Mixin of a config whose network starts with qrl's torso (:func:`qrl.rl.models.torso`):
+    a conv stack for images, hidden layers for vectors."""
 
     conv: Literal["auto", "minatar", "nature"] = Field(
         "auto",
         description="The conv stack for image observations: minatar (one 3x3 conv, 16 "
         "channels, 128 units), nature (the Nature DQN's, 512 units) or auto (minatar below "
         "36 pixels a side); vector observations go through the hidden layers instead.",
+    )
+    activation: Literal["relu", "tanh"] = Field(
+        "relu", description="The hidden layers' activation (the conv stacks' is ReLU)."
     )
 
 

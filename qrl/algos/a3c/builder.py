@@ -21,7 +21,7 @@ def _policy_value_net(cfg: A3CConfig, env: EnvSpec) -> Any:
     return policy_value_net(cfg, env)
 
 
-def _optimizer(params: list[torch.nn.Parameter], cfg: A3CConfig) -> torch.optim.Optimizer:
+def make_optimizer(params: list[torch.nn.Parameter], cfg: A3CConfig) -> torch.optim.Optimizer:
     import torch
 
     if cfg.optimizer == "adam":
@@ -58,7 +58,7 @@ ALGORITHM = Algorithm(
     qrl train a3c --env Acrobot-v1 --max-time 300 --workers 2
     """,
     roles=(
-        ps_role("a3c", _policy_value_net, _optimizer, "workers"),
+        ps_role("a3c", _policy_value_net, make_optimizer, "workers"),
         actor_role(
             "worker",
             ("worker", "a3c"),

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from qrl.runtime.config import LIVE, ClaimIdle, Config, ConvTorso, GradientClip
+from qrl.runtime.config import LIVE, ClaimIdle, Config, GradientClip, Torso
 from qrl.wire.keys import MAX_SHARDS
 
 
@@ -77,7 +77,7 @@ class ReplayConfig(ClaimIdle, Config):
     )
 
 
-class QLearning(ConvTorso, GradientClip):
+class QLearning(Torso, GradientClip):
     """Mixin of the Ape-X family's Q-learners (Ape-X, R2D2): the Q-network's head and input
     scaling, Adam's epsilon, the target network, the actors' per-slot epsilons."""
 

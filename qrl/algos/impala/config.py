@@ -13,19 +13,17 @@ from qrl.runtime.config import (
     CentralInference,
     ClaimIdle,
     Config,
-    ConvTorso,
     GradientClip,
     Layers,
     LearningRate,
+    Torso,
     Unrolls,
     grad_clip_field,
     lr_field,
 )
 
 
-class ImpalaConfig(
-    LearningRate, GradientClip, ConvTorso, ClaimIdle, CentralInference, Unrolls, Config
-):
+class ImpalaConfig(LearningRate, GradientClip, Torso, ClaimIdle, CentralInference, Unrolls, Config):
     """IMPALA: actors -> trajectory stream -> V-trace learner."""
 
     # MinAtar's rewards are 0 or 1 a step (the paper clipped Atari's to [-1, 1]): scaled by

@@ -11,17 +11,17 @@ from qrl.runtime.config import (
     LIVE,
     ClaimIdle,
     Config,
-    ConvTorso,
     GradientClip,
     Layers,
     LearningRate,
+    Torso,
     Unrolls,
     grad_clip_field,
     lr_field,
 )
 
 
-class PPOConfig(LearningRate, GradientClip, ConvTorso, ClaimIdle, Unrolls, Config):
+class PPOConfig(LearningRate, GradientClip, Torso, ClaimIdle, Unrolls, Config):
     """PPO: actors -> rollout stream -> a pool of synchronous learners."""
 
     # the PPO paper's Atari settings (its vector tasks' are the fields' defaults): at this
