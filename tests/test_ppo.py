@@ -13,7 +13,7 @@ from qrl.algos.ppo.gae import gae
 from qrl.algos.ppo.keys import rollouts
 from qrl.algos.ppo.messages import KIND, rollout_schema
 from qrl.learners.base import Learner
-from qrl.runtime.config import ConfigError, parse_config
+from qrl.runtime.config import ConfigError, parse_config, with_budget
 from qrl.runtime.runs import create_run
 from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.streams import GROUP
@@ -190,3 +190,33 @@ def test_train_ppo_cli_solves_cartpole(tmp_path):
     policy = qrl.load_policy(run_dir)  # from Python, as SB3 users load a model
     assert (policy.algo, policy.env_id) == ("ppo", "CartPole-v1")
     assert policy.predict(np.zeros((3, 4), np.float32)).shape == (3,)
+
+
+def test_anneal_takes_the_jobs_budget_and_falls_linearly_to_zero():
+    cfg = parse_config(PPOConfig, {"anneal": True})
+    assert with_budget(cfg, 1000, 90.0).anneal_steps == 1000  # steps first
+    by_time = with_budget(cfg, None, 90.0)
+    assert by_time.anneal_s == 90.0 and by_time.anneal_steps == 0
+    assert with_budget(parse_config(PPOConfig, {}), 1000, 90.0).anneal_steps == 0  # off: none
+    own = parse_config(PPOConfig, {"anneal": True, "anneal_steps": 50})
+    assert with_budget(own, 1000, None).anneal_steps == 50  # its own horizon kept
+    steps = with_budget(cfg, 1000, None)
+    assert [steps.remaining(n, 0) for n in (0, 250, 1000, 5000)] == [1.0, 0.75, 0.0, 0.0]
+    assert by_time.remaining(10**9, 45.0) == 0.5
+    assert cfg.remaining(10**9, 10**9) == 1.0  # no horizon: no schedule
+    assert parse_config(PPOConfig, {}).remaining(10**9, 10**9) == 1.0
+
+
+def test_an_annealing_learner_steps_with_a_falling_lr_and_clip(r, keys, redis_server):
+    """Each update's lr and clip are the schedule's at the env steps trained on so far (the
+    updates times the batch): two batches of 32 env steps (4 unrolls of 8 steps) over a
+    horizon of 128, half of it left."""
+    lrn = _learner(r, keys, redis_server, anneal=True, anneal_steps=128, lr=1e-3)
+    for _ in range(2):
+        r.xadd(rollouts(keys), {"d": encode(KIND, _rollouts(lrn, r, keys, version=lrn.updates))})
+        before = lrn.updates
+        _run_until(lrn, lambda before=before: lrn.updates > before)
+    assert lrn.rule.batch_steps == 32 and lrn.updates == 2
+    assert lrn.rule.remaining == pytest.approx(0.5)
+    assert lrn.opt.param_groups[0]["lr"] == pytest.approx(5e-4)
+    assert lrn.metrics()["anneal"] == pytest.approx(0.5)

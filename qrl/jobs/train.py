@@ -34,7 +34,7 @@ from qrl.jobs.launch import RoleSpec, start_process
 from qrl.jobs.one_process import refusal, seated
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.checkpoint import replace_model
-from qrl.runtime.config import Config
+from qrl.runtime.config import Config, with_budget
 from qrl.runtime.control import StopFlag, clear_stop, request_stop
 from qrl.runtime.files import write_json
 from qrl.runtime.live import LiveConfig
@@ -249,6 +249,7 @@ class TrainingJob:
             )
             if no := no or refusal(algo, cfg):
                 raise OneProcessRefused(no)
+        cfg = with_budget(cfg, budget.max_steps, budget.max_time)  # an annealing learner's
         self.algo, self.cfg, self.budget, self.launch = algo, cfg, budget, launch
         self.run, self.run_dir, self.console = run, run_dir, console
         self.interrupted, self.on_tick = interrupted, on_tick

@@ -201,6 +201,7 @@ class Learner(Role):
             if losses or self.rule.counts_skipped:
                 self.updates += 1
                 self.rule.after_step(self.updates, len(losses))
+                self._set_learning_rates()  # a rule's schedule (PPO's anneal) moves them
                 self.step_part.after(self.updates, self.cfg)
                 if self.publisher is not None and self.publisher.due(self.updates):
                     self.publish(wait=False)

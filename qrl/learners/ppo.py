@@ -8,7 +8,11 @@ not yet published (:class:`Fresh`, counted as ``stale``), computes GAE with adva
 normalized over the whole pool's batch, and runs ``epochs`` passes of ``minibatches``
 minibatches of PPO's clipped objective (optionally clipped value loss, entropy bonus): the
 parts of one update (:meth:`PPORule.parts`), each gradient averaged over the pool before
-its step. Then the leader publishes the weights and the entries are acknowledged.
+its step. Then the leader publishes the weights and the entries are acknowledged. With
+``anneal`` the learning rate and the ratio clip fall linearly to 0 over the run's budget
+(the PPO paper's Atari schedule, :class:`qrl.runtime.config.Annealed`): its env steps
+counted as updates times the pool's batch, so a resumed learner goes on where it was, or its
+time since this learner started.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from qrl.learners.rule import Rule, Update
 from qrl.learners.unrolls import UnrollBatch
 from qrl.rl.envspec import EnvSpec
 from qrl.rl.models import policy_value_net
+from qrl.wire import clock
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +76,15 @@ class PPORule(Rule):
         self.gen = torch.Generator(device=device).manual_seed(cfg.seed)
         self.grad_steps = 0
         self.stats: dict[str, list[float]] = {"kl": [], "clip_frac": [], "entropy": []}
+        self.batch_steps = 0  # env steps in the pool's last batch (the same every update)
+        self.started = clock.now()
+        self.remaining = 1.0  # the schedule's factor for this update (Annealed.remaining)
 
     def optimizer(self) -> torch.optim.Optimizer:
         return adam(self.net.parameters(), lr=self.cfg.lr, eps=1e-5)
+
+    def learning_rates(self) -> list[float]:
+        return [self.cfg.lr * self.remaining]
 
     def _targets(self, b: UnrollBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """GAE advantages and returns ``[T, B]``; where a time limit cut an episode its reward
@@ -96,6 +107,7 @@ class PPORule(Rule):
         s = group.sum(
             torch.tensor([n, float(adv.sum()), float((adv**2).sum())], dtype=torch.float64)
         )
+        self.batch_steps = int(s[0])
         mean = s[1] / s[0]
         std = (s[2] / s[0] - mean**2).clamp(min=0).sqrt()
         adv = ((adv - mean.float()) / (std.float() + 1e-8)).reshape(-1)
@@ -117,7 +129,8 @@ class PPORule(Rule):
         logp = logp_all.gather(1, action[:, None])[:, 0]
         log_ratio = logp - old_logp
         ratio = log_ratio.exp()
-        pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip, 1 + cfg.clip)).mean()
+        clip = cfg.clip * self.remaining
+        pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)).mean()
         v_loss = (v - ret) ** 2
         if cfg.value_clip > 0:
             v_clipped = old_v + (v - old_v).clamp(-cfg.value_clip, cfg.value_clip)
@@ -125,14 +138,16 @@ class PPORule(Rule):
         entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
         with torch.no_grad():
             self.stats["kl"].append(float(((ratio - 1) - log_ratio).mean()))
-            self.stats["clip_frac"].append(float(((ratio - 1).abs() > cfg.clip).float().mean()))
+            self.stats["clip_frac"].append(float(((ratio - 1).abs() > clip).float().mean()))
             self.stats["entropy"].append(float(entropy))
         return Update(pg_loss + cfg.value_cost * 0.5 * v_loss.mean() - cfg.entropy_cost * entropy)
 
     def after_step(self, updates: int, steps: int) -> None:
         self.grad_steps += steps
+        # the next update's lr (the learner sets it after this) and clip
+        self.remaining = self.cfg.remaining(updates * self.batch_steps, clock.now() - self.started)
 
     def metrics(self) -> dict[str, float]:
         stats = {k: float(np.mean(v)) if v else 0.0 for k, v in self.stats.items()}
         self.stats = {k: [] for k in self.stats}
-        return {"grad_steps": float(self.grad_steps), **stats}
+        return {"grad_steps": float(self.grad_steps), "anneal": self.remaining, **stats}

@@ -93,6 +93,56 @@ class LearningRate(BaseModel):
     lr: float = lr_field(1e-3)
 
 
+class Annealed(BaseModel):
+    """Mixin of a config whose learner may anneal its learning rate (and what else its rule
+    says) linearly to 0 over the run's budget, as the PPO paper does on Atari: ``qrl train``
+    fills the horizon from its ``--max-steps``, else its ``--max-time``
+    (:func:`with_budget`); :meth:`remaining` is the factor the schedule is at."""
+
+    anneal: bool = Field(
+        False,
+        description="Anneal linearly to 0 over the run's budget: its env steps (--max-steps), "
+        "else its time (--max-time).",
+    )
+    anneal_steps: int = Field(
+        0,
+        ge=0,
+        description="The env steps the schedule spans (qrl train sets it from --max-steps "
+        "when anneal is on; 0: not by steps).",
+    )
+    anneal_s: float = Field(
+        0.0,
+        ge=0,
+        description="The seconds of training the schedule spans, counted from the learner's "
+        "start (qrl train sets it from --max-time when anneal is on and no --max-steps is "
+        "given; 0: not by time).",
+    )
+
+    def remaining(self, env_steps: float, seconds: float) -> float:
+        """The schedule's factor, 1 falling linearly to 0, after ``env_steps`` env steps and
+        ``seconds`` of training (1 with annealing off or no horizon)."""
+        if not self.anneal:
+            return 1.0
+        done = 0.0
+        if self.anneal_steps:
+            done = env_steps / self.anneal_steps
+        elif self.anneal_s:
+            done = seconds / self.anneal_s
+        return min(max(1.0 - done, 0.0), 1.0)
+
+
+def with_budget(cfg: C, max_steps: int | None, max_time: float | None) -> C:
+    """``cfg`` with its annealing horizon taken from a job's budget, when it anneals and has
+    none of its own (any other config unchanged)."""
+    if not isinstance(cfg, Annealed) or not cfg.anneal or cfg.anneal_steps or cfg.anneal_s:
+        return cfg
+    if max_steps:
+        return cfg.model_copy(update={"anneal_steps": max_steps})
+    if max_time:
+        return cfg.model_copy(update={"anneal_s": float(max_time)})
+    return cfg
+
+
 class GradientClip(BaseModel):
     """Mixin of a config whose learner clips its gradient's norm: :class:`qrl.learners.base.Learner`
     reads ``grad_clip`` at every update."""

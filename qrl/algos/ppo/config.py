@@ -9,6 +9,7 @@ from pydantic import Field
 
 from qrl.runtime.config import (
     LIVE,
+    Annealed,
     ClaimIdle,
     Config,
     GradientClip,
@@ -21,12 +22,14 @@ from qrl.runtime.config import (
 )
 
 
-class PPOConfig(LearningRate, GradientClip, Torso, ClaimIdle, Unrolls, Config):
+class PPOConfig(Annealed, LearningRate, GradientClip, Torso, ClaimIdle, Unrolls, Config):
     """PPO: actors -> rollout stream -> a pool of synchronous learners."""
 
     # the PPO paper's Atari settings (its vector tasks' are the fields' defaults): at this
     # lr, epochs and clip MinAtar's learner keeps up with the actors and does not collapse
-    # late (docs/benchmarks.md, "MinAtar: the image defaults")
+    # late (docs/benchmarks.md, "MinAtar: the image defaults"). The paper also anneals lr
+    # and clip to 0 (``anneal``): off here until measured on pixels (docs/benchmarks.md,
+    # "The defaults: PPO")
     image_defaults = {"lr": 2.5e-4, "epochs": 4, "clip": 0.1}
 
     hidden: Layers = Field((64, 64), description="Hidden layer sizes of the policy-value net.")
