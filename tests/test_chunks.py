@@ -308,3 +308,37 @@ def test_chunked_weights_through_a_cluster(redis_cluster):
     assert WeightStore(connect(redis_cluster.urls[1]), keys).load_into(got) == 3
     assert torch.equal(got.weight, net.weight)
     assert writer.kept(every_s=0)
+
+
+@pytest.mark.parametrize("wire", ["native", "bfloat16"])
+def test_a_runs_weights_wire_setting_reaches_its_learners_publication(r, keys, redis_server, wire):
+    """``weights_wire``: a learner built for the run publishes as the config says, and a
+    reader gets float32 back (exact natively, within bfloat16's precision narrowed)."""
+    from qrl.algos.apex.config import ApexConfig
+    from qrl.runtime.runs import create_run
+    from tests.helpers import make_learner
+
+    cfg = ApexConfig(learning_starts=10**9, weights_wire=wire)  # nothing to train on
+    create_run(r, keys, "apex", cfg)
+    lrn = make_learner(redis_server.url, keys, cfg)
+    try:
+        lrn.publish()
+        manifest = r.hgetall(keys.weights)
+        assert manifest, "nothing published"
+        w = WeightStore(r, keys).fetch()
+        assert w is not None
+        for name, theirs in lrn.net.state_dict().items():
+            got = torch.from_numpy(np.asarray(w.params[name]))
+            assert got.dtype == torch.float32
+            if wire == "native":
+                assert torch.equal(got, theirs)
+            else:
+                assert torch.allclose(got, theirs, rtol=2**-8, atol=1e-7)
+        narrowed = [
+            n
+            for n, t in lrn.net.state_dict().items()
+            if not torch.equal(torch.from_numpy(np.asarray(w.params[n])), t)
+        ]
+        assert bool(narrowed) == (wire == "bfloat16")
+    finally:
+        lrn.close(lambda: True)

@@ -160,7 +160,7 @@ class Learner(Role):
             device,
             rule,
             source,
-            publisher=Publisher(WeightStore(client, ctx.keys), every),
+            publisher=Publisher(WeightStore(client, ctx.keys, wire=ctx.cfg.wire), every),
             checkpointer=Checkpointer(algo, ctx.checkpoint, ctx.snapshot),
             client=client,
         )

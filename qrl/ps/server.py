@@ -128,7 +128,7 @@ class ParameterServer(Role):
         self.peers = [WeightStore(client, keys, protocol.params(sk)) for sk in shards]
         self.peer_versions = [-1] * n
         self.whole = self.flat.vector().clone()
-        self.run_weights = WeightStore(client, keys)
+        self.run_weights = WeightStore(client, keys, wire=cfg.wire)  # (the blocks: exact)
         self.run_from = -1  # the blocks' version last published to the run's weights
         self.next_publish = 0.0
 

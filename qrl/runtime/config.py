@@ -281,6 +281,19 @@ class Config(BaseModel):
 
     env: str = Field("CartPole-v1", min_length=1, description="Gymnasium environment id.")
     seed: int = Field(0, ge=0, lt=2**31, description="Random seed of every role.")
+    weights_wire: Literal["native", "bfloat16"] = Field(
+        "native",
+        description="How the run's published weights travel: native (their own dtype) or "
+        "bfloat16 (half the bytes of float32, 8 bits of mantissa; readers cast them back). "
+        "A parameter server's blocks and ES's parameters stay native: the learning needs "
+        "them exact.",
+    )
+
+    @property
+    def wire(self) -> str | None:
+        """The dtype a weight store of the run's weights sends float arrays as (None: their
+        own), :attr:`weights_wire`'s."""
+        return None if self.weights_wire == "native" else self.weights_wire
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
