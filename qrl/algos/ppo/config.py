@@ -28,8 +28,8 @@ class PPOConfig(Annealed, LearningRate, GradientClip, Torso, ClaimIdle, Unrolls,
     # the PPO paper's Atari settings (its vector tasks' are the fields' defaults): at this
     # lr, epochs and clip MinAtar's learner keeps up with the actors and does not collapse
     # late (docs/benchmarks.md, "MinAtar: the image defaults"). The paper also anneals lr
-    # and clip to 0 (``anneal``): off here until measured on pixels (docs/benchmarks.md,
-    # "The defaults: PPO")
+    # and clip to 0 (``anneal``): off here, slower on classic control and far lower on a
+    # MinAtar pair (docs/benchmarks.md, "The defaults: PPO")
     image_defaults = {"lr": 2.5e-4, "epochs": 4, "clip": 0.1}
 
     hidden: Layers = Field((64, 64), description="Hidden layer sizes of the policy-value net.")
