@@ -1,7 +1,7 @@
 """MinAtar (issue 35): qrl's algorithms against SB3's DQN and PPO on the same wall time.
 
     pip install -e ".[bench,minatar,plot]"
-    python benchmarks/minatar.py --games Breakout SpaceInvaders --seeds 0 1 2 --minutes 20 \\
+    python benchmarks/minatar.py --seeds 0 1 2 --minutes 20 \\
         --algos apex impala ppo sb3-dqn sb3-ppo --json notes/minatar-runs.json \\
         --plot docs/minatar-20min.png
 
@@ -19,8 +19,10 @@ steps; PPO 8 envs, n_steps 128, 4 epochs, batch 256, lr 2.5e-4 and clip 0.1 (bot
 0 over 10M steps, more than the budget reaches), ent_coef 0.01, vf_coef 0.5.
 
 Printed: per run the final 100-episode mean return, wall seconds and env steps; per game and
-algorithm the mean over seeds; the goal: qrl's best algorithm >= 1.5x the best SB3
-baseline on every game. ``--plot`` draws training return against wall time and env steps.
+algorithm the mean over seeds; the goals: qrl's best algorithm >= 1.5x the best SB3
+baseline, and qrl's Ape-X >= 1.5x SB3's DQN, on every game (all five of MinAtar's by
+default). ``--plot`` draws training return against wall time and env steps. Each record
+keeps the host it ran on (CPUs and model), so that a table made over days can say so.
 """
 
 from __future__ import annotations
@@ -41,9 +43,23 @@ from pathlib import Path
 # minatar package from every import of it here
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
 
+GAMES = ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders")
 QRL_ALGOS = ("apex", "impala", "ppo", "r2d2")
 SB3_ALGOS = ("sb3-dqn", "sb3-ppo")
 START = time.time()  # this process's start: SB3's budget counts from it
+
+
+def _host() -> str:
+    """This machine as a record names it: its CPUs and their model (Linux's cpuinfo)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    model = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
+    return f"{os.cpu_count()} CPUs, {model.group(1) if model else 'unknown model'}"
+
+
+HOST = _host()
 CURVE_POINTS = 2000  # a run's curve is kept at about this many points (the JSON stays small)
 
 
@@ -234,7 +250,7 @@ def _smooth(ys: tuple, k: int = 50) -> list[float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--games", nargs="+", default=["Breakout", "SpaceInvaders"])
+    p.add_argument("--games", nargs="+", choices=GAMES, default=list(GAMES))
     p.add_argument("--algos", nargs="+", default=[*QRL_ALGOS[:3], *SB3_ALGOS])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--minutes", type=float, default=20.0)
@@ -265,7 +281,13 @@ def main() -> None:
                 else:
                     r = qrl_run(algo, game, seed, seconds, where)
                 r["curve"] = r["curve"][:: max(1, len(r["curve"]) // CURVE_POINTS)]
-                results[(game, algo, seed)] = {"game": game, "algo": algo, "seed": seed, **r}
+                results[(game, algo, seed)] = {
+                    "game": game,
+                    "algo": algo,
+                    "seed": seed,
+                    "host": HOST,
+                    **r,
+                }
                 print(
                     f"{game} {algo} seed {seed}: final {r['final']} in {r['secs']:.0f} s, "
                     f"{r['steps']} env steps (exit {r['code']}) {r.get('err', '')[:200]}",
@@ -285,6 +307,9 @@ def main() -> None:
         theirs = max((v for a, v in best.items() if a in SB3_ALGOS), default=None)
         if ours is not None and theirs:
             print(f"{game}: qrl's best / SB3's best = {ours / theirs:.2f} (goal >= 1.5)")
+        if best.get("apex") is not None and best.get("sb3-dqn"):
+            ratio = best["apex"] / best["sb3-dqn"]
+            print(f"{game}: qrl's Ape-X / SB3's DQN = {ratio:.2f} (goal >= 1.5)")
     if args.plot:
         plot(results, args.plot)
 

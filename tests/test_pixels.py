@@ -104,11 +104,18 @@ def test_conv_is_a_setting_and_a_stack_that_cannot_fit_is_refused_clearly():
 
 
 @pytest.mark.slow
-def test_image_observations_take_the_configs_image_defaults():
-    ppo, images = ALGOS["ppo"], PPOConfig.image_defaults
-    cfg = build_config(ppo, None, (), env="MinAtar/Breakout-v1")
+@pytest.mark.parametrize("name", ["apex", "impala", "ppo"])
+def test_image_observations_take_the_configs_image_defaults(name):
+    algo = ALGOS[name]
+    images = algo.config.image_defaults
+    cfg = build_config(algo, None, (), env="MinAtar/Breakout-v1")
     assert images and {k: getattr(cfg, k) for k in images} == images
-    assert build_config(ppo, None, (), env="CartPole-v1") == PPOConfig()  # vectors: its own
+    assert build_config(algo, None, (), env="CartPole-v1") == algo.config()  # vectors: its own
+
+
+@pytest.mark.slow
+def test_an_image_envs_defaults_are_shown_and_yield_to_what_is_given():
+    ppo, images = ALGOS["ppo"], PPOConfig.image_defaults
     given = build_config(ppo, None, ("lr=1e-3",), env="MinAtar/Breakout-v1")
     assert given.lr == 1e-3 and given.epochs == images["epochs"]  # what is given stays
     shown = qrl("config", "show", "ppo", "--env", "MinAtar/Breakout-v1", "--toml", timeout=60)
