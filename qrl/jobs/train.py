@@ -189,6 +189,11 @@ def _shutdown(
     if client is not None:
         with contextlib.suppress(redis.RedisError, RedisUnavailable):  # roles stop anyway
             request_stop(client, keys)
+    for p in procs.values():
+        # this job's own processes hear it at once: SIGTERM stops a role as the request does
+        # (its last report, its checkpoint), where its poll of the request takes up to 0.25 s
+        if isinstance(p, BaseProcess) and p.exitcode is None:
+            p.terminate()
     deadline = time.monotonic() + grace
     for p in procs.values():
         p.join(max(deadline - time.monotonic(), 0.1))
@@ -339,7 +344,9 @@ class TrainingJob:
             else _Null() as live,
         ):
             while not self.stop_flag():
-                for msg in self.reader.read(block_ms=500):
+                # no longer than until the next evaluation is due: a solve is seen when it is
+                wait = min(0.5, self.next_eval - time.monotonic())
+                for msg in self.reader.read(block_ms=max(int(wait * 1000), 1)):
                     progress.fold(msg)
                 if self.on_tick is not None:
                     self.on_tick()
