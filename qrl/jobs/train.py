@@ -69,7 +69,7 @@ class Budget:
     max_time: float | None = 90.0
     max_steps: int | None = None
     max_updates: int | None = None  # each role that counts updates (learners) stops at this
-    eval_every: float = 1.0
+    eval_every: float = 0.5  # seconds; a short run's solve is seen within half a second
     eval_episodes: int = 10
     confirm_episodes: int = 100  # an evaluation that reaches the target is confirmed on these
     eval_env: str | None = None  # evaluate on this env id instead of the training env
