@@ -34,43 +34,7 @@ from qrl.runtime.roles import ENV_STEPS, UPDATES  # noqa: E402
 from qrl.runtime.runlog import Progress  # noqa: E402
 from qrl.runtime.status import collect  # noqa: E402
 from qrl.wire.keys import RunKeys  # noqa: E402
-from tests.hosts import check_netns, deployment  # noqa: E402
-
-HOSTS = ["redis", "learner", "actor0", "actor1"]
-
-
-@dataclass(frozen=True)
-class Setup:
-    """A run's algorithm, its ``qrl run create`` arguments, and its roles: (host, ACL role,
-    ``qrl`` arguments); the actor-side ones once per actor host."""
-
-    algo: str
-    create: tuple[str, ...]
-    central: tuple[tuple[str, str, tuple[str, ...]], ...]
-    acting: tuple[str, tuple[str, ...]]
-
-
-def _learner(algo: str) -> tuple[str, str, tuple[str, ...]]:
-    return ("learner", "learner", ("learner", algo, "--device", "cpu"))
-
-
-SETUPS = {
-    "apex": Setup(
-        "apex",
-        (),
-        (("learner", "replay", ("replay",)), _learner("apex")),
-        ("actor", ("actor", "apex")),
-    ),
-    "impala": Setup("impala", (), (_learner("impala"),), ("actor", ("actor", "impala"))),
-    "impala-central": Setup(
-        "impala",
-        ("--set", "inference=central"),
-        (_learner("impala"), ("learner", "inference", ("inference", "impala", "--device", "cpu"))),
-        ("stepper", ("stepper", "impala")),
-    ),
-    "a3c": Setup("a3c", (), (("learner", "ps", ("ps", "a3c")),), ("worker", ("worker", "a3c"))),
-    "es": Setup("es", (), (("learner", "master", ("es", "master")),), ("worker", ("es", "worker"))),
-}
+from tests.hosts import HOSTS, SETUPS, check_netns, deployment  # noqa: E402
 
 
 @dataclass
@@ -107,12 +71,7 @@ def measure(
         run, logs = f"bench-{name}", Path(tmp) / "logs"
         logs.mkdir()
         more = [arg for kv in sets for arg in ("--set", kv)]
-        d.create(setup.algo, run, "--env", "CartPole-v1", "--seed", "0", *setup.create, *more)
-        for host, role, args in setup.central:
-            d.role(run, host, role, args, logs / f"{role}.log")
-        role, args = setup.acting
-        for i, host in enumerate(("actor0", "actor1")):
-            d.role(run, host, role, args, logs / f"{role}{i}.log")
+        d.launch(setup, run, logs, "--env", "CartPole-v1", "--seed", "0", *more)
         time.sleep(warmup)  # the roles start, connect and reach their pace
         t0, first = time.monotonic(), look(d.admin, run, setup.algo)
         lags = []

@@ -173,6 +173,45 @@ class Hosts:
             subprocess.run(["ip", "netns", "del", self.ns(host)], capture_output=True)
 
 
+HOSTS = ["redis", "learner", "actor0", "actor1"]  # Redis first, then the run's
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A run's algorithm, its ``qrl run create`` arguments, and its roles on the hosts of
+    :data:`HOSTS`: (host, ACL role, ``qrl`` arguments); the actor-side ones once per actor
+    host."""
+
+    algo: str
+    create: tuple[str, ...]
+    central: tuple[tuple[str, str, tuple[str, ...]], ...]
+    acting: tuple[str, tuple[str, ...]]
+
+
+def _learner(algo: str) -> tuple[str, str, tuple[str, ...]]:
+    return ("learner", "learner", ("learner", algo, "--device", "cpu"))
+
+
+# the runs the network tests and benchmarks/network.py deploy, by name
+SETUPS = {
+    "apex": Setup(
+        "apex",
+        (),
+        (("learner", "replay", ("replay",)), _learner("apex")),
+        ("actor", ("actor", "apex")),
+    ),
+    "impala": Setup("impala", (), (_learner("impala"),), ("actor", ("actor", "impala"))),
+    "impala-central": Setup(
+        "impala",
+        ("--set", "inference=central"),
+        (_learner("impala"), ("learner", "inference", ("inference", "impala", "--device", "cpu"))),
+        ("stepper", ("stepper", "impala")),
+    ),
+    "a3c": Setup("a3c", (), (("learner", "ps", ("ps", "a3c")),), ("worker", ("worker", "a3c"))),
+    "es": Setup("es", (), (("learner", "master", ("es", "master")),), ("worker", ("es", "worker"))),
+}
+
+
 TLS_PORT, RELAY_PORT = 6379, 6380  # on the Redis host: the server's, the relay's
 
 
@@ -209,6 +248,16 @@ class Deployment:
         }
         out = log.open("w")
         self.hosts.python(host, ["-m", "qrl.cli", "-v", *args], env=env, stdout=out, stderr=out)
+
+    def launch(self, setup: Setup, run: str, logs: Path, *args: str) -> None:
+        """Create ``run`` of ``setup`` (with ``args`` for ``qrl run create``) and start its
+        roles on the hosts of :data:`HOSTS`, each logging into ``logs``."""
+        self.create(setup.algo, run, *setup.create, *args)
+        for host, role, argv in setup.central:
+            self.role(run, host, role, argv, logs / f"{role}.log")
+        role, argv = setup.acting
+        for i, host in enumerate(HOSTS[2:]):
+            self.role(run, host, role, argv, logs / f"{role}{i}.log")
 
 
 @contextlib.contextmanager

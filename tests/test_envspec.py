@@ -23,12 +23,12 @@ from qrl.wire.connection import connect
 from qrl.wire.weights import WeightStore
 from tests import _envs
 
-# how many envs a role plays (the others play none): a stepper one batch of envs_per_actor
-# for each batch it keeps in flight
+# how many envs a role (as made) plays (the others play none): a stepper one batch of
+# envs_per_actor for each batch it keeps in flight (more the farther it is from Redis)
 PLAYS = {
-    "actor": lambda cfg: cfg.envs_per_actor,
-    "stepper": lambda cfg: cfg.envs_per_actor * cfg.inference_batches,
-    "worker": lambda cfg: cfg.envs_per_worker,
+    "actor": lambda cfg, role: cfg.envs_per_actor,
+    "stepper": lambda cfg, role: cfg.envs_per_actor * len(role.runners),
+    "worker": lambda cfg, role: cfg.envs_per_worker,
 }
 
 
@@ -49,7 +49,7 @@ def test_a_role_made_from_its_context_makes_only_the_envs_it_plays(
     ctx = RoleContext(r, partial(connect, redis_server.url), keys, cfg, 0, device="cpu", env=env)
     before = _envs.made
     made = a.role(role).make(ctx)
-    assert _envs.made - before == (PLAYS[role](cfg) if role in PLAYS else 0)
+    assert _envs.made - before == (PLAYS[role](cfg, made) if role in PLAYS else 0)
     # a learner (ES's master, a parameter server): evaluate what it publishes
     if a.weights_key(keys).removeprefix(keys.prefix) in a.role(role).access.writes:
         made.publish()

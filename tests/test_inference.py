@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+import redis
 import torch
 
 from qrl.actors.envs import EnvRunner
@@ -32,6 +33,7 @@ from qrl.inference.stepper import stepper
 from qrl.inference.unrolls import UnrollAgent
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.runs import create_run
+from qrl.server.embedded import free_port
 from qrl.wire.codec import decode, encode
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
@@ -212,6 +214,46 @@ print("torch loaded" if "torch" in sys.modules else "no torch")
 """
 
 
+def test_an_actor_far_from_redis_keeps_more_env_batches_in_flight(r, keys, redis_server):
+    """An actor steps at most its envs in flight per request's round trip (Little's law), so
+    one 5 ms from Redis (through a delaying relay) keeps ``inference_batches_per_ms`` more
+    batches for each millisecond, one near it ``inference_batches``; each says how many it
+    has, and the server waits for that many of each (not a fixed count per actor)."""
+    cfg = _setup(r, keys, inference_batches=2, stream_maxlen=100_000)
+    port = free_port()
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "tests._relay", "--listen", f"127.0.0.1:{port}"]
+        + ["--to", f"127.0.0.1:{redis_server.port}", "--delay-ms", "2.5", "--max-s", "120"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    far_client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        assert relay.stdout.readline().strip() == "ready"
+        near, far = stepper(r, keys, cfg, 0), stepper(far_client, keys, cfg, 1)
+        assert len(near.runners) == 2
+        assert 2 + 5 <= len(far.runners) <= protocol.MAX_BATCHES
+        fixed = cfg.model_copy(update={"inference_batches_per_ms": 0.0})
+        assert len(stepper(far_client, keys, fixed, 1).runners) == 2
+        server = _server(r, keys, cfg)
+        assert server.expect == 2 * 2  # before it hears from them: inference_batches each
+        stop, threads = _threads(_loop(server), _loop(near), _loop(far))
+        try:
+            wait_until(lambda: min(x.steps for x in (near, far)) >= 200, "both to step", 60)
+            assert server.expect == len(near.runners) + len(far.runners)
+            assert far.metrics()["batches"] == len(far.runners)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(10)
+    finally:
+        far_client.close()
+        relay.terminate()
+        relay.wait(10)
+    assert server.rejected == 0
+
+
 def test_the_actor_process_imports_no_torch(r, keys, redis_server):
     cfg = _setup(r, keys)
     stop, threads = _threads(_loop(_server(r, keys, cfg)))
@@ -316,6 +358,7 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
     good = {
         "actor": 1,
         "batch": 0,
+        "batches": 1,
         "life": 5,
         "seq": 0,
         "obs": np.zeros((B, 4), np.float32),
@@ -341,7 +384,9 @@ def test_hostile_requests_are_dead_lettered_and_the_server_serves_on(r, keys, re
                 "final_obs": np.zeros((1, 4), np.float32),
             },
         ),
-        encode(protocol.REQUEST, {**good, "batch": cfg.inference_batches}),  # no such batch
+        encode(protocol.REQUEST, {**good, "batch": 1}),  # no such batch of 1
+        encode(protocol.REQUEST, {**good, "batches": protocol.MAX_BATCHES + 1}),  # too many
+        encode(protocol.REQUEST, {**good, "batches": 0}),
         encode(
             protocol.REPLY,
             {"life": 1, "batch": 0, "seq": 0, "action": np.zeros(B, np.int32), "version": 0},

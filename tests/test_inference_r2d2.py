@@ -189,6 +189,7 @@ def test_an_r2d2_server_serves_on_past_hostile_requests(r, keys, redis_server):
     stop, threads = _threads(_loop(server), _loop(actor))
     good = {
         "batch": 0,
+        "batches": 1,
         "life": 5,
         "obs": np.zeros((B, 4), np.float32),
         "reward": np.zeros(B, np.float32),

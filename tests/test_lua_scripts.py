@@ -428,7 +428,8 @@ def test_no_script_examines_more_than_its_bound_whatever_its_argv_asks(private, 
     lists = [keys.key(f"requests:{i}") for i in range(2)]
     r.rpush(lists[0], *[b"x"] * 100)
     out, *_ = call("inference.pop", lists, [huge, huge, huge])
-    assert len(out) == 2 * 16  # (list, request) pairs: 16 of one list at most
+    # (list, request) pairs: 32 of one list at most (EACH of an actor's MAX_BATCHES)
+    assert len(out) == 2 * protocol.EACH * protocol.MAX_BATCHES == 2 * 32
     prio, data = keys.replay_priorities, keys.replay_data
     args = [0.6, 1e-6, 2**0.25, huge, np.zeros(4).tobytes(), 16]
     assert call("replay.sample_proportional", [prio, data], args)[0] == 0  # 1,024 buckets

@@ -1,8 +1,8 @@
 """Runs across emulated machines (:mod:`tests.hosts`): Redis on one host, the learner on
-another, an actor on each of two more, 5 ms round trip to Redis and 1 Gbit/s links; every
-role connects as a remote deployment would, over TLS and as its own ACL user. Each run must
-solve CartPole (its published weights reach the target, confirmed on 100 fresh episodes, as
-``qrl train`` confirms)."""
+another, an actor (or a stepper of central inference) on each of two more, 5 ms round trip
+to Redis and 1 Gbit/s links; every role connects as a remote deployment would, over TLS and
+as its own ACL user. Each run must solve CartPole (its published weights reach the target,
+confirmed on 100 fresh episodes, as ``qrl train`` confirms)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from qrl.jobs.train import Evaluator
 from qrl.runtime.runs import load_run_config
 from qrl.wire.keys import RunKeys
 from tests.helpers import not_none, skip_or_fail, wait_until
-from tests.hosts import Deployment, check_netns, deployment
+from tests.hosts import HOSTS, SETUPS, Deployment, check_netns, deployment
 
 pytestmark = pytest.mark.network
 
@@ -29,7 +29,7 @@ def cluster(tmp_path):
     why = check_netns()
     if why:
         skip_or_fail(why)
-    with deployment(tmp_path, ["redis", "learner", "actor0", "actor1"], RATE, RTT_MS) as d:
+    with deployment(tmp_path, HOSTS, RATE, RTT_MS) as d:
         print(f"PING round trip from an actor host: {d.ping_ms:.2f} ms (asked for {RTT_MS})")
         yield d
 
@@ -55,15 +55,9 @@ def _solved(c: Deployment, algo: str, run: str, logs: Path, budget_s: float) -> 
     return wait_until(confirmed, what, budget_s, until=not_none, every=2.0, context=tails)
 
 
-@pytest.mark.parametrize("algo", ["apex", "impala"])
-def test_a_run_across_four_hosts_at_5ms_solves_cartpole(cluster, algo, tmp_path):
-    run, logs = f"net-{algo}", tmp_path / "logs"
+@pytest.mark.parametrize("setup", ["apex", "impala", "impala-central"])
+def test_a_run_across_four_hosts_at_5ms_solves_cartpole(cluster, setup, tmp_path):
+    run, logs = f"net-{setup}", tmp_path / "logs"
     logs.mkdir()
-    cluster.create(algo, run, "--env", "CartPole-v1", "--seed", "0")
-    learner = ["learner", algo, "--device", "cpu", "--run-dir", str(tmp_path / "run")]
-    if algo == "apex":
-        cluster.role(run, "learner", "replay", ["replay"], logs / "replay.log")
-    cluster.role(run, "learner", "learner", learner, logs / "learner.log")
-    for i in range(2):
-        cluster.role(run, f"actor{i}", "actor", ["actor", algo], logs / f"actor{i}.log")
-    assert _solved(cluster, algo, run, logs, budget_s=240) >= TARGET
+    cluster.launch(SETUPS[setup], run, logs, "--env", "CartPole-v1", "--seed", "0")
+    assert _solved(cluster, SETUPS[setup].algo, run, logs, budget_s=240) >= TARGET

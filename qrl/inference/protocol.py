@@ -1,7 +1,8 @@
 """The wire of central inference, on Redis lists (no torch here: the actors import it).
 
-* Actor ``a`` keeps ``inference_batches`` env batches in flight (SEED RL's actors do: while
-  one batch's request is at the server, another steps). It sends each batch's requests to
+* Actor ``a`` keeps several env batches in flight (SEED RL's actors do: while one batch's
+  request is at the server, another steps): ``inference_batches``, and more the farther it
+  is from Redis (:func:`batches`), :data:`MAX_BATCHES` at most. It sends each batch's requests to
   its own request list (:func:`requests`, RPUSH), which server ``a % inference_servers``
   pops, and waits on the batch's own reply list (:func:`reply`, BLPOP). All its lists have
   the server's hash tag (:func:`server_keys`): on a Redis Cluster each server's traffic is
@@ -9,10 +10,11 @@
   Each list is one actor's, so its key names the sender: a per-instance user (``qrl run
   join``) reaches its own lists only, and a server takes a request only as from the actor
   whose list it came from.
-* A request carries the actor's id, its batch, a random ``life`` drawn when the actor
-  process starts, the batch's sequence number, the observations to act on, and what the
-  previous action gave (rewards, terminations, truncations and the final observation of
-  each episode that ended: ``final_obs`` for the env slots ``final_idx``).
+* A request carries the actor's id, its batch and how many it has in flight, a random
+  ``life`` drawn when the actor process starts, the batch's sequence number, the
+  observations to act on, and what the previous action gave (rewards, terminations,
+  truncations and the final observation of each episode that ended: ``final_obs`` for the
+  env slots ``final_idx``).
 * A reply carries ``life``, ``batch``, ``seq``, the actions and the weights version that
   chose them. A batch takes only the reply to its own ``life``, ``batch`` and ``seq``; one
   that waited ``reply_timeout`` sends the same request again (the server answers a repeated
@@ -27,7 +29,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import redis
@@ -37,6 +39,9 @@ from qrl.wire.keys import RunKeys
 from qrl.wire.schema import CodecError, Field, Schema, size_cap
 from qrl.wire.scripts import Lua
 from qrl.wire.stream_scripts import warn_once
+
+if TYPE_CHECKING:
+    from qrl.runtime.config import CentralInference
 
 REQUEST = "inference.request"
 REPLY = "inference.reply"
@@ -61,17 +66,39 @@ def reply(keys: RunKeys, actor: int, batch: int) -> str:
     return keys.key(f"inference:reply:{actor}:{batch}")
 
 
+MAX_BATCHES = 16  # env batches one actor may keep in flight (a server pops EACH of each)
+
+
+def most_batches(cfg: CentralInference) -> int:
+    """The most env batches an actor of a run configured ``cfg`` keeps in flight."""
+    return cfg.inference_batches if cfg.inference_batches_per_ms == 0 else MAX_BATCHES
+
+
+def batches(cfg: CentralInference, rtt_ms: float) -> int:
+    """The env batches an actor ``rtt_ms`` from Redis keeps in flight: ``inference_batches``
+    and ``inference_batches_per_ms`` more for every whole millisecond of that round trip,
+    :data:`MAX_BATCHES` at most. Why more: a batch steps once per request's round trip
+    (about two network round trips and a server batch), so an actor steps at most its envs
+    in flight per round trip (Little's law), and a far actor needs more in flight to keep
+    its rate (docs/benchmarks.md, 'Many machines')."""
+    more = int(cfg.inference_batches_per_ms * max(rtt_ms, 0.0))
+    return min(most_batches(cfg), cfg.inference_batches + more)
+
+
 def _batch(msg: dict[str, Any], batches: int) -> None:
     if msg["batch"] >= batches:
         raise CodecError(f"batch {msg['batch']} of {batches}")
 
 
 def request_schema(obs_shape: tuple[int, ...], obs_dtype: str, envs: int, batches: int) -> Schema:
-    """One vector step of an env batch (of ``batches``) of ``envs`` envs."""
+    """One vector step of an env batch of ``envs`` envs, of an actor that keeps at most
+    ``batches`` in flight."""
     obs_shape = tuple(obs_shape)
 
     def check(msg: dict[str, Any]) -> None:
-        _batch(msg, batches)
+        if not 1 <= msg["batches"] <= batches:
+            raise CodecError(f"{msg['batches']} batches in flight, at most {batches} allowed")
+        _batch(msg, msg["batches"])
         b = (envs, *obs_shape)
         if msg["obs"].shape != b:
             raise CodecError(f"obs has shape {msg['obs'].shape}, expected {b}")
@@ -93,6 +120,7 @@ def request_schema(obs_shape: tuple[int, ...], obs_dtype: str, envs: int, batche
         {
             "actor": NATURAL,
             "batch": NATURAL,
+            "batches": NATURAL,
             "life": NATURAL,
             "seq": NATURAL,
             "obs": obs_field(obs_shape, obs_dtype, 1),
@@ -130,7 +158,9 @@ def reply_schema(n_actions: int, envs: int, batches: int) -> Schema:
     )
 
 
-EACH = 2  # requests of one env batch popped at a time: its request and a resent copy
+# requests of one env batch popped at a time: its request and a resent copy (EACH x
+# MAX_BATCHES is the most of one list that inference.pop.lua pops)
+EACH = 2
 
 # a server's pop of its actors' requests (qrl/wire/lua/inference.pop.lua, after
 # streams.fix's repair of a key of another type): see pop

@@ -137,9 +137,10 @@ class InferenceServer(Role):
         actors = range(server_id, id_limit(cfg.actors), k)
         self.lists = {a: protocol.requests(self.mine, a) for a in actors}
         self.turn = 0  # where the window over the actors it has not heard from starts
-        self.batches = cfg.inference_batches
-        # the env batches of the actors it serves: the requests a batch could have
-        self.expect = max(1, len(range(server_id, cfg.actors, k))) * self.batches
+        # the most env batches an actor may have in flight, and how many each of those it
+        # heard from said it has (a far actor has more: protocol.batches)
+        self.batches = protocol.most_batches(cfg)
+        self.declared: dict[int, int] = {}
         b = cfg.envs_per_actor
         self.schema = protocol.request_schema(
             self.env.obs_shape, self.env.obs_dtype, b, self.batches
@@ -149,7 +150,8 @@ class InferenceServer(Role):
         # writer inventing actor ids cannot make it keep more than ``keep`` (each holds an
         # unroll's buffers)
         self.tracks: OrderedDict[tuple[int, int], Track] = OrderedDict()
-        self.keep = 2 * self.expect + 16
+        served = max(1, len(range(server_id, cfg.actors, k)))
+        self.keep = 2 * served * self.batches + 16
         self.requests = self.dropped = self.rejected = self.repeats = 0
         self.sizes: list[int] = []
         self.queue_s: list[float] = []
@@ -196,22 +198,31 @@ class InferenceServer(Role):
         finally:
             self.weights.close()
 
+    @property
+    def expect(self) -> int:
+        """The env batches of the actors it serves: the requests a batch could have (before
+        it hears from them, ``inference_batches`` each of the actors the run has)."""
+        if self.declared:
+            return sum(self.declared.values())
+        served = range(self.server_id, self.cfg.actors, self.cfg.inference_servers)
+        return max(1, len(served)) * self.cfg.inference_batches
+
     def gather(self) -> list[tuple[int, bytes | int]]:
         """Popped requests: what is there, and if that is not one from each of its actors'
         batches, what comes within ``inference_wait_ms``. A poll is made only while it
         ends within the wait: far from Redis (a round trip longer than the wait) one more
         would hold every request popped a round trip longer, and the batches in flight
         bring the rest to the next pop anyway."""
-        t0 = time.monotonic()
-        got = self._popped(4 * self.expect, sweep=True)
+        t0, expect = time.monotonic(), self.expect
+        got = self._popped(4 * expect, sweep=True)
         now = time.monotonic()
         took, deadline = now - t0, now + self.cfg.inference_wait_ms / 1000
         if not got:
             return got
-        while len(got) < self.expect and time.monotonic() + took < deadline:
+        while len(got) < expect and time.monotonic() + took < deadline:
             time.sleep(1e-4)
             t0 = time.monotonic()
-            got += self._popped(4 * self.expect - len(got), sweep=False)
+            got += self._popped(4 * expect - len(got), sweep=False)
             took = time.monotonic() - t0
         return got
 
@@ -276,6 +287,7 @@ class InferenceServer(Role):
             req = decode(payload, self.schema)
             if req["actor"] != sender:
                 raise CodecError(f"a request of actor {req['actor']} on actor {sender}'s list")
+            self.declared[sender] = req["batches"]  # (senders: the actors it serves, bounded)
             return req
         except CodecError as e:
             self.rejected += 1

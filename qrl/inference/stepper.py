@@ -1,13 +1,14 @@
-"""The actor of central inference (:func:`stepper`, :class:`Stepper`): ``inference_batches``
-env batches, each an :class:`qrl.actors.envs.EnvRunner` whose actions an :class:`Asker`
-asks its inference server for (:mod:`qrl.inference.protocol`), with no weights and no sink
-(the server assembles what the steps make). It imports no torch and holds no network, so
-an actor machine needs neither (a test checks the import).
+"""The actor of central inference (:func:`stepper`, :class:`Stepper`): several env batches
+(:func:`qrl.inference.protocol.batches`: more the farther it is from Redis), each an
+:class:`qrl.actors.envs.EnvRunner` whose actions an :class:`Asker` asks its inference server
+for (:mod:`qrl.inference.protocol`), with no weights and no sink (the server assembles what
+the steps make). It imports no torch and holds no network, so an actor machine needs neither
+(a test checks the import).
 
 The batches are in flight together, as SEED RL's actors keep them: each batch's round trip
 runs on a thread of its own while this one steps the batch whose actions came, so an actor
-far from its server steps ``inference_batches`` x ``envs_per_actor`` envs per round trip
-rather than ``envs_per_actor`` (the env steps stay on the role's thread, with the episode
+far from its server steps its batches x ``envs_per_actor`` envs per round trip rather
+than ``envs_per_actor`` (the env steps stay on the role's thread, with the episode
 counts).
 
 Follow one batch's step: :meth:`Asker.act` sends the request (the observations, and what
@@ -19,6 +20,7 @@ the next request.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -33,9 +35,12 @@ from qrl.inference import protocol
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.config import Config
 from qrl.runtime.loop import Role, StopCheck
+from qrl.wire import clock
 from qrl.wire.codec import CodecError, decode, encode
 from qrl.wire.faults import warn_once
 from qrl.wire.keys import RunKeys
+
+log = logging.getLogger(__name__)
 
 WAIT_S = 0.25  # one blocking pop: the stop flag is checked between two
 # Redis takes BLPOP's timeout in whole milliseconds and, before 7.0, waits forever on one
@@ -57,15 +62,17 @@ class Asker:
         env: EnvSpec,
         batch: int = 0,
         life: int | None = None,
+        batches: int = 1,
     ) -> None:
-        self.client, self.cfg, self.actor_id, self.batch = client, cfg, actor_id, batch
+        self.client, self.cfg, self.actor_id = client, cfg, actor_id
+        self.batch, self.batches = batch, batches
         self.obs_dtype = env.obs_dtype
         b = cfg.envs_per_actor
         n = cfg.inference_servers
         mine = protocol.server_keys(keys, n, actor_id % n)
         self.requests = protocol.requests(mine, actor_id)
         self.replies = protocol.reply(mine, actor_id, batch)
-        self.schema = protocol.reply_schema(env.discrete_actions(), b, cfg.inference_batches)
+        self.schema = protocol.reply_schema(env.discrete_actions(), b, batches)
         # this process's requests, told from a dead one's
         self.life = secrets.randbelow(2**53) if life is None else life
         self.seq = 0
@@ -110,6 +117,7 @@ class Asker:
         msg = {
             "actor": self.actor_id,
             "batch": self.batch,
+            "batches": self.batches,
             "life": self.life,
             "seq": self.seq,
             "obs": np.asarray(obs, self.obs_dtype),
@@ -166,8 +174,8 @@ class Asker:
 
 
 class Stepper(Role):
-    """Actor ``actor_id`` of central inference: its env batches (``runners``, one per
-    ``inference_batches``) in flight together, each asking with its :class:`Asker`."""
+    """Actor ``actor_id`` of central inference: its env batches (``runners``) in flight
+    together, each asking with its :class:`Asker`."""
 
     name = "stepper"
     counter = "steps"
@@ -227,11 +235,25 @@ class Stepper(Role):
         return {
             **out,
             "version": max(a.version for a in self.askers),
+            "batches": len(self.runners),
             "rtt_p50_ms": float(np.percentile(rtt, 50) * 1e3) if len(rtt) else 0.0,
             "rtt_p99_ms": float(np.percentile(rtt, 99) * 1e3) if len(rtt) else 0.0,
             "resent": sum(m["resent"] for m in asked),
             "rejected": sum(m["rejected"] for m in asked),
         }
+
+
+def round_trip_ms(client: redis.Redis, pings: int = 5) -> float:
+    """The median of ``pings`` PINGs' round trips to Redis, in milliseconds; 0 in a
+    one-process run (whose envs are the same in every run of a seed)."""
+    if clock.current() is not clock.REAL:
+        return 0.0
+    took = []
+    for _ in range(pings):
+        start = time.perf_counter()
+        client.ping()
+        took.append(time.perf_counter() - start)
+    return float(np.median(took) * 1e3)
 
 
 def stepper(
@@ -243,10 +265,15 @@ def stepper(
     runners: list[EnvRunner] | None = None,
 ) -> Stepper:
     """Actor ``actor_id`` of central inference: its env batches (``runners``: given, or
-    made of ``cfg``), asking its server for every action."""
+    as many as its round trip to Redis asks for, made of ``cfg``), asking its server for
+    every action."""
     env = env or EnvSpec.of(cfg.env)
-    k = cfg.inference_batches
-    runners = runners or [EnvRunner(cfg, actor_id, env, batch=i) for i in range(k)]
+    if runners is None:
+        rtt = round_trip_ms(client)
+        k = protocol.batches(cfg, rtt)
+        log.info("actor %d: %d env batches in flight (%.2f ms to Redis)", actor_id, k, rtt)
+        runners = [EnvRunner(cfg, actor_id, env, batch=i) for i in range(k)]
+    k = len(runners)
     life = secrets.randbelow(2**53)
-    askers = [Asker(client, keys, cfg, actor_id, env, i, life) for i in range(k)]
+    askers = [Asker(client, keys, cfg, actor_id, env, i, life, k) for i in range(k)]
     return Stepper(cfg, runners, askers)

@@ -248,16 +248,25 @@ class CentralInference(BaseModel):
     inference_batches: int = Field(
         4,
         ge=1,
-        le=8,  # a server pops 2 requests per batch from an actor's list, 16 at most (its Lua)
+        le=16,  # protocol.MAX_BATCHES: a server pops 2 requests per batch of a list, 32 at most
         description="Env batches of envs_per_actor envs each that an actor keeps in flight "
-        "with inference=central (SEED RL's actors do): while one batch's request is at its "
-        "server, the others step. An actor steps at most batches x envs_per_actor envs per "
-        "request's round trip (about 2 network round trips and a server batch), so at 1 every "
-        "millisecond of network costs throughput. 4: at a 5 ms round trip the default IMPALA "
-        "run stepped 64 envs per about 13 ms, 0.43 of its loopback rate on one host and 0.61 "
-        "on a slower one (8: 0.50 on the first; docs/benchmarks.md, 'Many machines'); "
-        "each batch costs its envs' memory and CPU, and a longer policy lag (an unroll fills "
-        "slower). R2D2's batches of one actor share its slots' epsilons.",
+        "with inference=central near Redis (SEED RL's actors keep several: while one "
+        "batch's request is at its server, the others step); a far actor keeps more "
+        "(inference_batches_per_ms). Each batch costs its envs' memory and CPU, and a longer "
+        "policy lag (an unroll fills slower). R2D2's batches of one actor share its slots' "
+        "epsilons.",
+    )
+    inference_batches_per_ms: float = Field(
+        1.0,
+        ge=0,
+        le=16,
+        description="More env batches for every whole millisecond of an actor's round trip "
+        "to Redis (the median of 5 PINGs as it starts), 16 batches at most; 0 keeps "
+        "inference_batches everywhere. Why: an actor steps at most its envs in flight per "
+        "request's round trip (about 2 network round trips and a server batch), so far from "
+        "Redis it needs more in flight to keep its rate. At a 5 ms round trip the default "
+        "IMPALA run with 4 batches kept 0.41 of its loopback env steps/s, with this rule's 9 "
+        "0.71-0.82, at twice the policy lag (docs/benchmarks.md, 'Many machines').",
     )
 
 

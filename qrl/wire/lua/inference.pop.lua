@@ -4,9 +4,9 @@
 -- ARGV[2] bytes were examined. Returns {{list index, request or size, ...}}, then what was
 -- repaired. An empty list costs one LPOP: the type is looked at only when that fails.
 -- any role may run this script: the counts are bounded whatever ARGV says, so no call pops
--- more than 4,096 requests, nor more than 16 of one list (a server asks for EACH)
+-- more than 4,096 requests, nor more than 32 of one list (a server asks for EACH x its actors' batches)
 local count, cap = math.min(tonumber(ARGV[1]) or 0, 4096), tonumber(ARGV[2])
-local each = math.min(tonumber(ARGV[3]) or 0, 16)
+local each = math.min(tonumber(ARGV[3]) or 0, 32)
 local out, seen, n = {}, 0, 0
 for i, key in ipairs(KEYS) do
   for _ = 1, each do
