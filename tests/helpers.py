@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -90,6 +90,32 @@ def pid_alive(pid: int) -> bool:
     with contextlib.suppress(OSError):  # no /proc (not Linux): os.kill's answer
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     return True
+
+
+@contextlib.contextmanager
+def far_redis(port: int, rtt_ms: float) -> Iterator[redis.Redis]:
+    """A client of the Redis on this machine's ``port`` through a delaying relay
+    (:mod:`tests._relay`) that adds ``rtt_ms`` to every round trip: a role far from Redis,
+    without the network namespaces of :mod:`tests.hosts`."""
+    from qrl.server.embedded import free_port
+
+    listen = free_port()
+    args = ["--listen", f"127.0.0.1:{listen}", "--to", f"127.0.0.1:{port}"]
+    args += ["--delay-ms", str(rtt_ms / 2), "--max-s", "300"]
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "tests._relay", *args],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    client = redis.Redis(host="127.0.0.1", port=listen)
+    try:
+        assert relay.stdout is not None and relay.stdout.readline().strip() == "ready"
+        yield client
+    finally:
+        client.close()
+        relay.terminate()
+        relay.wait(10)
 
 
 def make_learner(url: str, keys: Any, cfg: Any, device: str = "cpu", **fields: Any) -> Any:

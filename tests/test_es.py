@@ -30,7 +30,7 @@ from qrl.wire.connection import connect
 from qrl.wire.streams import FIELD, GROUP
 from qrl.wire.weights import WEIGHTS
 from tests.cli import ROOT, eval_confirmation, train
-from tests.helpers import es_payload, wait_until
+from tests.helpers import es_payload, far_redis, wait_until
 
 
 def test_centered_ranks():
@@ -251,6 +251,36 @@ def test_a_workers_messages_count_exactly_the_steps_they_report(r, keys, redis_s
     for d in found:
         assert len(d["index"]) <= pairs_per_message(cfg) == 2
         assert d["obs_count"] == d["length_pos"].sum() + d["length_neg"].sum()
+
+
+def test_a_worker_far_from_redis_looks_and_pushes_off_its_path(r, keys, redis_server):
+    """5 ms from Redis, a worker's looks for a new generation and its pushes run on threads
+    of their own (in line, a look every 5 ms would cost a round trip about every step); its
+    messages still count exactly their steps, and it takes up the next generation."""
+    cfg = ESConfig(
+        seed=3, population=4, noise_size=10_000, envs_per_worker=5, batch_pairs=3, push_interval=0.0
+    )
+    create_run(r, keys, "es", cfg)
+    master = ESMaster(lambda: connect(redis_server.url), keys, cfg)
+    master.start(lambda: False)
+    with far_redis(redis_server.port, rtt_ms=5.0) as far:
+        worker = ESWorker(far, keys, cfg, worker_id=0)
+        run_role(worker, far, keys, 0, lambda: False, limit=1000)
+        assert not worker.looking.in_line and not worker.pushing.in_line
+        schema = es_results_schema(4, cfg.noise_size, master.spec.dim)
+        found = [decode(v[FIELD], schema) for _, v in r.xrange(es_results(keys))]
+        assert len(found) >= 2
+        for d in found:
+            assert d["obs_count"] == d["length_pos"].sum() + d["length_neg"].sum()
+        assert run_role(master, r, keys, 0, lambda: False, limit=1) == 1
+        taken = wait_until(
+            lambda: worker.step(lambda: False) and worker.generation == 1,
+            "the worker to take up generation 1",
+            30,
+            every=0.01,
+        )
+        worker.close(lambda: False)
+        assert taken and worker.abandoned == cfg.envs_per_worker
 
 
 def test_results_need_one_job_id_per_pair():

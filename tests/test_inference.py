@@ -19,7 +19,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-import redis
 import torch
 
 from qrl.actors.envs import EnvRunner
@@ -33,13 +32,12 @@ from qrl.inference.stepper import stepper
 from qrl.inference.unrolls import UnrollAgent
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.runs import create_run
-from qrl.server.embedded import free_port
 from qrl.wire.codec import decode, encode
 from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.weights import WeightStore
 from tests.cli import ROOT
-from tests.helpers import Roles, run_reader, wait_until
+from tests.helpers import Roles, far_redis, run_reader, wait_until
 
 TAU = 0.02  # CartPole's time step
 T, B = 8, 4
@@ -220,17 +218,7 @@ def test_an_actor_far_from_redis_keeps_more_env_batches_in_flight(r, keys, redis
     batches for each millisecond, one near it ``inference_batches``; each says how many it
     has, and the server waits for that many of each (not a fixed count per actor)."""
     cfg = _setup(r, keys, inference_batches=2, stream_maxlen=100_000)
-    port = free_port()
-    relay = subprocess.Popen(
-        [sys.executable, "-m", "tests._relay", "--listen", f"127.0.0.1:{port}"]
-        + ["--to", f"127.0.0.1:{redis_server.port}", "--delay-ms", "2.5", "--max-s", "120"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    far_client = redis.Redis(host="127.0.0.1", port=port)
-    try:
-        assert relay.stdout.readline().strip() == "ready"
+    with far_redis(redis_server.port, rtt_ms=5.0) as far_client:
         near, far = stepper(r, keys, cfg, 0), stepper(far_client, keys, cfg, 1)
         assert len(near.runners) == 2
         assert 2 + 5 <= len(far.runners) <= protocol.MAX_BATCHES
@@ -247,10 +235,6 @@ def test_an_actor_far_from_redis_keeps_more_env_batches_in_flight(r, keys, redis
             stop.set()
             for t in threads:
                 t.join(10)
-    finally:
-        far_client.close()
-        relay.terminate()
-        relay.wait(10)
     assert server.rejected == 0
 
 

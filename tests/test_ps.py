@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from qrl.actors.a3c import PSWeights
 from qrl.algos import ALGOS
 from qrl.algos.a3c.builder import _policy_value_net, make_optimizer
 from qrl.algos.a3c.config import A3CConfig
@@ -24,6 +25,7 @@ from qrl.wire.connection import connect
 from qrl.wire.keys import RunKeys
 from qrl.wire.streams import FIELD
 from qrl.wire.weights import WeightStore
+from tests.helpers import far_redis, wait_until
 
 ENV = EnvSpec.of("CartPole-v1")
 
@@ -88,6 +90,34 @@ def test_gradients_are_applied_one_step_each_and_published(r, keys):
     assert worker.pull() and worker.versions == [3]
     assert torch.equal(Flat(worker.net, 1).vector(), ref.detach())
     assert r.xlen(protocol.gradients(keys, 0)) == 0  # acknowledged and deleted
+
+
+def test_a_worker_far_from_redis_pushes_and_pulls_off_its_path(r, keys, redis_server):
+    """5 ms from Redis, a worker's gradient pushes and its pulls run on threads of their
+    own (in line, a push and a pull per unroll cost an A3C worker about two thirds of its
+    rate there); each gradient still carries the versions of the blocks it was computed on,
+    and what a pull brought is loaded between two steps (:meth:`PSWeights.fresh`)."""
+    cfg = A3CConfig()
+    ps = _server(r, keys, cfg)
+    with far_redis(redis_server.port, rtt_ms=5.0) as far:
+        net = _policy_value_net(cfg, ENV)
+        client = PSClient(far, keys, cfg, net, worker=0)
+        weights = PSWeights(client, pull_every=1)
+        assert weights.wait(never) and client.versions == [0]
+        for p in net.parameters():
+            p.grad = torch.full_like(p, 1e-3)
+        for _ in range(4):  # the first in line (its time not yet known), the rest off it
+            assert client.push(1.0, never)
+        client.close()
+        assert not client.sending.in_line and client.pushed == 4
+        for _ in range(2):  # nothing new: the first look in line, the second on its thread
+            weights.done()
+        ps.step(never)
+        assert ps.updates == 4 and ps.staleness == [0, 1, 2, 3]  # each computed on 0
+        wait_until(lambda: weights.done() or client.versions == [4], "the pull of version 4")
+        weights.close()
+        assert not weights.looking.in_line
+        assert torch.equal(Flat(net, 1).vector(), ps.param.detach())
 
 
 def test_sharded_servers_step_exactly_as_one(r, keys):

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from qrl.actors.actor import Policy, WeightsClient
 from qrl.actors.envs import Step
 from qrl.algos.a3c.config import A3CConfig
-from qrl.ps.client import PSClient
+from qrl.ps.client import Fetched, PSClient
+from qrl.runtime.background import Background
 from qrl.runtime.loop import StopCheck
 from qrl.wire.weights import wait_for_weights
 
@@ -44,11 +45,15 @@ class A3CPolicy(Policy):
 
 class PSWeights:
     """The parameters from the parameter-server shards (:class:`qrl.ps.client.PSClient`),
-    pulled every ``pull_every`` gradients (sent or skipped)."""
+    pulled every ``pull_every`` gradients (sent or skipped). Far from Redis a pull fetches
+    on a thread of its own while the worker acts on (:class:`Background`), and what it
+    brought is loaded between the next two steps after it is back; near Redis in line."""
 
     def __init__(self, ps: PSClient, pull_every: int) -> None:
         self.ps, self.pull_every = ps, pull_every
         self.units = 0
+        self.looking = Background("pull")
+        self.looked: Fetched | None = None
 
     @property
     def version(self) -> int:
@@ -65,14 +70,21 @@ class PSWeights:
 
     def done(self) -> None:
         self.units += 1
-        if self.units % self.pull_every == 0:
-            self.ps.pull()
+        self.fresh()
+        if self.units % self.pull_every == 0 and not self.looking.busy:
+            self.looking.submit(self._look)
+            self.fresh()  # (in line: loaded at once)
+
+    def _look(self) -> None:
+        self.looked = self.ps.fetch()
 
     def fresh(self) -> None:
-        pass
+        """Between two steps: load what a pull brought, if it is back."""
+        looked, self.looked = self.looked, None
+        self.ps.load(looked)
 
     def close(self) -> None:
-        pass
+        self.looking.close()
 
     def metrics(self) -> dict[str, Any]:
         return {"version": self.ps.version}
@@ -152,7 +164,7 @@ class GradientSink:
         return True
 
     def close(self, steps: int, weights: WeightsClient, should_stop: StopCheck) -> None:
-        pass  # an unroll not complete makes no gradient
+        self.ps.close()  # the push under way; an unroll not complete makes no gradient
 
     def metrics(self) -> dict[str, Any]:
         return {

@@ -11,6 +11,13 @@ in the worker), not by noise index: two pairs in flight may draw the same index.
 generation is picked up as soon as it
 appears: episodes of the old one are abandoned (their results could only be stale) and
 every slot starts on the new parameters.
+
+Far from Redis (:class:`qrl.runtime.background.Background`: round trips of a millisecond or
+more) the look for a new generation and the push of results each run on a thread of their
+own while the envs step on: a look every ``poll_every`` (5 ms) in line would cost a round
+trip about every step there (at 5 ms a worker stepped a tenth of its loopback rate). A new
+generation a look brought is taken up at the next step; a push still under way when the
+next is due is waited for (a full stream still holds the worker back).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from qrl.algos.es.messages import KIND, pairs_per_message
 from qrl.algos.es.strategy import NoiseTable, PolicySpec, normalize
 from qrl.rl.envs import make_env
 from qrl.rl.envspec import EnvSpec
+from qrl.runtime.background import Background
 from qrl.runtime.loop import Role, StopCheck
 from qrl.wire import clock
 from qrl.wire.codec import encode
@@ -84,6 +92,8 @@ class ESWorker(Role):
         self.returns: list[float] = []
         self.next_job = 0  # the id of the next antithetic pair
         self.poll_every, self.next_poll = poll_every, 0.0
+        self.looking, self.pushing = Background("generation"), Background("results")
+        self.looked: Weights | None = None  # a new generation a look brought
 
     def newer(self) -> Weights | None:
         """Another generation's parameters, if the master published valid ones."""
@@ -144,10 +154,21 @@ class ESWorker(Role):
     def push(self, should_stop: Callable[[], bool]) -> bool:
         """Send the finished pairs, at most :func:`pairs_per_message` a message, each with the
         observation sums of exactly its episodes (the count: their steps, which the master
-        checks)."""
-        pairs, self.done_pairs = self.done_pairs, []
+        checks): on the pushing thread, far from Redis, while the envs step on; False if
+        that push (in line: this one) was stopped while the stream was full."""
+        payloads = self._messages()
         self.last_push = clock.now()
+
+        def send() -> bool:
+            return all(self.producer.add(p, should_stop=should_stop) is not None for p in payloads)
+
+        return self.pushing.submit(send) is not False
+
+    def _messages(self) -> list[bytes]:
+        """The finished pairs' messages (of the current generation), taken."""
+        pairs, self.done_pairs = self.done_pairs, []
         size = pairs_per_message(self.cfg)
+        out = []
         for start in range(0, len(pairs), size):
             chunk = pairs[start : start + size]
             job, idx, rp, rn, lp, ln, obs = (np.array(x) for x in zip(*chunk, strict=True))
@@ -168,9 +189,19 @@ class ESWorker(Role):
                     "batch": uuid.uuid4().hex,
                 },
             )
-            if self.producer.add(payload, should_stop=should_stop) is None:
-                return False
-        return True
+            out.append(payload)
+        return out
+
+    def look(self) -> None:
+        """Look for another generation, on the looking thread far from Redis (the step
+        after it is back takes it up); in line near Redis."""
+        if self.looking.busy:  # the look under way brings the newest it finds
+            return
+        self.looking.submit(self._look)
+
+    def _look(self) -> None:
+        if (w := self.newer()) is not None:
+            self.looked = w
 
     # -- the role (run by :func:`qrl.runtime.loop.run_role`)
     def start(self, should_stop: StopCheck) -> bool:
@@ -212,14 +243,24 @@ class ESWorker(Role):
             return False
         if now >= self.next_poll:
             self.next_poll = now + self.poll_every
-            # another generation, older too: the master overwrote a far-ahead one (garbage
-            # someone wrote, which this worker took), see qrl.wire.weights
-            if (w := self.newer()) is not None:
-                self.push(should_stop)  # the old generation's pairs (the master counts them)
-                self.abandoned += self.n  # episodes in flight on the old parameters
-                self.adopt(w)
-                self._reset_generation()
+            self.look()
+        # another generation, older too: the master overwrote a far-ahead one (garbage
+        # someone wrote, which this worker took), see qrl.wire.weights
+        w, self.looked = self.looked, None
+        if w is not None and w.version != self.generation:
+            if not self.push(should_stop):  # the old generation's pairs (the master counts them)
+                return False
+            self.abandoned += self.n  # episodes in flight on the old parameters
+            self.adopt(w)
+            self._reset_generation()
         return True
+
+    def close(self, should_stop: StopCheck) -> None:
+        """Wait for the look and the push under way (the results are sent)."""
+        try:
+            self.looking.close()
+        finally:
+            self.pushing.close()
 
     def metrics(self) -> dict[str, Any]:
         returns, self.returns = self.returns, []

@@ -352,6 +352,7 @@ class Learner(Role):
             if self.publisher.stale(self.updates):
                 self.publish()
             self.publisher.close()  # the last publication done
+        self.step_part.close()  # (a Gorila learner's push under way)
         self.group.close()
 
     def fail(self, what: str) -> None:

@@ -81,6 +81,11 @@ class PSStep:
             self.rule.sync_target()
             self.target_version = min(self.ps.versions)
 
+    def close(self) -> None:
+        """Wait for the push under way."""
+        if self.ps is not None:
+            self.ps.close()
+
     def metrics(self) -> dict[str, float]:
         if self.ps is None:
             return {}

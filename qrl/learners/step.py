@@ -55,6 +55,9 @@ class LocalStep:
     def after(self, updates: int, cfg: Config) -> None:
         """Nothing after an update."""
 
+    def close(self) -> None:
+        """Nothing under way."""
+
     def metrics(self) -> dict[str, float]:
         """None of its own (its all-reduce time is the pool's: ``Learner.group_metrics``)."""
         return {}

@@ -5,36 +5,48 @@ the role goes on (the next unit overlaps the push of the last, as SEED's actors 
 batches in flight); a job still running when the next one comes is waited for first, so at
 most one is in flight and a full stream still holds an actor back.
 
-Only where the round trips are long: while its jobs take under :data:`FAR_S` on average
-(Redis on this machine or next to it) a job runs at once in the caller. There a second
-thread buys nothing and costs freshness (an unroll actor on loopback acted with weights a
-unit older, and its CartPole runs took 1.18x as long to solve: notes/benchmarks-notebook.md,
-"Roles of parts, round trips off the main paths"). In a one-process run (a seated clock,
-:mod:`qrl.wire.clock`) every job runs in the caller: threads of their own would make the
-turns, and so the run, depend on timing."""
+Only where the round trips are long: while the median of its last :data:`RECENT` jobs took
+under :data:`FAR_S` (Redis on this machine or next to it) a job runs at once in the caller.
+The median, not the mean: on a busy 2-core machine a loopback round trip now and then takes
+10 ms (an ES worker's looks went off its path there on a running mean), where a far link
+makes most of them slow, and so does a job that is slow on any link (a sampler's priority
+write-back, which overlaps the next draw near Redis too).
+Near Redis a second thread buys nothing and costs freshness (an unroll actor on loopback acted
+with weights a unit older, and its CartPole runs took 1.18x as long to solve:
+notes/benchmarks-notebook.md, "Roles of parts, round trips off the main paths"). In a
+one-process run (a seated clock, :mod:`qrl.wire.clock`) every job runs in the caller: threads
+of their own would make the turns, and so the run, depend on timing."""
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from qrl.wire import clock
 
-FAR_S = 0.001  # jobs slower than this on average (a round trip of 1 ms or more) go off it
+FAR_S = 0.001  # jobs mostly slower than this (a round trip of 1 ms or more) go off it
+RECENT = 8  # the jobs whose median says how far Redis is
 
 
 class Background:
-    """Jobs run one at a time: in the caller while they are quick, else on a thread of
-    their own (in real time)."""
+    """Jobs run one at a time: in the caller while most of the last few were quick, else
+    on a thread of their own (in real time)."""
 
     def __init__(self, name: str, far_s: float = FAR_S) -> None:
         self.name, self.far_s = name, far_s
         self._pool: ThreadPoolExecutor | None = None
         self._last: Future[Any] | None = None
-        self.took = 0.0  # the jobs' seconds, a running mean
+        self.times: deque[float] = deque(maxlen=RECENT)  # the last jobs' seconds
         self.ran_in_line = True  # how the last job submitted ran
+
+    @property
+    def took(self) -> float:
+        """The median of the seconds the last :data:`RECENT` jobs took (0 before any)."""
+        return statistics.median(self.times) if self.times else 0.0
 
     @property
     def in_line(self) -> bool:
@@ -60,7 +72,7 @@ class Background:
         try:
             return job()
         finally:
-            self.took = 0.8 * self.took + 0.2 * (time.monotonic() - t0)
+            self.times.append(time.monotonic() - t0)
 
     @property
     def busy(self) -> bool:
