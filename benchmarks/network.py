@@ -13,6 +13,11 @@ mean time to load new weights (fetch, check, load: what acting waits for); with 
 number the ratio to the setup's RTT 0 at the same rate (through the relay too: the relay's
 own cost is in both). The PING round trip an actor host measured through the relay is
 printed with each RTT.
+
+    python benchmarks/network.py --out rows.jsonl ...        # the rows, as JSON lines
+    python benchmarks/network.py --plot docs/network.png --out rows.jsonl   # their curves
+
+``--plot`` alone (no ``--setups`` given) draws the rows of ``--out`` and measures nothing.
 """
 
 from __future__ import annotations
@@ -97,18 +102,53 @@ def measure(
         }
 
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Each setup's env steps/s and updates/s as a ratio to its RTT 0, against the RTT, a
+    panel per measure and a line style per link rate (the last row of each point wins)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = {(r["setup"], r["rate_bps"], r["rtt_ms"]): r for r in rows}
+    setups = list(dict.fromkeys(r["setup"] for r in rows))
+    rates = sorted({r["rate_bps"] for r in rows}, reverse=True)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    measures = (("steps_ratio", "env steps/s"), ("updates_ratio", "updates (generations)/s"))
+    for ax, (measure, title) in zip(axes, measures, strict=True):
+        for i, setup in enumerate(setups):
+            for rate, style in zip(rates, ("-", "--"), strict=False):
+                mine = [(k[2], p[measure]) for k, p in points.items() if k[:2] == (setup, rate)]
+                if got := sorted(mine):
+                    x, y = zip(*got, strict=True)
+                    label = f"{setup}, {rate / 1e6:.0f} Mbit/s"
+                    ax.plot(x, y, style, marker="o", color=f"C{i}", label=label)
+        ax.axhline(1.0, color="grey", linewidth=0.5)
+        ax.set(title=f"{title}, ratio to RTT 0", xlabel="round trip to Redis (ms)", ylim=(0, None))
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
+    ap.add_argument("--setups", nargs="+", default=None, choices=list(SETUPS))
     ap.add_argument("--rtts", nargs="+", type=float, default=[0, 1, 5, 20], help="ms")
     ap.add_argument("--rates", nargs="+", type=float, default=[1e9, 1e8], help="bits/s per link")
     ap.add_argument("--warmup", type=float, default=15.0, help="seconds before measuring")
     ap.add_argument("--window", type=float, default=20.0, help="seconds measured")
     ap.add_argument("--out", type=Path, default=None, help="also append the rows (JSON lines)")
+    ap.add_argument("--plot", type=Path, default=None, help="PNG of the curves of --out's rows")
     ap.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="a setting of the runs"
     )
     args = ap.parse_args()
+    if args.plot is not None and args.out is None:
+        ap.error("--plot draws the rows of --out: give it")
+    if args.plot is not None and args.setups is None:
+        plot([json.loads(line) for line in args.out.read_text().splitlines()], args.plot)
+        return
+    args.setups = args.setups or list(SETUPS)
     why = check_netns()
     if why:
         sys.exit(why)
@@ -135,6 +175,8 @@ def main() -> None:
                 if args.out is not None:
                     with args.out.open("a") as f:
                         f.write(json.dumps(row) + "\n")
+    if args.plot is not None:
+        plot([json.loads(line) for line in args.out.read_text().splitlines()], args.plot)
 
 
 if __name__ == "__main__":
