@@ -310,6 +310,29 @@ def test_chunked_weights_through_a_cluster(redis_cluster):
     assert writer.kept(every_s=0)
 
 
+@pytest.mark.slow
+def test_100m_parameters_through_a_cluster(redis_cluster):
+    """400 MB of float32 published through one node's client and fetched through another's
+    (the chunks on the manifest's slot, wherever that is), exact; the keys deleted after."""
+    from qrl.wire.connection import connect
+    from qrl.wire.keys import RunKeys
+
+    keys = RunKeys("chunked-cluster-100m")
+    torch.manual_seed(0)
+    net = torch.nn.Linear(10_000, 10_000)  # 100,010,000 parameters
+    writer, reader = connect(redis_cluster.urls[0]), connect(redis_cluster.urls[1])
+    try:
+        assert WeightStore(writer, keys).publish(net, 7) == 7
+        got = torch.nn.Linear(10_000, 10_000, device="meta").to_empty(device="cpu")
+        assert WeightStore(reader, keys).load_into(got) == 7
+        assert torch.equal(got.weight, net.weight) and torch.equal(got.bias, net.bias)
+    finally:
+        for node in range(3):
+            client = redis_cluster.client(node)
+            for key in client.scan_iter(match=keys.pattern(), count=1000):
+                client.delete(key)
+
+
 @pytest.mark.parametrize("wire", ["native", "bfloat16"])
 def test_a_runs_weights_wire_setting_reaches_its_learners_publication(r, keys, redis_server, wire):
     """``weights_wire``: a learner built for the run publishes as the config says, and a
