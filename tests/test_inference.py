@@ -28,7 +28,7 @@ from qrl.algos.impala.keys import trajectories
 from qrl.algos.impala.messages import KIND, unroll_schema
 from qrl.inference import protocol
 from qrl.inference.server import InferenceServer
-from qrl.inference.stepper import stepper
+from qrl.inference.stepper import round_trip_ms, stepper
 from qrl.inference.unrolls import UnrollAgent
 from qrl.rl.envspec import EnvSpec
 from qrl.runtime.runs import create_run
@@ -424,4 +424,22 @@ def test_servers_on_a_cluster_each_serve_their_actors_on_a_slot_of_their_own(red
         batches = range(cfg.inference_batches)
         assert s.requests and set(s.tracks) == {(a, b) for a in mine for b in batches}
     assert all(s.rejected == 0 and s.dropped == 0 for s in servers)
+    client.close()
+
+
+def test_a_stepper_on_a_cluster_pings_only_its_servers_node(redis_cluster):
+    """redis-py sends a plain PING to every node of a Cluster, one after the other: a far
+    stepper would take three nodes' round trips for its own and keep too many batches."""
+    keys = RunKeys(f"inf-ping-{time.time_ns()}")
+    client = connect(redis_cluster.urls[0])
+    key = protocol.requests(protocol.server_keys(keys, 1, 0), 0)
+
+    def pings() -> list[int]:
+        stats = [redis_cluster.client(i).info("commandstats") for i in range(3)]
+        return [s.get("cmdstat_ping", {}).get("calls", 0) for s in stats]
+
+    before = pings()
+    round_trip_ms(client, key, pings=5)
+    grown = [a - b for a, b in zip(pings(), before, strict=True)]
+    assert sorted(grown) == [0, 0, 5]
     client.close()

@@ -25,6 +25,7 @@ import secrets
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -243,15 +244,20 @@ class Stepper(Role):
         }
 
 
-def round_trip_ms(client: redis.Redis, pings: int = 5) -> float:
-    """The median of ``pings`` PINGs' round trips to Redis, in milliseconds; 0 in a
-    one-process run (whose envs are the same in every run of a seed)."""
+def round_trip_ms(client: redis.Redis, key: str, pings: int = 5) -> float:
+    """The median of ``pings`` PINGs' round trips to the Redis that holds ``key``, in
+    milliseconds (on a Cluster its node's: redis-py sends a plain PING to every node, one
+    after the other); 0 in a one-process run (whose envs are the same in every run of a
+    seed)."""
     if clock.current() is not clock.REAL:
         return 0.0
+    ping: Any = client.ping
+    if isinstance(client, redis.RedisCluster):
+        ping = partial(client.ping, target_nodes=client.get_node_from_key(key))
     took = []
     for _ in range(pings):
         start = time.perf_counter()
-        client.ping()
+        ping()
         took.append(time.perf_counter() - start)
     return float(np.median(took) * 1e3)
 
@@ -269,7 +275,9 @@ def stepper(
     every action."""
     env = env or EnvSpec.of(cfg.env)
     if runners is None:
-        rtt = round_trip_ms(client)
+        n = cfg.inference_servers
+        mine = protocol.server_keys(keys, n, actor_id % n)
+        rtt = round_trip_ms(client, protocol.requests(mine, actor_id))
         k = protocol.batches(cfg, rtt)
         log.info("actor %d: %d env batches in flight (%.2f ms to Redis)", actor_id, k, rtt)
         runners = [EnvRunner(cfg, actor_id, env, batch=i) for i in range(k)]
