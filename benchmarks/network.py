@@ -102,6 +102,11 @@ def measure(
         }
 
 
+def _rows(path: Path) -> list[dict]:
+    """The rows ``--out`` holds (JSON lines)."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def plot(rows: list[dict], path: Path) -> None:
     """Each setup's env steps/s and updates/s as a ratio to its RTT 0, against the RTT, a
     panel per measure and a line style per link rate (the last row of each point wins)."""
@@ -146,7 +151,7 @@ def main() -> None:
     if args.plot is not None and args.out is None:
         ap.error("--plot draws the rows of --out: give it")
     if args.plot is not None and args.setups is None:
-        plot([json.loads(line) for line in args.out.read_text().splitlines()], args.plot)
+        plot(_rows(args.out), args.plot)
         return
     args.setups = args.setups or list(SETUPS)
     why = check_netns()
@@ -176,7 +181,7 @@ def main() -> None:
                     with args.out.open("a") as f:
                         f.write(json.dumps(row) + "\n")
     if args.plot is not None:
-        plot([json.loads(line) for line in args.out.read_text().splitlines()], args.plot)
+        plot(_rows(args.out), args.plot)
 
 
 if __name__ == "__main__":

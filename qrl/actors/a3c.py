@@ -72,8 +72,9 @@ class PSWeights:
         self.units += 1
         self.fresh()
         if self.units % self.pull_every == 0 and not self.looking.busy:
-            self.looking.submit(self._look)
-            self.fresh()  # (in line: loaded at once)
+            # in line a pull loads at once, into the vector held; off it, into a copy (no
+            # job is under way, so the job runs where in_line says now)
+            self.looking.submit(self.ps.pull if self.looking.in_line else self._look)
 
     def _look(self) -> None:
         self.looked = self.ps.fetch()

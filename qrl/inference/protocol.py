@@ -55,6 +55,11 @@ def server_keys(keys: RunKeys, servers: int, server: int) -> RunKeys:
     return keys.shards(servers)[server]
 
 
+def actor_keys(keys: RunKeys, servers: int, actor: int) -> RunKeys:
+    """The keys of actor ``actor``'s server (number ``actor`` modulo ``servers``)."""
+    return server_keys(keys, servers, actor % servers)
+
+
 def requests(keys: RunKeys, actor: int) -> str:
     """Actor ``actor``'s request list, among its server's keys ``keys``."""
     return keys.key(f"inference:requests:{actor}")

@@ -150,8 +150,9 @@ class InferenceServer(Role):
         # writer inventing actor ids cannot make it keep more than ``keep`` (each holds an
         # unroll's buffers)
         self.tracks: OrderedDict[tuple[int, int], Track] = OrderedDict()
-        served = max(1, len(range(server_id, cfg.actors, k)))
-        self.keep = 2 * served * self.batches + 16
+        # the actors of the run it serves (at least one)
+        self.served = max(1, len(range(server_id, cfg.actors, k)))
+        self.keep = 2 * self.served * self.batches + 16
         self.requests = self.dropped = self.rejected = self.repeats = 0
         self.sizes: list[int] = []
         self.queue_s: list[float] = []
@@ -204,8 +205,7 @@ class InferenceServer(Role):
         it hears from them, ``inference_batches`` each of the actors the run has)."""
         if self.declared:
             return sum(self.declared.values())
-        served = range(self.server_id, self.cfg.actors, self.cfg.inference_servers)
-        return max(1, len(served)) * self.cfg.inference_batches
+        return self.served * self.cfg.inference_batches
 
     def gather(self) -> list[tuple[int, bytes | int]]:
         """Popped requests: what is there, and if that is not one from each of its actors'

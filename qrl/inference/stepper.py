@@ -69,8 +69,7 @@ class Asker:
         self.batch, self.batches = batch, batches
         self.obs_dtype = env.obs_dtype
         b = cfg.envs_per_actor
-        n = cfg.inference_servers
-        mine = protocol.server_keys(keys, n, actor_id % n)
+        mine = protocol.actor_keys(keys, cfg.inference_servers, actor_id)
         self.requests = protocol.requests(mine, actor_id)
         self.replies = protocol.reply(mine, actor_id, batch)
         self.schema = protocol.reply_schema(env.discrete_actions(), b, batches)
@@ -275,8 +274,7 @@ def stepper(
     every action."""
     env = env or EnvSpec.of(cfg.env)
     if runners is None:
-        n = cfg.inference_servers
-        mine = protocol.server_keys(keys, n, actor_id % n)
+        mine = protocol.actor_keys(keys, cfg.inference_servers, actor_id)
         rtt = round_trip_ms(client, protocol.requests(mine, actor_id))
         k = protocol.batches(cfg, rtt)
         log.info("actor %d: %d env batches in flight (%.2f ms to Redis)", actor_id, k, rtt)

@@ -126,9 +126,11 @@ class PSClient:
         return max(self.versions)
 
     def pull(self) -> bool:
-        """Load the blocks published since the last pull into the network; True when every
-        block has been published (the parameters are the server's)."""
-        self.load(self.fetch())
+        """Load the blocks published since the last pull into the network, in line (into the
+        vector held: no copy); True when every block has been published (the parameters are
+        the server's)."""
+        if fetch_blocks(self.stores, self.versions, self.flat, self.vector):
+            self.flat.load(self.vector)
         return min(self.versions) >= 0
 
     def fetch(self) -> Fetched | None:
